@@ -1,0 +1,1 @@
+//! Placeholder until the chat template lands (see issue 2, item 7).

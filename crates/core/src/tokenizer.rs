@@ -1,0 +1,1 @@
+//! Placeholder until the tokenizer lands (see issue 2, item 6).
