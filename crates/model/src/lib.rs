@@ -64,4 +64,42 @@ pub trait Backend: Send {
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
+
+    /// Prefills `tokens` and returns the greedy next token. Backends that can
+    /// take the argmax on the device override this to avoid copying logits.
+    fn prefill_greedy(&mut self, seq: SeqId, tokens: &[u32]) -> ModelResult<u32> {
+        let logits = self.prefill(seq, tokens, LogitsWanted::Last)?;
+        let last = logits.last().ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
+        Ok(argmax(last))
+    }
+
+    /// Runs `steps` greedy decode steps starting from `first` (already
+    /// sampled, not yet fed) and returns the `steps` tokens produced. Backends
+    /// override this with a loop that never returns to the host per token.
+    fn decode_greedy(&mut self, seq: SeqId, first: u32, steps: usize) -> ModelResult<Vec<u32>> {
+        let mut out = Vec::with_capacity(steps);
+        let mut token = first;
+        for _ in 0..steps {
+            let logits = self.decode(&[(seq, token)])?;
+            token = argmax(&logits[0]);
+            out.push(token);
+        }
+        Ok(out)
+    }
+
+    /// Bytes of device memory in use (weights + state), if the backend knows.
+    fn memory_in_use(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Index of the largest value (the first one on ties); 0 for an empty slice.
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, v) in values.iter().enumerate() {
+        if *v > values[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
