@@ -1,6 +1,7 @@
 //! The `lily` command. Each subcommand lives in `commands/<name>.rs`, which
 //! owns its flags and its work; this file only dispatches.
 
+mod backend;
 mod commands;
 
 use clap::{Parser, Subcommand};

@@ -1,9 +1,244 @@
-//! `lily bench`: its flags and its work.
+//! `lily bench`: the benchmark contract of DESIGN §5.
+//!
+//! The parent process is the runner: for each round and each prompt length it
+//! starts a fresh `lily bench --single LEN` process, collects its one JSON
+//! line, and writes the medians. A single run loads the model (untimed), does
+//! an untimed warm-up at the exact shape, then one timed prefill (until the
+//! first generated token is on the host) and exactly 64 timed greedy decode
+//! steps, and prints the digest of the 64 generated ids.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use crate::backend::{open_backend, Device};
+
+pub const LENGTHS: [usize; 10] = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072];
+pub const DECODE_STEPS: usize = 64;
+const SCHEMA_VERSION: u32 = 1;
 
 /// Flags of `lily bench`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Checkpoint directory (a full-shape synthetic one stands in for the real model).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+    /// Comma-separated prompt lengths (default: the ten of the contract).
+    #[arg(long, value_delimiter = ',')]
+    lengths: Vec<usize>,
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Where the runner writes the JSON summary.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Also write a Markdown table here.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Run one length in this process and print one JSON line (used by the runner).
+    #[arg(long)]
+    single: Option<usize>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`lily bench` is still being built in this revision")
+/// The synthetic prompt of the contract: token i is `((i * 2654435761) mod 2^32) mod vocab`.
+pub fn prompt_tokens(len: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| (((i as u64).wrapping_mul(2_654_435_761) % (1u64 << 32)) % vocab as u64) as u32)
+        .collect()
+}
+
+/// FNV-1a (64-bit) over the little-endian bytes of the ids.
+pub fn fnv1a_digest(ids: &[u32]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for id in ids {
+        for b in id.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.single {
+        Some(len) => run_single(&args.model, args.device, len),
+        None => run_rounds(&args),
+    }
+}
+
+fn run_single(model: &Path, device: Device, len: usize) -> anyhow::Result<()> {
+    let load_start = Instant::now();
+    let mut backend = open_backend(model, device, Some(len + DECODE_STEPS + 1), &mut |_, _| {})?;
+    let load_s = load_start.elapsed().as_secs_f64();
+    let vocab = backend.config().vocab_size;
+    let prompt = prompt_tokens(len, vocab);
+
+    // Untimed warm-up at the exact shape.
+    let warm = backend.alloc()?;
+    let first = backend.prefill_greedy(warm, &prompt)?;
+    backend.decode_greedy(warm, first, DECODE_STEPS)?;
+    backend.free(warm);
+
+    let seq = backend.alloc()?;
+    let t0 = Instant::now();
+    let first = backend.prefill_greedy(seq, &prompt)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let ids = backend.decode_greedy(seq, first, DECODE_STEPS)?;
+    let decode_s = t1.elapsed().as_secs_f64();
+    if ids.len() != DECODE_STEPS {
+        bail!("backend returned {} decode tokens, expected {DECODE_STEPS}", ids.len());
+    }
+    let line = json!({
+        "prompt_tokens": len,
+        "prefill_s": prefill_s,
+        "prefill_tok_s": len as f64 / prefill_s,
+        "decode_s": decode_s,
+        "decode_tok_s": DECODE_STEPS as f64 / decode_s,
+        "first_token": first,
+        "digest": fnv1a_digest(&ids),
+        "memory_bytes": backend.memory_in_use(),
+        "load_s": load_s,
+        "backend": backend.name(),
+    });
+    backend.free(seq);
+    println!("{line}");
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn checkpoint_identity(model: &Path) -> anyhow::Result<Value> {
+    let config = lily_core::ModelConfig::from_dir(model)?;
+    let index = std::fs::read(model.join("model.safetensors.index.json")).unwrap_or_default();
+    let config_bytes = std::fs::read(model.join("config.json")).with_context(|| format!("{}", model.display()))?;
+    let mut ids: Vec<u32> = config_bytes.iter().map(|b| *b as u32).collect();
+    ids.extend(index.iter().map(|b| *b as u32));
+    Ok(json!({
+        "path": model.display().to_string(),
+        "format": format!("{:?}", config.format()),
+        "shape": format!("{:?}", config.shape_class),
+        "layers": config.num_layers,
+        "config_and_index_fnv1a": fnv1a_digest(&ids),
+    }))
+}
+
+fn run_rounds(args: &Args) -> anyhow::Result<()> {
+    let lengths: Vec<usize> = if args.lengths.is_empty() { LENGTHS.to_vec() } else { args.lengths.clone() };
+    let exe = std::env::current_exe().context("locating the lily binary")?;
+    let mut per_len: Vec<Vec<Value>> = vec![Vec::new(); lengths.len()];
+    for round in 0..args.rounds {
+        for (i, &len) in lengths.iter().enumerate() {
+            eprintln!("bench: round {} length {len}", round + 1);
+            let out = Command::new(&exe)
+                .args(["bench", "--single", &len.to_string(), "--model"])
+                .arg(&args.model)
+                .args(["--device", args.device.as_str()])
+                .output()
+                .context("starting a bench process")?;
+            if !out.status.success() {
+                bail!("bench at length {len} failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let line = stdout.lines().last().unwrap_or("");
+            let v: Value = serde_json::from_str(line).with_context(|| format!("bench output at length {len}: {line:?}"))?;
+            eprintln!("  {v}");
+            per_len[i].push(v);
+        }
+    }
+    let mut results = Vec::new();
+    let mut peak_memory: u64 = 0;
+    let mut backend_name = String::new();
+    for (len, runs) in lengths.iter().zip(&per_len) {
+        let f = |key: &str| median(runs.iter().filter_map(|r| r[key].as_f64()).collect());
+        let digests: Vec<&str> = runs.iter().filter_map(|r| r["digest"].as_str()).collect();
+        let digest_repeats = digests.windows(2).all(|w| w[0] == w[1]);
+        for r in runs {
+            peak_memory = peak_memory.max(r["memory_bytes"].as_u64().unwrap_or(0));
+            if let Some(b) = r["backend"].as_str() {
+                backend_name = b.to_string();
+            }
+        }
+        results.push(json!({
+            "prompt_tokens": len,
+            "prefill_tok_s": f("prefill_tok_s"),
+            "decode_tok_s": f("decode_tok_s"),
+            "prefill_s": f("prefill_s"),
+            "decode_s": f("decode_s"),
+            "digest": digests.first().copied().unwrap_or(""),
+            "digest_repeats": digest_repeats,
+            "rounds": runs,
+        }));
+    }
+    let summary = json!({
+        "schema_version": SCHEMA_VERSION,
+        "git_revision": env!("LILY_GIT_REV"),
+        "backend": backend_name,
+        "checkpoint": checkpoint_identity(&args.model)?,
+        "decode_steps": DECODE_STEPS,
+        "rounds": args.rounds,
+        "peak_memory_bytes": peak_memory,
+        "results": results,
+    });
+    let text = serde_json::to_string_pretty(&summary)?;
+    match &args.out {
+        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    if let Some(p) = &args.markdown {
+        let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
+        writeln!(f, "| prompt tokens | prefill tok/s | decode tok/s | digest | repeats |")?;
+        writeln!(f, "|---:|---:|---:|---|---|")?;
+        for r in summary["results"].as_array().into_iter().flatten() {
+            writeln!(
+                f,
+                "| {} | {:.0} | {:.1} | {} | {} |",
+                r["prompt_tokens"], r["prefill_tok_s"].as_f64().unwrap_or(0.0), r["decode_tok_s"].as_f64().unwrap_or(0.0),
+                r["digest"].as_str().unwrap_or(""), r["digest_repeats"]
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_follows_the_contract_formula() {
+        let p = prompt_tokens(4, 248_320);
+        assert_eq!(p[0], 0);
+        assert_eq!(p[1], (2_654_435_761u64 % 248_320) as u32);
+        assert_eq!(p[2], ((2 * 2_654_435_761u64) % (1 << 32) % 248_320) as u32);
+        assert!(p.iter().all(|&t| (t as usize) < 248_320));
+    }
+
+    #[test]
+    fn fnv1a_matches_the_published_vector() {
+        // FNV-1a 64 of the empty input is the offset basis; of "a" (0x61) it is af63dc4c8601ec8c.
+        assert_eq!(fnv1a_digest(&[]), "cbf29ce484222325");
+        assert_ne!(fnv1a_digest(&[1, 2]), fnv1a_digest(&[2, 1]));
+    }
+
+    #[test]
+    fn median_of_two_is_their_mean() {
+        assert_eq!(median(vec![1.0, 3.0]), 2.0);
+        assert_eq!(median(vec![5.0, 1.0, 3.0]), 3.0);
+    }
 }
