@@ -1,1 +1,16 @@
-//! lily-engine
+//! lily-engine: turns a `lily_model::Backend` into a service that many
+//! callers share.
+//!
+//! One engine thread owns the backend and is fed through a queue
+//! (`Engine::start` returns an `EngineHandle`). The engine owns sequences,
+//! chunked prefill interleaved with decode (continuous batching), sampling,
+//! stop handling with incremental detokenisation, and the prefix cache of
+//! backend snapshots. It owns no HTTP, JSON or chat templating (the server
+//! and the CLI do that) and no model math (the backends do).
+
+pub mod api;
+
+pub use api::{
+    EngineError, EngineHandle, EngineOptions, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, RequestStream,
+    SamplingParams, SubmitError, TokenLogprob, MAX_TOP_LOGPROBS,
+};
