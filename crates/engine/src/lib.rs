@@ -9,6 +9,7 @@
 //! and the CLI do that) and no model math (the backends do).
 
 pub mod api;
+pub mod sampling;
 
 pub use api::{
     EngineError, EngineHandle, EngineOptions, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, RequestStream,
