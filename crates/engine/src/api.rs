@@ -333,9 +333,10 @@ pub(crate) enum Command {
     Shutdown,
 }
 
-/// State shared by every handle and the engine thread.
+/// State shared by every handle and the engine thread. The command sender
+/// lives in the handles, not here, so that dropping the last handle
+/// disconnects the queue and lets the engine thread drain and exit.
 pub(crate) struct Shared {
-    pub(crate) commands: Mutex<std::sync::mpsc::Sender<Command>>,
     pub(crate) info: ModelInfo,
     pub(crate) max_queue: usize,
     /// Submitted and not yet admitted (the engine decrements on admission).
@@ -349,9 +350,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(commands: std::sync::mpsc::Sender<Command>, info: ModelInfo, max_queue: usize) -> Self {
+    pub(crate) fn new(info: ModelInfo, max_queue: usize) -> Self {
         Shared {
-            commands: Mutex::new(commands),
             info,
             max_queue,
             waiting: AtomicUsize::new(0),
@@ -389,6 +389,7 @@ impl Shared {
 #[derive(Clone)]
 pub struct EngineHandle {
     pub(crate) shared: Arc<Shared>,
+    pub(crate) commands: std::sync::mpsc::Sender<Command>,
 }
 
 impl EngineHandle {
@@ -410,11 +411,7 @@ impl EngineHandle {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let sub = Submission { id, req, events: tx, cancel: cancel.clone() };
-        let sent = match shared.commands.lock() {
-            Ok(sender) => sender.send(Command::Submit(sub)).is_ok(),
-            Err(_) => false,
-        };
-        if !sent {
+        if self.commands.send(Command::Submit(sub)).is_err() {
             shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShuttingDown);
         }
@@ -441,10 +438,8 @@ impl EngineHandle {
     /// `wait_stopped` / `stopped` to wait for the drain.
     pub fn shutdown(&self) {
         self.shared.shutting_down.store(true, Ordering::SeqCst);
-        if let Ok(sender) = self.shared.commands.lock() {
-            // A send error means the engine thread is already gone.
-            let _ = sender.send(Command::Shutdown);
-        }
+        // A send error means the engine thread is already gone.
+        let _ = self.commands.send(Command::Shutdown);
     }
 
     pub fn is_stopped(&self) -> bool {

@@ -4,14 +4,20 @@
 //! One engine thread owns the backend and is fed through a queue
 //! (`Engine::start` returns an `EngineHandle`). The engine owns sequences,
 //! chunked prefill interleaved with decode (continuous batching), sampling,
-//! stop handling with incremental detokenisation, and the prefix cache of
-//! backend snapshots. It owns no HTTP, JSON or chat templating (the server
-//! and the CLI do that) and no model math (the backends do).
+//! stop handling with incremental detokenisation, the prefix cache of
+//! backend snapshots, and the 4-bit vs reference agreement check
+//! (`agree`). It owns no HTTP, JSON or chat templating (the server and the
+//! CLI do that) and no model math (the backends do).
 
 pub mod api;
+mod engine;
+pub mod prefix_cache;
 pub mod sampling;
+mod scheduler;
+pub mod text;
 
 pub use api::{
     EngineError, EngineHandle, EngineOptions, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, RequestStream,
     SamplingParams, SubmitError, TokenLogprob, MAX_TOP_LOGPROBS,
 };
+pub use engine::Engine;

@@ -1,0 +1,110 @@
+//! The engine thread: starting it, feeding it, stopping it.
+//!
+//! `Engine::start` moves the backend and tokenizer onto one dedicated OS
+//! thread (a backend is `Send` but not shared: one owner drives the device)
+//! and returns the cloneable `EngineHandle`. The thread sleeps on its command
+//! queue while idle and otherwise runs `Scheduler::step` back to back,
+//! draining the queue between steps so new requests join the batch at once.
+//! A panic inside a step fails the requests in flight and the engine keeps
+//! serving. It exits after `shutdown` (or when every handle is dropped) once
+//! every accepted request has finished.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use lily_core::tokenizer::Tokenizer;
+use lily_model::Backend;
+
+use crate::api::{Command, EngineHandle, EngineOptions, ModelInfo, Shared};
+use crate::scheduler::Scheduler;
+
+/// Entry point: `Engine::start(backend, tokenizer, options)`.
+pub struct Engine;
+
+impl Engine {
+    /// Spawns the engine thread that owns `backend`. The only failure is the
+    /// OS refusing to create the thread.
+    pub fn start(backend: Box<dyn Backend>, tokenizer: Tokenizer, opts: EngineOptions) -> std::io::Result<EngineHandle> {
+        let backend_max = backend.max_seq_len();
+        let context_length = opts.max_seq_len.map_or(backend_max, |m| m.min(backend_max));
+        let info = ModelInfo {
+            name: opts.model_name.clone(),
+            backend: backend.name(),
+            context_length,
+            vocab_size: backend.config().vocab_size,
+            eos_token_ids: backend.config().eos_token_ids.clone(),
+            synthetic: opts.synthetic,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::new(info, opts.max_queue));
+        let sched = Scheduler::new(backend, tokenizer, &opts, shared.clone());
+        let thread_shared = shared.clone();
+        std::thread::Builder::new().name("lily-engine".into()).spawn(move || run(sched, rx, thread_shared))?;
+        Ok(EngineHandle { shared, commands: tx })
+    }
+}
+
+/// Marks the engine stopped however the thread ends.
+struct StoppedGuard(Arc<Shared>);
+
+impl Drop for StoppedGuard {
+    fn drop(&mut self) {
+        self.0.mark_stopped();
+    }
+}
+
+fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>) {
+    let _guard = StoppedGuard(shared.clone());
+    let mut draining = false;
+    let intake = |sched: &mut Scheduler, cmd: Command, draining: &mut bool| match cmd {
+        Command::Submit(sub) => sched.enqueue(sub),
+        Command::Shutdown => *draining = true,
+    };
+    loop {
+        if sched.is_idle() {
+            if draining {
+                break;
+            }
+            match rx.recv() {
+                Ok(cmd) => intake(&mut sched, cmd, &mut draining),
+                // Every handle is gone: nobody can submit or listen.
+                Err(_) => break,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => intake(&mut sched, cmd, &mut draining),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    draining = true;
+                    break;
+                }
+            }
+        }
+        if sched.is_idle() {
+            continue;
+        }
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| sched.step())) {
+            let why = panic_message(&panic);
+            tracing::error!("engine step panicked: {why}; failing the requests in flight");
+            if catch_unwind(AssertUnwindSafe(|| sched.fail_all(&format!("engine step panicked: {why}")))).is_err() {
+                tracing::error!("engine could not recover from a panic; stopping");
+                return;
+            }
+        }
+    }
+    if catch_unwind(AssertUnwindSafe(|| sched.clear_cache())).is_err() {
+        tracing::error!("freeing the prefix cache panicked at shutdown");
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}

@@ -1,0 +1,547 @@
+//! Continuous batching on the engine thread: which requests hold a backend
+//! sequence, what each engine step runs, and how every accepted request ends.
+//!
+//! One step = reap (cancelled, disconnected, past deadline), admit waiting
+//! requests while there is room, one decode batch over every request that is
+//! generating, then at most `prefill_chunk` prompt tokens of prefill (oldest
+//! request first, chunks cut at snapshot boundaries). So a long prompt is
+//! prefilled over several steps while running streams keep getting a token
+//! per step, and a new request joins the decode batch the step after its
+//! prompt is done. Every accepted request gets exactly one `Finished` or
+//! `Failed`; a backend error fails only the request(s) it concerns.
+//!
+//! This file owns no threading or queue (`engine.rs`), no token choice
+//! (`sampling.rs`), no text handling (`text.rs`) and no cache policy
+//! (`prefix_cache.rs`): it calls them.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use lily_core::tokenizer::Tokenizer;
+use lily_model::{Backend, LogitsWanted, ModelError, SeqId};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::api::{EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission, TokenLogprob};
+use crate::prefix_cache::PrefixCache;
+use crate::sampling::Sampler;
+use crate::text::TextStream;
+
+/// How a request left the running set.
+enum Outcome {
+    Finished(FinishReason),
+    Failed(EngineError),
+}
+
+/// A request that holds a backend sequence.
+struct Active {
+    id: u64,
+    events: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+    deadline: Option<Instant>,
+    prompt_len: usize,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+    stop_ids: Vec<u32>,
+    sampler: Sampler,
+    text: TextStream,
+    seq: SeqId,
+    /// The prompt followed by the generated tokens.
+    tokens: Vec<u32>,
+    /// How many of `tokens` the backend sequence has consumed. While
+    /// prefilling, `fed < prompt_len`; while generating, `fed ==
+    /// tokens.len() - 1` (the last sampled token is fed by the next decode).
+    fed: usize,
+    cached_tokens: usize,
+}
+
+impl Active {
+    fn generating(&self) -> bool {
+        self.fed >= self.prompt_len
+    }
+
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+pub(crate) struct Scheduler {
+    backend: Box<dyn Backend>,
+    tokenizer: Tokenizer,
+    shared: Arc<Shared>,
+    cache: PrefixCache,
+    max_batch: usize,
+    prefill_chunk: usize,
+    eos: Vec<u32>,
+    /// Ids at or above this have no text (the embedding is padded past the
+    /// tokenizer); they are masked out before sampling.
+    text_vocab: usize,
+    waiting: VecDeque<Submission>,
+    running: Vec<Active>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(backend: Box<dyn Backend>, tokenizer: Tokenizer, opts: &EngineOptions, shared: Arc<Shared>) -> Self {
+        let eos = backend.config().eos_token_ids.clone();
+        let text_vocab = tokenizer.vocab_size();
+        Scheduler {
+            backend,
+            tokenizer,
+            shared,
+            cache: PrefixCache::new(opts.snapshot_interval, opts.prefix_cache_tokens, opts.prefix_cache_max_entries),
+            max_batch: opts.max_batch.max(1),
+            prefill_chunk: opts.prefill_chunk.max(1),
+            eos,
+            text_vocab,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    pub(crate) fn enqueue(&mut self, sub: Submission) {
+        self.waiting.push_back(sub);
+    }
+
+    pub(crate) fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// One engine step (see the file comment).
+    pub(crate) fn step(&mut self) {
+        self.reap();
+        self.admit();
+        self.decode_step();
+        self.prefill_step();
+        self.publish_gauges();
+    }
+
+    /// Fails every request (after a panic inside a step, whose state is
+    /// unknown) and drops the cache; the engine then carries on.
+    pub(crate) fn fail_all(&mut self, why: &str) {
+        for a in std::mem::take(&mut self.running) {
+            self.backend.free(a.seq);
+            self.send_outcome_active(&a, Outcome::Failed(EngineError::Backend(why.to_string())));
+        }
+        for seq in self.cache.clear() {
+            self.backend.free(seq);
+        }
+        self.publish_gauges();
+    }
+
+    /// Frees every snapshot (at shutdown).
+    pub(crate) fn clear_cache(&mut self) {
+        for seq in self.cache.clear() {
+            self.backend.free(seq);
+        }
+        self.publish_gauges();
+    }
+
+    fn publish_gauges(&self) {
+        let running = self.running.len();
+        let (entries, held, evictions) = (self.cache.len(), self.cache.held_tokens(), self.cache.evictions());
+        self.shared.with_stats(|s| {
+            s.running = running;
+            s.prefix_cache_entries = entries;
+            s.prefix_cache_held_tokens = held;
+            s.prefix_cache_evictions = evictions;
+        });
+    }
+
+    // ----- ending requests -------------------------------------------------
+
+    fn send_outcome_active(&self, a: &Active, outcome: Outcome) {
+        let event = match outcome {
+            Outcome::Finished(reason) => {
+                self.shared.with_stats(|s| {
+                    s.requests_finished += 1;
+                    if matches!(reason, FinishReason::Cancelled) {
+                        s.requests_cancelled += 1;
+                    }
+                });
+                Event::Finished {
+                    reason,
+                    completion_tokens: a.generated(),
+                    prompt_tokens: a.prompt_len,
+                    cached_tokens: a.cached_tokens,
+                }
+            }
+            Outcome::Failed(e) => {
+                tracing::warn!(request = a.id, error = %e, "request failed");
+                self.shared.with_stats(|s| s.requests_failed += 1);
+                Event::Failed(e)
+            }
+        };
+        // The receiver may be gone (cancelled); nothing to tell then.
+        let _ = a.events.send(event);
+    }
+
+    /// Ends a waiting request that never got a sequence.
+    fn end_waiting(&self, sub: Submission, outcome: Outcome) {
+        self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        let event = match outcome {
+            Outcome::Finished(reason) => {
+                self.shared.with_stats(|s| {
+                    s.requests_finished += 1;
+                    if matches!(reason, FinishReason::Cancelled) {
+                        s.requests_cancelled += 1;
+                    }
+                });
+                Event::Finished { reason, completion_tokens: 0, prompt_tokens: sub.req.prompt.len(), cached_tokens: 0 }
+            }
+            Outcome::Failed(e) => {
+                self.shared.with_stats(|s| s.requests_failed += 1);
+                Event::Failed(e)
+            }
+        };
+        let _ = sub.events.send(event);
+    }
+
+    /// Removes running request `i` (keeping admission order, which the
+    /// prefill queue relies on), frees its sequence and sends its end.
+    fn retire(&mut self, i: usize, outcome: Outcome) {
+        let a = self.running.remove(i);
+        self.backend.free(a.seq);
+        self.send_outcome_active(&a, outcome);
+    }
+
+    /// Cancelled, disconnected and expired requests leave before any work
+    /// is spent on them.
+    fn reap(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.running.len() {
+            let a = &self.running[i];
+            let reason = if a.cancel.load(Ordering::SeqCst) || a.events.is_closed() {
+                Some(FinishReason::Cancelled)
+            } else if a.deadline.is_some_and(|d| now >= d) {
+                Some(FinishReason::Deadline)
+            } else {
+                None
+            };
+            match reason {
+                Some(r) => self.retire(i, Outcome::Finished(r)),
+                None => i += 1,
+            }
+        }
+        let mut keep = VecDeque::with_capacity(self.waiting.len());
+        for sub in std::mem::take(&mut self.waiting) {
+            if sub.cancel.load(Ordering::SeqCst) || sub.events.is_closed() {
+                self.end_waiting(sub, Outcome::Finished(FinishReason::Cancelled));
+            } else if sub.req.deadline.is_some_and(|d| now >= d) {
+                self.end_waiting(sub, Outcome::Finished(FinishReason::Deadline));
+            } else {
+                keep.push_back(sub);
+            }
+        }
+        self.waiting = keep;
+    }
+
+    // ----- admission -------------------------------------------------------
+
+    /// Backend sequences in use: running requests plus cache snapshots.
+    fn slots_used(&self) -> usize {
+        self.running.len() + self.cache.len()
+    }
+
+    /// Evicts snapshots until one more sequence fits; false if it cannot.
+    fn make_room_for_one(&mut self) -> bool {
+        while self.slots_used() + 1 > self.backend.max_sequences() {
+            match self.cache.evict_lru() {
+                Some(seq) => self.backend.free(seq),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Runs `f` (an alloc); on a capacity error evicts snapshots one by one
+    /// and retries, since snapshots are the only memory the engine can give
+    /// back on its own.
+    fn with_capacity_retry(&mut self, mut f: impl FnMut(&mut dyn Backend) -> Result<SeqId, ModelError>) -> Result<SeqId, ModelError> {
+        loop {
+            match f(self.backend.as_mut()) {
+                Err(ModelError::Capacity(m)) => match self.cache.evict_lru() {
+                    Some(seq) => self.backend.free(seq),
+                    None => return Err(ModelError::Capacity(m)),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        while self.running.len() < self.max_batch {
+            let Some(sub) = self.waiting.pop_front() else { break };
+            if !self.make_room_for_one() {
+                // Every slot holds a running request: wait for one to end.
+                self.waiting.push_front(sub);
+                break;
+            }
+            let prompt = &sub.req.prompt;
+            let hit = self.cache.lookup(prompt);
+            self.shared.with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
+            let got = match hit {
+                // Restore from the snapshot. If the backend has no memory
+                // for the copy, fall back to a fresh sequence (whose retry
+                // loop may evict snapshots, the hit included) rather than
+                // fail the request.
+                Some((snap, len)) => match self.backend.fork(snap) {
+                    Ok(seq) => Ok((seq, len)),
+                    Err(ModelError::Capacity(_)) => self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0)),
+                    Err(e) => Err(e),
+                },
+                None => self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0)),
+            };
+            match got {
+                Ok((seq, cached)) => self.start(sub, seq, cached),
+                Err(ModelError::Capacity(m)) if !self.running.is_empty() => {
+                    // Memory will come back when a running request ends.
+                    tracing::debug!("admission deferred: {m}");
+                    self.waiting.push_front(sub);
+                    break;
+                }
+                Err(e) => self.end_waiting(sub, Outcome::Failed(model_error(e))),
+            }
+        }
+    }
+
+    fn start(&mut self, sub: Submission, seq: SeqId, cached: usize) {
+        self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
+        let Submission { id, req, events, cancel } = sub;
+        let GenerateRequest { prompt, max_tokens, sampling, stop_strings, stop_token_ids, logprobs, deadline } = req;
+        let prompt_len = prompt.len();
+        let mut stop_ids = self.eos.clone();
+        stop_ids.extend(stop_token_ids);
+        let a = Active {
+            id,
+            cancel,
+            deadline,
+            prompt_len,
+            max_tokens,
+            logprobs,
+            stop_ids,
+            sampler: Sampler::new(sampling, &prompt),
+            text: TextStream::new(self.tokenizer.stream_decoder(), stop_strings),
+            seq,
+            tokens: prompt,
+            fed: cached,
+            cached_tokens: cached,
+            events,
+        };
+        self.shared.with_stats(|s| {
+            s.prompt_tokens += prompt_len as u64;
+            if cached > 0 {
+                s.prefix_cache_hits += 1;
+                s.prefix_cache_tokens += cached as u64;
+            }
+        });
+        tracing::debug!(request = id, prompt = prompt_len, cached, "admitted");
+        if a.events.send(Event::Started { prompt_tokens: prompt_len, cached_tokens: cached }).is_err() {
+            self.backend.free(seq);
+            self.send_outcome_active(&a, Outcome::Finished(FinishReason::Cancelled));
+            return;
+        }
+        self.running.push(a);
+    }
+
+    // ----- work ------------------------------------------------------------
+
+    fn decode_step(&mut self) {
+        let idx: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].generating()).collect();
+        if idx.is_empty() {
+            return;
+        }
+        let batch: Vec<(SeqId, u32)> = idx.iter().map(|&i| (self.running[i].seq, self.running[i].tokens[self.running[i].fed])).collect();
+        let results: Vec<Result<Vec<f32>, EngineError>> = match self.backend.decode(&batch) {
+            Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
+            Ok(rows) => {
+                let e = EngineError::Backend(format!("decode returned {} rows for a batch of {}", rows.len(), batch.len()));
+                vec![Err(e); batch.len()]
+            }
+            Err(e) => self.isolate_decode_failure(&idx, &batch, e),
+        };
+        self.shared.with_stats(|s| {
+            s.decode_steps += 1;
+            if s.decode_batch_sizes.len() <= batch.len() {
+                s.decode_batch_sizes.resize(batch.len() + 1, 0);
+            }
+            s.decode_batch_sizes[batch.len()] += 1;
+        });
+        // Retire from the back so earlier indices stay valid.
+        let mut ends: Vec<(usize, Outcome)> = Vec::new();
+        for (&i, res) in idx.iter().zip(results) {
+            match res {
+                Ok(mut logits) => {
+                    self.running[i].fed += 1;
+                    self.maybe_snapshot(i);
+                    if let Some(o) = self.sample_and_emit(i, &mut logits) {
+                        ends.push((i, o));
+                    }
+                }
+                Err(e) => ends.push((i, Outcome::Failed(e))),
+            }
+        }
+        ends.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, o) in ends {
+            self.retire(i, o);
+        }
+    }
+
+    /// A batched decode failed. Sequences the backend left untouched are
+    /// retried one by one so a fault in one request fails only that one;
+    /// a sequence whose length moved (state unknown) fails.
+    fn isolate_decode_failure(&mut self, idx: &[usize], batch: &[(SeqId, u32)], err: ModelError) -> Vec<Result<Vec<f32>, EngineError>> {
+        tracing::warn!(batch = batch.len(), error = %err, "batched decode failed; retrying sequences one by one");
+        if batch.len() == 1 {
+            return vec![Err(model_error(err))];
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for (&i, &(seq, tok)) in idx.iter().zip(batch) {
+            let expected = self.running[i].fed;
+            let r = match self.backend.seq_len(seq) {
+                Ok(n) if n == expected => match self.backend.decode(&[(seq, tok)]) {
+                    Ok(mut rows) if rows.len() == 1 => Ok(rows.remove(0)),
+                    Ok(rows) => Err(EngineError::Backend(format!("decode returned {} rows for one sequence", rows.len()))),
+                    Err(e) => Err(model_error(e)),
+                },
+                Ok(_) => Err(model_error(ModelError::Device(format!("batched decode failed part-way: {err}")))),
+                Err(e) => Err(model_error(e)),
+            };
+            out.push(r);
+        }
+        out
+    }
+
+    fn prefill_step(&mut self) {
+        let mut budget = self.prefill_chunk;
+        let mut i = 0;
+        // Oldest admitted first (`running` is in admission order).
+        while budget > 0 && i < self.running.len() {
+            if self.running[i].generating() {
+                i += 1;
+                continue;
+            }
+            let (start, prompt_len) = (self.running[i].fed, self.running[i].prompt_len);
+            let mut end = prompt_len.min(start + budget);
+            if let Some(b) = self.cache.next_boundary(start) {
+                end = end.min(b);
+            }
+            let seq = self.running[i].seq;
+            let result = self.backend.prefill(seq, &self.running[i].tokens[start..end], LogitsWanted::Last);
+            budget -= end - start;
+            self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
+            let outcome = match result {
+                Err(e) => Some(Outcome::Failed(model_error(e))),
+                Ok(mut rows) => {
+                    self.running[i].fed = end;
+                    self.maybe_snapshot(i);
+                    if end < prompt_len {
+                        None
+                    } else {
+                        match rows.pop() {
+                            Some(mut logits) => self.sample_and_emit(i, &mut logits),
+                            None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
+                        }
+                    }
+                }
+            };
+            match outcome {
+                Some(o) => self.retire(i, o),
+                None => i += 1,
+            }
+        }
+    }
+
+    /// Hands the cache a copy of request `i`'s sequence if it sits at a
+    /// snapshot boundary the cache wants.
+    fn maybe_snapshot(&mut self, i: usize) {
+        let fed = self.running[i].fed;
+        if fed == 0 || self.cache.next_boundary(fed - 1) != Some(fed) {
+            return;
+        }
+        if !self.cache.wants(&self.running[i].tokens[..fed]) {
+            return;
+        }
+        // A snapshot never takes a slot a request could use: only evict
+        // other snapshots for it.
+        if !self.make_room_for_one() {
+            return;
+        }
+        match self.backend.fork(self.running[i].seq) {
+            Ok(copy) => {
+                for seq in self.cache.insert(&self.running[i].tokens[..fed], copy) {
+                    self.backend.free(seq);
+                }
+            }
+            // No memory for a snapshot is not an error for the request.
+            Err(e) => tracing::debug!("prefix snapshot skipped: {e}"),
+        }
+    }
+
+    /// Samples from request `i`'s logits, emits the token, and says whether
+    /// the request ends.
+    fn sample_and_emit(&mut self, i: usize, logits: &mut [f32]) -> Option<Outcome> {
+        if logits.len() > self.text_vocab {
+            logits[self.text_vocab..].fill(f32::NEG_INFINITY);
+        }
+        let a = &mut self.running[i];
+        let picked = a.sampler.sample(logits, a.logprobs);
+        let token = picked.token;
+        a.sampler.accept(token);
+        a.tokens.push(token);
+        self.shared.with_stats(|s| s.generated_tokens += 1);
+
+        let a = &mut self.running[i];
+        let (text, reason) = if a.stop_ids.contains(&token) {
+            // The stop token's own text is never emitted; what was held back
+            // (a partial stop string that did not complete) is released.
+            let d = a.text.finish();
+            (d.text, Some(FinishReason::Stop))
+        } else {
+            match a.text.push(token) {
+                Err(e) => return Some(Outcome::Failed(EngineError::Tokenizer(e.to_string()))),
+                Ok(d) if d.stopped => (d.text, Some(FinishReason::Stop)),
+                Ok(mut d) => {
+                    if a.generated() >= a.max_tokens {
+                        let tail = a.text.finish();
+                        d.text.push_str(&tail.text);
+                        (d.text, Some(if tail.stopped { FinishReason::Stop } else { FinishReason::Length }))
+                    } else {
+                        (d.text, None)
+                    }
+                }
+            }
+        };
+        let logprob = if a.stop_ids.contains(&token) {
+            None
+        } else {
+            picked.logprobs.map(|(lp, top)| TokenLogprob {
+                token: token_text(&self.tokenizer, token),
+                logprob: lp,
+                bytes: self.tokenizer.token_bytes(token).map(<[u8]>::to_vec).unwrap_or_default(),
+                top: top
+                    .into_iter()
+                    .map(|(t, l)| (token_text(&self.tokenizer, t), l, self.tokenizer.token_bytes(t).map(<[u8]>::to_vec).unwrap_or_default()))
+                    .collect(),
+            })
+        };
+        let a = &self.running[i];
+        if a.events.send(Event::Token { id: token, text, logprob }).is_err() {
+            return Some(Outcome::Finished(FinishReason::Cancelled));
+        }
+        reason.map(Outcome::Finished)
+    }
+}
+
+/// A token's text on its own (lossy for a fragment of a character).
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
+}
+
+fn model_error(e: ModelError) -> EngineError {
+    match e {
+        ModelError::Capacity(m) => EngineError::Capacity(m),
+        other => EngineError::Backend(other.to_string()),
+    }
+}
