@@ -389,9 +389,13 @@ impl ModelConfig {
         self.shape_class = match first_diff {
             None => ShapeClass::Production,
             Some(&(field, got, want)) => {
-                // A small model of the same architecture is a test config; a
-                // large one is some other model and is refused.
-                if self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts {
+                // A small model of the same architecture is a test config, and
+                // so is the real shape cut to fewer layers (`lily synth
+                // --preset full --layers 4`); any other large model is some
+                // other model and is refused.
+                let fewer_layers = self.num_layers < prod.num_layers
+                    && dims.iter().all(|(f, got, want)| got == want || *f == "num_hidden_layers");
+                if fewer_layers || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts) {
                     ShapeClass::Test
                 } else {
                     return Err(Error::config(
