@@ -1,13 +1,25 @@
 //! lily-server: the OpenAI-compatible HTTP edge of Lily.
 //!
 //! It owns everything between a socket and the engine queue: request JSON and
-//! its validation, the chat template call, auth, limits, turning engine
-//! events into OpenAI responses (reasoning split, tool-call parsing, stop
-//! strings, logprobs), SSE streaming, and metrics. It owns no model state:
-//! the engine thread does (STYLE habit 10).
+//! its validation (`openai`, `validate`), the chat template call, auth,
+//! limits and CORS (`app`), turning engine events into OpenAI responses
+//! (`driver`, `output`, `reasoning`, `tool_parser`), SSE streaming and the
+//! handlers (`routes`), metrics (`metrics`), and a scripted stand-in for the
+//! model's continuation used by end-to-end tests (`scripted`). It owns no
+//! model state: the engine thread does (STYLE habit 10).
 
+pub mod app;
+pub mod driver;
+pub mod engine;
 pub mod error;
-pub mod tool_parser;
+pub mod metrics;
 pub mod openai;
+pub mod output;
 pub mod reasoning;
+pub mod routes;
+pub mod tool_parser;
 pub mod validate;
+
+pub use app::{router, serve, AppState, ServerConfig};
+pub use engine::{EventStream, Generator};
+pub use error::ApiError;

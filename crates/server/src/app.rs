@@ -1,0 +1,217 @@
+//! The axum application: shared state, the router, auth, CORS, body limits,
+//! per-endpoint metrics, and serving with a graceful drain.
+//!
+//! Handlers live in `routes.rs`; this file wires them up and owns the
+//! cross-cutting rules: every error is OpenAI-shaped JSON (unknown routes,
+//! wrong methods and oversized bodies included), `/health` is open while
+//! everything else needs the API key when one is set, and CORS headers exist
+//! only when asked for.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use lily_core::chat::ChatTemplate;
+use lily_core::tokenizer::Tokenizer;
+use lily_engine::ModelInfo;
+use tower_http::cors::{Any, CorsLayer};
+
+use crate::engine::Generator;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::routes;
+use crate::validate::Limits;
+
+/// What `lily serve`'s flags decide about the HTTP edge.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Required as `Authorization: Bearer KEY` when set.
+    pub api_key: Option<String>,
+    /// Send permissive CORS headers (browsers on other origins may call us).
+    pub cors: bool,
+    pub max_body_bytes: usize,
+    pub limits: Limits,
+    /// Per-request deadline, passed to the engine.
+    pub request_timeout: Option<Duration>,
+    /// Extra words for `/v1/models` (e.g. that the output is scripted).
+    pub model_note: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_key: None,
+            cors: false,
+            max_body_bytes: 8 << 20,
+            limits: Limits::default(),
+            request_timeout: None,
+            model_note: None,
+        }
+    }
+}
+
+/// Shared by every handler.
+pub struct AppState {
+    pub engine: Arc<dyn Generator>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Arc<ChatTemplate>,
+    pub config: ServerConfig,
+    pub metrics: Arc<Metrics>,
+    pub info: ModelInfo,
+    /// Unix time the server started (`created` of the model card).
+    pub started: u64,
+    /// Set once shutdown began: new generations get 503.
+    pub draining: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        engine: Arc<dyn Generator>,
+        tokenizer: Arc<Tokenizer>,
+        template: Arc<ChatTemplate>,
+        config: ServerConfig,
+    ) -> Arc<Self> {
+        let info = engine.model_info();
+        Arc::new(AppState {
+            engine,
+            tokenizer,
+            template,
+            config,
+            metrics: Arc::new(Metrics::default()),
+            info,
+            started: unix_now(),
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The endpoint label for metrics.
+fn endpoint_of(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        p if p == "/v1/models" || p.starts_with("/v1/models/") => "models",
+        _ => "other",
+    }
+}
+
+async fn record_status(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let endpoint = endpoint_of(req.uri().path());
+    let resp = next.run(req).await;
+    app.metrics.record_request(endpoint, resp.status().as_u16());
+    resp
+}
+
+/// Compares in time that depends only on the lengths, so the key cannot be
+/// guessed byte by byte from response times.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn check_key(headers: &HeaderMap, key: &str) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(ApiError::unauthorized(
+            "missing API key: send `Authorization: Bearer <key>`",
+        ));
+    };
+    let value = value.as_bytes();
+    let token = value
+        .strip_prefix(b"Bearer ")
+        .or_else(|| value.strip_prefix(b"bearer "))
+        .ok_or_else(|| ApiError::unauthorized("the Authorization header must be `Bearer <key>`"))?;
+    if constant_time_eq(token, key.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized("invalid API key"))
+    }
+}
+
+async fn require_key(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.config.api_key {
+        // Preflights carry no credentials; CORS (outside) answers them.
+        if req.method() != Method::OPTIONS {
+            if let Err(e) = check_key(req.headers(), key) {
+                return e.into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+}
+
+async fn wrong_method(req: Request) -> ApiError {
+    ApiError::method_not_allowed(format!("{} is not allowed on {}", req.method(), req.uri().path()))
+}
+
+/// The whole application.
+pub fn router(app: Arc<AppState>) -> Router {
+    let protected = Router::new()
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/models", get(routes::list_models))
+        .route("/v1/models/{*id}", get(routes::get_model))
+        .route("/metrics", get(routes::metrics))
+        .route_layer(middleware::from_fn_with_state(app.clone(), require_key));
+    let mut router = Router::new()
+        .route("/health", get(routes::health))
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(app.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(app.clone(), record_status))
+        .with_state(app.clone());
+    if app.config.cors {
+        router = router.layer(
+            CorsLayer::new()
+                .allow_origin(Any)
+                .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+                .allow_headers(Any),
+        );
+    }
+    router
+}
+
+/// Serves until `shutdown` resolves, then stops taking connections and
+/// waits for the requests in flight to finish (streams included) before
+/// telling the engine to stop.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let state = app.clone();
+    let signal = async move {
+        shutdown.await;
+        state.draining.store(true, Ordering::SeqCst);
+        tracing::info!("shutting down: no new connections; draining requests in flight");
+    };
+    let result = axum::serve(listener, router(app.clone())).with_graceful_shutdown(signal).await;
+    app.engine.shutdown();
+    result
+}

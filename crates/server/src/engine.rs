@@ -1,0 +1,43 @@
+//! The server's view of the engine: submit a request, read its events.
+//!
+//! [`Generator`] is what the HTTP handlers call. The real implementation is
+//! `lily_engine::EngineHandle`; tests use fakes, and `scripted.rs` wraps a
+//! generator to replace the model's continuation for end-to-end tests. The
+//! event stream is boxed so that all of them look alike; dropping it is how
+//! a request is cancelled (the engine's `RequestStream` cancels on drop).
+
+use std::pin::Pin;
+
+use futures::Stream;
+use lily_engine::{EngineHandle, EngineStats, Event, GenerateRequest, ModelInfo, SubmitError};
+
+/// Events of one request; dropping it cancels the request.
+pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
+
+pub trait Generator: Send + Sync + 'static {
+    /// Queues a request; `Err` means nothing was started.
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError>;
+    fn stats(&self) -> EngineStats;
+    fn model_info(&self) -> ModelInfo;
+    /// Stop taking requests and finish the accepted ones.
+    fn shutdown(&self);
+}
+
+impl Generator for EngineHandle {
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
+        let stream = EngineHandle::submit(self, req)?;
+        Ok(Box::pin(stream))
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineHandle::stats(self)
+    }
+
+    fn model_info(&self) -> ModelInfo {
+        EngineHandle::model_info(self)
+    }
+
+    fn shutdown(&self) {
+        EngineHandle::shutdown(self)
+    }
+}
