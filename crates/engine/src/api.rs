@@ -367,11 +367,13 @@ impl Shared {
     /// Called by the engine thread as its last act.
     pub(crate) fn mark_stopped(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        // The watch first: whoever wakes from the condvar may check
+        // `is_stopped` at once.
+        self.stopped_tx.send_replace(true);
         if let Ok(mut s) = self.stopped.lock() {
             *s = true;
         }
         self.stopped_cv.notify_all();
-        self.stopped_tx.send_replace(true);
     }
 
     pub(crate) fn with_stats(&self, f: impl FnOnce(&mut EngineStats)) {

@@ -23,9 +23,12 @@ use crate::scheduler::Scheduler;
 pub struct Engine;
 
 impl Engine {
-    /// Spawns the engine thread that owns `backend`. The only failure is the
-    /// OS refusing to create the thread.
-    pub fn start(backend: Box<dyn Backend>, tokenizer: Tokenizer, opts: EngineOptions) -> std::io::Result<EngineHandle> {
+    /// Spawns the engine thread that owns `backend`. `tokenizer` is a
+    /// `Tokenizer` or an `Arc<Tokenizer>` (the server shares one with its
+    /// chat templating). The only failure is the OS refusing to create the
+    /// thread.
+    pub fn start(backend: Box<dyn Backend>, tokenizer: impl Into<Arc<Tokenizer>>, opts: EngineOptions) -> std::io::Result<EngineHandle> {
+        let tokenizer = tokenizer.into();
         let backend_max = backend.max_seq_len();
         let context_length = opts.max_seq_len.map_or(backend_max, |m| m.min(backend_max));
         let info = ModelInfo {

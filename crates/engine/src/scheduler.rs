@@ -68,7 +68,7 @@ impl Active {
 
 pub(crate) struct Scheduler {
     backend: Box<dyn Backend>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     shared: Arc<Shared>,
     cache: PrefixCache,
     max_batch: usize,
@@ -82,7 +82,7 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub(crate) fn new(backend: Box<dyn Backend>, tokenizer: Tokenizer, opts: &EngineOptions, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(backend: Box<dyn Backend>, tokenizer: Arc<Tokenizer>, opts: &EngineOptions, shared: Arc<Shared>) -> Self {
         let eos = backend.config().eos_token_ids.clone();
         let text_vocab = tokenizer.vocab_size();
         Scheduler {
@@ -202,6 +202,9 @@ impl Scheduler {
     fn retire(&mut self, i: usize, outcome: Outcome) {
         let a = self.running.remove(i);
         self.backend.free(a.seq);
+        // Gauges first, so a caller that reads stats after the final event
+        // sees this request gone.
+        self.publish_gauges();
         self.send_outcome_active(&a, outcome);
     }
 
