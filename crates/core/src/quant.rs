@@ -83,11 +83,11 @@ pub fn quantize(w: &[f32], rows: usize, cols: usize, bits: u32, group: usize) ->
             w.len()
         )));
     }
-    if group == 0 || cols % group != 0 {
+    if group == 0 || !cols.is_multiple_of(group) {
         return Err(Error::Other(format!("quantize: {cols} columns is not a multiple of the group size {group}")));
     }
     let per_word = (32 / bits) as usize;
-    if cols % per_word != 0 {
+    if !cols.is_multiple_of(per_word) {
         return Err(Error::Other(format!("quantize: {cols} columns do not fill whole u32 words at {bits} bits")));
     }
     let words_per_row = cols / per_word;
@@ -342,6 +342,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tiny HF fixture quantised here must equal, bit for bit, what the
+    /// independent Python quantiser (scripts/goldens/make_goldens.py
+    /// `quantize`) wrote to tests/fixtures/tiny/mlx_q4_expected.safetensors:
+    /// codes, and scales and biases after rounding to bf16. Covers every
+    /// linear of the model: 4-bit (embed, lm_head, projections, stacked
+    /// experts) and 8-bit (router, shared-expert gate).
+    #[test]
+    fn matches_the_python_quantiser_on_the_tiny_fixture() {
+        use crate::config::ModelConfig;
+        use crate::tensors::TensorStore;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny");
+        let cfg = ModelConfig::from_dir(&root.join("hf-bf16")).expect("fixture config");
+        let hf = TensorStore::open_dir(&root.join("hf-bf16")).expect("hf fixture");
+        let want = TensorStore::open_files(&[root.join("mlx_q4_expected.safetensors")]).expect("expected file");
+        let im = cfg.moe_intermediate_size;
+        let mlx_name = |hf_name: &str| -> String {
+            match hf_name.strip_prefix("model.language_model.") {
+                Some(rest) => format!("language_model.model.{rest}"),
+                None => format!("language_model.{hf_name}"),
+            }
+        };
+        // Compares one quantised matrix with `rows` rows starting at row
+        // `row0` of the expected (possibly stacked) tensors of `module`.
+        let check = |module: &str, w: &[f32], rows: usize, cols: usize, row0: usize, bits: u32| {
+            let (codes, scales, biases) = quantize(w, rows, cols, bits, 64).expect("valid shape");
+            let words = cols * bits as usize / 32;
+            let groups = cols / 64;
+            let wc = want.peek(&format!("{module}.weight")).expect("codes").as_u32().into_owned();
+            let ws = want.peek(&format!("{module}.scales")).expect("scales").as_u16().into_owned();
+            let wb = want.peek(&format!("{module}.biases")).expect("biases").as_u16().into_owned();
+            assert_eq!(&codes[..], &wc[row0 * words..(row0 + rows) * words], "{module}: codes");
+            let bf = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+            assert_eq!(bf(&scales), &ws[row0 * groups..(row0 + rows) * groups], "{module}: scales");
+            assert_eq!(bf(&biases), &wb[row0 * groups..(row0 + rows) * groups], "{module}: biases");
+        };
+        let mut modules = std::collections::BTreeSet::new();
+        for name in hf.names() {
+            let t = hf.peek(name).expect("listed");
+            let w = t.to_f32();
+            if let Some(layer) = name.strip_suffix(".mlp.experts.gate_up_proj") {
+                let (e, rows2, cols) = (t.shape[0], t.shape[1], t.shape[2]);
+                assert_eq!(rows2, 2 * im);
+                for (part, off) in [("gate_proj", 0), ("up_proj", im)] {
+                    let module = mlx_name(&format!("{layer}.mlp.switch_mlp.{part}"));
+                    for x in 0..e {
+                        let start = (x * rows2 + off) * cols;
+                        check(&module, &w[start..start + im * cols], im, cols, x * im, 4);
+                    }
+                    modules.insert(module);
+                }
+            } else if let Some(layer) = name.strip_suffix(".mlp.experts.down_proj") {
+                let (e, rows, cols) = (t.shape[0], t.shape[1], t.shape[2]);
+                let module = mlx_name(&format!("{layer}.mlp.switch_mlp.down_proj"));
+                for x in 0..e {
+                    check(&module, &w[x * rows * cols..(x + 1) * rows * cols], rows, cols, x * rows, 4);
+                }
+                modules.insert(module);
+            } else if t.shape.len() == 2 {
+                let module = mlx_name(name.strip_suffix(".weight").expect("linear weights end in .weight"));
+                let bits = if module.ends_with(".mlp.gate") || module.ends_with(".mlp.shared_expert_gate") { 8 } else { 4 };
+                check(&module, &w, t.shape[0], t.shape[1], 0, bits);
+                modules.insert(module);
+            }
+        }
+        let expected: std::collections::BTreeSet<String> =
+            want.names().filter_map(|n| n.strip_suffix(".scales")).map(str::to_string).collect();
+        assert_eq!(modules, expected, "every quantised module of the expected file is checked");
     }
 
     #[test]
