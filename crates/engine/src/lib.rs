@@ -9,6 +9,7 @@
 //! (`agree`). It owns no HTTP, JSON or chat templating (the server and the
 //! CLI do that) and no model math (the backends do).
 
+pub mod agree;
 pub mod api;
 mod engine;
 pub mod prefix_cache;
