@@ -141,7 +141,7 @@ impl AgreeReport {
     /// The human-readable summary `lily agree` prints.
     pub fn to_text(&self) -> String {
         format!(
-            "positions: {}\ntop-1 agreement: {:.2}% ({} / {})\nmean |d logprob| (reference top-1): {:.4}\np99 |d logprob|: {:.4}\nmax |d logprob|: {:.4}\nmodel: {}\nreference: {}\n",
+            "positions: {}\ntop-1 agreement: {:.2}% ({} / {})\nmean |d logprob| (reference top-1): {:.4}\np99 |d logprob|: {:.4}\nmax |d logprob|: {:.4}\nmodel backend: {}\nreference backend: {}\n",
             self.positions,
             self.top1_agreement_pct,
             self.top1_matches,
