@@ -14,6 +14,7 @@
 //! - `conv1d.weight` `[C, 1, K]` becomes `[C, K, 1]` (same memory order);
 //! - one-centred norms are stored as the gain `1 + w`, rounded to bf16;
 //! - `A_log` stays f32; every other vector is bf16.
+//!
 //! The tokenizer, template and generation files are copied unchanged.
 
 use std::path::{Path, PathBuf};

@@ -118,7 +118,7 @@ impl RandomSource {
 
 impl Source for RandomSource {
     fn linear_rows(&self, p: &LinearParam, row0: usize, out: &mut [f32]) -> Result<()> {
-        if out.len() % p.cols != 0 || row0 + out.len() / p.cols > p.experts * p.rows {
+        if !out.len().is_multiple_of(p.cols) || row0 + out.len() / p.cols > p.experts * p.rows {
             return Err(Error::Other(format!("rows {row0}.. of `{}` are out of range", p.key)));
         }
         let std = self.linear_std(p);
