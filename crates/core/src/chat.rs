@@ -10,6 +10,9 @@
 //! special-token text typed by users out of the special-token ids. It does not
 //! own parsing the model's output back into tool calls.
 //!
+//! Serving the real checkpoint uses the checkpoint's own template (`from_dir`);
+//! ours only has to produce the same format for the checkpoints we make.
+//!
 //! Message preparation shared by both render paths: roles are checked,
 //! `content` and `reasoning_content` are trimmed (Qwen's templates trim them
 //! anyway), reasoning embedded in assistant content as `<think>..</think>` is
@@ -467,7 +470,7 @@ impl Markers {
     /// Rebuilds the prompt from the marked rendering and lists the special
     /// tokens that lie in the template's own text (outside markers and
     /// `tojson` brackets), as byte ranges of the rebuilt prompt.
-    fn resolve(&self, marked: &str, tok: &Tokenizer) -> Result<(String, Vec<(std::ops::Range<usize>, u32)>)> {
+    fn resolve(&self, marked: &str, tok: &Tokenizer) -> Result<(String, SpecialSpans)> {
         let open = format!("{MARK_OPEN}{}", self.nonce);
         let mut out = String::with_capacity(marked.len() * 2);
         let mut specials = Vec::new();
@@ -513,6 +516,9 @@ impl Markers {
         Ok((out, specials))
     }
 }
+
+/// Special-token ids with the byte range of the prompt they stand for.
+type SpecialSpans = Vec<(std::ops::Range<usize>, u32)>;
 
 fn malformed(what: &str) -> Error {
     Error::Template(format!(

@@ -381,3 +381,11 @@ fn render_tokens_refuses_templates_it_cannot_trace() {
     assert_eq!(ids[0], IM_START_ID);
     assert_eq!(tok().decode(&ids).unwrap(), "<|im_start|><b>bold</b>");
 }
+
+#[test]
+fn shareable_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ChatTemplate>();
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<lily_core::tokenizer::StreamDecoder>();
+}
