@@ -17,6 +17,7 @@ pub mod openai;
 pub mod output;
 pub mod reasoning;
 pub mod routes;
+pub mod scripted;
 pub mod tool_parser;
 pub mod validate;
 
