@@ -7,7 +7,7 @@ mod common;
 
 use lily_core::weights::{Linear, Mixer};
 use lily_core::Format;
-use lily_cpu::fast::matmul::Mat;
+use lily_cpu::fast::matmul::{Isa, Mat};
 use lily_cpu::reference::ops::linear;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -15,20 +15,29 @@ use rand_chacha::ChaCha8Rng;
 fn check(name: &str, lin: &Linear, expert: usize) {
     let mat = Mat::new(lin).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(42);
-    for n in [1usize, 2, 5, 9] {
+    // 1..=8 and 17 cover every token-tile width of the kernels and both
+    // sides of the small-batch / dequantise-the-row boundary.
+    for n in [1usize, 2, 3, 4, 5, 8, 9, 17] {
         let x: Vec<f32> = (0..n * lin.cols()).map(|_| rng.random_range(-2.0f32..2.0)).collect();
         let mut par = vec![0f32; n * lin.rows()];
         let mut ser = vec![0f32; n * lin.rows()];
         mat.matmul(expert, &x, n, &mut par);
         mat.matmul_serial(expert, &x, n, &mut ser);
         assert_eq!(par, ser, "{name}: parallel and serial products differ");
+        let mut base = vec![0f32; n * lin.rows()];
+        mat.matmul_isa(Isa::Baseline, expert, &x, n, &mut base);
+        for (variant, got) in [("default", &par), ("baseline", &base)] {
         for t in 0..n {
             let want = linear(lin, expert, &x[t * lin.cols()..(t + 1) * lin.cols()]);
             let got = &par[t * lin.rows()..(t + 1) * lin.rows()];
             let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
             for (r, (a, b)) in want.iter().zip(got).enumerate() {
-                assert!((a - b).abs() <= 1e-5 * scale * (lin.cols() as f32).sqrt(), "{name} n={n} t={t} row {r}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-5 * scale * (lin.cols() as f32).sqrt(),
+                    "{name} {variant} n={n} t={t} row {r}: {a} vs {b}"
+                );
             }
+        }
         }
     }
 }

@@ -138,7 +138,7 @@ impl FloatView<'_> {
 
 #[derive(Clone, Debug)]
 enum MatData {
-    Quant { bits: u32, group: usize, codes: Words, scales: Floats, biases: Floats },
+    Quant { bits: u32, codes: Words, scales: Floats, biases: Floats },
     Dense { weights: Floats, tensor_rows: usize, row_offset: usize },
 }
 
@@ -188,7 +188,6 @@ impl Mat {
                 }
                 MatData::Quant {
                     bits,
-                    group: q.spec.group_size,
                     codes: Words::new(&q.codes),
                     scales: Floats::new(&q.scales)?,
                     biases: Floats::new(&q.biases)?,
@@ -207,52 +206,120 @@ impl Mat {
     /// `y = W x` for `n` tokens, rows split over the rayon pool.
     /// `x` is `[n][cols]`, `y` is `[n][rows]`.
     pub fn matmul(&self, expert: usize, x: &[f32], n: usize, y: &mut [f32]) {
-        self.product(expert, x, n, y, true)
+        self.product(isa(), expert, x, n, y, true)
+    }
+
+    /// [`Mat::matmul`] with a chosen kernel variant, so tests can hold every
+    /// variant to the reference on any machine that can run it. A variant
+    /// the CPU lacks falls back to the baseline.
+    pub fn matmul_isa(&self, variant: Isa, expert: usize, x: &[f32], n: usize, y: &mut [f32]) {
+        let variant = if variant == Isa::Avx512 && isa() != Isa::Avx512 { Isa::Baseline } else { variant };
+        self.product(variant, expert, x, n, y, true)
     }
 
     /// Same as [`Mat::matmul`] on the calling thread only (for callers that
     /// already parallelise across matrices, like the MoE experts).
     pub fn matmul_serial(&self, expert: usize, x: &[f32], n: usize, y: &mut [f32]) {
-        self.product(expert, x, n, y, false)
+        self.product(isa(), expert, x, n, y, false)
     }
 
-    /// Row `row` of expert `expert` as f32 (embedding lookup).
+    /// Row `row` of expert `expert` as f32, in natural column order
+    /// (embedding lookup).
     pub fn row_f32(&self, expert: usize, row: usize, out: &mut [f32]) {
-        let view = self.view();
-        let mut scratch = RowScratch::new(self.cols);
-        view.dequant_row(self, expert * self.rows + row, out, &mut scratch);
+        let r = expert * self.rows + row;
+        let mut q = [0f32; 64];
+        match self.view() {
+            MatView::Q4(src) => {
+                let (mut sc, mut bi) = (vec![0f32; self.cols / 64], vec![0f32; self.cols / 64]);
+                src.params(r, &mut sc, &mut bi);
+                for g in 0..self.cols / 64 {
+                    src.group(r, g, &mut q);
+                    for (j, &qv) in q.iter().enumerate() {
+                        out[g * 64 + Q4_LANE_COL[j]] = sc[g] * qv + bi[g];
+                    }
+                }
+            }
+            MatView::Q8(src) => {
+                let (mut sc, mut bi) = (vec![0f32; self.cols / 64], vec![0f32; self.cols / 64]);
+                src.params(r, &mut sc, &mut bi);
+                for g in 0..self.cols / 64 {
+                    src.group(r, g, &mut q);
+                    for (j, &qv) in q.iter().enumerate() {
+                        out[g * 64 + j] = sc[g] * qv + bi[g];
+                    }
+                }
+            }
+            MatView::Dense(src) => src.weights.load(src.row_start(r), out),
+        }
     }
 
     fn view(&self) -> MatView<'_> {
         match &self.data {
-            MatData::Quant { bits, group, codes, scales, biases } => MatView::Quant {
-                bits: *bits,
-                group: *group,
-                codes: codes.get(),
-                scales: scales.view(),
-                biases: biases.view(),
-            },
-            MatData::Dense { weights, tensor_rows, row_offset } => {
-                MatView::Dense { weights: weights.view(), tensor_rows: *tensor_rows, row_offset: *row_offset }
+            MatData::Quant { bits, codes, scales, biases } => {
+                let src = QuantSource {
+                    codes: codes.get(),
+                    scales: scales.view(),
+                    biases: biases.view(),
+                    words_per_row: self.cols * *bits as usize / 32,
+                    groups: self.cols / 64,
+                };
+                if *bits == 4 {
+                    MatView::Q4(Q4Source(src))
+                } else {
+                    MatView::Q8(Q8Source(src))
+                }
             }
+            MatData::Dense { weights, tensor_rows, row_offset } => MatView::Dense(DenseSource {
+                weights: weights.view(),
+                rows: self.rows,
+                cols: self.cols,
+                tensor_rows: *tensor_rows,
+                row_offset: *row_offset,
+            }),
         }
     }
 
-    fn product(&self, expert: usize, x: &[f32], n: usize, y: &mut [f32], parallel: bool) {
+    fn product(&self, variant: Isa, expert: usize, x: &[f32], n: usize, y: &mut [f32], parallel: bool) {
         debug_assert!(expert < self.experts);
         debug_assert_eq!(x.len(), n * self.cols);
         debug_assert_eq!(y.len(), n * self.rows);
         if n == 0 {
             return;
         }
-        let view = self.view();
-        let groups = self.cols / 64;
-        // Group sums of x: the bias term of a quantised group is bias * sum(x_g).
-        let xsum: Vec<f32> = match &view {
-            MatView::Quant { .. } => x.chunks_exact(64).map(|g| g.iter().sum()).collect(),
-            MatView::Dense { .. } => Vec::new(),
-        };
-        let job = Job { mat: self, view: &view, x, xsum: &xsum, n, groups, row_base: expert * self.rows };
+        match self.view() {
+            MatView::Q4(src) => {
+                // The 4-bit kernel holds a group's codes in nibble-plane order
+                // (see Q4_LANE_COL); x is permuted to match once per call.
+                let mut xp = vec![0f32; x.len()];
+                for (dst, src) in xp.chunks_exact_mut(64).zip(x.chunks_exact(64)) {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = src[Q4_LANE_COL[j]];
+                    }
+                }
+                let xsum = group_sums(x);
+                self.run(variant, &src, &xp, &xsum, expert, n, y, parallel)
+            }
+            MatView::Q8(src) => {
+                let xsum = group_sums(x);
+                self.run(variant, &src, x, &xsum, expert, n, y, parallel)
+            }
+            MatView::Dense(src) => self.run(variant, &src, x, &[], expert, n, y, parallel),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run<S: Source>(
+        &self,
+        variant: Isa,
+        src: &S,
+        x: &[f32],
+        xsum: &[f32],
+        expert: usize,
+        n: usize,
+        y: &mut [f32],
+        parallel: bool,
+    ) {
+        let job = Job { variant, src, cols: self.cols, groups: self.cols / 64, x, xsum, n, row_base: expert * self.rows };
         let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
         let block = (self.rows / (threads * 8)).clamp(4, 256);
         if n == 1 {
@@ -279,91 +346,162 @@ impl Mat {
     }
 }
 
+/// Sums of each group of 64 consecutive values (the bias term of a
+/// quantised group is `bias * sum(x_g)`).
+fn group_sums(x: &[f32]) -> Vec<f32> {
+    x.chunks_exact(64).map(|g| g.iter().sum()).collect()
+}
+
+/// Column (within its group) of the code in lane `j` of the 4-bit kernel:
+/// lanes 0..32 are the low nibbles of the group's 32 bytes, lanes 32..64 the
+/// high nibbles. Byte `b` of word `i` holds codes `8i + 2b` (low) and
+/// `8i + 2b + 1` (high), so unpacking is one mask or one shift per byte.
+const Q4_LANE_COL: [usize; 64] = {
+    let mut t = [0usize; 64];
+    let mut j = 0;
+    while j < 64 {
+        let (half, jj) = (j / 32, j % 32);
+        t[j] = (jj / 4) * 8 + 2 * (jj % 4) + half;
+        j += 1;
+    }
+    t
+};
+
 enum MatView<'a> {
-    Quant { bits: u32, group: usize, codes: Cow<'a, [u32]>, scales: FloatView<'a>, biases: FloatView<'a> },
-    Dense { weights: FloatView<'a>, tensor_rows: usize, row_offset: usize },
+    Q4(Q4Source<'a>),
+    Q8(Q8Source<'a>),
+    Dense(DenseSource<'a>),
 }
 
-/// Per-thread buffers of one row.
-struct RowScratch {
-    w: Vec<f32>,
-    scales: Vec<f32>,
-    biases: Vec<f32>,
+/// Where a kernel gets one group of 64 weights from, as f32 in lane order.
+trait Source: Sync {
+    /// Quantised sources have per-group scale and bias; dense ones do not.
+    const QUANT: bool;
+    /// 4-bit sources have a hand-written AVX-512 kernel.
+    const Q4: bool = false;
+    /// The packed words of absolute row `r` (4-bit sources only).
+    fn q4_row(&self, _r: usize) -> &[u32] {
+        &[]
+    }
+    /// Per-group scales and biases of absolute row `r` into `sc`, `bi`
+    /// (`groups` long; untouched when dense).
+    fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]);
+    /// Codes (quantised) or weights (dense) of group `g` of row `r`.
+    fn group(&self, r: usize, g: usize, q: &mut [f32; 64]);
 }
 
-impl RowScratch {
-    fn new(cols: usize) -> Self {
-        RowScratch { w: vec![0.0; cols], scales: vec![0.0; cols / 64 + 1], biases: vec![0.0; cols / 64 + 1] }
+struct QuantSource<'a> {
+    codes: Cow<'a, [u32]>,
+    scales: FloatView<'a>,
+    biases: FloatView<'a>,
+    words_per_row: usize,
+    groups: usize,
+}
+
+impl QuantSource<'_> {
+    fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]) {
+        self.scales.load(r * self.groups, sc);
+        self.biases.load(r * self.groups, bi);
     }
 }
 
-impl MatView<'_> {
-    /// Dequantises absolute row `r` (expert-major) into `out`.
+struct Q4Source<'a>(QuantSource<'a>);
+struct Q8Source<'a>(QuantSource<'a>);
+
+impl Source for Q4Source<'_> {
+    const QUANT: bool = true;
+    const Q4: bool = true;
+    fn q4_row(&self, r: usize) -> &[u32] {
+        let w = self.0.words_per_row;
+        &self.0.codes[r * w..(r + 1) * w]
+    }
+    fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]) {
+        self.0.params(r, sc, bi)
+    }
     #[inline(always)]
-    fn dequant_row(&self, mat: &Mat, r: usize, out: &mut [f32], s: &mut RowScratch) {
-        match self {
-            MatView::Quant { bits, group, codes, scales, biases } => {
-                let groups = mat.cols / group;
-                let words = mat.cols * *bits as usize / 32;
-                scales.load(r * groups, &mut s.scales[..groups]);
-                biases.load(r * groups, &mut s.biases[..groups]);
-                let row = &codes[r * words..(r + 1) * words];
-                let wpg = 64 * *bits as usize / 32;
-                for g in 0..groups {
-                    let mut q = [0f32; 64];
-                    unpack(*bits, &row[g * wpg..(g + 1) * wpg], &mut q);
-                    let (sc, bi) = (s.scales[g], s.biases[g]);
-                    for (o, &qv) in out[g * 64..(g + 1) * 64].iter_mut().zip(&q) {
-                        *o = sc * qv + bi;
-                    }
-                }
-            }
-            MatView::Dense { weights, tensor_rows, row_offset } => {
-                let (e, row) = (r / mat.rows, r % mat.rows);
-                let abs = e * tensor_rows + row_offset + row;
-                weights.load(abs * mat.cols, out);
+    fn group(&self, r: usize, g: usize, q: &mut [f32; 64]) {
+        let start = r * self.0.words_per_row + g * 8;
+        let words = &self.0.codes[start..start + 8];
+        for (i, w) in words.iter().enumerate() {
+            let b = w.to_le_bytes();
+            for k in 0..4 {
+                q[i * 4 + k] = (b[k] & 15) as f32;
+                q[32 + i * 4 + k] = (b[k] >> 4) as f32;
             }
         }
     }
 }
 
-/// Unpacks one group of 64 codes to f32.
-#[inline(always)]
-fn unpack(bits: u32, words: &[u32], q: &mut [f32; 64]) {
-    if bits == 4 {
-        for (i, &w) in words.iter().enumerate().take(8) {
-            for k in 0..8 {
-                q[i * 8 + k] = ((w >> (4 * k)) & 15) as f32;
-            }
-        }
-    } else {
-        for (i, &w) in words.iter().enumerate().take(16) {
+impl Source for Q8Source<'_> {
+    const QUANT: bool = true;
+    fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]) {
+        self.0.params(r, sc, bi)
+    }
+    #[inline(always)]
+    fn group(&self, r: usize, g: usize, q: &mut [f32; 64]) {
+        let start = r * self.0.words_per_row + g * 16;
+        let words = &self.0.codes[start..start + 16];
+        for (i, w) in words.iter().enumerate() {
+            let b = w.to_le_bytes();
             for k in 0..4 {
-                q[i * 4 + k] = ((w >> (8 * k)) & 255) as f32;
+                q[i * 4 + k] = b[k] as f32;
             }
         }
     }
 }
+
+struct DenseSource<'a> {
+    weights: FloatView<'a>,
+    rows: usize,
+    cols: usize,
+    tensor_rows: usize,
+    row_offset: usize,
+}
+
+impl DenseSource<'_> {
+    /// Element offset of absolute row `r` (expert-major) in the tensor.
+    fn row_start(&self, r: usize) -> usize {
+        let (e, row) = (r / self.rows, r % self.rows);
+        (e * self.tensor_rows + self.row_offset + row) * self.cols
+    }
+}
+
+impl Source for DenseSource<'_> {
+    const QUANT: bool = false;
+    fn params(&self, _r: usize, _sc: &mut [f32], _bi: &mut [f32]) {}
+    #[inline(always)]
+    fn group(&self, r: usize, g: usize, q: &mut [f32; 64]) {
+        self.weights.load(self.row_start(r) + g * 64, q);
+    }
+}
+
+/// Tokens above which a row is dequantised once and dotted with tiles of
+/// tokens, rather than unpacked per tile of tokens.
+const SMALL_N: usize = 8;
 
 /// Everything one product needs, shared by the row blocks.
-struct Job<'a> {
-    mat: &'a Mat,
-    view: &'a MatView<'a>,
+struct Job<'a, S: Source> {
+    variant: Isa,
+    src: &'a S,
+    cols: usize,
+    groups: usize,
+    /// `[n][cols]`, in the source's lane order.
     x: &'a [f32],
+    /// `[n][groups]` (quantised sources only).
     xsum: &'a [f32],
     n: usize,
-    groups: usize,
     row_base: usize,
 }
 
-impl Job<'_> {
-    /// Computes rows `first..` into `out` (`[rows][n]`, or `[rows]` when
-    /// `n == 1`), dispatching on the CPU's kernel variant.
+impl<S: Source> Job<'_, S> {
+    /// Computes rows `first..` into `out` (`[rows][n]`), dispatching on the
+    /// CPU's kernel variant.
     fn rows(&self, first: usize, out: &mut [f32]) {
-        match isa() {
+        match self.variant {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `isa()` returned Avx512 only after detecting avx512f and
-            // fma on this CPU, which is what the variant is compiled for.
+            // SAFETY: a job carries Avx512 only when `isa()` detected avx512f,
+            // avx512bw, avx512vl and fma on this CPU (`matmul_isa` downgrades
+            // otherwise), which is what this variant is compiled for.
             Isa::Avx512 => unsafe { self.rows_avx512(first, out) },
             _ => self.rows_generic::<false>(first, out),
         }
@@ -372,68 +510,106 @@ impl Job<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     fn rows_avx512(&self, first: usize, out: &mut [f32]) {
-        self.rows_generic::<true>(first, out)
-    }
-
-    #[inline(always)]
-    fn rows_generic<const FMA: bool>(&self, first: usize, out: &mut [f32]) {
-        let mat = self.mat;
-        let mut s = RowScratch::new(mat.cols);
-        let count = out.len() / self.n;
-        for i in 0..count {
+        if !S::Q4 {
+            return self.rows_generic::<true>(first, out);
+        }
+        let n = self.n;
+        let (mut sc, mut bi) = (vec![0f32; self.groups], vec![0f32; self.groups]);
+        for (i, dst) in out.chunks_exact_mut(n).enumerate() {
             let r = self.row_base + first + i;
-            if self.n == 1 {
-                out[i] = self.dot_one::<FMA>(r, &mut s);
-            } else {
-                let mut w = std::mem::take(&mut s.w);
-                self.view.dequant_row(mat, r, &mut w, &mut s);
-                tile_dots::<FMA>(&w, self.x, self.n, &mut out[i * self.n..(i + 1) * self.n]);
-                s.w = w;
+            self.src.params(r, &mut sc, &mut bi);
+            let row = avx512::Q4Row { codes: self.src.q4_row(r), scales: &sc, biases: &bi };
+            let mut t = 0;
+            while t < n {
+                let m = (n - t).min(avx512::MAX_TOKENS);
+                let tokens = avx512::Tokens { x: self.x, xsum: self.xsum, cols: self.cols, first: t };
+                let dst = &mut dst[t..t + m];
+                match m {
+                    1 => avx512::q4_dot::<1>(&row, &tokens, dst),
+                    2 => avx512::q4_dot::<2>(&row, &tokens, dst),
+                    3 => avx512::q4_dot::<3>(&row, &tokens, dst),
+                    4 => avx512::q4_dot::<4>(&row, &tokens, dst),
+                    5 => avx512::q4_dot::<5>(&row, &tokens, dst),
+                    6 => avx512::q4_dot::<6>(&row, &tokens, dst),
+                    7 => avx512::q4_dot::<7>(&row, &tokens, dst),
+                    _ => avx512::q4_dot::<8>(&row, &tokens, dst),
+                }
+                t += m;
             }
         }
     }
 
-    /// One row against one token, fused with dequantisation.
     #[inline(always)]
-    fn dot_one<const FMA: bool>(&self, r: usize, s: &mut RowScratch) -> f32 {
-        let mat = self.mat;
-        let x = self.x;
-        match self.view {
-            MatView::Quant { bits, codes, scales, biases, .. } => {
-                let groups = self.groups;
-                let words = mat.cols * *bits as usize / 32;
-                scales.load(r * groups, &mut s.scales[..groups]);
-                biases.load(r * groups, &mut s.biases[..groups]);
-                let row = &codes[r * words..(r + 1) * words];
-                let wpg = 64 * *bits as usize / 32;
-                let mut acc = [0f32; LANES];
-                let mut bias_acc = 0f32;
-                for g in 0..groups {
-                    let mut q = [0f32; 64];
-                    unpack(*bits, &row[g * wpg..(g + 1) * wpg], &mut q);
-                    let sc = s.scales[g];
-                    let xg = &x[g * 64..(g + 1) * 64];
-                    for c in 0..64 / LANES {
-                        for l in 0..LANES {
-                            acc[l] = madd::<FMA>(q[c * LANES + l] * sc, xg[c * LANES + l], acc[l]);
+    fn rows_generic<const FMA: bool>(&self, first: usize, out: &mut [f32]) {
+        let n = self.n;
+        let mut w = if n > SMALL_N { vec![0f32; self.cols] } else { Vec::new() };
+        let (mut sc, mut bi) = (vec![0f32; self.groups], vec![0f32; self.groups]);
+        for (i, dst) in out.chunks_exact_mut(n).enumerate() {
+            let r = self.row_base + first + i;
+            self.src.params(r, &mut sc, &mut bi);
+            if n <= SMALL_N {
+                let mut t = 0;
+                while t < n {
+                    let m = (n - t).min(TILE);
+                    match m {
+                        1 => self.small::<1, FMA>(r, t, &sc, &bi, &mut dst[t..t + 1]),
+                        2 => self.small::<2, FMA>(r, t, &sc, &bi, &mut dst[t..t + 2]),
+                        3 => self.small::<3, FMA>(r, t, &sc, &bi, &mut dst[t..t + 3]),
+                        _ => self.small::<TILE, FMA>(r, t, &sc, &bi, &mut dst[t..t + TILE]),
+                    }
+                    t += m;
+                }
+            } else {
+                let mut q = [0f32; 64];
+                for (g, wg) in w.chunks_exact_mut(64).enumerate() {
+                    self.src.group(r, g, &mut q);
+                    if S::QUANT {
+                        for (o, &qv) in wg.iter_mut().zip(&q) {
+                            *o = madd::<FMA>(sc[g], qv, bi[g]);
                         }
+                    } else {
+                        wg.copy_from_slice(&q);
                     }
-                    bias_acc = madd::<FMA>(s.biases[g], self.xsum[g], bias_acc);
                 }
-                reduce(&acc) + bias_acc
+                tile_dots::<FMA>(&w, self.x, n, dst);
             }
-            MatView::Dense { .. } => {
-                let mut w = std::mem::take(&mut s.w);
-                self.view.dequant_row(mat, r, &mut w, s);
-                let mut acc = [0f32; LANES];
-                for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
+        }
+    }
+
+    /// Row `r` against tokens `t0..t0 + N`, unpacking each group once for
+    /// the N tokens: per group, lane-wise `sum q * x` is scaled into the
+    /// row accumulator (no horizontal sum per group); the bias term adds
+    /// `bias_g * sum(x_g)`.
+    #[inline(always)]
+    fn small<const N: usize, const FMA: bool>(&self, r: usize, t0: usize, sc: &[f32], bi: &[f32], dst: &mut [f32]) {
+        let cols = self.cols;
+        let mut acc = [[0f32; LANES]; N];
+        let mut bias_acc = [0f32; N];
+        let mut q = [0f32; 64];
+        for g in 0..self.groups {
+            self.src.group(r, g, &mut q);
+            for t in 0..N {
+                let xg = &self.x[(t0 + t) * cols + g * 64..][..64];
+                let mut ga = [0f32; LANES];
+                for c in 0..64 / LANES {
                     for l in 0..LANES {
-                        acc[l] = madd::<FMA>(wc[l], xc[l], acc[l]);
+                        ga[l] = madd::<FMA>(q[c * LANES + l], xg[c * LANES + l], ga[l]);
                     }
                 }
-                s.w = w;
-                reduce(&acc)
+                if S::QUANT {
+                    for l in 0..LANES {
+                        acc[t][l] = madd::<FMA>(sc[g], ga[l], acc[t][l]);
+                    }
+                    bias_acc[t] = madd::<FMA>(bi[g], self.xsum[(t0 + t) * self.groups + g], bias_acc[t]);
+                } else {
+                    for l in 0..LANES {
+                        acc[t][l] += ga[l];
+                    }
+                }
             }
+        }
+        for t in 0..N {
+            dst[t] = reduce(&acc[t]) + bias_acc[t];
         }
     }
 }
@@ -481,4 +657,93 @@ fn reduce(acc: &[f32; LANES]) -> f32 {
         width /= 2;
     }
     v[0]
+}
+
+/// The hand-written AVX-512 kernel for 4-bit rows (the bulk of the model:
+/// every projection, expert, the embedding and lm_head).
+///
+/// Per group of 64 codes: one 32-byte load; low nibbles by a mask, high
+/// nibbles by a 16-bit shift and the mask (lanes in `Q4_LANE_COL` order);
+/// four zero-extend + convert steps give 64 f32 codes in 4 registers. For
+/// each of up to `MAX_TOKENS` tokens, four FMAs against x (already in lane
+/// order) give a 16-lane group sum, which one more FMA scales into the
+/// token's row accumulator; the bias term is `bias_g * sum(x_g)`, scalar.
+/// One horizontal sum per token per row.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Tokens one call handles (accumulators + codes stay in registers).
+    pub const MAX_TOKENS: usize = 8;
+
+    pub struct Q4Row<'a> {
+        /// The row's packed words: 8 per group.
+        pub codes: &'a [u32],
+        pub scales: &'a [f32],
+        pub biases: &'a [f32],
+    }
+
+    pub struct Tokens<'a> {
+        /// `[n][cols]` in lane order.
+        pub x: &'a [f32],
+        /// `[n][cols / 64]`.
+        pub xsum: &'a [f32],
+        pub cols: usize,
+        /// First token of this call.
+        pub first: usize,
+    }
+
+    /// `out[t] = row . x[first + t]` for `t < N` (`out.len() == N`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    pub fn q4_dot<const N: usize>(row: &Q4Row, tok: &Tokens, out: &mut [f32]) {
+        let groups = tok.cols / 64;
+        // Every pointer read below stays inside these bounds; a shape bug
+        // upstream must not turn into an out-of-bounds read.
+        let fits = out.len() == N
+            && row.codes.len() >= groups * 8
+            && row.scales.len() >= groups
+            && row.biases.len() >= groups
+            && tok.x.len() >= (tok.first + N) * tok.cols
+            && tok.xsum.len() >= (tok.first + N) * groups;
+        if !fits {
+            out.fill(f32::NAN);
+            return;
+        }
+        let mask = _mm256_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut bias_acc = [0f32; N];
+        let codes = row.codes.as_ptr();
+        let x = tok.x.as_ptr();
+        for g in 0..groups {
+            // SAFETY: `g * 8 + 8 <= groups * 8 <= codes.len()` (checked above);
+            // unaligned loads are used throughout.
+            let raw = unsafe { _mm256_loadu_si256(codes.add(g * 8) as *const __m256i) };
+            let lo = _mm256_and_si256(raw, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+            let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo)));
+            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(lo)));
+            let q2 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi)));
+            let q3 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(hi)));
+            let scale = _mm512_set1_ps(row.scales[g]);
+            let bias = row.biases[g];
+            for t in 0..N {
+                let tt = tok.first + t;
+                // SAFETY: `tt < first + N`, so `tt * cols + g * 64 + 64 <=
+                // (first + N) * cols <= x.len()` (checked above).
+                let xg = unsafe { x.add(tt * tok.cols + g * 64) };
+                let (x0, x1, x2, x3) = unsafe {
+                    (_mm512_loadu_ps(xg), _mm512_loadu_ps(xg.add(16)), _mm512_loadu_ps(xg.add(32)), _mm512_loadu_ps(xg.add(48)))
+                };
+                let mut s = _mm512_mul_ps(q0, x0);
+                s = _mm512_fmadd_ps(q1, x1, s);
+                s = _mm512_fmadd_ps(q2, x2, s);
+                s = _mm512_fmadd_ps(q3, x3, s);
+                acc[t] = _mm512_fmadd_ps(scale, s, acc[t]);
+                bias_acc[t] = bias.mul_add(tok.xsum[tt * groups + g], bias_acc[t]);
+            }
+        }
+        for t in 0..N {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + bias_acc[t];
+        }
+    }
 }
