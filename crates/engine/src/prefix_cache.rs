@@ -128,24 +128,41 @@ impl PrefixCache {
         Some((e.seq, len))
     }
 
-    /// Whether a snapshot of exactly `tokens` should be taken now: at a
-    /// boundary, not already held (an existing one is marked used instead),
-    /// and within budget on its own.
-    pub fn wants(&mut self, tokens: &[u32]) -> bool {
-        if !self.enabled() || tokens.is_empty() || tokens.len() % self.interval != 0 || tokens.len() > self.budget_tokens {
+    /// Whether the cache could hold a snapshot of exactly `tokens`: enabled,
+    /// at a boundary, and within budget on its own.
+    pub fn admits(&self, tokens: &[u32]) -> bool {
+        self.enabled() && !tokens.is_empty() && tokens.len() % self.interval == 0 && tokens.len() <= self.budget_tokens
+    }
+
+    /// Whether a snapshot of exactly `tokens` (or of a prefix with the same
+    /// key, which is kept instead) is held.
+    pub fn contains(&self, tokens: &[u32]) -> bool {
+        self.admits(tokens) && self.entries.contains_key(&self.key_of(tokens))
+    }
+
+    /// Marks the snapshot of exactly `tokens` used, if held: a prefix many
+    /// requests pass through stays cached. Returns whether it is held.
+    pub fn touch(&mut self, tokens: &[u32]) -> bool {
+        if !self.admits(tokens) {
             return false;
         }
         let key = self.key_of(tokens);
         let now = self.tick();
         match self.entries.get_mut(&key) {
-            Some(e) if e.tokens[..] == tokens[..] => {
-                e.last_used = now;
-                false
+            Some(e) => {
+                if e.tokens[..] == tokens[..] {
+                    e.last_used = now;
+                }
+                true
             }
-            // A different prefix with the same hash: keep the one we have.
-            Some(_) => false,
-            None => true,
+            None => false,
         }
+    }
+
+    /// Whether a snapshot of exactly `tokens` should be taken now (admitted
+    /// and not held; a held one is marked used instead).
+    pub fn wants(&mut self, tokens: &[u32]) -> bool {
+        self.admits(tokens) && !self.touch(tokens)
     }
 
     /// Stores the snapshot `seq` of `tokens` (after `wants` said yes and the
@@ -189,6 +206,28 @@ impl PrefixCache {
         self.entries.drain().map(|(_, e)| e.seq).collect()
     }
 }
+
+/// Which prompt boundaries are worth a snapshot. Each snapshot is a full
+/// copy of the sequence state (KV of its whole prefix plus the DeltaNet
+/// state), so one at every boundary of a long prompt would copy
+/// O(len^2 / interval) tokens. Taken: the first `DENSE_HEAD` boundaries (a
+/// shared system prompt or tool list diverges somewhere in there), every
+/// power-of-two block count (log many, total copy under twice the prompt),
+/// and the last `DENSE_TAIL` boundaries before the prompt's end (the next
+/// turn of a chat, or a retried request, diverges near the end). While
+/// generating, every boundary is taken: one copy per `interval` tokens.
+pub fn prompt_boundary_wanted(boundary: usize, prompt_len: usize, interval: usize) -> bool {
+    if interval == 0 || boundary == 0 || boundary % interval != 0 || boundary > prompt_len {
+        return false;
+    }
+    let k = boundary / interval;
+    k <= DENSE_HEAD || k.is_power_of_two() || boundary + DENSE_TAIL * interval > prompt_len
+}
+
+/// Boundaries always snapshotted at the start of a prompt.
+pub const DENSE_HEAD: usize = 8;
+/// Boundaries snapshotted before the end of a prompt.
+pub const DENSE_TAIL: usize = 4;
 
 #[cfg(test)]
 mod tests {
@@ -276,6 +315,26 @@ mod tests {
         assert!(!c.wants(&[1, 2, 3, 4]));
         assert_eq!(c.lookup(&[1, 2, 3, 4, 5]), None);
         assert_eq!(c.next_boundary(3), None);
+    }
+
+    #[test]
+    fn prompt_boundaries_dense_at_both_ends_sparse_between() {
+        let taken: Vec<usize> = (1..=100).map(|k| k * 10).filter(|&b| prompt_boundary_wanted(b, 1005, 10)).map(|b| b / 10).collect();
+        assert_eq!(taken, vec![1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 97, 98, 99, 100]);
+        assert!(!prompt_boundary_wanted(15, 1000, 10));
+        assert!(!prompt_boundary_wanted(1010, 1005, 10));
+        assert!(!prompt_boundary_wanted(10, 100, 0));
+    }
+
+    #[test]
+    fn contains_and_touch_do_not_insert() {
+        let mut c = PrefixCache::new(2, 100, 10);
+        assert!(c.admits(&[1, 2]) && !c.admits(&[1, 2, 3]));
+        assert!(!c.contains(&[1, 2]));
+        assert!(!c.touch(&[1, 2]));
+        c.insert(&[1, 2], SeqId(1));
+        assert!(c.contains(&[1, 2]) && c.touch(&[1, 2]));
+        assert_eq!(c.len(), 1);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use lily_model::{Backend, LogitsWanted, ModelError, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission, TokenLogprob};
-use crate::prefix_cache::PrefixCache;
+use crate::prefix_cache::{prompt_boundary_wanted, PrefixCache};
 use crate::sampling::Sampler;
 use crate::text::TextStream;
 
@@ -277,6 +277,12 @@ impl Scheduler {
         while self.running.len() < self.max_batch {
             let Some(sub) = self.waiting.pop_front() else { break };
             if !self.make_room_for_one() {
+                if self.running.is_empty() {
+                    // No slot will ever free up (a backend with no sequences).
+                    let why = format!("the backend holds at most {} sequences", self.backend.max_sequences());
+                    self.end_waiting(sub, Outcome::Failed(EngineError::Capacity(why)));
+                    continue;
+                }
                 // Every slot holds a running request: wait for one to end.
                 self.waiting.push_front(sub);
                 break;
@@ -426,10 +432,7 @@ impl Scheduler {
                 continue;
             }
             let (start, prompt_len) = (self.running[i].fed, self.running[i].prompt_len);
-            let mut end = prompt_len.min(start + budget);
-            if let Some(b) = self.cache.next_boundary(start) {
-                end = end.min(b);
-            }
+            let end = self.chunk_end(i, start, prompt_len.min(start + budget));
             let seq = self.running[i].seq;
             let result = self.backend.prefill(seq, &self.running[i].tokens[start..end], LogitsWanted::Last);
             budget -= end - start;
@@ -456,11 +459,37 @@ impl Scheduler {
         }
     }
 
+    /// Where a prefill chunk of request `i` from `start` ends: at `limit`,
+    /// or earlier at the first boundary that will be snapshotted, so the
+    /// snapshot holds exactly that prefix. Other boundaries do not cut the
+    /// chunk (large chunks keep prefill efficient).
+    fn chunk_end(&self, i: usize, start: usize, limit: usize) -> usize {
+        let a = &self.running[i];
+        let interval = self.cache.interval();
+        let mut b = match self.cache.next_boundary(start) {
+            Some(b) => b,
+            None => return limit,
+        };
+        while b < limit {
+            if prompt_boundary_wanted(b, a.prompt_len, interval) && self.cache.admits(&a.tokens[..b]) && !self.cache.contains(&a.tokens[..b]) {
+                return b;
+            }
+            b += interval;
+        }
+        limit
+    }
+
     /// Hands the cache a copy of request `i`'s sequence if it sits at a
-    /// snapshot boundary the cache wants.
+    /// boundary worth a snapshot (see `prompt_boundary_wanted`; every
+    /// boundary while generating) that the cache does not hold yet.
     fn maybe_snapshot(&mut self, i: usize) {
-        let fed = self.running[i].fed;
+        let a = &self.running[i];
+        let fed = a.fed;
         if fed == 0 || self.cache.next_boundary(fed - 1) != Some(fed) {
+            return;
+        }
+        let in_prompt = fed <= a.prompt_len;
+        if in_prompt && !prompt_boundary_wanted(fed, a.prompt_len, self.cache.interval()) {
             return;
         }
         if !self.cache.wants(&self.running[i].tokens[..fed]) {

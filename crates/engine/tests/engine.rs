@@ -431,3 +431,37 @@ fn async_consumers_and_stopped_future() {
         tokio::time::timeout(Duration::from_secs(5), h.stopped()).await.expect("engine stopped");
     });
 }
+
+#[test]
+fn long_prompts_snapshot_sparsely_without_cutting_every_chunk() {
+    let prompt = pseudo_prompt(400, 5);
+    let (fake, probe) = Fake::new(Mode::Hash);
+    let h = start(fake, EngineOptions { prefill_chunk: 128, ..cache_opts(16, 100_000) });
+    let first = collect(h.submit(greedy(prompt.clone(), 4)).expect("submit"));
+    // Blocks 1-8, 16, and the last four (22-25) of 25.
+    assert_eq!(h.stats().prefix_cache_entries, 13);
+    let chunks: Vec<usize> = probe
+        .lock()
+        .expect("probe")
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Prefill { tokens, .. } => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    assert!(chunks.iter().any(|&n| n > 16), "every chunk was cut at a boundary: {chunks:?}");
+    assert_eq!(chunks.iter().sum::<usize>(), 400);
+
+    let (fake, _probe) = Fake::new(Mode::Hash);
+    let plain = collect(start(fake, opts()).submit(greedy(prompt.clone(), 4)).expect("submit"));
+    assert_eq!(first.ids, plain.ids);
+
+    let mut next = prompt.clone();
+    next.extend(pseudo_prompt(30, 6));
+    assert_eq!(collect(h.submit(greedy(next, 4)).expect("submit")).cached_tokens, 400);
+    let mut mid = prompt[..300].to_vec();
+    mid.extend(pseudo_prompt(30, 7));
+    // 300 tokens in common: the best sparse snapshot below is block 16 (256).
+    assert_eq!(collect(h.submit(greedy(mid, 4)).expect("submit")).cached_tokens, 256);
+}
