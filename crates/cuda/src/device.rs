@@ -1,0 +1,207 @@
+//! The GPU: probing for a driver without panicking, the context and the one
+//! stream every kernel runs on, and raw device allocations.
+//!
+//! cudarc panics when libcuda is absent, so `Gpu::open` first checks that the
+//! library can be loaded and only then touches the driver (inside
+//! `catch_unwind` as a second guard). Buffers are plain `cuMemAlloc`
+//! allocations addressed by raw device pointers: kernels get `u64` pointers in
+//! their parameter structs, and the memory plan (state.rs) decides once what
+//! lives where. Event tracking of cudarc's typed slices is switched off, as
+//! there is one stream and ordering is the stream's.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
+use cudarc::driver::{result, CudaContext, CudaStream};
+
+use crate::error::{CudaError, CudaResult, DriverContext};
+
+/// One GPU with its context and stream.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub sm_count: u32,
+    pub max_smem_optin: u32,
+    pub total_mem: usize,
+    allocated: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// True when a CUDA driver library can be loaded on this machine (it may
+/// still have no device).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen candidate library names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, or returns `CudaError::NoDevice` on machines
+    /// without a driver or device; refuses GPUs other than Hopper (the
+    /// kernels are compiled for sm_90a).
+    pub fn open(ordinal: usize) -> CudaResult<Arc<Gpu>> {
+        if !driver_present() {
+            return Err(CudaError::NoDevice("libcuda.so could not be loaded".into()));
+        }
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|_| CudaError::NoDevice("the CUDA driver panicked during initialisation".into()))?
+            .map_err(|e| CudaError::NoDevice(format!("device {ordinal}: {e}")))?;
+        // SAFETY: the context was created above; event tracking only affects
+        // cudarc's typed slices, which this crate does not use for kernels.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().ctx("cuDeviceGetAttribute(compute capability)")?;
+        let name = ctx.name().ctx("cuDeviceGetName")?;
+        if (major, minor) != (9, 0) {
+            return Err(CudaError::Unsupported(format!(
+                "{name} has compute capability {major}.{minor}; the kernels are built for sm_90a (Hopper: H100/H200)"
+            )));
+        }
+        let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).ctx("SM count")? as u32;
+        let max_smem_optin =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).ctx("smem limit")? as u32;
+        let total_mem = ctx.total_mem().ctx("cuDeviceTotalMem")?;
+        let stream = ctx.new_stream().ctx("cuStreamCreate")?;
+        Ok(Arc::new(Gpu { ctx, stream, name, sm_count, max_smem_optin, total_mem, allocated: AtomicU64::new(0), peak: AtomicU64::new(0) }))
+    }
+
+    /// Makes this GPU's context current on the calling thread (the backend
+    /// may move between threads).
+    pub fn bind(&self) -> CudaResult<()> {
+        self.ctx.bind_to_thread().ctx("cuCtxSetCurrent")
+    }
+
+    pub fn synchronize(&self) -> CudaResult<()> {
+        self.stream.synchronize().ctx("cuStreamSynchronize")
+    }
+
+    /// Bytes currently allocated through `DeviceBuffer`.
+    pub fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+    pub fn peak_allocated(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+    /// Free and total device memory as the driver reports them.
+    pub fn mem_info(&self) -> CudaResult<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().ctx("cuMemGetInfo")
+    }
+
+    pub fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
+        self.stream.cu_stream()
+    }
+}
+
+/// A device allocation freed on drop. Zeroed at creation, so that memory no
+/// kernel has written yet never holds NaN bit patterns.
+pub struct DeviceBuffer {
+    ptr: CUdeviceptr,
+    bytes: usize,
+    gpu: Arc<Gpu>,
+}
+
+impl DeviceBuffer {
+    pub fn zeroed(gpu: &Arc<Gpu>, bytes: usize, what: &str) -> CudaResult<Self> {
+        gpu.bind()?;
+        let bytes = bytes.max(256);
+        // SAFETY: the context is current; the size is non-zero.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            CudaError::Capacity(format!("allocating {what} ({:.2} GiB) on {}: {e}", bytes as f64 / (1u64 << 30) as f64, gpu.name))
+        })?;
+        // SAFETY: ptr is a fresh allocation of `bytes` bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.ctx("cuMemsetD8")?;
+        let now = gpu.allocated.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        gpu.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(DeviceBuffer { ptr, bytes, gpu: gpu.clone() })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// Device address `offset` bytes into the buffer (checked).
+    pub fn at(&self, offset: usize) -> CudaResult<u64> {
+        if offset > self.bytes {
+            return Err(CudaError::Capacity(format!("offset {offset} past the end of a {}-byte buffer", self.bytes)));
+        }
+        Ok(self.ptr + offset as u64)
+    }
+
+    /// Copies host data to `offset` bytes into the buffer, asynchronously on
+    /// the GPU's stream. The caller keeps `data` alive and unchanged until the
+    /// stream is synchronised.
+    pub fn upload_at<T: Copy>(&self, offset: usize, data: &[T]) -> CudaResult<()> {
+        let n = std::mem::size_of_val(data);
+        if offset + n > self.bytes {
+            return Err(CudaError::Capacity(format!("upload of {n} bytes at {offset} past a {}-byte buffer", self.bytes)));
+        }
+        self.gpu.bind()?;
+        // SAFETY: the destination range is inside this allocation (checked);
+        // the caller keeps `data` alive until the stream is synchronised.
+        unsafe { result::memcpy_htod_async(self.ptr + offset as u64, data, self.gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync")
+    }
+
+    /// Synchronous copy of host data (the slice may be dropped right after).
+    pub fn upload_sync_at<T: Copy>(&self, offset: usize, data: &[T]) -> CudaResult<()> {
+        self.upload_at(offset, data)?;
+        self.gpu.synchronize()
+    }
+
+    /// Copies `out.len()` elements from `offset` bytes into the buffer, waiting
+    /// for the stream first.
+    pub fn download_at<T: Copy>(&self, offset: usize, out: &mut [T]) -> CudaResult<()> {
+        let n = std::mem::size_of_val(out);
+        if offset + n > self.bytes {
+            return Err(CudaError::Capacity(format!("download of {n} bytes at {offset} past a {}-byte buffer", self.bytes)));
+        }
+        self.gpu.synchronize()?;
+        // SAFETY: the source range is inside this allocation (checked) and the
+        // stream has finished writing it.
+        unsafe { result::memcpy_dtoh_sync(out, self.ptr + offset as u64) }.ctx("cuMemcpyDtoH")
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            let _ = self.gpu.synchronize();
+            // SAFETY: ptr came from cuMemAlloc and is freed once, after the
+            // stream finished every use of it.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+        self.gpu.allocated.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// Reads `n` elements of type `T` at device address `ptr` (tests, dumps).
+pub fn read_device<T: Copy + Default>(gpu: &Gpu, ptr: u64, n: usize) -> CudaResult<Vec<T>> {
+    let mut out = vec![T::default(); n];
+    gpu.synchronize()?;
+    // SAFETY: the caller names a device range of n elements that it owns;
+    // the stream is idle.
+    unsafe { result::memcpy_dtoh_sync(&mut out, ptr) }.ctx("cuMemcpyDtoH")?;
+    Ok(out)
+}
+
+/// Writes host data to device address `ptr`, synchronously.
+pub fn write_device<T: Copy>(gpu: &Gpu, ptr: u64, data: &[T]) -> CudaResult<()> {
+    gpu.bind()?;
+    gpu.synchronize()?;
+    // SAFETY: the caller names a device range it owns of data.len() elements.
+    unsafe { result::memcpy_htod_sync(ptr, data) }.ctx("cuMemcpyHtoD")
+}
+
+/// Asynchronous device-to-device copy on the GPU's stream.
+pub fn copy_device(gpu: &Gpu, dst: u64, src: u64, bytes: usize) -> CudaResult<()> {
+    // SAFETY: the caller names two device ranges of `bytes` bytes it owns.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, gpu.cu_stream()) }.ctx("cuMemcpyDtoDAsync")
+}
+
+/// Asynchronous memset on the GPU's stream.
+pub fn zero_device(gpu: &Gpu, dst: u64, bytes: usize) -> CudaResult<()> {
+    // SAFETY: the caller names a device range of `bytes` bytes it owns.
+    unsafe { result::memset_d8_async(dst, 0, bytes, gpu.cu_stream()) }.ctx("cuMemsetD8Async")
+}

@@ -1,0 +1,295 @@
+// common.cuh: types and device helpers shared by every kernel family.
+//
+// Prepended by the Rust side (kernels.rs) to each family's source before
+// NVRTC compiles it, after the model-dimension defines. It includes no CUDA
+// header: bf16 is handled as raw 16-bit words with our own conversions and
+// the tensor-core, async-copy and cache-hint instructions are inline PTX, so
+// NVRTC needs no include directory at start-up.
+//
+// Quantised layout (MLX affine, group GROUP_SIZE = 64): a row of `cols`
+// weights is `cols * bits / 32` u32 words, code j at bit (j % per_word) *
+// bits of word j / per_word; every group of 64 weights has one bf16 scale and
+// one bf16 bias, w = scale * q + bias.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+typedef u16 bf16;
+
+#ifndef GROUP_SIZE
+#error "GROUP_SIZE must be defined by the host"
+#endif
+
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+#define POS_INF __int_as_float(0x7f800000)
+#define NEG_INF __int_as_float(0xff800000)
+
+// ---- bf16 <-> f32 -------------------------------------------------------
+
+__device__ __forceinline__ float bf16_to_f32(bf16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// Round to nearest even, NaN kept quiet.
+__device__ __forceinline__ bf16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);
+    u32 lsb = (u >> 16) & 1u;
+    u += 0x7fffu + lsb;
+    return (bf16)(u >> 16);
+}
+
+// Two f32 into one bf16x2 word (lo in the low half), round to nearest even.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float bf16lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// ---- fp16 (the activations of the tensor-core path and the KV cache) ----
+//
+// fp16 keeps 11 significant bits (bf16: 8), which is what lets the GEMM and
+// attention paths stay close to the fp32 reference; values are saturated to
+// the fp16 range on conversion so an outlier cannot become inf.
+typedef u16 f16;
+#define F16_MAX 65504.f
+
+__device__ __forceinline__ f16 f32_to_f16(float f) {
+    f = fminf(fmaxf(f, -F16_MAX), F16_MAX);
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+__device__ __forceinline__ float f16_to_f32(f16 h) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+    return r;
+}
+// Two f32 into one f16x2 word (lo in the low half), saturated.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    lo = fminf(fmaxf(lo, -F16_MAX), F16_MAX);
+    hi = fminf(fmaxf(hi, -F16_MAX), F16_MAX);
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float f16lo(u32 w) { return f16_to_f32((f16)(w & 0xffffu)); }
+__device__ __forceinline__ float f16hi(u32 w) { return f16_to_f32((f16)(w >> 16)); }
+
+// ---- loads with cache hints --------------------------------------------
+
+// Streaming read-only 16-byte load (weights: read once per step, keep out of L1).
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ u16 ld_nc_u16(const u16* p) {
+    unsigned short r;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
+// ---- reductions ---------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the block; `red` holds at least blockDim.x / 32 floats. Every
+// thread gets the result. Contains two __syncthreads.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nw; ++i) t += red[i];
+    return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = NEG_INF;
+    for (int i = 0; i < nw; ++i) t = fmaxf(t, red[i]);
+    return t;
+}
+
+// ---- math ---------------------------------------------------------------
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+// ---- 4-bit / 8-bit dequantisation ---------------------------------------
+
+// float(code) for the byte `k` of `w` through the 2^23 trick: the byte is
+// placed in the low mantissa of 8388608.0f, then 8388608 is subtracted
+// (exact), which is cheaper than an integer-to-float conversion.
+#define MAGIC_SEL(k) (0x7540u + (k))
+__device__ __forceinline__ float byte_to_f32(u32 w, int k) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, MAGIC_SEL(k))) - 8388608.f;
+}
+
+// sum_j q_j * x[j] for the 8 four-bit codes of one word (code j at bits 4j).
+__device__ __forceinline__ float dot8_q4(u32 w, const float* x) {
+    const u32 lo = w & 0x0F0F0F0Fu;         // codes 0, 2, 4, 6 in bytes 0..3
+    const u32 hi = (w >> 4) & 0x0F0F0F0Fu;  // codes 1, 3, 5, 7
+    float a = byte_to_f32(lo, 0) * x[0];
+    float b = byte_to_f32(hi, 0) * x[1];
+    a = fmaf(byte_to_f32(lo, 1), x[2], a);
+    b = fmaf(byte_to_f32(hi, 1), x[3], b);
+    a = fmaf(byte_to_f32(lo, 2), x[4], a);
+    b = fmaf(byte_to_f32(hi, 2), x[5], b);
+    a = fmaf(byte_to_f32(lo, 3), x[6], a);
+    b = fmaf(byte_to_f32(hi, 3), x[7], b);
+    return a + b;
+}
+
+// sum_j q_j * x[j] for the 4 eight-bit codes of one word (code j in byte j).
+__device__ __forceinline__ float dot4_q8(u32 w, const float* x) {
+    float a = byte_to_f32(w, 0) * x[0];
+    float b = byte_to_f32(w, 1) * x[1];
+    a = fmaf(byte_to_f32(w, 2), x[2], a);
+    b = fmaf(byte_to_f32(w, 3), x[3], b);
+    return a + b;
+}
+
+// Dequantised 4-bit code `j` (0..7) of a word.
+__device__ __forceinline__ float q4_at(u32 w, int j) { return (float)((w >> (4 * j)) & 15u); }
+
+// ---- padded shared-memory vectors ---------------------------------------
+//
+// Activation vectors that warps read 32 (4-bit) or 16 (8-bit) consecutive
+// floats at a time per lane are stored with 4 floats of padding after every
+// 32, so that the 16-byte reads of lanes 32 floats apart fall in different
+// banks.
+#define PAD32(c) ((c) + ((c) >> 5) * 4)
+#define PADDED_LEN(n) ((n) + ((n) >> 5) * 4)
+
+// Keys for a packed argmax with atomicMax: larger value first, then the
+// smaller index (the first one, as lily_model::argmax).
+__device__ __forceinline__ u64 argmax_key(float v, u32 idx) {
+    u32 u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((u64)u << 32) | (u64)(0xffffffffu - idx);
+}
+__device__ __forceinline__ u32 argmax_key_index(u64 key) { return 0xffffffffu - (u32)(key & 0xffffffffu); }
+
+// Stages `ntok` activation rows of `cols` floats into shared memory in the
+// PAD32 layout (sx[t * PADDED_LEN(cols) + PAD32(c)]), optionally applying
+// RMSNorm with `gain` (x * rsqrt(mean(x^2) + eps) * gain, fp32, as the
+// reference), and writes the sum of every 16 consecutive staged values to
+// csum[t * (cols / 16) + c / 16] (the bias term of the affine dequantisation
+// needs sum x over each code chunk). `red` holds 32 floats. Ends with a
+// __syncthreads. ntok <= 8.
+__device__ __forceinline__ void stage_activations(float* sx, float* csum, float* red, const float* __restrict__ x,
+                                                  int x_stride, const float* __restrict__ gain, int ntok, int cols,
+                                                  float eps) {
+    const int P = PADDED_LEN(cols);
+    for (int t = 0; t < ntok; ++t) {
+        float ss = 0.f;
+        for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
+            const float4 v = *reinterpret_cast<const float4*>(x + (size_t)t * x_stride + c);
+            *reinterpret_cast<float4*>(sx + t * P + PAD32(c)) = v;
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        if (gain != nullptr) {
+            const float tot = block_sum(ss, red);
+            const float r = rsqrtf(tot / (float)cols + eps);
+            for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
+                float4 v = *reinterpret_cast<float4*>(sx + t * P + PAD32(c));
+                const float4 g = *reinterpret_cast<const float4*>(gain + c);
+                v.x = v.x * r * g.x;
+                v.y = v.y * r * g.y;
+                v.z = v.z * r * g.z;
+                v.w = v.w * r * g.w;
+                *reinterpret_cast<float4*>(sx + t * P + PAD32(c)) = v;
+            }
+        }
+    }
+    __syncthreads();
+    const int nc = cols / 16;
+    for (int i = threadIdx.x; i < ntok * nc; i += blockDim.x) {
+        const int t = i / nc, k = i - t * nc;
+        const float* p = sx + t * P + PAD32(k * 16);
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) s += p[j];
+        csum[i] = s;
+    }
+    __syncthreads();
+}
+
+// Loads 32 staged floats (one 4-bit chunk) from the PAD32 layout.
+__device__ __forceinline__ void load_x32(const float* p, float* xv) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float4 v = reinterpret_cast<const float4*>(p)[i];
+        xv[4 * i] = v.x;
+        xv[4 * i + 1] = v.y;
+        xv[4 * i + 2] = v.z;
+        xv[4 * i + 3] = v.w;
+    }
+}
+
+// sum_j q_j x_j over the 32 codes of a 4-bit chunk.
+__device__ __forceinline__ float dot32_q4(uint4 w, const float* xv) {
+    return dot8_q4(w.x, xv) + dot8_q4(w.y, xv + 8) + dot8_q4(w.z, xv + 16) + dot8_q4(w.w, xv + 24);
+}
+
+// sum_j q_j x_j over the 16 codes of an 8-bit chunk.
+__device__ __forceinline__ float dot16_q8(uint4 w, const float* xv) {
+    return dot4_q8(w.x, xv) + dot4_q8(w.y, xv + 4) + dot4_q8(w.z, xv + 8) + dot4_q8(w.w, xv + 12);
+}
+
+// ---- tensor cores and async copies (sm_80+ instructions, used on sm_90a) --
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16-byte global -> shared copy; `bytes` < 16 zero-fills the rest (0: all zeros).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p)));
+}
+
+// D = A B + D, m16n8k16, fp16 inputs, fp32 accumulators.
+// A frag: a0 (row g, k 2c..2c+1), a1 (row g+8), a2 (row g, k+8), a3 (row g+8, k+8);
+// B frag: b0 (k 2c..2c+1, col g), b1 (k 2c+8..); C: c0,c1 (row g, cols 2c, 2c+1), c2,c3 (row g+8),
+// with g = lane / 4, c = lane % 4.
+__device__ __forceinline__ void mma_f16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}

@@ -1,0 +1,53 @@
+//! The one way kernels are launched: a loaded function, a grid, a block, the
+//! dynamic shared memory and one `#[repr(C)]` parameter struct whose layout
+//! mirrors the kernel's (every launcher's struct is next to its family's
+//! `.cu`). Launch-configuration errors come back as values naming the kernel;
+//! faults inside a kernel surface at the next synchronisation.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::device::Gpu;
+use crate::error::{CudaError, CudaResult, DriverContext};
+use crate::kernels::Kernels;
+
+/// Launches `name` with a single by-value parameter struct.
+pub fn launch<P: DeviceRepr>(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    name: &'static str,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
+    params: &P,
+) -> CudaResult<()> {
+    check_config(gpu, name, grid, block, smem)?;
+    let f = kernels.get(name)?;
+    let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(params);
+    // SAFETY: `P` mirrors the kernel's parameter struct field by field (see the
+    // family's launcher), and every pointer in it is a live device address
+    // of the memory plan.
+    unsafe { b.launch(cfg) }.ctx(name)?;
+    Ok(())
+}
+
+pub fn check_config(gpu: &Gpu, name: &'static str, grid: (u32, u32, u32), block: u32, smem: usize) -> CudaResult<()> {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || grid.1 > 65535 || grid.2 > 65535 || grid.0 > i32::MAX as u32 {
+        return Err(CudaError::shape(name, format!("grid {grid:?} is empty or too large")));
+    }
+    if block == 0 || block > 1024 {
+        return Err(CudaError::shape(name, format!("block of {block} threads")));
+    }
+    if smem > gpu.max_smem_optin as usize {
+        return Err(CudaError::shape(name, format!("{smem} bytes of shared memory, the device allows {}", gpu.max_smem_optin)));
+    }
+    Ok(())
+}
+
+/// Blocks of a persistent grid: enough to cover `tasks` warp tasks with
+/// `warps` warps a block, at most `per_sm` blocks per multiprocessor.
+pub fn persistent_grid(gpu: &Gpu, tasks: usize, warps: usize, per_sm: usize) -> u32 {
+    let need = tasks.div_ceil(warps).max(1);
+    need.min(gpu.sm_count as usize * per_sm).max(1) as u32
+}

@@ -1,0 +1,445 @@
+//! The layer sequence on the GPU: which kernels run, in which order, on
+//! which buffers. Written once for the three ways tokens arrive:
+//!
+//! - decode, up to `GEMV_MAX_TOK` tokens (one per sequence): fused GEMVs with
+//!   the RMSNorm and residual add inside, the fused MoE that reads only the
+//!   chosen experts, the DeltaNet step and split-K attention;
+//! - decode of a larger batch: the same mixers, linears through the
+//!   tensor-core GEMM and the MoE through the grouped GEMM;
+//! - prefill of one sequence, chunk by chunk: GEMMs, the chunked DeltaNet and
+//!   causal flash attention.
+//!
+//! A decode step only launches kernels on the stream (no host
+//! synchronisation, no allocation), so it is captured once per shape as a
+//! CUDA graph and replayed; the greedy loop keeps token ids and positions on
+//! the GPU (sampling.cu) and the host reads the ids at the end.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+use lily_core::weights::Weights;
+use lily_model::SeqId;
+
+use crate::attention::{self, KvView, QOut};
+use crate::device::{read_device, write_device, Gpu};
+use crate::dims::{Dims, GEMM_BM, GEMV_MAX_TOK};
+use crate::embed;
+use crate::error::{CudaError, CudaResult, DriverContext};
+use crate::gdn::{self, GdnState, MixOut};
+use crate::gemm::{self, GemmOut, Grouping};
+use crate::gemv::{self, GemvInput, GemvSeg};
+use crate::kernels::Kernels;
+use crate::moe;
+use crate::sampling;
+use crate::state::{Memory, Options};
+use crate::weights::{self, DeviceWeights, LayerDev, MixerDev, QMat};
+
+/// What the end of a decode step produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Head {
+    /// Logits of every token in `scratch.logits` (and argmax keys).
+    Logits,
+    /// Greedy: argmax folded into the next step's inputs on the GPU.
+    Greedy,
+}
+
+struct Graph(CudaGraph);
+// SAFETY: a graph is only used through `&mut Model`, so never from two
+// threads at once; the CUDA objects themselves may be used from any thread
+// once the context is current.
+unsafe impl Send for Graph {}
+
+/// The model resident on one GPU.
+pub struct Model {
+    pub gpu: Arc<Gpu>,
+    pub kernels: Kernels,
+    pub dims: Dims,
+    pub weights: DeviceWeights,
+    pub mem: Memory,
+    graphs: HashMap<(usize, usize, Head), Graph>,
+}
+
+impl Model {
+    /// Compiles the kernels, uploads the weights and allocates the memory plan.
+    pub fn new(gpu: &Arc<Gpu>, w: &Weights, opts: Options, progress: &mut dyn FnMut(u64, u64)) -> CudaResult<Self> {
+        let dims = Dims::from_config(&w.config)?;
+        let kernels = Kernels::load(gpu, &dims)?;
+        let weights = weights::upload(gpu, w, &dims, progress)?;
+        let mem = Memory::new(gpu, &dims, opts)?;
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new() })
+    }
+
+    fn kv_view(&self, layer: usize) -> KvView {
+        let (k, v) = self.mem.kv_layer(layer);
+        KvView { k, v, block_table: self.mem.block_table.ptr(), bt_stride: self.mem.blocks_per_seq }
+    }
+
+    fn gdn_state(&self, layer: usize) -> GdnState {
+        let (conv, state) = self.mem.gdn_layer(layer);
+        GdnState { conv, conv_slot_stride: self.mem.gdn_conv_slot_stride(), state, state_slot_stride: self.mem.gdn_state_slot_stride() }
+    }
+
+    // ---- pieces shared by the paths -----------------------------------------
+
+    /// The in-projection outputs of a layer: (matrix, column offset in proj).
+    fn in_projections(&self, l: &LayerDev) -> Vec<(QMat, usize)> {
+        let d = &self.dims;
+        match &l.mixer {
+            MixerDev::DeltaNet(g) => vec![
+                (g.in_qkv, 0),
+                (g.in_z, d.conv_dim),
+                (g.in_a, d.conv_dim + d.gdn_val_dim()),
+                (g.in_b, d.conv_dim + d.gdn_val_dim() + d.gv_heads),
+            ],
+            MixerDev::Attention(a) => {
+                let q = 2 * d.a_heads * d.a_head_dim;
+                vec![(a.q, 0), (a.k, q), (a.v, q + d.kv_dim())]
+            }
+        }
+    }
+
+    fn out_projection(l: &LayerDev) -> QMat {
+        match &l.mixer {
+            MixerDev::DeltaNet(g) => g.out,
+            MixerDev::Attention(a) => a.o,
+        }
+    }
+
+    // ---- decode, GEMV path ---------------------------------------------------
+
+    fn layer_decode_gemv(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let l = &self.weights.layers[i];
+        let ps = d.proj_stride();
+        let h_in = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((l.input_norm, d.rms_eps)) };
+        let projs = self.in_projections(l);
+        let segs: Vec<GemvSeg> = projs
+            .iter()
+            .map(|(m, off)| GemvSeg { w: m, out: s.proj + (*off * 4) as u64, out_stride: ps, accumulate: false, argmax: false })
+            .collect();
+        gemv::gemv(g, k, &segs, h_in, 0)?;
+        let mix = MixOut::F32(s.mix_f32);
+        match &l.mixer {
+            MixerDev::DeltaNet(w) => gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?,
+            MixerDev::Attention(w) => {
+                let kv = self.kv_view(i);
+                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), nsplit, s.proj, ps, mix, n)?;
+            }
+        }
+        let out = Self::out_projection(l);
+        // The mixer writes rows as wide as the out-projection's input.
+        let mix_in = GemvInput { x: s.mix_f32, stride: out.cols, ntok: n, norm: None };
+        gemv::gemv(g, k, &[GemvSeg { w: &out, out: s.h, out_stride: d.hidden, accumulate: true, argmax: false }], mix_in, 0)?;
+
+        // MoE: router + shared-expert gate, then the fused experts.
+        let m = &l.moe;
+        let post = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((l.post_norm, d.rms_eps)) };
+        let segs = [
+            GemvSeg { w: &m.router, out: s.router_logits, out_stride: d.n_experts, accumulate: false, argmax: false },
+            GemvSeg { w: &m.sh_expert_gate, out: s.sg, out_stride: 1, accumulate: false, argmax: false },
+        ];
+        gemv::gemv(g, k, &segs, post, 0)?;
+        let bufs = s.moe_decode();
+        moe::gate_up(g, k, d, m, s.h, d.hidden, l.post_norm, n, &bufs)?;
+        moe::down(g, k, d, m, s.h, d.hidden, n, &bufs)
+    }
+
+    // ---- the GEMM path (batch decode, prefill) -------------------------------
+
+    /// xn = RMSNorm(h) in fp16, then the in-projections into proj.
+    fn in_proj_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.hidden, d.rms_eps)?;
+        for (m, off) in self.in_projections(l) {
+            gemm::gemm(g, k, s.xn, d.hidden, n, &m, None, GemmOut::Store(s.proj + (off * 4) as u64), d.proj_stride(), None)?;
+        }
+        Ok(())
+    }
+
+    /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM.
+    fn moe_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let m = &l.moe;
+        gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.hidden, d.rms_eps)?;
+        gemm::gemm(g, k, s.xn, d.hidden, n, &m.router, None, GemmOut::Store(s.router_logits), d.n_experts, None)?;
+        gemm::gemm(g, k, s.xn, d.hidden, n, &m.sh_expert_gate, None, GemmOut::Store(s.sg), 1, None)?;
+        let rb = s.route();
+        moe::route(g, k, d, &rb, n, GEMM_BM)?;
+        let mt = moe::max_tiles(d, n, GEMM_BM);
+        let gather = Grouping { tiles: s.tiles, ntiles: s.ntiles, max_tiles: mt, a_rows: s.perm };
+        let sorted = Grouping { a_rows: 0, ..gather };
+        gemm::gemm(g, k, s.xn, d.hidden, n * d.topk, &m.gate, Some(&m.up), GemmOut::SwiGlu(s.act_sorted), d.moe_inter, Some(&gather))?;
+        gemm::gemm(g, k, s.act_sorted, d.moe_inter, n * d.topk, &m.down, None, GemmOut::Store(s.y_sorted), d.hidden, Some(&sorted))?;
+        gemm::gemm(g, k, s.xn, d.hidden, n, &m.sh_gate, Some(&m.sh_up), GemmOut::SwiGlu(s.act_sh), d.moe_inter, None)?;
+        gemm::gemm(g, k, s.act_sh, d.moe_inter, n, &m.sh_down, None, GemmOut::Store(s.ys), d.hidden, None)?;
+        moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n)
+    }
+
+    fn layer_decode_gemm(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let l = &self.weights.layers[i];
+        let ps = d.proj_stride();
+        self.in_proj_gemm(l, n)?;
+        let mix = MixOut::F16(s.mix_f16);
+        match &l.mixer {
+            MixerDev::DeltaNet(w) => gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?,
+            MixerDev::Attention(w) => {
+                let kv = self.kv_view(i);
+                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), nsplit, s.proj, ps, mix, n)?;
+            }
+        }
+        let out = Self::out_projection(l);
+        gemm::gemm(g, k, s.mix_f16, out.cols, n, &out, None, GemmOut::Add(s.h), d.hidden, None)?;
+        self.moe_gemm(l, n)
+    }
+
+    /// Every launch of one decode step for `n` tokens staged in
+    /// scratch.tokens / pos / slot. No host synchronisation inside.
+    pub fn step_launches(&self, n: usize, nsplit: usize, head: Head) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        embed::embed(g, k, d, &self.weights.embed, s.tokens, s.h, s.argmax, n)?;
+        for i in 0..d.layers {
+            if n <= GEMV_MAX_TOK {
+                self.layer_decode_gemv(i, n, nsplit)?;
+            } else {
+                self.layer_decode_gemm(i, n, nsplit)?;
+            }
+        }
+        if n <= GEMV_MAX_TOK {
+            let input = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((self.weights.final_norm, d.rms_eps)) };
+            let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: true };
+            gemv::gemv(g, k, &[seg], input, s.argmax)?;
+        } else {
+            gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.hidden, d.rms_eps)?;
+            gemm::gemm(g, k, s.xn, d.hidden, n, &self.weights.lm_head, None, GemmOut::Store(s.logits), d.vocab, None)?;
+            sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)?;
+        }
+        if head == Head::Greedy {
+            sampling::argmax_finish(g, k, s.argmax, s.tokens, s.out_ids, s.pos, s.step, n)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one decode step, through a cached CUDA graph when enabled.
+    pub fn run_step(&mut self, n: usize, nsplit: usize, head: Head) -> CudaResult<()> {
+        self.gpu.bind()?;
+        if !self.mem.opts.use_graphs {
+            return self.step_launches(n, nsplit, head);
+        }
+        let key = (n, nsplit, head);
+        if !self.graphs.contains_key(&key) {
+            let stream = self.gpu.stream.clone();
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).ctx("cuStreamBeginCapture")?;
+            let launched = self.step_launches(n, nsplit, head);
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            launched?;
+            let graph = graph.ctx("cuStreamEndCapture")?.ok_or_else(|| CudaError::Driver { what: "graph capture".into(), message: "empty graph".into() })?;
+            self.graphs.insert(key, Graph(graph));
+        }
+        match self.graphs.get(&key) {
+            Some(gr) => gr.0.launch().ctx("cuGraphLaunch"),
+            None => Err(CudaError::Driver { what: "graph cache".into(), message: "graph missing after capture".into() }),
+        }
+    }
+
+    // ---- prefill -------------------------------------------------------------
+
+    /// One layer over `t` tokens of the sequence in `slot` at positions p0...
+    fn layer_prefill(&self, i: usize, slot: usize, p0: usize, t: usize) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let l = &self.weights.layers[i];
+        let ps = d.proj_stride();
+        self.in_proj_gemm(l, t)?;
+        let mix = MixOut::F16(s.mix_f16);
+        match &l.mixer {
+            MixerDev::DeltaNet(w) => {
+                let (conv, state) = self.mem.gdn_layer_slot(i, slot);
+                gdn::prefill(g, k, d, w, conv, state, s.proj, ps, t, p0, &s.gdn_scratch(), mix)?;
+            }
+            MixerDev::Attention(w) => {
+                let kv = self.kv_view(i);
+                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), t)?;
+                attention::prefill(g, k, d, s.q_f16, kv.k, kv.v, self.mem.bt_row(slot), s.proj, ps, t, p0, mix)?;
+            }
+        }
+        let out = Self::out_projection(l);
+        gemm::gemm(g, k, s.mix_f16, out.cols, t, &out, None, GemmOut::Add(s.h), d.hidden, None)?;
+        self.moe_gemm(l, t)
+    }
+
+    /// Checks ids against the vocabulary.
+    pub fn check_tokens(&self, tokens: &[u32]) -> CudaResult<()> {
+        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.dims.vocab) {
+            return Err(CudaError::Invalid(format!("token id {bad} is outside the vocabulary of {}", self.dims.vocab)));
+        }
+        Ok(())
+    }
+
+    /// Appends `tokens` to `seq`. `want_all`: return the logits of every
+    /// position; otherwise the returned vector has the last position's
+    /// logits when `want_last_logits`, and the argmax of the last position
+    /// is always returned.
+    pub fn prefill(&mut self, seq: SeqId, tokens: &[u32], want_all: bool, want_last_logits: bool) -> CudaResult<(Vec<Vec<f32>>, u32)> {
+        if tokens.is_empty() {
+            return Err(CudaError::Invalid("empty prompt".into()));
+        }
+        self.check_tokens(tokens)?;
+        self.gpu.bind()?;
+        let len0 = self.mem.seq(seq)?.len;
+        self.mem.reserve(seq, len0 + tokens.len())?;
+        let slot = self.mem.seq(seq)?.slot;
+        let chunk = self.mem.opts.prefill_chunk;
+        let d = self.dims.clone();
+        let s = self.mem.scratch;
+        let mut all = Vec::new();
+        let mut p0 = len0;
+        let mut last_id = 0u32;
+        let mut last_logits = Vec::new();
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (ci, part) in tokens.chunks(chunk).enumerate() {
+            let t = part.len();
+            let pos: Vec<i32> = (0..t).map(|i| (p0 + i) as i32).collect();
+            let slots = vec![slot as i32; t];
+            write_device(&self.gpu, s.tokens, part)?;
+            write_device(&self.gpu, s.pos, &pos)?;
+            write_device(&self.gpu, s.slot, &slots)?;
+            embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
+            for i in 0..d.layers {
+                self.layer_prefill(i, slot, p0, t)?;
+            }
+            if want_all {
+                all.extend(self.logits_rows(t)?);
+            } else if ci + 1 == n_chunks {
+                // The last position only: one GEMV row with the argmax.
+                let input = GemvInput { x: s.h + ((t - 1) * d.hidden * 4) as u64, stride: d.hidden, ntok: 1, norm: Some((self.weights.final_norm, d.rms_eps)) };
+                let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: true };
+                gemv::gemv(&self.gpu, &self.kernels, &[seg], input, s.argmax)?;
+                let key: Vec<u64> = read_device(&self.gpu, s.argmax, 1)?;
+                last_id = sampling::key_index(key[0]);
+                if want_last_logits {
+                    last_logits = read_device(&self.gpu, s.logits, d.vocab)?;
+                }
+            }
+            p0 += t;
+            if let Some(sq) = self.mem.seqs.get_mut(&seq) {
+                sq.len = p0;
+            }
+        }
+        self.gpu.synchronize()?;
+        if want_all {
+            last_id = all.last().map(|v| lily_model::argmax(v)).unwrap_or(0);
+            return Ok((all, last_id));
+        }
+        Ok((if want_last_logits { vec![last_logits] } else { Vec::new() }, last_id))
+    }
+
+    /// Logits of the first `t` rows of h (final norm + lm_head), fp32 GEMV
+    /// in groups of `GEMV_MAX_TOK` rows.
+    fn logits_rows(&self, t: usize) -> CudaResult<Vec<Vec<f32>>> {
+        let d = &self.dims;
+        let s = &self.mem.scratch;
+        let mut out = Vec::with_capacity(t);
+        let mut r = 0;
+        while r < t {
+            let n = (t - r).min(GEMV_MAX_TOK);
+            let input = GemvInput { x: s.h + (r * d.hidden * 4) as u64, stride: d.hidden, ntok: n, norm: Some((self.weights.final_norm, d.rms_eps)) };
+            let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: false };
+            gemv::gemv(&self.gpu, &self.kernels, &[seg], input, 0)?;
+            let flat: Vec<f32> = read_device(&self.gpu, s.logits, n * d.vocab)?;
+            out.extend(flat.chunks_exact(d.vocab).map(|c| c.to_vec()));
+            r += n;
+        }
+        Ok(out)
+    }
+
+    /// One decode step for a batch of distinct sequences; returns logits.
+    pub fn decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(batch.len());
+        let max = self.mem.opts.max_batch;
+        for part in batch.chunks(max) {
+            out.extend(self.decode_part(part)?);
+        }
+        Ok(out)
+    }
+
+    fn stage_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<usize> {
+        let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
+        self.check_tokens(&toks)?;
+        for (i, (id, _)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|b| b.0 == *id) {
+                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
+            }
+        }
+        let mut pos = Vec::with_capacity(batch.len());
+        let mut slots = Vec::with_capacity(batch.len());
+        let mut max_len = 0;
+        for (id, _) in batch {
+            let len = self.mem.seq(*id)?.len;
+            self.mem.reserve(*id, len + 1)?;
+            pos.push(len as i32);
+            slots.push(self.mem.seq(*id)?.slot as i32);
+            max_len = max_len.max(len + 1);
+        }
+        let s = self.mem.scratch;
+        write_device(&self.gpu, s.tokens, &toks)?;
+        write_device(&self.gpu, s.pos, &pos)?;
+        write_device(&self.gpu, s.slot, &slots)?;
+        Ok(attention::splits_for(max_len, s.max_splits))
+    }
+
+    fn decode_part(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
+        self.gpu.bind()?;
+        let nsplit = self.stage_batch(batch)?;
+        let n = batch.len();
+        self.run_step(n, nsplit, Head::Logits)?;
+        let v = self.dims.vocab;
+        let flat: Vec<f32> = read_device(&self.gpu, self.mem.scratch.logits, n * v)?;
+        for (id, _) in batch {
+            if let Some(s) = self.mem.seqs.get_mut(id) {
+                s.len += 1;
+            }
+        }
+        Ok(flat.chunks_exact(v).map(|c| c.to_vec()).collect())
+    }
+
+    /// `steps` greedy steps of one sequence from `first` (not yet fed): every
+    /// step runs on the GPU back to back; the ids are read once at the end.
+    pub fn decode_greedy(&mut self, seq: SeqId, first: u32, steps: usize) -> CudaResult<Vec<u32>> {
+        self.check_tokens(&[first])?;
+        self.gpu.bind()?;
+        let mut out = Vec::with_capacity(steps);
+        let mut token = first;
+        let run = self.mem.opts.max_greedy_steps;
+        while out.len() < steps {
+            let m = (steps - out.len()).min(run);
+            let len = self.mem.seq(seq)?.len;
+            self.mem.reserve(seq, len + m)?;
+            let slot = self.mem.seq(seq)?.slot as i32;
+            let s = self.mem.scratch;
+            write_device(&self.gpu, s.tokens, &[token])?;
+            write_device(&self.gpu, s.pos, &[len as i32])?;
+            write_device(&self.gpu, s.slot, &[slot])?;
+            write_device(&self.gpu, s.step, &[0i32])?;
+            let nsplit = attention::splits_for(len + m, s.max_splits);
+            for _ in 0..m {
+                self.run_step(1, nsplit, Head::Greedy)?;
+            }
+            let ids: Vec<u32> = read_device(&self.gpu, s.out_ids, m)?;
+            if let Some(sq) = self.mem.seqs.get_mut(&seq) {
+                sq.len += m;
+            }
+            token = *ids.last().unwrap_or(&token);
+            out.extend(ids);
+        }
+        Ok(out)
+    }
+
+    /// Bytes of device memory held: weights + memory plan.
+    pub fn bytes(&self) -> usize {
+        self.weights.bytes + self.mem.bytes()
+    }
+}

@@ -1,0 +1,587 @@
+//! The memory plan: everything besides the weights, allocated once at start.
+//!
+//! - KV cache: a pool of fixed blocks of `KV_BLOCK` tokens per attention
+//!   layer (K and V, fp16, [block][kv_heads][KV_BLOCK][head_dim]), shared by
+//!   all sequences through per-sequence block tables (i32 [slots][max blocks
+//!   per sequence] on the device). Full blocks can be shared between forks
+//!   (reference counts); a fork copies only the partly filled last block.
+//! - DeltaNet state: per sequence slot, the conv rings and fp32 recurrent
+//!   states of every DeltaNet layer ([slot][layer][...], so a fork copies one
+//!   range).
+//! - Scratch: every intermediate of a decode step (up to `max_batch` tokens)
+//!   and of a prefill chunk (up to `prefill_chunk` tokens), named so any of
+//!   them can be dumped. Nothing is allocated after start, so a decode step
+//!   can be captured as a CUDA graph.
+//!
+//! This module owns sizes and bookkeeping; model.rs owns the math.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use lily_model::SeqId;
+
+use crate::attention::DecodeScratch;
+use crate::device::{copy_device, write_device, DeviceBuffer, Gpu};
+use crate::dims::{Dims, GDN_CHUNK, GEMM_BM, KV_BLOCK};
+use crate::error::{CudaError, CudaResult};
+use crate::gdn::GdnScratch;
+use crate::moe::{max_tiles, MoeDecodeBufs, RouteBufs};
+
+/// Sizes chosen by the caller; `Options::default()` fits the benchmark
+/// contract (one 262,144-token sequence) in the 28 GB budget with the model.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Longest sequence (prompt + generated).
+    pub max_seq_len: usize,
+    /// Sequences holding state at once (DeltaNet state slots).
+    pub max_sequences: usize,
+    /// Tokens of KV cache shared by all sequences.
+    pub kv_tokens: usize,
+    /// Largest decode batch (1..=64).
+    pub max_batch: usize,
+    /// Tokens per prefill chunk (a multiple of 64).
+    pub prefill_chunk: usize,
+    /// Capture decode steps as CUDA graphs.
+    pub use_graphs: bool,
+    /// Longest run of greedy steps one `decode_greedy` call keeps on the GPU.
+    pub max_greedy_steps: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_seq_len: 262_144,
+            max_sequences: 8,
+            kv_tokens: 262_144 + 4 * KV_BLOCK,
+            max_batch: 64,
+            prefill_chunk: 4096,
+            use_graphs: true,
+            max_greedy_steps: 1024,
+        }
+    }
+}
+
+impl Options {
+    /// Options for a backend that only needs `max_seq_len` tokens per
+    /// sequence (tests, the bench at one prompt length).
+    pub fn for_context(max_seq_len: usize) -> Self {
+        let mut o = Options::default();
+        o.max_seq_len = max_seq_len.max(1);
+        o.kv_tokens = (o.max_seq_len + KV_BLOCK) * 2;
+        o
+    }
+
+    fn check(&self) -> CudaResult<()> {
+        if self.max_batch == 0 || self.max_batch > 64 {
+            return Err(CudaError::Unsupported(format!("max_batch {} (1..=64)", self.max_batch)));
+        }
+        if self.prefill_chunk == 0 || self.prefill_chunk % GDN_CHUNK != 0 || self.prefill_chunk > 16384 {
+            return Err(CudaError::Unsupported(format!("prefill_chunk {} (a multiple of 64, at most 16384)", self.prefill_chunk)));
+        }
+        if self.max_sequences == 0 || self.kv_tokens < KV_BLOCK {
+            return Err(CudaError::Unsupported("max_sequences and kv_tokens must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Bump allocator of named pieces inside one device buffer.
+struct Layout {
+    size: usize,
+    pieces: Vec<(&'static str, usize, usize)>,
+}
+
+impl Layout {
+    fn add(&mut self, name: &'static str, bytes: usize) -> usize {
+        let off = self.size;
+        self.size += bytes.div_ceil(256) * 256;
+        self.pieces.push((name, off, bytes));
+        off
+    }
+}
+
+/// Device addresses of the step scratch (rows = max(max_batch, prefill_chunk)).
+#[derive(Clone, Copy, Debug)]
+pub struct Scratch {
+    pub rows: usize,
+    // step inputs
+    pub tokens: u64,
+    pub pos: u64,
+    pub slot: u64,
+    pub step: u64,
+    pub out_ids: u64,
+    // activations
+    pub h: u64,
+    pub proj: u64,
+    pub mix_f32: u64,
+    pub mix_f16: u64,
+    pub xn: u64,
+    pub q_f32: u64,
+    pub q_f16: u64,
+    pub logits: u64,
+    pub logit_rows: usize,
+    pub argmax: u64,
+    // attention decode
+    pub part_o: u64,
+    pub part_ml: u64,
+    pub max_splits: usize,
+    // moe
+    pub router_logits: u64,
+    pub sg: u64,
+    pub act: u64,
+    pub topk_idx: u64,
+    pub topk_w: u64,
+    pub counts: u64,
+    pub rank: u64,
+    pub offsets: u64,
+    pub tiles: u64,
+    pub ntiles: u64,
+    pub max_tiles: usize,
+    pub perm: u64,
+    pub inv: u64,
+    pub act_sorted: u64,
+    pub y_sorted: u64,
+    pub act_sh: u64,
+    pub ys: u64,
+    // deltanet prefill
+    pub gdn: GdnScratchAddrs,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct GdnScratchAddrs {
+    pub qn: u64,
+    pub kn: u64,
+    pub vv: u64,
+    pub gg: u64,
+    pub bb: u64,
+    pub u: u64,
+    pub w: u64,
+    pub aqk: u64,
+    pub gc: u64,
+    pub o: u64,
+    pub max_tokens: usize,
+}
+
+impl Scratch {
+    pub fn moe_decode(&self) -> MoeDecodeBufs {
+        MoeDecodeBufs { router_logits: self.router_logits, sg_logits: self.sg, act: self.act, topk_idx: self.topk_idx, topk_w: self.topk_w }
+    }
+    pub fn route(&self) -> RouteBufs {
+        RouteBufs {
+            logits: self.router_logits,
+            topk_idx: self.topk_idx,
+            topk_w: self.topk_w,
+            counts: self.counts,
+            rank: self.rank,
+            offsets: self.offsets,
+            tiles: self.tiles,
+            ntiles: self.ntiles,
+            perm: self.perm,
+            inv: self.inv,
+        }
+    }
+    pub fn attn_decode(&self) -> DecodeScratch {
+        DecodeScratch { part_o: self.part_o, part_ml: self.part_ml, max_splits: self.max_splits }
+    }
+    pub fn gdn_scratch(&self) -> GdnScratch {
+        let g = &self.gdn;
+        GdnScratch { qn: g.qn, kn: g.kn, vv: g.vv, gg: g.gg, bb: g.bb, u: g.u, w: g.w, aqk: g.aqk, gc: g.gc, o: g.o, max_tokens: g.max_tokens }
+    }
+}
+
+/// One sequence's bookkeeping on the host.
+#[derive(Clone, Debug)]
+pub struct Seq {
+    pub slot: usize,
+    pub len: usize,
+    pub blocks: Vec<u32>,
+}
+
+/// All memory besides the weights, and the sequences using it.
+pub struct Memory {
+    pub gpu: Arc<Gpu>,
+    pub opts: Options,
+    pub dims: Dims,
+    // KV
+    kv: DeviceBuffer,
+    pub num_blocks: usize,
+    pub blocks_per_seq: usize,
+    pub block_table: DeviceBuffer,
+    free_blocks: Vec<u32>,
+    refcount: Vec<u32>,
+    // DeltaNet state
+    gdn_state: DeviceBuffer,
+    gdn_conv: DeviceBuffer,
+    free_slots: Vec<usize>,
+    // scratch
+    _scratch_buf: DeviceBuffer,
+    pub scratch: Scratch,
+    pub scratch_pieces: Vec<(&'static str, u64, usize)>,
+    // sequences
+    pub seqs: BTreeMap<SeqId, Seq>,
+    next_id: u64,
+    attn_layers: Vec<usize>,
+    gdn_layers: Vec<usize>,
+}
+
+/// Where each layer's state lives: the index among the attention (or
+/// DeltaNet) layers.
+pub fn layer_indices(dims: &Dims) -> (Vec<usize>, Vec<usize>) {
+    let mut attn = vec![usize::MAX; dims.layers];
+    let mut gdn = vec![usize::MAX; dims.layers];
+    let (mut na, mut ng) = (0, 0);
+    for i in 0..dims.layers {
+        if i % 4 == 3 {
+            attn[i] = na;
+            na += 1;
+        } else {
+            gdn[i] = ng;
+            ng += 1;
+        }
+    }
+    (attn, gdn)
+}
+
+impl Memory {
+    /// Bytes the plan will allocate for `opts` (for budgeting before loading).
+    pub fn planned_bytes(dims: &Dims, opts: &Options) -> usize {
+        let (attn, _) = layer_indices(dims);
+        let n_attn = attn.iter().filter(|i| **i != usize::MAX).count();
+        let n_gdn = dims.layers - n_attn;
+        let num_blocks = opts.kv_tokens.div_ceil(KV_BLOCK);
+        let kv = n_attn * num_blocks * dims.kv_block_bytes();
+        let gdn = opts.max_sequences * n_gdn * (dims.gdn_state_floats() + dims.gdn_conv_floats()) * 4;
+        kv + gdn + scratch_layout(dims, opts).size
+    }
+
+    pub fn new(gpu: &Arc<Gpu>, dims: &Dims, opts: Options) -> CudaResult<Self> {
+        opts.check()?;
+        let (attn_layers, gdn_layers) = layer_indices(dims);
+        let n_attn = attn_layers.iter().filter(|i| **i != usize::MAX).count();
+        let n_gdn = dims.layers - n_attn;
+        let num_blocks = opts.kv_tokens.div_ceil(KV_BLOCK);
+        let blocks_per_seq = opts.max_seq_len.div_ceil(KV_BLOCK) + 1;
+        let kv = DeviceBuffer::zeroed(gpu, n_attn.max(1) * num_blocks * dims.kv_block_bytes(), "KV cache")?;
+        let block_table = DeviceBuffer::zeroed(gpu, opts.max_sequences * blocks_per_seq * 4, "block tables")?;
+        let gdn_state = DeviceBuffer::zeroed(gpu, opts.max_sequences * n_gdn.max(1) * dims.gdn_state_floats() * 4, "DeltaNet state")?;
+        let gdn_conv = DeviceBuffer::zeroed(gpu, opts.max_sequences * n_gdn.max(1) * dims.gdn_conv_floats() * 4, "DeltaNet conv windows")?;
+        let layout = scratch_layout(dims, &opts);
+        let buf = DeviceBuffer::zeroed(gpu, layout.size, "step scratch")?;
+        let base = buf.ptr();
+        let get = |name: &str| -> u64 {
+            layout.pieces.iter().find(|p| p.0 == name).map(|p| base + p.1 as u64).unwrap_or(0)
+        };
+        let rows = opts.max_batch.max(opts.prefill_chunk);
+        let tp = opts.prefill_chunk.div_ceil(GDN_CHUNK) * GDN_CHUNK;
+        let scratch = Scratch {
+            rows,
+            tokens: get("tokens"),
+            pos: get("pos"),
+            slot: get("slot"),
+            step: get("step"),
+            out_ids: get("out_ids"),
+            h: get("h"),
+            proj: get("proj"),
+            mix_f32: get("mix_f32"),
+            mix_f16: get("mix_f16"),
+            xn: get("xn"),
+            q_f32: get("q_f32"),
+            q_f16: get("q_f16"),
+            logits: get("logits"),
+            logit_rows: logit_rows(&opts),
+            argmax: get("argmax"),
+            part_o: get("part_o"),
+            part_ml: get("part_ml"),
+            max_splits: max_splits(&opts),
+            router_logits: get("router_logits"),
+            sg: get("sg"),
+            act: get("act"),
+            topk_idx: get("topk_idx"),
+            topk_w: get("topk_w"),
+            counts: get("counts"),
+            rank: get("rank"),
+            offsets: get("offsets"),
+            tiles: get("tiles"),
+            ntiles: get("ntiles"),
+            max_tiles: max_tiles(dims, rows, GEMM_BM),
+            perm: get("perm"),
+            inv: get("inv"),
+            act_sorted: get("act_sorted"),
+            y_sorted: get("y_sorted"),
+            act_sh: get("act_sh"),
+            ys: get("ys"),
+            gdn: GdnScratchAddrs {
+                qn: get("gdn_qn"),
+                kn: get("gdn_kn"),
+                vv: get("gdn_vv"),
+                gg: get("gdn_gg"),
+                bb: get("gdn_bb"),
+                u: get("gdn_u"),
+                w: get("gdn_w"),
+                aqk: get("gdn_aqk"),
+                gc: get("gdn_gc"),
+                o: get("gdn_o"),
+                max_tokens: tp,
+            },
+        };
+        let scratch_pieces = layout.pieces.iter().map(|(n, o, b)| (*n, base + *o as u64, *b)).collect();
+        Ok(Memory {
+            gpu: gpu.clone(),
+            dims: dims.clone(),
+            kv,
+            num_blocks,
+            blocks_per_seq,
+            block_table,
+            free_blocks: (0..num_blocks as u32).rev().collect(),
+            refcount: vec![0; num_blocks],
+            gdn_state,
+            gdn_conv,
+            free_slots: (0..opts.max_sequences).rev().collect(),
+            _scratch_buf: buf,
+            scratch,
+            scratch_pieces,
+            seqs: BTreeMap::new(),
+            next_id: 1,
+            attn_layers,
+            gdn_layers,
+            opts,
+        })
+    }
+
+    // ---- addresses ---------------------------------------------------------
+
+    /// K and V base of layer `layer` (an attention layer).
+    pub fn kv_layer(&self, layer: usize) -> (u64, u64) {
+        let a = self.attn_layers[layer];
+        let half = self.num_blocks * self.dims.kv_block_bytes() / 2;
+        let base = self.kv.ptr() + (a * 2 * half) as u64;
+        (base, base + half as u64)
+    }
+
+    pub fn bt_row(&self, slot: usize) -> u64 {
+        self.block_table.ptr() + (slot * self.blocks_per_seq * 4) as u64
+    }
+
+    /// Floats between consecutive slots of the DeltaNet buffers.
+    pub fn gdn_state_slot_stride(&self) -> usize {
+        self.gdn_count() * self.dims.gdn_state_floats()
+    }
+    pub fn gdn_conv_slot_stride(&self) -> usize {
+        self.gdn_count() * self.dims.gdn_conv_floats()
+    }
+    fn gdn_count(&self) -> usize {
+        self.gdn_layers.iter().filter(|i| **i != usize::MAX).count().max(1)
+    }
+    /// (conv, state) of layer `layer` (a DeltaNet layer) in slot 0.
+    pub fn gdn_layer(&self, layer: usize) -> (u64, u64) {
+        let g = self.gdn_layers[layer];
+        (
+            self.gdn_conv.ptr() + (g * self.dims.gdn_conv_floats() * 4) as u64,
+            self.gdn_state.ptr() + (g * self.dims.gdn_state_floats() * 4) as u64,
+        )
+    }
+    /// (conv, state) of layer `layer` for `slot`.
+    pub fn gdn_layer_slot(&self, layer: usize, slot: usize) -> (u64, u64) {
+        let (c, s) = self.gdn_layer(layer);
+        (c + (slot * self.gdn_conv_slot_stride() * 4) as u64, s + (slot * self.gdn_state_slot_stride() * 4) as u64)
+    }
+
+    /// Bytes allocated by the plan (KV, state, scratch).
+    pub fn bytes(&self) -> usize {
+        self.kv.bytes() + self.block_table.bytes() + self.gdn_state.bytes() + self.gdn_conv.bytes() + self._scratch_buf.bytes()
+    }
+
+    // ---- sequences -----------------------------------------------------------
+
+    pub fn alloc(&mut self) -> CudaResult<SeqId> {
+        let slot = self.free_slots.pop().ok_or_else(|| {
+            CudaError::Capacity(format!("all {} sequence slots are in use; free a sequence first", self.opts.max_sequences))
+        })?;
+        // A fresh sequence starts from zero state.
+        let g = &self.gpu;
+        let (c0, s0) = self.gdn_layer_slot_first(slot);
+        crate::device::zero_device(g, c0, self.gdn_conv_slot_stride() * 4)?;
+        crate::device::zero_device(g, s0, self.gdn_state_slot_stride() * 4)?;
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.seqs.insert(id, Seq { slot, len: 0, blocks: Vec::new() });
+        Ok(id)
+    }
+
+    fn gdn_layer_slot_first(&self, slot: usize) -> (u64, u64) {
+        (
+            self.gdn_conv.ptr() + (slot * self.gdn_conv_slot_stride() * 4) as u64,
+            self.gdn_state.ptr() + (slot * self.gdn_state_slot_stride() * 4) as u64,
+        )
+    }
+
+    pub fn free(&mut self, id: SeqId) {
+        if let Some(s) = self.seqs.remove(&id) {
+            for b in s.blocks {
+                self.release_block(b);
+            }
+            self.free_slots.push(s.slot);
+        }
+    }
+
+    fn release_block(&mut self, b: u32) {
+        let rc = &mut self.refcount[b as usize];
+        *rc = rc.saturating_sub(1);
+        if *rc == 0 {
+            self.free_blocks.push(b);
+        }
+    }
+
+    pub fn seq(&self, id: SeqId) -> CudaResult<&Seq> {
+        self.seqs.get(&id).ok_or_else(|| CudaError::Invalid(format!("unknown sequence {id:?}")))
+    }
+
+    /// Makes sure sequence `id` has KV blocks for positions < `new_len`,
+    /// writing new block-table entries to the device.
+    pub fn reserve(&mut self, id: SeqId, new_len: usize) -> CudaResult<()> {
+        if new_len > self.opts.max_seq_len {
+            return Err(CudaError::Capacity(format!(
+                "sequence would hold {new_len} tokens; this backend was sized for at most {} per sequence",
+                self.opts.max_seq_len
+            )));
+        }
+        let need = new_len.div_ceil(KV_BLOCK);
+        let have = self.seq(id)?.blocks.len();
+        if need <= have {
+            return Ok(());
+        }
+        if need - have > self.free_blocks.len() {
+            return Err(CudaError::Capacity(format!(
+                "KV cache full: {} more blocks of {KV_BLOCK} tokens needed, {} free of {}",
+                need - have,
+                self.free_blocks.len(),
+                self.num_blocks
+            )));
+        }
+        let mut new = Vec::with_capacity(need - have);
+        for _ in have..need {
+            let b = self.free_blocks.pop().ok_or_else(|| CudaError::Capacity("KV cache full".into()))?;
+            self.refcount[b as usize] = 1;
+            new.push(b);
+        }
+        let slot = self.seq(id)?.slot;
+        let row = self.bt_row(slot) + (have * 4) as u64;
+        let ids: Vec<i32> = new.iter().map(|b| *b as i32).collect();
+        write_device(&self.gpu, row, &ids)?;
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.blocks.extend(new);
+        }
+        Ok(())
+    }
+
+    /// A new sequence with the same state: DeltaNet state copied, full KV
+    /// blocks shared, the partly filled last block copied.
+    pub fn fork(&mut self, id: SeqId) -> CudaResult<SeqId> {
+        let src = self.seq(id)?.clone();
+        let child = self.alloc()?;
+        let cslot = self.seq(child)?.slot;
+        let (sc, ss) = self.gdn_layer_slot_first(src.slot);
+        let (dc, ds) = self.gdn_layer_slot_first(cslot);
+        copy_device(&self.gpu, dc, sc, self.gdn_conv_slot_stride() * 4)?;
+        copy_device(&self.gpu, ds, ss, self.gdn_state_slot_stride() * 4)?;
+        let full = src.len / KV_BLOCK;
+        let mut blocks: Vec<u32> = src.blocks.iter().take(full).copied().collect();
+        for b in &blocks {
+            self.refcount[*b as usize] += 1;
+        }
+        if src.len % KV_BLOCK != 0 {
+            let last = src.blocks[full];
+            let nb = match self.free_blocks.pop() {
+                Some(b) => b,
+                None => {
+                    for b in &blocks {
+                        self.release_block(*b);
+                    }
+                    self.free(child);
+                    return Err(CudaError::Capacity("KV cache full while forking".into()));
+                }
+            };
+            self.refcount[nb as usize] = 1;
+            let per_layer_half = self.num_blocks * self.dims.kv_block_bytes() / 2;
+            let bb = self.dims.kv_block_bytes() / 2;
+            let n_attn = self.attn_layers.iter().filter(|i| **i != usize::MAX).count();
+            for a in 0..n_attn {
+                for kv in 0..2 {
+                    let base = self.kv.ptr() + ((2 * a + kv) * per_layer_half) as u64;
+                    copy_device(&self.gpu, base + (nb as usize * bb) as u64, base + (last as usize * bb) as u64, bb)?;
+                }
+            }
+            blocks.push(nb);
+        }
+        let ids: Vec<i32> = blocks.iter().map(|b| *b as i32).collect();
+        if !ids.is_empty() {
+            write_device(&self.gpu, self.bt_row(cslot), &ids)?;
+        }
+        if let Some(s) = self.seqs.get_mut(&child) {
+            s.blocks = blocks;
+            s.len = src.len;
+        }
+        Ok(child)
+    }
+
+    /// Blocks free in the pool.
+    pub fn free_block_count(&self) -> usize {
+        self.free_blocks.len()
+    }
+}
+
+fn max_splits(opts: &Options) -> usize {
+    crate::attention::splits_for(opts.max_seq_len, 256).max(1)
+}
+
+fn logit_rows(opts: &Options) -> usize {
+    opts.max_batch.max(64)
+}
+
+fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
+    let rows = opts.max_batch.max(opts.prefill_chunk);
+    let b = opts.max_batch;
+    let tp = opts.prefill_chunk.div_ceil(GDN_CHUNK) * GDN_CHUNK;
+    let mut l = Layout { size: 0, pieces: Vec::new() };
+    let h = dims.hidden;
+    let f = 4usize;
+    l.add("tokens", rows * 4);
+    l.add("pos", rows * 4);
+    l.add("slot", rows * 4);
+    l.add("step", 16);
+    l.add("out_ids", opts.max_greedy_steps * b * 4);
+    l.add("h", rows * h * f);
+    l.add("proj", rows * dims.proj_stride() * f);
+    l.add("mix_f32", b * dims.mix_dim() * f);
+    l.add("mix_f16", rows * dims.mix_dim() * 2);
+    l.add("xn", rows * h * 2);
+    l.add("q_f32", b * dims.attn_out_dim() * f);
+    l.add("q_f16", rows * dims.attn_out_dim() * 2);
+    l.add("logits", logit_rows(opts) * dims.vocab * f);
+    l.add("argmax", rows * 8);
+    let ms = max_splits(opts);
+    l.add("part_o", b * dims.a_heads * ms * dims.a_head_dim * f);
+    l.add("part_ml", b * dims.a_heads * ms * 2 * f);
+    let slots = dims.topk + 1;
+    l.add("router_logits", rows * dims.n_experts * f);
+    l.add("sg", rows * f);
+    l.add("act", b * slots * dims.moe_inter * f);
+    l.add("topk_idx", rows * dims.topk * 4);
+    l.add("topk_w", rows * slots * f);
+    l.add("counts", dims.n_experts * 4);
+    l.add("rank", rows * dims.topk * 4);
+    l.add("offsets", (dims.n_experts + 1) * 4);
+    l.add("tiles", max_tiles(dims, rows, GEMM_BM) * 3 * 4);
+    l.add("ntiles", 16);
+    l.add("perm", rows * dims.topk * 4);
+    l.add("inv", rows * dims.topk * 4);
+    l.add("act_sorted", rows * dims.topk * dims.moe_inter * 2);
+    l.add("y_sorted", rows * dims.topk * h * f);
+    l.add("act_sh", rows * dims.moe_inter * 2);
+    l.add("ys", rows * h * f);
+    let sizes = GdnScratch::sizes(dims, tp);
+    for (name, n) in ["gdn_qn", "gdn_kn", "gdn_vv", "gdn_gg", "gdn_bb", "gdn_u", "gdn_w", "gdn_aqk", "gdn_gc", "gdn_o"].iter().zip(sizes) {
+        l.add(name, n * f);
+    }
+    l
+}
