@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use lily_core::chat::ChatTemplate;
 use lily_core::tokenizer::Tokenizer;
-use lily_engine::ModelInfo;
+use lily_engine::{ModelInfo, SamplingParams};
 use tower_http::cors::{Any, CorsLayer};
 
 use crate::engine::Generator;
@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub request_timeout: Option<Duration>,
     /// Extra words for `/v1/models` (e.g. that the output is scripted).
     pub model_note: Option<String>,
+    /// Sampling for fields a request leaves out.
+    pub sampling_defaults: SamplingParams,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +55,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             request_timeout: None,
             model_note: None,
+            sampling_defaults: SamplingParams::default(),
         }
     }
 }

@@ -198,7 +198,7 @@ async fn chat_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejection>, arr
     let bytes = body_bytes(&app, body)?;
     let req: ChatCompletionRequest = parse_json(&bytes)?;
     check_model(&app, &req.model)?;
-    let plan = chat_plan(&req, &app.config.limits)?;
+    let plan = chat_plan(&req, &app.config.limits, &app.config.sampling_defaults)?;
     check_accepting(&app)?;
 
     let forced = match &plan.tool_mode {
@@ -564,7 +564,7 @@ async fn completions_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejectio
     let bytes = body_bytes(&app, body)?;
     let req: CompletionRequest = parse_json(&bytes)?;
     check_model(&app, &req.model)?;
-    let plan = completion_plan(&req)?;
+    let plan = completion_plan(&req, &app.config.sampling_defaults)?;
     check_accepting(&app)?;
     let tokenizer = app.tokenizer.clone();
     let (prompt, prompt_text) = match plan.prompt.clone() {

@@ -181,8 +181,12 @@ fn in_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>,
     }
 }
 
-fn sampling(k: &Knobs<'_>) -> Result<(SamplingParams, Vec<String>), ApiError> {
-    let mut s = SamplingParams::default();
+/// `defaults`: the values for fields the request leaves out (OpenAI's, or
+/// the checkpoint's `generation_config.json`). A request that sets
+/// `temperature` alone gets untruncated sampling at that temperature only
+/// if the defaults do not truncate; this matches vLLM's handling.
+fn sampling(k: &Knobs<'_>, defaults: &SamplingParams) -> Result<(SamplingParams, Vec<String>), ApiError> {
+    let mut s = defaults.clone();
     if let Some(t) = in_range("temperature", k.temperature, 0.0, 2.0)? {
         s.temperature = t;
     }
@@ -414,7 +418,7 @@ fn check_function_name(param: &str, name: &str) -> Result<(), ApiError> {
 }
 
 /// Checks a chat request and plans it.
-pub fn chat_plan(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatPlan, ApiError> {
+pub fn chat_plan(req: &ChatCompletionRequest, limits: &Limits, defaults: &SamplingParams) -> Result<ChatPlan, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param("messages", "`messages` must contain at least one message"));
     }
@@ -453,7 +457,7 @@ pub fn chat_plan(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatPla
         stop: req.stop.as_ref(),
         n: req.n,
         logit_bias: req.logit_bias.as_ref(),
-    })?;
+    }, defaults)?;
     let mt = max_tokens("max_tokens", req.max_tokens)?;
     let mct = max_tokens("max_completion_tokens", req.max_completion_tokens)?;
     let max_tokens = match (mt, mct) {
@@ -631,7 +635,7 @@ pub struct CompletionPlan {
 /// OpenAI's default for legacy completions.
 pub const COMPLETION_DEFAULT_MAX_TOKENS: usize = 16;
 
-pub fn completion_plan(req: &CompletionRequest) -> Result<CompletionPlan, ApiError> {
+pub fn completion_plan(req: &CompletionRequest, defaults: &SamplingParams) -> Result<CompletionPlan, ApiError> {
     let one = |what: &str, n: usize| -> Result<(), ApiError> {
         if n == 1 {
             Ok(())
@@ -671,7 +675,7 @@ pub fn completion_plan(req: &CompletionRequest) -> Result<CompletionPlan, ApiErr
         stop: req.stop.as_ref(),
         n: req.n,
         logit_bias: req.logit_bias.as_ref(),
-    })?;
+    }, defaults)?;
     match req.best_of {
         None | Some(1) => {}
         Some(n) => return Err(ApiError::invalid_param("best_of", format!("`best_of` must be 1, got {n}"))),
@@ -720,7 +724,7 @@ mod tests {
 
     fn chat(v: Value) -> Result<ChatPlan, ApiError> {
         let req: ChatCompletionRequest = parse_json(v.to_string().as_bytes())?;
-        chat_plan(&req, &Limits { max_messages: 8 })
+        chat_plan(&req, &Limits { max_messages: 8 }, &SamplingParams::default())
     }
 
     fn base() -> Value {
@@ -878,6 +882,14 @@ mod tests {
     }
 
     #[test]
+    fn defaults_fill_what_the_request_leaves_out() {
+        let defaults = SamplingParams { top_k: 20, top_p: 0.95, ..SamplingParams::default() };
+        let req: ChatCompletionRequest = parse_json(with(json!({"top_p": 0.5})).to_string().as_bytes()).unwrap();
+        let p = chat_plan(&req, &Limits::default(), &defaults).unwrap();
+        assert_eq!((p.gen.sampling.top_k, p.gen.sampling.top_p), (20, 0.5));
+    }
+
+    #[test]
     fn top_p_zero_means_greedy() {
         let p = chat(with(json!({"top_p": 0}))).unwrap();
         assert_eq!(p.gen.sampling.temperature, 0.0);
@@ -887,11 +899,11 @@ mod tests {
     #[test]
     fn completion_requests() {
         let req: CompletionRequest = parse_json(br#"{"model": "m", "prompt": "hello"}"#).unwrap();
-        let p = completion_plan(&req).unwrap();
+        let p = completion_plan(&req, &SamplingParams::default()).unwrap();
         assert_eq!(p.prompt, PromptPlan::Text("hello".into()));
         assert_eq!(p.gen.max_tokens, Some(COMPLETION_DEFAULT_MAX_TOKENS));
         let req: CompletionRequest = parse_json(br#"{"model": "m", "prompt": [[1, 2, 3]], "logprobs": 2}"#).unwrap();
-        let p = completion_plan(&req).unwrap();
+        let p = completion_plan(&req, &SamplingParams::default()).unwrap();
         assert_eq!(p.prompt, PromptPlan::Tokens(vec![1, 2, 3]));
         assert_eq!(p.gen.logprobs, Some(2));
         for bad in [
@@ -902,7 +914,7 @@ mod tests {
             r#"{"model": "m", "prompt": "a", "echo": true, "logprobs": 1}"#,
             r#"{"model": "m", "prompt": {"x": 1}}"#,
         ] {
-            let r = parse_json::<CompletionRequest>(bad.as_bytes()).and_then(|r| completion_plan(&r).map(|_| ()));
+            let r = parse_json::<CompletionRequest>(bad.as_bytes()).and_then(|r| completion_plan(&r, &SamplingParams::default()).map(|_| ()));
             assert_eq!(r.unwrap_err().status.as_u16(), 400, "{bad}");
         }
     }
