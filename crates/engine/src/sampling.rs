@@ -92,9 +92,15 @@ impl Sampler {
         // The draw overwrites `logits` with weights, so the chosen token's
         // penalised logit is kept aside first (only when logprobs are asked).
         let report = top_logprobs.map(|n| (logprobs_of(logits, n), logits.to_vec()));
-        let token = if self.params.temperature == 0.0 { lily_model::argmax(logits) } else { self.draw(logits) };
+        let token = if self.params.temperature == 0.0 {
+            lily_model::argmax(logits)
+        } else {
+            self.draw(logits)
+        };
         let logprobs = report.map(|((lse, top), penalised)| {
-            let chosen = penalised.get(token as usize).map_or(f32::NEG_INFINITY, |l| l - lse);
+            let chosen = penalised
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |l| l - lse);
             (chosen, top)
         });
         Sampled { token, logprobs }
@@ -105,7 +111,11 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -135,14 +145,32 @@ impl Sampler {
         }
         let truncating = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
         if !truncating {
-            return draw_from(logits.iter().copied().enumerate().map(|(i, w)| (i as u32, w)), &mut self.rng);
+            return draw_from(
+                logits
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .map(|(i, w)| (i as u32, w)),
+                &mut self.rng,
+            );
         }
 
         let cand = &mut self.scratch;
         cand.clear();
-        let k = if p.top_k > 0 { p.top_k.min(logits.len()) } else { logits.len() };
+        let k = if p.top_k > 0 {
+            p.top_k.min(logits.len())
+        } else {
+            logits.len()
+        };
         let min_weight = p.min_p; // the top token's weight is 1
-        cand.extend(logits.iter().copied().enumerate().filter(|&(_, w)| w > 0.0 && w >= min_weight).map(|(i, w)| (i as u32, w)));
+        cand.extend(
+            logits
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|&(_, w)| w > 0.0 && w >= min_weight)
+                .map(|(i, w)| (i as u32, w)),
+        );
         // min-p is relative to the top token, which truncation never removes,
         // so filtering it first gives the same set as applying it last.
         if cand.is_empty() {
@@ -230,7 +258,12 @@ fn logprobs_of(logits: &[f32], n: usize) -> (f32, Vec<(u32, f32)>) {
     if n == 0 {
         return (lse, Vec::new());
     }
-    let mut idx: Vec<(u32, f32)> = logits.iter().copied().enumerate().map(|(i, l)| (i as u32, l)).collect();
+    let mut idx: Vec<(u32, f32)> = logits
+        .iter()
+        .copied()
+        .enumerate()
+        .map(|(i, l)| (i as u32, l))
+        .collect();
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if n < idx.len() {
         idx.select_nth_unstable_by(n - 1, by_logit);
@@ -245,7 +278,10 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams { seed: Some(7), ..SamplingParams::default() };
+        let mut p = SamplingParams {
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
         f(&mut p);
         p
     }
@@ -274,7 +310,10 @@ mod tests {
         let logits = [1f32.ln(), 2f32.ln(), 7f32.ln()];
         let h = histogram(params(|_| {}), &logits, 20_000);
         let f: Vec<f64> = h.iter().map(|&c| c as f64 / 20_000.0).collect();
-        assert!((f[0] - 0.1).abs() < 0.015 && (f[1] - 0.2).abs() < 0.015 && (f[2] - 0.7).abs() < 0.015, "{f:?}");
+        assert!(
+            (f[0] - 0.1).abs() < 0.015 && (f[1] - 0.2).abs() < 0.015 && (f[2] - 0.7).abs() < 0.015,
+            "{f:?}"
+        );
     }
 
     #[test]
@@ -366,8 +405,16 @@ mod tests {
     fn same_seed_same_tokens_different_seed_differs() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..SamplingParams::default() }, &[]);
-            (0..64).map(|_| s.sample(&mut logits.clone(), None).token).collect::<Vec<_>>()
+            let mut s = Sampler::new(
+                SamplingParams {
+                    seed: Some(seed),
+                    ..SamplingParams::default()
+                },
+                &[],
+            );
+            (0..64)
+                .map(|_| s.sample(&mut logits.clone(), None).token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));

@@ -23,7 +23,10 @@ use lily_core::tokenizer::Tokenizer;
 use lily_model::{Backend, LogitsWanted, ModelError, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission, TokenLogprob};
+use crate::api::{
+    EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission,
+    TokenLogprob,
+};
 use crate::prefix_cache::{prompt_boundary_wanted, PrefixCache};
 use crate::sampling::Sampler;
 use crate::text::TextStream;
@@ -82,14 +85,23 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub(crate) fn new(backend: Box<dyn Backend>, tokenizer: Arc<Tokenizer>, opts: &EngineOptions, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        backend: Box<dyn Backend>,
+        tokenizer: Arc<Tokenizer>,
+        opts: &EngineOptions,
+        shared: Arc<Shared>,
+    ) -> Self {
         let eos = backend.config().eos_token_ids.clone();
         let text_vocab = tokenizer.vocab_size();
         Scheduler {
             backend,
             tokenizer,
             shared,
-            cache: PrefixCache::new(opts.snapshot_interval, opts.prefix_cache_tokens, opts.prefix_cache_max_entries),
+            cache: PrefixCache::new(
+                opts.snapshot_interval,
+                opts.prefix_cache_tokens,
+                opts.prefix_cache_max_entries,
+            ),
             max_batch: opts.max_batch.max(1),
             prefill_chunk: opts.prefill_chunk.max(1),
             eos,
@@ -139,7 +151,11 @@ impl Scheduler {
 
     fn publish_gauges(&self) {
         let running = self.running.len();
-        let (entries, held, evictions) = (self.cache.len(), self.cache.held_tokens(), self.cache.evictions());
+        let (entries, held, evictions) = (
+            self.cache.len(),
+            self.cache.held_tokens(),
+            self.cache.evictions(),
+        );
         self.shared.with_stats(|s| {
             s.running = running;
             s.prefix_cache_entries = entries;
@@ -187,7 +203,12 @@ impl Scheduler {
                         s.requests_cancelled += 1;
                     }
                 });
-                Event::Finished { reason, completion_tokens: 0, prompt_tokens: sub.req.prompt.len(), cached_tokens: 0 }
+                Event::Finished {
+                    reason,
+                    completion_tokens: 0,
+                    prompt_tokens: sub.req.prompt.len(),
+                    cached_tokens: 0,
+                }
             }
             Outcome::Failed(e) => {
                 self.shared.with_stats(|s| s.requests_failed += 1);
@@ -261,7 +282,10 @@ impl Scheduler {
     /// Runs `f` (an alloc); on a capacity error evicts snapshots one by one
     /// and retries, since snapshots are the only memory the engine can give
     /// back on its own.
-    fn with_capacity_retry(&mut self, mut f: impl FnMut(&mut dyn Backend) -> Result<SeqId, ModelError>) -> Result<SeqId, ModelError> {
+    fn with_capacity_retry(
+        &mut self,
+        mut f: impl FnMut(&mut dyn Backend) -> Result<SeqId, ModelError>,
+    ) -> Result<SeqId, ModelError> {
         loop {
             match f(self.backend.as_mut()) {
                 Err(ModelError::Capacity(m)) => match self.cache.evict_lru() {
@@ -275,11 +299,16 @@ impl Scheduler {
 
     fn admit(&mut self) {
         while self.running.len() < self.max_batch {
-            let Some(sub) = self.waiting.pop_front() else { break };
+            let Some(sub) = self.waiting.pop_front() else {
+                break;
+            };
             if !self.make_room_for_one() {
                 if self.running.is_empty() {
                     // No slot will ever free up (a backend with no sequences).
-                    let why = format!("the backend holds at most {} sequences", self.backend.max_sequences());
+                    let why = format!(
+                        "the backend holds at most {} sequences",
+                        self.backend.max_sequences()
+                    );
                     self.end_waiting(sub, Outcome::Failed(EngineError::Capacity(why)));
                     continue;
                 }
@@ -289,7 +318,8 @@ impl Scheduler {
             }
             let prompt = &sub.req.prompt;
             let hit = self.cache.lookup(prompt);
-            self.shared.with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
+            self.shared
+                .with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
             let got = match hit {
                 // Restore from the snapshot. If the backend has no memory
                 // for the copy, fall back to a fresh sequence (whose retry
@@ -297,7 +327,9 @@ impl Scheduler {
                 // fail the request.
                 Some((snap, len)) => match self.backend.fork(snap) {
                     Ok(seq) => Ok((seq, len)),
-                    Err(ModelError::Capacity(_)) => self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0)),
+                    Err(ModelError::Capacity(_)) => {
+                        self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0))
+                    }
                     Err(e) => Err(e),
                 },
                 None => self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0)),
@@ -317,8 +349,21 @@ impl Scheduler {
 
     fn start(&mut self, sub: Submission, seq: SeqId, cached: usize) {
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let Submission { id, req, events, cancel } = sub;
-        let GenerateRequest { prompt, max_tokens, sampling, stop_strings, stop_token_ids, logprobs, deadline } = req;
+        let Submission {
+            id,
+            req,
+            events,
+            cancel,
+        } = sub;
+        let GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling,
+            stop_strings,
+            stop_token_ids,
+            logprobs,
+            deadline,
+        } = req;
         let prompt_len = prompt.len();
         let mut stop_ids = self.eos.clone();
         stop_ids.extend(stop_token_ids);
@@ -346,7 +391,13 @@ impl Scheduler {
             }
         });
         tracing::debug!(request = id, prompt = prompt_len, cached, "admitted");
-        if a.events.send(Event::Started { prompt_tokens: prompt_len, cached_tokens: cached }).is_err() {
+        if a.events
+            .send(Event::Started {
+                prompt_tokens: prompt_len,
+                cached_tokens: cached,
+            })
+            .is_err()
+        {
             self.backend.free(seq);
             self.send_outcome_active(&a, Outcome::Finished(FinishReason::Cancelled));
             return;
@@ -357,15 +408,29 @@ impl Scheduler {
     // ----- work ------------------------------------------------------------
 
     fn decode_step(&mut self) {
-        let idx: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].generating()).collect();
+        let idx: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].generating())
+            .collect();
         if idx.is_empty() {
             return;
         }
-        let batch: Vec<(SeqId, u32)> = idx.iter().map(|&i| (self.running[i].seq, self.running[i].tokens[self.running[i].fed])).collect();
+        let batch: Vec<(SeqId, u32)> = idx
+            .iter()
+            .map(|&i| {
+                (
+                    self.running[i].seq,
+                    self.running[i].tokens[self.running[i].fed],
+                )
+            })
+            .collect();
         let results: Vec<Result<Vec<f32>, EngineError>> = match self.backend.decode(&batch) {
             Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
             Ok(rows) => {
-                let e = EngineError::Backend(format!("decode returned {} rows for a batch of {}", rows.len(), batch.len()));
+                let e = EngineError::Backend(format!(
+                    "decode returned {} rows for a batch of {}",
+                    rows.len(),
+                    batch.len()
+                ));
                 vec![Err(e); batch.len()]
             }
             Err(e) => self.isolate_decode_failure(&idx, &batch, e),
@@ -400,7 +465,12 @@ impl Scheduler {
     /// A batched decode failed. Sequences the backend left untouched are
     /// retried one by one so a fault in one request fails only that one;
     /// a sequence whose length moved (state unknown) fails.
-    fn isolate_decode_failure(&mut self, idx: &[usize], batch: &[(SeqId, u32)], err: ModelError) -> Vec<Result<Vec<f32>, EngineError>> {
+    fn isolate_decode_failure(
+        &mut self,
+        idx: &[usize],
+        batch: &[(SeqId, u32)],
+        err: ModelError,
+    ) -> Vec<Result<Vec<f32>, EngineError>> {
         tracing::warn!(batch = batch.len(), error = %err, "batched decode failed; retrying sequences one by one");
         if batch.len() == 1 {
             return vec![Err(model_error(err))];
@@ -411,10 +481,15 @@ impl Scheduler {
             let r = match self.backend.seq_len(seq) {
                 Ok(n) if n == expected => match self.backend.decode(&[(seq, tok)]) {
                     Ok(mut rows) if rows.len() == 1 => Ok(rows.remove(0)),
-                    Ok(rows) => Err(EngineError::Backend(format!("decode returned {} rows for one sequence", rows.len()))),
+                    Ok(rows) => Err(EngineError::Backend(format!(
+                        "decode returned {} rows for one sequence",
+                        rows.len()
+                    ))),
                     Err(e) => Err(model_error(e)),
                 },
-                Ok(_) => Err(model_error(ModelError::Device(format!("batched decode failed part-way: {err}")))),
+                Ok(_) => Err(model_error(ModelError::Device(format!(
+                    "batched decode failed part-way: {err}"
+                )))),
                 Err(e) => Err(model_error(e)),
             };
             out.push(r);
@@ -434,9 +509,12 @@ impl Scheduler {
             let (start, prompt_len) = (self.running[i].fed, self.running[i].prompt_len);
             let end = self.chunk_end(i, start, prompt_len.min(start + budget));
             let seq = self.running[i].seq;
-            let result = self.backend.prefill(seq, &self.running[i].tokens[start..end], LogitsWanted::Last);
+            let result =
+                self.backend
+                    .prefill(seq, &self.running[i].tokens[start..end], LogitsWanted::Last);
             budget -= end - start;
-            self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
+            self.shared
+                .with_stats(|s| s.prefill_tokens += (end - start) as u64);
             let outcome = match result {
                 Err(e) => Some(Outcome::Failed(model_error(e))),
                 Ok(mut rows) => {
@@ -447,7 +525,9 @@ impl Scheduler {
                     } else {
                         match rows.pop() {
                             Some(mut logits) => self.sample_and_emit(i, &mut logits),
-                            None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
+                            None => Some(Outcome::Failed(EngineError::Backend(
+                                "prefill returned no logits".into(),
+                            ))),
                         }
                     }
                 }
@@ -471,7 +551,10 @@ impl Scheduler {
             None => return limit,
         };
         while b < limit {
-            if prompt_boundary_wanted(b, a.prompt_len, interval) && self.cache.admits(&a.tokens[..b]) && !self.cache.contains(&a.tokens[..b]) {
+            if prompt_boundary_wanted(b, a.prompt_len, interval)
+                && self.cache.admits(&a.tokens[..b])
+                && !self.cache.contains(&a.tokens[..b])
+            {
                 return b;
             }
             b += interval;
@@ -538,7 +621,14 @@ impl Scheduler {
                     if a.generated() >= a.max_tokens {
                         let tail = a.text.finish();
                         d.text.push_str(&tail.text);
-                        (d.text, Some(if tail.stopped { FinishReason::Stop } else { FinishReason::Length }))
+                        (
+                            d.text,
+                            Some(if tail.stopped {
+                                FinishReason::Stop
+                            } else {
+                                FinishReason::Length
+                            }),
+                        )
                     } else {
                         (d.text, None)
                     }
@@ -551,15 +641,35 @@ impl Scheduler {
             picked.logprobs.map(|(lp, top)| TokenLogprob {
                 token: token_text(&self.tokenizer, token),
                 logprob: lp,
-                bytes: self.tokenizer.token_bytes(token).map(<[u8]>::to_vec).unwrap_or_default(),
+                bytes: self
+                    .tokenizer
+                    .token_bytes(token)
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default(),
                 top: top
                     .into_iter()
-                    .map(|(t, l)| (token_text(&self.tokenizer, t), l, self.tokenizer.token_bytes(t).map(<[u8]>::to_vec).unwrap_or_default()))
+                    .map(|(t, l)| {
+                        (
+                            token_text(&self.tokenizer, t),
+                            l,
+                            self.tokenizer
+                                .token_bytes(t)
+                                .map(<[u8]>::to_vec)
+                                .unwrap_or_default(),
+                        )
+                    })
                     .collect(),
             })
         };
         let a = &self.running[i];
-        if a.events.send(Event::Token { id: token, text, logprob }).is_err() {
+        if a.events
+            .send(Event::Token {
+                id: token,
+                text,
+                logprob,
+            })
+            .is_err()
+        {
             return Some(Outcome::Finished(FinishReason::Cancelled));
         }
         reason.map(Outcome::Finished)
@@ -568,7 +678,9 @@ impl Scheduler {
 
 /// A token's text on its own (lossy for a fragment of a character).
 fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
+    tok.token_bytes(id)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
 }
 
 fn model_error(e: ModelError) -> EngineError {

@@ -6,11 +6,17 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use lily_engine::{Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest, SamplingParams, SubmitError};
+use lily_engine::{
+    Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
+    SamplingParams, SubmitError,
+};
 use support::{collect, decode, tokenizer, Call, Fake, Mode, A, EOS};
 
 fn opts() -> EngineOptions {
-    EngineOptions { prefix_cache_tokens: 0, ..EngineOptions::default() }
+    EngineOptions {
+        prefix_cache_tokens: 0,
+        ..EngineOptions::default()
+    }
 }
 
 fn start(fake: Fake, opts: EngineOptions) -> EngineHandle {
@@ -18,7 +24,10 @@ fn start(fake: Fake, opts: EngineOptions) -> EngineHandle {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest { sampling: SamplingParams::greedy(), ..GenerateRequest::new(prompt, max_tokens) }
+    GenerateRequest {
+        sampling: SamplingParams::greedy(),
+        ..GenerateRequest::new(prompt, max_tokens)
+    }
 }
 
 /// Polls `f` until it holds or `limit` passes.
@@ -34,7 +43,9 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 fn pseudo_prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| ((i.wrapping_mul(2654435761) >> 7).wrapping_add(salt.wrapping_mul(7919))) % 250).collect()
+    (0..n as u32)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 7).wrapping_add(salt.wrapping_mul(7919))) % 250)
+        .collect()
 }
 
 #[test]
@@ -47,19 +58,38 @@ fn greedy_generation_length_and_text() {
     assert_eq!(c.ids, vec![A + 1, A + 2, A + 3, A + 4, A + 5]);
     assert_eq!(c.finish, Some(FinishReason::Length));
     assert_eq!(c.completion_tokens, 5);
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == 0));
     let s = h.stats();
-    assert_eq!((s.requests_submitted, s.requests_finished, s.generated_tokens), (1, 1, 5));
+    assert_eq!(
+        (
+            s.requests_submitted,
+            s.requests_finished,
+            s.generated_tokens
+        ),
+        (1, 1, 5)
+    );
     let info = h.model_info();
-    assert_eq!((info.backend.as_str(), info.context_length, info.vocab_size), ("fake", 4096, 256));
+    assert_eq!(
+        (info.backend.as_str(), info.context_length, info.vocab_size),
+        ("fake", 4096, 256)
+    );
 }
 
 #[test]
 fn concurrent_requests_are_batched_and_all_finish() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.delay(Duration::from_millis(2)), opts());
-    let streams: Vec<_> = (0..6u32).map(|i| h.submit(greedy(vec![A + i], 12)).expect("submit")).collect();
-    let threads: Vec<_> = streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect();
+    let streams: Vec<_> = (0..6u32)
+        .map(|i| h.submit(greedy(vec![A + i], 12)).expect("submit"))
+        .collect();
+    let threads: Vec<_> = streams
+        .into_iter()
+        .map(|s| std::thread::spawn(move || collect(s)))
+        .collect();
     for (i, t) in threads.into_iter().enumerate() {
         let c = t.join().expect("collector");
         let expect: Vec<u32> = (1..=12).map(|k| A + i as u32 + k).collect();
@@ -76,18 +106,31 @@ fn concurrent_requests_are_batched_and_all_finish() {
         .max();
     assert!(max_batch.unwrap_or(0) > 1, "no decode batch larger than 1");
     let s = h.stats();
-    assert!(s.decode_batch_sizes.iter().skip(2).sum::<u64>() > 0, "{:?}", s.decode_batch_sizes);
+    assert!(
+        s.decode_batch_sizes.iter().skip(2).sum::<u64>() > 0,
+        "{:?}",
+        s.decode_batch_sizes
+    );
     assert_eq!(s.requests_finished, 6);
 }
 
 #[test]
 fn long_prefill_is_chunked_and_interleaved_with_decode() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(fake.delay(Duration::from_millis(1)), EngineOptions { prefill_chunk: 32, ..opts() });
+    let h = start(
+        fake.delay(Duration::from_millis(1)),
+        EngineOptions {
+            prefill_chunk: 32,
+            ..opts()
+        },
+    );
     let short = h.submit(greedy(vec![A], 40)).expect("submit");
     let long_prompt = pseudo_prompt(300, 1);
     let long = h.submit(greedy(long_prompt, 4)).expect("submit");
-    let (a, b) = (std::thread::spawn(move || collect(short)), std::thread::spawn(move || collect(long)));
+    let (a, b) = (
+        std::thread::spawn(move || collect(short)),
+        std::thread::spawn(move || collect(long)),
+    );
     let (a, b) = (a.join().expect("short"), b.join().expect("long"));
     assert_eq!(a.finish, Some(FinishReason::Length));
     assert_eq!(b.finish, Some(FinishReason::Length));
@@ -104,7 +147,9 @@ fn long_prefill_is_chunked_and_interleaved_with_decode() {
     let long_chunks: Vec<usize> = calls
         .iter()
         .enumerate()
-        .filter_map(|(i, c)| matches!(c, Call::Prefill { seq, .. } if *seq != short_seq).then_some(i))
+        .filter_map(|(i, c)| {
+            matches!(c, Call::Prefill { seq, .. } if *seq != short_seq).then_some(i)
+        })
         .collect();
     let sizes: Vec<usize> = long_chunks
         .iter()
@@ -116,8 +161,14 @@ fn long_prefill_is_chunked_and_interleaved_with_decode() {
     assert_eq!(sizes.iter().sum::<usize>(), 300);
     assert!(sizes.iter().all(|&n| n <= 32), "{sizes:?}");
     let (first, last) = (long_chunks[0], *long_chunks.last().expect("chunks"));
-    let decodes_between = calls[first..last].iter().filter(|c| matches!(c, Call::Decode { .. })).count();
-    assert!(decodes_between >= long_chunks.len() - 1, "decode steps did not run between prefill chunks: {calls:?}");
+    let decodes_between = calls[first..last]
+        .iter()
+        .filter(|c| matches!(c, Call::Decode { .. }))
+        .count();
+    assert!(
+        decodes_between >= long_chunks.len() - 1,
+        "decode steps did not run between prefill chunks: {calls:?}"
+    );
 }
 
 #[test]
@@ -133,11 +184,21 @@ fn dropping_the_stream_cancels_and_frees_the_sequence() {
     }
     assert_eq!(probe.lock().expect("probe").live, 1);
     drop(s);
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0), "sequence not freed");
-    assert!(eventually(Duration::from_secs(2), || h.stats().requests_cancelled == 1));
+    assert!(
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
+            == 0),
+        "sequence not freed"
+    );
+    assert!(eventually(Duration::from_secs(2), || h
+        .stats()
+        .requests_cancelled
+        == 1));
     assert_eq!(h.stats().running, 0);
     // The engine still serves.
-    assert_eq!(collect(h.submit(greedy(vec![A], 2)).expect("submit")).text, "bc");
+    assert_eq!(
+        collect(h.submit(greedy(vec![A], 2)).expect("submit")).text,
+        "bc"
+    );
 }
 
 #[test]
@@ -145,40 +206,72 @@ fn explicit_cancel_answers_cancelled() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.delay(Duration::from_millis(2)), opts());
     let mut s = h.submit(greedy(vec![A], 1000)).expect("submit");
-    assert!(matches!(s.blocking_recv(), Some(lily_engine::Event::Started { .. })));
+    assert!(matches!(
+        s.blocking_recv(),
+        Some(lily_engine::Event::Started { .. })
+    ));
     s.cancel();
     let mut finish = None;
     while let Some(ev) = s.blocking_recv() {
-        if let lily_engine::Event::Finished { reason, completion_tokens, .. } = ev {
+        if let lily_engine::Event::Finished {
+            reason,
+            completion_tokens,
+            ..
+        } = ev
+        {
             assert!(completion_tokens < 1000);
             finish = Some(reason);
         }
     }
     assert_eq!(finish, Some(FinishReason::Cancelled));
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == 0));
 }
 
 #[test]
 fn deadline_ends_the_request() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.delay(Duration::from_millis(3)), opts());
-    let req = GenerateRequest { deadline: Some(Instant::now() + Duration::from_millis(60)), ..greedy(vec![A], 1000) };
+    let req = GenerateRequest {
+        deadline: Some(Instant::now() + Duration::from_millis(60)),
+        ..greedy(vec![A], 1000)
+    };
     let t0 = Instant::now();
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.finish, Some(FinishReason::Deadline));
     assert!(c.completion_tokens > 0 && c.completion_tokens < 1000);
     assert!(t0.elapsed() < Duration::from_secs(2));
     // Already expired on arrival: ends without generating.
-    let req = GenerateRequest { deadline: Some(Instant::now()), ..greedy(vec![A], 10) };
+    let req = GenerateRequest {
+        deadline: Some(Instant::now()),
+        ..greedy(vec![A], 10)
+    };
     let c = collect(h.submit(req).expect("submit"));
-    assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Deadline), 0));
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
+    assert_eq!(
+        (c.finish, c.completion_tokens),
+        (Some(FinishReason::Deadline), 0)
+    );
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == 0));
 }
 
 #[test]
 fn queue_full_is_refused_and_accepted_requests_finish() {
     let (fake, _probe) = Fake::new(Mode::Count);
-    let h = start(fake.delay(Duration::from_millis(5)), EngineOptions { max_batch: 1, max_queue: 2, ..opts() });
+    let h = start(
+        fake.delay(Duration::from_millis(5)),
+        EngineOptions {
+            max_batch: 1,
+            max_queue: 2,
+            ..opts()
+        },
+    );
     let mut accepted = Vec::new();
     let mut refused = 0;
     for _ in 0..10 {
@@ -202,32 +295,72 @@ fn queue_full_is_refused_and_accepted_requests_finish() {
 fn limits_are_checked_at_submit() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake.max_seq(64), opts());
-    assert!(matches!(h.submit(greedy(vec![A; 64], 1)), Err(SubmitError::PromptTooLong { prompt: 64, max: 64 })));
+    assert!(matches!(
+        h.submit(greedy(vec![A; 64], 1)),
+        Err(SubmitError::PromptTooLong {
+            prompt: 64,
+            max: 64
+        })
+    ));
     assert!(matches!(
         h.submit(greedy(vec![A; 10], 60)),
-        Err(SubmitError::MaxTokensTooLarge { prompt: 10, max_tokens: 60, max: 64 })
+        Err(SubmitError::MaxTokensTooLarge {
+            prompt: 10,
+            max_tokens: 60,
+            max: 64
+        })
     ));
     assert!(h.submit(greedy(vec![A; 10], 54)).is_ok());
-    assert!(matches!(h.submit(greedy(vec![], 5)), Err(SubmitError::Invalid(_))));
-    assert!(matches!(h.submit(greedy(vec![999], 5)), Err(SubmitError::Invalid(_))));
-    assert!(matches!(h.submit(greedy(vec![A], 0)), Err(SubmitError::Invalid(_))));
-    let bad = GenerateRequest { logprobs: Some(21), ..greedy(vec![A], 1) };
+    assert!(matches!(
+        h.submit(greedy(vec![], 5)),
+        Err(SubmitError::Invalid(_))
+    ));
+    assert!(matches!(
+        h.submit(greedy(vec![999], 5)),
+        Err(SubmitError::Invalid(_))
+    ));
+    assert!(matches!(
+        h.submit(greedy(vec![A], 0)),
+        Err(SubmitError::Invalid(_))
+    ));
+    let bad = GenerateRequest {
+        logprobs: Some(21),
+        ..greedy(vec![A], 1)
+    };
     assert!(matches!(h.submit(bad), Err(SubmitError::Invalid(_))));
-    let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..greedy(vec![A], 1) };
+    let bad = GenerateRequest {
+        sampling: SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        },
+        ..greedy(vec![A], 1)
+    };
     assert!(matches!(h.submit(bad), Err(SubmitError::Invalid(_))));
 
     // The engine's own cap below the backend's.
     let (fake, _probe) = Fake::new(Mode::Count);
-    let h = start(fake, EngineOptions { max_seq_len: Some(16), ..opts() });
+    let h = start(
+        fake,
+        EngineOptions {
+            max_seq_len: Some(16),
+            ..opts()
+        },
+    );
     assert_eq!(h.model_info().context_length, 16);
-    assert!(matches!(h.submit(greedy(vec![A; 16], 1)), Err(SubmitError::PromptTooLong { .. })));
+    assert!(matches!(
+        h.submit(greedy(vec![A; 16], 1)),
+        Err(SubmitError::PromptTooLong { .. })
+    ));
 }
 
 #[test]
 fn stop_strings_spanning_tokens_are_never_emitted() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());
-    let req = GenerateRequest { stop_strings: vec!["efg".into()], ..greedy(vec![A], 20) };
+    let req = GenerateRequest {
+        stop_strings: vec!["efg".into()],
+        ..greedy(vec![A], 20)
+    };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.text, "bcd");
     assert_eq!(c.finish, Some(FinishReason::Stop));
@@ -236,14 +369,27 @@ fn stop_strings_spanning_tokens_are_never_emitted() {
 
     // A held prefix of a stop string that never completes is released at
     // the length limit.
-    let req = GenerateRequest { stop_strings: vec!["dex".into()], ..greedy(vec![A], 3) };
+    let req = GenerateRequest {
+        stop_strings: vec!["dex".into()],
+        ..greedy(vec![A], 3)
+    };
     let c = collect(h.submit(req).expect("submit"));
-    assert_eq!((c.text.as_str(), c.finish), ("bcd", Some(FinishReason::Length)));
+    assert_eq!(
+        (c.text.as_str(), c.finish),
+        ("bcd", Some(FinishReason::Length))
+    );
 
     // ... and when a stop token arrives.
-    let req = GenerateRequest { stop_strings: vec!["dex".into()], stop_token_ids: vec![A + 4], ..greedy(vec![A], 10) };
+    let req = GenerateRequest {
+        stop_strings: vec!["dex".into()],
+        stop_token_ids: vec![A + 4],
+        ..greedy(vec![A], 10)
+    };
     let c = collect(h.submit(req).expect("submit"));
-    assert_eq!((c.text.as_str(), c.finish), ("bcd", Some(FinishReason::Stop)));
+    assert_eq!(
+        (c.text.as_str(), c.finish),
+        ("bcd", Some(FinishReason::Stop))
+    );
     assert_eq!(c.ids.last(), Some(&(A + 4)));
 }
 
@@ -255,7 +401,10 @@ fn eos_and_stop_ids_end_with_stop_and_no_text() {
     assert_eq!(c.ids, vec![EOS - 2, EOS - 1, EOS]);
     assert_eq!(c.finish, Some(FinishReason::Stop));
     assert_eq!(c.text, decode(&[EOS - 2, EOS - 1]));
-    let req = GenerateRequest { stop_token_ids: vec![A + 3], ..greedy(vec![A], 10) };
+    let req = GenerateRequest {
+        stop_token_ids: vec![A + 3],
+        ..greedy(vec![A], 10)
+    };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!((c.text.as_str(), c.completion_tokens), ("bc", 3));
 }
@@ -265,7 +414,12 @@ fn same_seed_same_text_even_when_batched() {
     let (fake, _probe) = Fake::new(Mode::Hash);
     let h = start(fake, opts());
     let sampled = |seed| GenerateRequest {
-        sampling: SamplingParams { temperature: 1.0, top_p: 0.9, seed: Some(seed), ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        },
         ..GenerateRequest::new(pseudo_prompt(20, 3), 40)
     };
     let alone = collect(h.submit(sampled(42)).expect("submit"));
@@ -286,7 +440,10 @@ fn same_seed_same_text_even_when_batched() {
 fn logprobs_report_chosen_and_alternatives() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());
-    let req = GenerateRequest { logprobs: Some(3), ..greedy(vec![A], 3) };
+    let req = GenerateRequest {
+        logprobs: Some(3),
+        ..greedy(vec![A], 3)
+    };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.logprobs.len(), 3);
     for (id, lp) in c.ids.iter().zip(&c.logprobs) {
@@ -303,7 +460,11 @@ fn logprobs_report_chosen_and_alternatives() {
 }
 
 fn cache_opts(interval: usize, budget: usize) -> EngineOptions {
-    EngineOptions { prefix_cache_tokens: budget, snapshot_interval: interval, ..EngineOptions::default() }
+    EngineOptions {
+        prefix_cache_tokens: budget,
+        snapshot_interval: interval,
+        ..EngineOptions::default()
+    }
 }
 
 #[test]
@@ -343,7 +504,10 @@ fn prefix_cache_hit_reports_cached_tokens_and_matches_uncached_output() {
     diverged[20] = (diverged[20] + 1) % 250;
     let d = collect(cached.submit(greedy(diverged.clone(), 5)).expect("submit"));
     assert_eq!(d.cached_tokens, 16);
-    assert_eq!(d.ids, collect(uncached.submit(greedy(diverged, 5)).expect("submit")).ids);
+    assert_eq!(
+        d.ids,
+        collect(uncached.submit(greedy(diverged, 5)).expect("submit")).ids
+    );
 }
 
 #[test]
@@ -358,17 +522,35 @@ fn prefix_cache_evicts_least_recently_used_within_budget() {
     let s = h.stats();
     assert!(s.prefix_cache_held_tokens <= 64, "{s:?}");
     assert_eq!(s.prefix_cache_evictions, 2);
-    assert_eq!(collect(h.submit(greedy(b, 4)).expect("submit")).cached_tokens, 32);
-    assert_eq!(collect(h.submit(greedy(a, 4)).expect("submit")).cached_tokens, 0);
+    assert_eq!(
+        collect(h.submit(greedy(b, 4)).expect("submit")).cached_tokens,
+        32
+    );
+    assert_eq!(
+        collect(h.submit(greedy(a, 4)).expect("submit")).cached_tokens,
+        0
+    );
     // Only snapshots hold sequences once everything finished.
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == h.stats().prefix_cache_entries));
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == h.stats().prefix_cache_entries));
 }
 
 #[test]
 fn snapshots_give_way_to_requests_when_sequences_are_scarce() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(fake.max_seqs(2), EngineOptions { max_batch: 8, ..cache_opts(4, 10_000) });
-    let streams: Vec<_> = (0..4u32).map(|i| h.submit(greedy(pseudo_prompt(30, i), 10)).expect("submit")).collect();
+    let h = start(
+        fake.max_seqs(2),
+        EngineOptions {
+            max_batch: 8,
+            ..cache_opts(4, 10_000)
+        },
+    );
+    let streams: Vec<_> = (0..4u32)
+        .map(|i| h.submit(greedy(pseudo_prompt(30, i), 10)).expect("submit"))
+        .collect();
     for s in streams {
         let c = collect(s);
         assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
@@ -383,29 +565,56 @@ fn a_backend_fault_fails_only_its_request() {
     let h = start(fake.poison(A + 5).delay(Duration::from_millis(1)), opts());
     let bad = h.submit(greedy(vec![A], 10)).expect("submit");
     let good = h.submit(greedy(vec![A + 10], 10)).expect("submit");
-    let (bad, good) = (std::thread::spawn(move || collect(bad)), std::thread::spawn(move || collect(good)));
+    let (bad, good) = (
+        std::thread::spawn(move || collect(bad)),
+        std::thread::spawn(move || collect(good)),
+    );
     let (bad, good) = (bad.join().expect("bad"), good.join().expect("good"));
-    assert!(matches!(bad.failed, Some(EngineError::Backend(_))), "{bad:?}");
+    assert!(
+        matches!(bad.failed, Some(EngineError::Backend(_))),
+        "{bad:?}"
+    );
     assert_eq!(good.finish, Some(FinishReason::Length));
     assert_eq!(good.completion_tokens, 10);
     // A prompt with the poison fails at prefill; the engine keeps serving.
     let c = collect(h.submit(greedy(vec![A + 5, A], 3)).expect("submit"));
     assert!(c.failed.is_some());
-    assert_eq!(collect(h.submit(greedy(vec![A + 20], 3)).expect("submit")).finish, Some(FinishReason::Length));
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
+    assert_eq!(
+        collect(h.submit(greedy(vec![A + 20], 3)).expect("submit")).finish,
+        Some(FinishReason::Length)
+    );
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == 0));
     assert_eq!(h.stats().requests_failed, 2);
 }
 
 #[test]
 fn shutdown_drains_in_flight_requests_then_refuses() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(fake.delay(Duration::from_millis(1)), EngineOptions { max_batch: 2, ..cache_opts(4, 1000) });
-    let streams: Vec<_> = (0..4u32).map(|i| h.submit(greedy(vec![A + i], 20)).expect("submit")).collect();
+    let h = start(
+        fake.delay(Duration::from_millis(1)),
+        EngineOptions {
+            max_batch: 2,
+            ..cache_opts(4, 1000)
+        },
+    );
+    let streams: Vec<_> = (0..4u32)
+        .map(|i| h.submit(greedy(vec![A + i], 20)).expect("submit"))
+        .collect();
     h.shutdown();
-    assert!(matches!(h.submit(greedy(vec![A], 1)), Err(SubmitError::ShuttingDown)));
+    assert!(matches!(
+        h.submit(greedy(vec![A], 1)),
+        Err(SubmitError::ShuttingDown)
+    ));
     for s in streams {
         let c = collect(s);
-        assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Length), 20));
+        assert_eq!(
+            (c.finish, c.completion_tokens),
+            (Some(FinishReason::Length), 20)
+        );
     }
     assert!(h.wait_stopped(Duration::from_secs(5)));
     assert!(h.is_stopped());
@@ -417,7 +626,10 @@ fn shutdown_drains_in_flight_requests_then_refuses() {
 fn async_consumers_and_stopped_future() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
         let mut s = h.submit(greedy(vec![A], 4)).expect("submit");
         let mut text = String::new();
@@ -428,7 +640,9 @@ fn async_consumers_and_stopped_future() {
         }
         assert_eq!(text, "bcde");
         h.shutdown();
-        tokio::time::timeout(Duration::from_secs(5), h.stopped()).await.expect("engine stopped");
+        tokio::time::timeout(Duration::from_secs(5), h.stopped())
+            .await
+            .expect("engine stopped");
     });
 }
 
@@ -436,7 +650,13 @@ fn async_consumers_and_stopped_future() {
 fn long_prompts_snapshot_sparsely_without_cutting_every_chunk() {
     let prompt = pseudo_prompt(400, 5);
     let (fake, probe) = Fake::new(Mode::Hash);
-    let h = start(fake, EngineOptions { prefill_chunk: 128, ..cache_opts(16, 100_000) });
+    let h = start(
+        fake,
+        EngineOptions {
+            prefill_chunk: 128,
+            ..cache_opts(16, 100_000)
+        },
+    );
     let first = collect(h.submit(greedy(prompt.clone(), 4)).expect("submit"));
     // Blocks 1-8, 16, and the last four (22-25) of 25.
     assert_eq!(h.stats().prefix_cache_entries, 13);
@@ -450,18 +670,31 @@ fn long_prompts_snapshot_sparsely_without_cutting_every_chunk() {
             _ => None,
         })
         .collect();
-    assert!(chunks.iter().any(|&n| n > 16), "every chunk was cut at a boundary: {chunks:?}");
+    assert!(
+        chunks.iter().any(|&n| n > 16),
+        "every chunk was cut at a boundary: {chunks:?}"
+    );
     assert_eq!(chunks.iter().sum::<usize>(), 400);
 
     let (fake, _probe) = Fake::new(Mode::Hash);
-    let plain = collect(start(fake, opts()).submit(greedy(prompt.clone(), 4)).expect("submit"));
+    let plain = collect(
+        start(fake, opts())
+            .submit(greedy(prompt.clone(), 4))
+            .expect("submit"),
+    );
     assert_eq!(first.ids, plain.ids);
 
     let mut next = prompt.clone();
     next.extend(pseudo_prompt(30, 6));
-    assert_eq!(collect(h.submit(greedy(next, 4)).expect("submit")).cached_tokens, 400);
+    assert_eq!(
+        collect(h.submit(greedy(next, 4)).expect("submit")).cached_tokens,
+        400
+    );
     let mut mid = prompt[..300].to_vec();
     mid.extend(pseudo_prompt(30, 7));
     // 300 tokens in common: the best sparse snapshot below is block 16 (256).
-    assert_eq!(collect(h.submit(greedy(mid, 4)).expect("submit")).cached_tokens, 256);
+    assert_eq!(
+        collect(h.submit(greedy(mid, 4)).expect("submit")).cached_tokens,
+        256
+    );
 }

@@ -114,7 +114,8 @@ impl Fake {
                 }
                 let mut l: Vec<f32> = (0..VOCAB as u64)
                     .map(|j| {
-                        let x = (h ^ j.wrapping_mul(0x9e3779b97f4a7c15)).wrapping_mul(0xbf58476d1ce4e5b9);
+                        let x = (h ^ j.wrapping_mul(0x9e3779b97f4a7c15))
+                            .wrapping_mul(0xbf58476d1ce4e5b9);
                         let x = x ^ (x >> 31);
                         (x >> 40) as f32 / (1u64 << 24) as f32 * 3.0
                     })
@@ -127,14 +128,20 @@ impl Fake {
     }
 
     fn check(&self, seq: SeqId, tokens: &[u32]) -> ModelResult<()> {
-        let h = self.seqs.get(&seq).ok_or(ModelError::UnknownSequence(seq))?;
+        let h = self
+            .seqs
+            .get(&seq)
+            .ok_or(ModelError::UnknownSequence(seq))?;
         if let Some(p) = self.poison {
             if tokens.contains(&p) || h.contains(&p) {
                 return Err(ModelError::Device(format!("poisoned token {p}")));
             }
         }
         if h.len() + tokens.len() > self.max_seq {
-            return Err(ModelError::Capacity(format!("sequence {seq:?} would exceed {}", self.max_seq)));
+            return Err(ModelError::Capacity(format!(
+                "sequence {seq:?} would exceed {}",
+                self.max_seq
+            )));
         }
         Ok(())
     }
@@ -177,7 +184,11 @@ impl Backend for Fake {
         }
     }
     fn fork(&mut self, seq: SeqId) -> ModelResult<SeqId> {
-        let h = self.seqs.get(&seq).ok_or(ModelError::UnknownSequence(seq))?.clone();
+        let h = self
+            .seqs
+            .get(&seq)
+            .ok_or(ModelError::UnknownSequence(seq))?
+            .clone();
         if self.seqs.len() >= self.max_seqs {
             return Err(ModelError::Capacity("no free sequence".into()));
         }
@@ -190,22 +201,38 @@ impl Backend for Fake {
         Ok(id)
     }
     fn seq_len(&self, seq: SeqId) -> ModelResult<usize> {
-        self.seqs.get(&seq).map(Vec::len).ok_or(ModelError::UnknownSequence(seq))
+        self.seqs
+            .get(&seq)
+            .map(Vec::len)
+            .ok_or(ModelError::UnknownSequence(seq))
     }
-    fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>> {
+    fn prefill(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        wanted: LogitsWanted,
+    ) -> ModelResult<Vec<Vec<f32>>> {
         std::thread::sleep(self.delay);
         self.check(seq, tokens)?;
         if tokens.is_empty() {
             return Err(ModelError::Invalid("empty prefill".into()));
         }
-        self.lock().calls.push(Call::Prefill { seq, tokens: tokens.len() });
+        self.lock().calls.push(Call::Prefill {
+            seq,
+            tokens: tokens.len(),
+        });
         let start = self.seqs[&seq].len();
-        let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
+        let h = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(ModelError::UnknownSequence(seq))?;
         h.extend_from_slice(tokens);
         let h = h.clone();
         Ok(match wanted {
             LogitsWanted::Last => vec![self.logits(&h)],
-            LogitsWanted::All => (start + 1..=h.len()).map(|n| self.logits(&h[..n])).collect(),
+            LogitsWanted::All => (start + 1..=h.len())
+                .map(|n| self.logits(&h[..n]))
+                .collect(),
         })
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
@@ -217,7 +244,10 @@ impl Backend for Fake {
         self.lock().calls.push(Call::Decode { batch: batch.len() });
         let mut out = Vec::with_capacity(batch.len());
         for &(seq, t) in batch {
-            let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
+            let h = self
+                .seqs
+                .get_mut(&seq)
+                .ok_or(ModelError::UnknownSequence(seq))?;
             h.push(t);
             let h = h.clone();
             out.push(self.logits(&h));
@@ -229,7 +259,8 @@ impl Backend for Fake {
 /// The real tokenizer, parsed once per test binary.
 pub fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer"))).clone()
+    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer")))
+        .clone()
 }
 
 /// Everything a request produced.
@@ -250,9 +281,15 @@ pub struct Collected {
 pub fn collect(mut s: RequestStream) -> Collected {
     let mut c = Collected::default();
     while let Some(ev) = s.blocking_recv() {
-        assert!(c.finish.is_none() && c.failed.is_none(), "event after the final one: {ev:?}");
+        assert!(
+            c.finish.is_none() && c.failed.is_none(),
+            "event after the final one: {ev:?}"
+        );
         match ev {
-            Event::Started { prompt_tokens, cached_tokens } => {
+            Event::Started {
+                prompt_tokens,
+                cached_tokens,
+            } => {
                 assert!(c.started.is_none(), "two Started events");
                 c.started = Some((prompt_tokens, cached_tokens));
             }
@@ -262,7 +299,12 @@ pub fn collect(mut s: RequestStream) -> Collected {
                 c.text.push_str(&text);
                 c.logprobs.push(logprob);
             }
-            Event::Finished { reason, completion_tokens, cached_tokens, .. } => {
+            Event::Finished {
+                reason,
+                completion_tokens,
+                cached_tokens,
+                ..
+            } => {
                 c.finish = Some(reason);
                 c.completion_tokens = completion_tokens;
                 c.cached_tokens = cached_tokens;
@@ -270,7 +312,10 @@ pub fn collect(mut s: RequestStream) -> Collected {
             Event::Failed(e) => c.failed = Some(e),
         }
     }
-    assert!(c.finish.is_some() || c.failed.is_some(), "stream ended without Finished or Failed: {c:?}");
+    assert!(
+        c.finish.is_some() || c.failed.is_some(),
+        "stream ended without Finished or Failed: {c:?}"
+    );
     c
 }
 
