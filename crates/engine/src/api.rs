@@ -225,14 +225,21 @@ pub enum Event {
     },
     /// One generated token. `text` is the UTF-8-safe text delta released by
     /// this token: empty while bytes of a character or of a possible stop
-    /// string are held back, longer when held text is released.
+    /// string are held back, longer when held text is released. Special
+    /// tokens (`<think>`, `<tool_call>`) appear as their text. The token that
+    /// ends a request on a stop id (EOS or `stop_token_ids`) is sent too and
+    /// counted in `completion_tokens`, but its own text is never in `text`
+    /// and its `logprob` is `None`; the token completing a stop string
+    /// carries only the text before the stop string.
     Token {
         id: u32,
         text: String,
         logprob: Option<TokenLogprob>,
     },
-    /// The request ended normally. Held-back text that turned out not to be
-    /// a stop string was released in the last `Token` event.
+    /// The request ended. On `Stop` and `Length`, held-back text that
+    /// turned out not to be a stop string was released in the last `Token`
+    /// event; on `Cancelled` and `Deadline` it is dropped (at most a partial
+    /// stop string or the bytes of one character).
     Finished {
         reason: FinishReason,
         completion_tokens: usize,
@@ -280,8 +287,11 @@ pub struct EngineStats {
     /// Gauge: requests accepted but not admitted yet.
     pub waiting: usize,
     pub requests_submitted: u64,
+    /// Answered with `Finished` (any reason, cancellations included).
     pub requests_finished: u64,
+    /// Answered with `Failed`.
     pub requests_failed: u64,
+    /// `Finished` with `Cancelled` (a subset of `requests_finished`).
     pub requests_cancelled: u64,
     /// Prompt tokens of admitted requests (cached ones included).
     pub prompt_tokens: u64,
