@@ -124,6 +124,15 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
     }
     // The config, tokenizer and template do not depend on the seed.
     assert!(fa["config.json"] == fc["config.json"]);
+
+    // Nor do the bytes depend on how many threads wrote them.
+    let d = tempfile::tempdir().expect("tempdir");
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("pool");
+    one.install(|| write_small(Format::MlxQ4, 5, d.path()));
+    let fd = read_dir(d.path());
+    for (name, bytes) in &fa {
+        assert!(fd[name] == *bytes, "{name} differs when written by one thread");
+    }
 }
 
 /// Mapped U32 and F32 tensors must start 4-byte aligned so backends can
