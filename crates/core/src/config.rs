@@ -509,7 +509,9 @@ pub fn to_config_json(cfg: &ModelConfig) -> Value {
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
         "vocab_size": cfg.vocab_size,
-        "rms_norm_eps": cfg.rms_norm_eps,
+        // Through the shortest f32 text, so 1e-6 is written as 1e-06 and
+        // not as the f64 widening of the f32 (9.99999997e-07).
+        "rms_norm_eps": cfg.rms_norm_eps.to_string().parse::<f64>().unwrap_or(cfg.rms_norm_eps as f64),
         "max_position_embeddings": cfg.max_position_embeddings,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_kv_heads,
