@@ -14,7 +14,7 @@ use lily_synth::{synth, Preset, Progress, SynthOptions};
 /// Flags of `lily synth`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// `tiny` (hidden 128, 8 layers, ~41 MB in 4-bit) or `full` (the real
+    /// `tiny` (hidden 128, 8 layers, ~40 MB in 4-bit) or `full` (the real
     /// shapes, ~20 GB in 4-bit).
     #[arg(long)]
     pub preset: Preset,
