@@ -14,7 +14,7 @@ pub enum Preset {
     /// 15 MB tokenizer), written in about a second by a release build. The
     /// demo checkpoint of `lily serve`.
     Tiny,
-    /// The real shape: 40 layers, 256 experts, about 19.9 GB in 4-bit.
+    /// The real shape: 40 layers, 256 experts, 19.5 GB in 4-bit.
     Full,
 }
 
