@@ -26,18 +26,18 @@ fn check(name: &str, lin: &Linear, expert: usize) {
         assert_eq!(par, ser, "{name}: parallel and serial products differ");
         let mut base = vec![0f32; n * lin.rows()];
         mat.matmul_isa(Isa::Baseline, expert, &x, n, &mut base);
-        for (variant, got) in [("default", &par), ("baseline", &base)] {
-        for t in 0..n {
-            let want = linear(lin, expert, &x[t * lin.cols()..(t + 1) * lin.cols()]);
-            let got = &par[t * lin.rows()..(t + 1) * lin.rows()];
-            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-            for (r, (a, b)) in want.iter().zip(got).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-5 * scale * (lin.cols() as f32).sqrt(),
-                    "{name} {variant} n={n} t={t} row {r}: {a} vs {b}"
-                );
+        for (variant, all) in [("default", &par), ("baseline", &base)] {
+            for t in 0..n {
+                let want = linear(lin, expert, &x[t * lin.cols()..(t + 1) * lin.cols()]);
+                let got = &all[t * lin.rows()..(t + 1) * lin.rows()];
+                let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                for (r, (a, b)) in want.iter().zip(got).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale * (lin.cols() as f32).sqrt(),
+                        "{name} {variant} n={n} t={t} row {r}: {a} vs {b}"
+                    );
+                }
             }
-        }
         }
     }
 }
@@ -80,4 +80,40 @@ fn embedding_rows_match_the_core_dequantiser() {
         mat.row_f32(0, row, &mut b);
         assert_eq!(a, b, "row {row}");
     }
+}
+
+/// A standalone random 4-bit matrix wide enough (1280 columns = 20 groups)
+/// to cross the kernels' column blocks, against the reference.
+#[test]
+fn wide_4bit_products_cross_column_blocks() {
+    use lily_core::config::QuantSpec;
+    use lily_core::tensors::{DType, TensorStore};
+    use lily_core::weights::QuantLinear;
+
+    let (rows, cols) = (40usize, 1280usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(77);
+    let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+    let (codes, scales, biases) = lily_core::quant::quantize(&w, rows, cols, 4, 64).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let half = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect() };
+    let code_bytes: Vec<u8> = codes.iter().flat_map(|c| c.to_le_bytes()).collect();
+    let (sb, bb) = (half(&scales), half(&biases));
+    let views = vec![
+        ("m.weight", safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &code_bytes).unwrap()),
+        ("m.scales", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &sb).unwrap()),
+        ("m.biases", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &bb).unwrap()),
+    ];
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    let store = TensorStore::open_files(&[path]).unwrap();
+    let lin = Linear::Quant(QuantLinear {
+        spec: QuantSpec { bits: 4, group_size: 64 },
+        experts: 1,
+        rows,
+        cols,
+        codes: store.take("m.weight", &[DType::U32], &[rows, cols / 8]).unwrap(),
+        scales: store.take("m.scales", &[DType::BF16], &[rows, cols / 64]).unwrap(),
+        biases: store.take("m.biases", &[DType::BF16], &[rows, cols / 64]).unwrap(),
+    });
+    check("wide 4-bit", &lin, 0);
 }

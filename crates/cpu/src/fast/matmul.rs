@@ -206,7 +206,7 @@ impl Mat {
     /// `y = W x` for `n` tokens, rows split over the rayon pool.
     /// `x` is `[n][cols]`, `y` is `[n][rows]`.
     pub fn matmul(&self, expert: usize, x: &[f32], n: usize, y: &mut [f32]) {
-        self.product(isa(), expert, x, n, y, true)
+        matmul_many(vec![Product { mat: self, expert, x, n, y }]);
     }
 
     /// [`Mat::matmul`] with a chosen kernel variant, so tests can hold every
@@ -214,13 +214,12 @@ impl Mat {
     /// the CPU lacks falls back to the baseline.
     pub fn matmul_isa(&self, variant: Isa, expert: usize, x: &[f32], n: usize, y: &mut [f32]) {
         let variant = if variant == Isa::Avx512 && isa() != Isa::Avx512 { Isa::Baseline } else { variant };
-        self.product(variant, expert, x, n, y, true)
+        run_products(variant, vec![Product { mat: self, expert, x, n, y }], true);
     }
 
-    /// Same as [`Mat::matmul`] on the calling thread only (for callers that
-    /// already parallelise across matrices, like the MoE experts).
+    /// Same as [`Mat::matmul`] on the calling thread only.
     pub fn matmul_serial(&self, expert: usize, x: &[f32], n: usize, y: &mut [f32]) {
-        self.product(isa(), expert, x, n, y, false)
+        run_products(isa(), vec![Product { mat: self, expert, x, n, y }], false);
     }
 
     /// Row `row` of expert `expert` as f32, in natural column order
@@ -279,17 +278,15 @@ impl Mat {
         }
     }
 
-    fn product(&self, variant: Isa, expert: usize, x: &[f32], n: usize, y: &mut [f32], parallel: bool) {
-        debug_assert!(expert < self.experts);
-        debug_assert_eq!(x.len(), n * self.cols);
-        debug_assert_eq!(y.len(), n * self.rows);
-        if n == 0 {
-            return;
-        }
+    /// Everything a product needs besides its output: the source view, x in
+    /// the source's lane order, and x's group sums.
+    fn prepare<'a>(&'a self, variant: Isa, expert: usize, x: &'a [f32], n: usize) -> Prepared<'a> {
+        let row_base = expert * self.rows;
+        let (cols, groups) = (self.cols, self.cols / 64);
         match self.view() {
             MatView::Q4(src) => {
                 // The 4-bit kernel holds a group's codes in nibble-plane order
-                // (see Q4_LANE_COL); x is permuted to match once per call.
+                // (see Q4_LANE_COL); x is permuted to match once per product.
                 let mut xp = vec![0f32; x.len()];
                 for (dst, src) in xp.chunks_exact_mut(64).zip(x.chunks_exact(64)) {
                     for (j, d) in dst.iter_mut().enumerate() {
@@ -297,49 +294,95 @@ impl Mat {
                     }
                 }
                 let xsum = group_sums(x);
-                self.run(variant, &src, &xp, &xsum, expert, n, y, parallel)
+                Prepared::Q4(Job { variant, src, cols, groups, x: Cow::Owned(xp), xsum, n, row_base })
             }
             MatView::Q8(src) => {
                 let xsum = group_sums(x);
-                self.run(variant, &src, x, &xsum, expert, n, y, parallel)
+                Prepared::Q8(Job { variant, src, cols, groups, x: Cow::Borrowed(x), xsum, n, row_base })
             }
-            MatView::Dense(src) => self.run(variant, &src, x, &[], expert, n, y, parallel),
+            MatView::Dense(src) => {
+                Prepared::Dense(Job { variant, src, cols, groups, x: Cow::Borrowed(x), xsum: Vec::new(), n, row_base })
+            }
         }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn run<S: Source>(
-        &self,
-        variant: Isa,
-        src: &S,
-        x: &[f32],
-        xsum: &[f32],
-        expert: usize,
-        n: usize,
-        y: &mut [f32],
-        parallel: bool,
-    ) {
-        let job = Job { variant, src, cols: self.cols, groups: self.cols / 64, x, xsum, n, row_base: expert * self.rows };
-        let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
-        let block = (self.rows / (threads * 8)).clamp(4, 256);
-        if n == 1 {
-            if parallel {
-                y.par_chunks_mut(block).enumerate().for_each(|(b, ys)| job.rows(b * block, ys));
-            } else {
-                job.rows(0, y);
+/// One product of a batch: `y = W[expert] x` for `n` tokens, `x` `[n][cols]`,
+/// `y` `[n][rows]`.
+pub struct Product<'a> {
+    pub mat: &'a Mat,
+    pub expert: usize,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub y: &'a mut [f32],
+}
+
+/// Runs several products as one parallel region: the rows of all of them
+/// are cut into blocks spread over the pool together, so a handful of small
+/// matrices (the chosen experts of one token, the four DeltaNet input
+/// projections) still keep every thread busy, with one synchronisation.
+pub fn matmul_many(products: Vec<Product<'_>>) {
+    run_products(isa(), products, true)
+}
+
+/// A prepared product, dispatching to its source's kernels.
+enum Prepared<'a> {
+    Q4(Job<'a, Q4Source<'a>>),
+    Q8(Job<'a, Q8Source<'a>>),
+    Dense(Job<'a, DenseSource<'a>>),
+}
+
+impl Prepared<'_> {
+    fn rows(&self, first: usize, out: &mut [f32]) {
+        match self {
+            Prepared::Q4(j) => j.rows(first, out),
+            Prepared::Q8(j) => j.rows(first, out),
+            Prepared::Dense(j) => j.rows(first, out),
+        }
+    }
+}
+
+fn run_products(variant: Isa, products: Vec<Product<'_>>, parallel: bool) {
+    let products: Vec<Product> = products.into_iter().filter(|p| p.n > 0 && p.mat.rows > 0).collect();
+    for p in &products {
+        debug_assert!(p.expert < p.mat.experts);
+        debug_assert_eq!(p.x.len(), p.n * p.mat.cols);
+        debug_assert_eq!(p.y.len(), p.n * p.mat.rows);
+    }
+    let mut prepared = Vec::with_capacity(products.len());
+    let mut outs: Vec<(&mut [f32], usize, usize)> = Vec::with_capacity(products.len());
+    for p in products {
+        prepared.push(p.mat.prepare(variant, p.expert, p.x, p.n));
+        outs.push((p.y, p.n, p.mat.rows));
+    }
+    let threads = if parallel { rayon::current_num_threads().max(1) } else { 1 };
+    let total_rows: usize = outs.iter().map(|o| o.2).sum();
+    let block = (total_rows / (threads * 16)).clamp(16, 512);
+    // Rows are computed into [rows][n] (contiguous per row); with one token
+    // that is y itself, otherwise a buffer transposed into y afterwards.
+    let mut buffers: Vec<Vec<f32>> =
+        outs.iter().map(|&(_, n, rows)| if n == 1 { Vec::new() } else { vec![0f32; rows * n] }).collect();
+    {
+        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+        for (pi, ((y, n, _), buf)) in outs.iter_mut().zip(buffers.iter_mut()).enumerate() {
+            let target: &mut [f32] = if *n == 1 { y } else { buf };
+            for (b, chunk) in target.chunks_mut(block * *n).enumerate() {
+                tasks.push((pi, b * block, chunk));
             }
+        }
+        if parallel && tasks.len() > 1 {
+            tasks.par_iter_mut().for_each(|(pi, first, out)| prepared[*pi].rows(*first, out));
         } else {
-            // Rows are computed into a [rows][n] buffer (contiguous per row),
-            // then transposed into y.
-            let mut yt = vec![0f32; self.rows * n];
-            if parallel {
-                yt.par_chunks_mut(block * n).enumerate().for_each(|(b, ys)| job.rows(b * block, ys));
-            } else {
-                job.rows(0, &mut yt);
+            for (pi, first, out) in tasks.iter_mut() {
+                prepared[*pi].rows(*first, out);
             }
-            for r in 0..self.rows {
+        }
+    }
+    for ((y, n, rows), buf) in outs.into_iter().zip(&buffers) {
+        if n > 1 {
+            for r in 0..rows {
                 for t in 0..n {
-                    y[t * self.rows + r] = yt[r * n + t];
+                    y[t * rows + r] = buf[r * n + t];
                 }
             }
         }
@@ -482,13 +525,13 @@ const SMALL_N: usize = 8;
 /// Everything one product needs, shared by the row blocks.
 struct Job<'a, S: Source> {
     variant: Isa,
-    src: &'a S,
+    src: S,
     cols: usize,
     groups: usize,
     /// `[n][cols]`, in the source's lane order.
-    x: &'a [f32],
+    x: Cow<'a, [f32]>,
     /// `[n][groups]` (quantised sources only).
-    xsum: &'a [f32],
+    xsum: Vec<f32>,
     n: usize,
     row_base: usize,
 }
@@ -513,29 +556,50 @@ impl<S: Source> Job<'_, S> {
         if !S::Q4 {
             return self.rows_generic::<true>(first, out);
         }
-        let n = self.n;
-        let (mut sc, mut bi) = (vec![0f32; self.groups], vec![0f32; self.groups]);
-        for (i, dst) in out.chunks_exact_mut(n).enumerate() {
+        let (n, groups) = (self.n, self.groups);
+        let count = out.len() / n;
+        // Scales and biases of the block's rows, converted once.
+        let mut sc = vec![0f32; count * groups];
+        let mut bi = vec![0f32; count * groups];
+        for i in 0..count {
             let r = self.row_base + first + i;
-            self.src.params(r, &mut sc, &mut bi);
-            let row = avx512::Q4Row { codes: self.src.q4_row(r), scales: &sc, biases: &bi };
+            self.src.params(r, &mut sc[i * groups..(i + 1) * groups], &mut bi[i * groups..(i + 1) * groups]);
+        }
+        out.fill(0.0);
+        // A decode-sized call walks each row once. A prefill-sized one is
+        // blocked over columns so that a tile of tokens' x (8 tokens x 512
+        // columns = 16 KB) stays in L1 while every row of the block passes
+        // over it; partial sums accumulate in `out`.
+        let span = if n <= avx512::MAX_TOKENS { groups } else { avx512::BLOCK_GROUPS };
+        let mut g0 = 0;
+        while g0 < groups {
+            let g1 = (g0 + span).min(groups);
             let mut t = 0;
             while t < n {
                 let m = (n - t).min(avx512::MAX_TOKENS);
-                let tokens = avx512::Tokens { x: self.x, xsum: self.xsum, cols: self.cols, first: t };
-                let dst = &mut dst[t..t + m];
-                match m {
-                    1 => avx512::q4_dot::<1>(&row, &tokens, dst),
-                    2 => avx512::q4_dot::<2>(&row, &tokens, dst),
-                    3 => avx512::q4_dot::<3>(&row, &tokens, dst),
-                    4 => avx512::q4_dot::<4>(&row, &tokens, dst),
-                    5 => avx512::q4_dot::<5>(&row, &tokens, dst),
-                    6 => avx512::q4_dot::<6>(&row, &tokens, dst),
-                    7 => avx512::q4_dot::<7>(&row, &tokens, dst),
-                    _ => avx512::q4_dot::<8>(&row, &tokens, dst),
+                let tokens = avx512::Tokens { x: &self.x, xsum: &self.xsum, cols: self.cols, first: t, groups: g0..g1 };
+                for i in 0..count {
+                    let r = self.row_base + first + i;
+                    let row = avx512::Q4Row {
+                        codes: self.src.q4_row(r),
+                        scales: &sc[i * groups..(i + 1) * groups],
+                        biases: &bi[i * groups..(i + 1) * groups],
+                    };
+                    let dst = &mut out[i * n + t..i * n + t + m];
+                    match m {
+                        1 => avx512::q4_dot::<1>(&row, &tokens, dst),
+                        2 => avx512::q4_dot::<2>(&row, &tokens, dst),
+                        3 => avx512::q4_dot::<3>(&row, &tokens, dst),
+                        4 => avx512::q4_dot::<4>(&row, &tokens, dst),
+                        5 => avx512::q4_dot::<5>(&row, &tokens, dst),
+                        6 => avx512::q4_dot::<6>(&row, &tokens, dst),
+                        7 => avx512::q4_dot::<7>(&row, &tokens, dst),
+                        _ => avx512::q4_dot::<8>(&row, &tokens, dst),
+                    }
                 }
                 t += m;
             }
+            g0 = g1;
         }
     }
 
@@ -571,7 +635,7 @@ impl<S: Source> Job<'_, S> {
                         wg.copy_from_slice(&q);
                     }
                 }
-                tile_dots::<FMA>(&w, self.x, n, dst);
+                tile_dots::<FMA>(&w, &self.x, n, dst);
             }
         }
     }
@@ -675,6 +739,8 @@ mod avx512 {
 
     /// Tokens one call handles (accumulators + codes stay in registers).
     pub const MAX_TOKENS: usize = 8;
+    /// Groups per column block of a prefill-sized product.
+    pub const BLOCK_GROUPS: usize = 8;
 
     pub struct Q4Row<'a> {
         /// The row's packed words: 8 per group.
@@ -691,15 +757,19 @@ mod avx512 {
         pub cols: usize,
         /// First token of this call.
         pub first: usize,
+        /// The groups (column blocks of 64) this call covers.
+        pub groups: std::ops::Range<usize>,
     }
 
-    /// `out[t] = row . x[first + t]` for `t < N` (`out.len() == N`).
+    /// `out[t] += row . x[first + t]` over the call's groups, for `t < N`
+    /// (`out.len() == N`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     pub fn q4_dot<const N: usize>(row: &Q4Row, tok: &Tokens, out: &mut [f32]) {
         let groups = tok.cols / 64;
         // Every pointer read below stays inside these bounds; a shape bug
         // upstream must not turn into an out-of-bounds read.
         let fits = out.len() == N
+            && tok.groups.end <= groups
             && row.codes.len() >= groups * 8
             && row.scales.len() >= groups
             && row.biases.len() >= groups
@@ -714,7 +784,7 @@ mod avx512 {
         let mut bias_acc = [0f32; N];
         let codes = row.codes.as_ptr();
         let x = tok.x.as_ptr();
-        for g in 0..groups {
+        for g in tok.groups.clone() {
             // SAFETY: `g * 8 + 8 <= groups * 8 <= codes.len()` (checked above);
             // unaligned loads are used throughout.
             let raw = unsafe { _mm256_loadu_si256(codes.add(g * 8) as *const __m256i) };
@@ -743,7 +813,7 @@ mod avx512 {
             }
         }
         for t in 0..N {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + bias_acc[t];
+            out[t] += _mm512_reduce_add_ps(acc[t]) + bias_acc[t];
         }
     }
 }

@@ -19,7 +19,7 @@ use lily_model::{LogitsWanted, ModelError, ModelResult};
 use rayon::prelude::*;
 
 use crate::state::{LayerState, SeqState};
-use matmul::Mat;
+use matmul::{matmul_many, Mat, Product};
 
 /// One sequence's share of a forward call: its state and the tokens it appends.
 pub struct Span<'a> {
@@ -200,10 +200,12 @@ impl FastModel {
         let mut z = vec![0f32; n * vd];
         let mut a = vec![0f32; n * hv];
         let mut b = vec![0f32; n * hv];
-        m.qkv.matmul(0, xn, n, &mut qkv);
-        m.z.matmul(0, xn, n, &mut z);
-        m.a.matmul(0, xn, n, &mut a);
-        m.b.matmul(0, xn, n, &mut b);
+        matmul_many(vec![
+            Product { mat: &m.qkv, expert: 0, x: xn, n, y: &mut qkv },
+            Product { mat: &m.z, expert: 0, x: xn, n, y: &mut z },
+            Product { mat: &m.a, expert: 0, x: xn, n, y: &mut a },
+            Product { mat: &m.b, expert: 0, x: xn, n, y: &mut b },
+        ]);
 
         let mut o = vec![0f32; n * vd];
         let mut row0 = 0;
@@ -308,9 +310,11 @@ impl FastModel {
         let mut qg = vec![0f32; n * qw];
         let mut k = vec![0f32; n * kvw];
         let mut v = vec![0f32; n * kvw];
-        m.q.matmul(0, xn, n, &mut qg);
-        m.k.matmul(0, xn, n, &mut k);
-        m.v.matmul(0, xn, n, &mut v);
+        matmul_many(vec![
+            Product { mat: &m.q, expert: 0, x: xn, n, y: &mut qg },
+            Product { mat: &m.k, expert: 0, x: xn, n, y: &mut k },
+            Product { mat: &m.v, expert: 0, x: xn, n, y: &mut v },
+        ]);
 
         let mut gated = vec![0f32; n * heads * hd];
         let mut row0 = 0;
@@ -382,77 +386,85 @@ impl FastModel {
         let cfg = &self.weights.config;
         let (h, e, k) = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok);
         let mut logits = vec![0f32; n * e];
-        m.router.matmul(0, xn, n, &mut logits);
+        let mut shared_scale = vec![0f32; n];
+        matmul_many(vec![
+            Product { mat: &m.router, expert: 0, x: xn, n, y: &mut logits },
+            Product { mat: &m.shared_expert_gate, expert: 0, x: xn, n, y: &mut shared_scale },
+        ]);
         let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
         for (row, l) in logits.chunks_exact(e).enumerate() {
             for (ex, wgt) in route(l, k) {
                 by_expert[ex].push((row, wgt));
             }
         }
-        let mut shared_scale = vec![0f32; n];
-        m.shared_expert_gate.matmul(0, xn, n, &mut shared_scale);
 
-        // One task per chosen expert (all its tokens at once) plus one for the
-        // shared expert; contributions are summed afterwards in a fixed order
-        // so the result does not depend on thread timing.
-        enum Task<'a> {
-            Expert(usize, &'a [(usize, f32)]),
-            Shared,
+        // Every chosen expert runs once for all the tokens routed to it; the
+        // shared expert runs on every token. Gate and up products of all of
+        // them form one parallel region, the down products another, so the
+        // threads stay balanced whatever the routing.
+        struct Group {
+            expert: Option<usize>,
+            rows: Vec<usize>,
+            weights: Vec<f32>,
+            xs: Vec<f32>,
         }
-        let mut tasks: Vec<Task> = by_expert.iter().enumerate().filter(|(_, r)| !r.is_empty()).map(|(ex, r)| Task::Expert(ex, r)).collect();
-        tasks.push(Task::Shared);
-        let parts: Vec<(Vec<usize>, Vec<f32>)> = tasks
-            .par_iter()
-            .map(|task| match task {
-                Task::Expert(ex, routed) => {
-                    let cnt = routed.len();
-                    let mut xs = Vec::with_capacity(cnt * h);
-                    for &(row, _) in routed.iter() {
-                        xs.extend_from_slice(&xn[row * h..(row + 1) * h]);
-                    }
-                    let mut y = swiglu(&m.gate, &m.up, &m.down, *ex, &xs, cnt);
-                    for (yr, &(_, wgt)) in y.chunks_exact_mut(h).zip(routed.iter()) {
-                        for v in yr.iter_mut() {
-                            *v *= wgt;
-                        }
-                    }
-                    (routed.iter().map(|&(row, _)| row).collect(), y)
+        let mut groups: Vec<Group> = by_expert
+            .iter()
+            .enumerate()
+            .filter(|(_, routed)| !routed.is_empty())
+            .map(|(ex, routed)| {
+                let mut xs = Vec::with_capacity(routed.len() * h);
+                for &(row, _) in routed {
+                    xs.extend_from_slice(&xn[row * h..(row + 1) * h]);
                 }
-                Task::Shared => {
-                    let mut y = swiglu(&m.shared_gate, &m.shared_up, &m.shared_down, 0, xn, n);
-                    for (yr, &sg) in y.chunks_exact_mut(h).zip(&shared_scale) {
-                        let s = sigmoid(sg);
-                        for v in yr.iter_mut() {
-                            *v *= s;
-                        }
-                    }
-                    ((0..n).collect(), y)
-                }
+                Group { expert: Some(ex), rows: routed.iter().map(|r| r.0).collect(), weights: routed.iter().map(|r| r.1).collect(), xs }
             })
             .collect();
+        groups.push(Group { expert: None, rows: (0..n).collect(), weights: shared_scale.iter().map(|&s| sigmoid(s)).collect(), xs: Vec::new() });
+        let mats = |g: &Group| match g.expert {
+            Some(ex) => (&m.gate, &m.up, &m.down, ex),
+            None => (&m.shared_gate, &m.shared_up, &m.shared_down, 0),
+        };
+
+        let mut gates: Vec<Vec<f32>> = groups.iter().map(|g| vec![0f32; g.rows.len() * mats(g).0.rows]).collect();
+        let mut ups: Vec<Vec<f32>> = groups.iter().map(|g| vec![0f32; g.rows.len() * mats(g).1.rows]).collect();
+        let mut products = Vec::with_capacity(2 * groups.len());
+        for ((g, gate), up) in groups.iter().zip(gates.iter_mut()).zip(ups.iter_mut()) {
+            let (gm, um, _, ex) = mats(g);
+            let x: &[f32] = if g.expert.is_some() { &g.xs } else { xn };
+            products.push(Product { mat: gm, expert: ex, x, n: g.rows.len(), y: gate });
+            products.push(Product { mat: um, expert: ex, x, n: g.rows.len(), y: up });
+        }
+        matmul_many(products);
+        for (gate, up) in gates.iter_mut().zip(&ups) {
+            for (gv, &uv) in gate.iter_mut().zip(up) {
+                *gv = silu(*gv) * uv;
+            }
+        }
+        let mut downs: Vec<Vec<f32>> = groups.iter().map(|g| vec![0f32; g.rows.len() * h]).collect();
+        let products = groups
+            .iter()
+            .zip(&gates)
+            .zip(downs.iter_mut())
+            .map(|((g, hidden), y)| {
+                let (_, _, dm, ex) = mats(g);
+                Product { mat: dm, expert: ex, x: hidden, n: g.rows.len(), y }
+            })
+            .collect();
+        matmul_many(products);
+
+        // Weighted sum in a fixed order (expert index, then shared), so the
+        // result does not depend on thread timing.
         let mut out = vec![0f32; n * h];
-        for (rows, y) in parts {
-            for (&row, yr) in rows.iter().zip(y.chunks_exact(h)) {
-                add(&mut out[row * h..(row + 1) * h], yr);
+        for (g, y) in groups.iter().zip(&downs) {
+            for ((&row, &wgt), yr) in g.rows.iter().zip(&g.weights).zip(y.chunks_exact(h)) {
+                for (o, &v) in out[row * h..(row + 1) * h].iter_mut().zip(yr) {
+                    *o += wgt * v;
+                }
             }
         }
         out
     }
-}
-
-/// SwiGLU expert for `n` tokens on the calling thread.
-fn swiglu(gate: &Mat, up: &Mat, down: &Mat, expert: usize, xs: &[f32], n: usize) -> Vec<f32> {
-    let im = gate.rows;
-    let mut g = vec![0f32; n * im];
-    let mut u = vec![0f32; n * im];
-    gate.matmul_serial(expert, xs, n, &mut g);
-    up.matmul_serial(expert, xs, n, &mut u);
-    for (gv, &uv) in g.iter_mut().zip(&u) {
-        *gv = silu(*gv) * uv;
-    }
-    let mut y = vec![0f32; n * down.rows];
-    down.matmul_serial(expert, &g, n, &mut y);
-    y
 }
 
 /// Softmax over the router logits, top-k (ties to the lower index),
@@ -514,7 +526,12 @@ fn rms_norm_in_place(x: &mut [f32], gain: &[f32], eps: f32) {
 
 fn rms_norm_rows(x: &[f32], gain: &[f32], eps: f32) -> Vec<f32> {
     let mut out = x.to_vec();
-    out.par_chunks_mut(gain.len()).for_each(|row| rms_norm_in_place(row, gain, eps));
+    // A few rows are not worth waking the pool for.
+    if out.len() / gain.len() < 8 {
+        out.chunks_mut(gain.len()).for_each(|row| rms_norm_in_place(row, gain, eps));
+    } else {
+        out.par_chunks_mut(gain.len()).for_each(|row| rms_norm_in_place(row, gain, eps));
+    }
     out
 }
 
