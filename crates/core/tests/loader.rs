@@ -61,17 +61,28 @@ fn valid_tensors(cfg: &ModelConfig) -> BTreeMap<String, Raw> {
                     c.copy_from_slice(&one);
                 }
             }
-            (s.name, Raw { dtype: s.dtype, shape: s.shape, data })
+            (
+                s.name,
+                Raw {
+                    dtype: s.dtype,
+                    shape: s.shape,
+                    data,
+                },
+            )
         })
         .collect()
 }
 
-const SHARDS: [&str; 2] = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+const SHARDS: [&str; 2] = [
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+];
 
 /// Which shard a tensor goes to: layers 0-1 and the embedding in the
 /// first, the rest in the second.
 fn shard_of(name: &str) -> usize {
-    let first = name.contains("embed_tokens") || name.contains("layers.0.") || name.contains("layers.1.");
+    let first =
+        name.contains("embed_tokens") || name.contains("layers.0.") || name.contains("layers.1.");
     if first {
         0
     } else {
@@ -89,7 +100,10 @@ fn write_checkpoint(dir: &Path, cfg: &ModelConfig, tensors: &BTreeMap<String, Ra
             .filter(|(name, _)| shard_of(name) == s)
             .map(|(name, t)| {
                 weight_map.insert(name.clone(), file.to_string());
-                (name.clone(), TensorView::new(t.dtype.to_st(), t.shape.clone(), &t.data).expect("view"))
+                (
+                    name.clone(),
+                    TensorView::new(t.dtype.to_st(), t.shape.clone(), &t.data).expect("view"),
+                )
             })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join(file)).expect("shard");
@@ -173,7 +187,14 @@ fn a_mistyped_tensor_names_tensor_and_dtypes() {
 fn an_unused_tensor_is_named_with_its_file() {
     let extra = format!("{L}.2.mlp.experts.gate_up_proj.weight");
     let err = load_error(Format::MlxQ4, |t| {
-        t.insert(extra.clone(), Raw { dtype: DType::BF16, shape: vec![4], data: vec![0; 8] });
+        t.insert(
+            extra.clone(),
+            Raw {
+                dtype: DType::BF16,
+                shape: vec![4],
+                data: vec![0; 8],
+            },
+        );
     });
     assert!(err.contains(&extra) && err.contains(SHARDS[1]), "{err}");
     assert!(err.contains("not used"), "{err}");
@@ -182,14 +203,30 @@ fn an_unused_tensor_is_named_with_its_file() {
 #[test]
 fn vision_tower_and_mtp_tensors_are_ignored() {
     for (format, names) in [
-        (Format::MlxQ4, ["vision_tower.blocks.0.attn.qkv.weight", "mtp.fc.weight"]),
-        (Format::HfBf16, ["model.visual.blocks.0.attn.qkv.weight", "mtp.layers.0.mlp.gate.weight"]),
+        (
+            Format::MlxQ4,
+            ["vision_tower.blocks.0.attn.qkv.weight", "mtp.fc.weight"],
+        ),
+        (
+            Format::HfBf16,
+            [
+                "model.visual.blocks.0.attn.qkv.weight",
+                "mtp.layers.0.mlp.gate.weight",
+            ],
+        ),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = small_config(format);
         let mut tensors = valid_tensors(&cfg);
         for name in names {
-            tensors.insert(name.to_string(), Raw { dtype: DType::BF16, shape: vec![2, 2], data: vec![0; 8] });
+            tensors.insert(
+                name.to_string(),
+                Raw {
+                    dtype: DType::BF16,
+                    shape: vec![2, 2],
+                    data: vec![0; 8],
+                },
+            );
         }
         write_checkpoint(dir.path(), &cfg, &tensors);
         Weights::load(dir.path()).unwrap_or_else(|e| panic!("{format:?}: {e}"));
@@ -201,16 +238,33 @@ fn a_truncated_shard_names_the_file() {
     let dir = valid_dir(Format::MlxQ4);
     let path = dir.path().join(SHARDS[1]);
     let len = std::fs::metadata(&path).expect("meta").len();
-    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
     file.set_len(len - 100).expect("truncate");
     drop(file);
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
-    assert!(err.contains(SHARDS[1]) && err.contains("not a valid safetensors file"), "{err}");
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains(SHARDS[1]) && err.contains("not a valid safetensors file"),
+        "{err}"
+    );
 
     // Cut inside the header, and down to less than the length field.
     for keep in [20, 3] {
-        std::fs::OpenOptions::new().write(true).open(&path).expect("open").set_len(keep).expect("truncate");
-        let err = Weights::load(dir.path()).err().expect("refused").to_string();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open")
+            .set_len(keep)
+            .expect("truncate");
+        let err = Weights::load(dir.path())
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(err.contains(SHARDS[1]), "{keep} bytes: {err}");
     }
 }
@@ -225,14 +279,23 @@ fn a_corrupt_header_names_the_file() {
     let mut bytes = original.clone();
     bytes[8] = b'#';
     std::fs::write(&path, &bytes).expect("write");
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
-    assert!(err.contains(SHARDS[0]) && err.contains("not a valid safetensors file"), "{err}");
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains(SHARDS[0]) && err.contains("not a valid safetensors file"),
+        "{err}"
+    );
 
     // A header length far beyond the file.
     let mut bytes = original.clone();
     bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains(SHARDS[0]), "{err}");
 
     // Data offsets with a gap: the first tensor ends one byte early.
@@ -240,7 +303,10 @@ fn a_corrupt_header_names_the_file() {
     let header = String::from_utf8(original[8..8 + n].to_vec()).expect("utf8");
     let key = "\"data_offsets\":[0,";
     let at = header.find(key).expect("first tensor") + key.len();
-    let end: String = header[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let end: String = header[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     let shorter = (end.parse::<u64>().expect("number") - 1).to_string();
     let mut changed = header[..at].to_string() + &shorter + &header[at + end.len()..];
     // Keep the header length: JSON allows the trailing spaces.
@@ -250,7 +316,10 @@ fn a_corrupt_header_names_the_file() {
     let mut bytes = original.clone();
     bytes[8..8 + n].copy_from_slice(changed.as_bytes());
     std::fs::write(&path, &bytes).expect("write");
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains(SHARDS[0]), "{err}");
 }
 
@@ -263,13 +332,19 @@ fn an_index_naming_a_missing_file_names_it() {
     let name = format!("{L}.3.mlp.gate.weight");
     index["weight_map"][&name] = "model-00003-of-00003.safetensors".into();
     std::fs::write(&index_path, index.to_string()).expect("write");
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("model-00003-of-00003.safetensors"), "{err}");
 
     // A shard deleted from under a valid index.
     let dir = valid_dir(Format::MlxQ4);
     std::fs::remove_file(dir.path().join(SHARDS[1])).expect("remove");
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains(SHARDS[1]), "{err}");
 }
 
@@ -283,6 +358,12 @@ fn an_index_disagreeing_with_the_files_names_tensor_and_file() {
     let name = format!("{L}.3.mlp.gate.weight");
     index["weight_map"][&name] = SHARDS[0].into();
     std::fs::write(&index_path, index.to_string()).expect("write");
-    let err = Weights::load(dir.path()).err().expect("refused").to_string();
-    assert!(err.contains(&name) && err.contains(SHARDS[0]) && err.contains(SHARDS[1]), "{err}");
+    let err = Weights::load(dir.path())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains(&name) && err.contains(SHARDS[0]) && err.contains(SHARDS[1]),
+        "{err}"
+    );
 }

@@ -29,7 +29,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for name in w.store.names() {
             if let Some(t) = w.store.peek(name) {
                 // One byte per 4 KiB page is enough to fault every page in.
-                sum += t.bytes().iter().step_by(4096).map(|b| *b as u64).sum::<u64>();
+                sum += t
+                    .bytes()
+                    .iter()
+                    .step_by(4096)
+                    .map(|b| *b as u64)
+                    .sum::<u64>();
             }
         }
         let secs = start.elapsed().as_secs_f64();

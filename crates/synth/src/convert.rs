@@ -31,7 +31,12 @@ use crate::presets::FULL_SHARD_BYTES;
 use crate::{finish_checkpoint, Progress};
 
 /// Files copied unchanged from the input checkpoint when present.
-pub const COPIED_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"];
+pub const COPIED_FILES: [&str; 4] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+];
 
 /// What `quantize_checkpoint` did.
 #[derive(Clone, Debug)]
@@ -193,7 +198,12 @@ impl Source for WeightsSource<'_> {
         let lin = self.linear(&p.key)?;
         let d = match lin {
             Linear::Dense(d) => d,
-            Linear::Quant(_) => return Err(Error::Other(format!("quantize: `{}` is already quantised", p.key))),
+            Linear::Quant(_) => {
+                return Err(Error::Other(format!(
+                    "quantize: `{}` is already quantised",
+                    p.key
+                )))
+            }
         };
         if (d.experts, d.rows, d.cols) != (p.experts, p.rows, p.cols) {
             return Err(Error::Other(format!(

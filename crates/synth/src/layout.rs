@@ -49,17 +49,35 @@ pub enum DenseRows {
     Direct(LinearParam),
     /// `mlp.experts.gate_up_proj` `[experts, 2 * im, cols]`: per expert the
     /// `im` gate rows, then the `im` up rows.
-    GateUp { gate: LinearParam, up: LinearParam },
+    GateUp {
+        gate: LinearParam,
+        up: LinearParam,
+    },
 }
 
 /// A group of stored tensors written from one computation.
 #[derive(Clone, Debug)]
 pub enum Unit {
     /// MLX linear: tensor indices (into `Plan::tensors`) of its three parts.
-    Quant { param: LinearParam, bits: u32, group: usize, codes: usize, scales: usize, biases: usize },
+    Quant {
+        param: LinearParam,
+        bits: u32,
+        group: usize,
+        codes: usize,
+        scales: usize,
+        biases: usize,
+    },
     /// A bf16 (HF) linear tensor.
-    Dense { tensor: usize, rows: DenseRows, total_rows: usize, cols: usize },
-    Vector { tensor: usize, param: VectorParam },
+    Dense {
+        tensor: usize,
+        rows: DenseRows,
+        total_rows: usize,
+        cols: usize,
+    },
+    Vector {
+        tensor: usize,
+        param: VectorParam,
+    },
 }
 
 /// The layout-free key of a stored tensor or module path.
@@ -94,8 +112,12 @@ pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
         .as_ref()
         .map(|q| q.default.group_size)
         .unwrap_or(64);
-    let index: std::collections::HashMap<&str, usize> =
-        plan.tensors.iter().enumerate().map(|(i, t)| (t.spec.name.as_str(), i)).collect();
+    let index: std::collections::HashMap<&str, usize> = plan
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.spec.name.as_str(), i))
+        .collect();
     let find = |name: String| -> Result<usize> {
         index
             .get(name.as_str())
@@ -105,10 +127,24 @@ pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
     let mut out = Vec::new();
     for (i, t) in plan.tensors.iter().enumerate() {
         match (&t.spec.role, format) {
-            (Role::Linear { part: LinearPart::Codes { bits }, rows, cols, experts, .. }, Format::MlxQ4) => {
+            (
+                Role::Linear {
+                    part: LinearPart::Codes { bits },
+                    rows,
+                    cols,
+                    experts,
+                    ..
+                },
+                Format::MlxQ4,
+            ) => {
                 let path = module_path(&t.spec.name);
                 out.push(Unit::Quant {
-                    param: LinearParam { key: canonical_key(path), experts: *experts, rows: *rows, cols: *cols },
+                    param: LinearParam {
+                        key: canonical_key(path),
+                        experts: *experts,
+                        rows: *rows,
+                        cols: *cols,
+                    },
                     bits: *bits,
                     group,
                     codes: i,
@@ -117,15 +153,40 @@ pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
                 });
             }
             // Scales and biases are written by their codes' unit.
-            (Role::Linear { part: LinearPart::Scales { .. } | LinearPart::Biases { .. }, .. }, Format::MlxQ4) => {}
-            (Role::Linear { part: LinearPart::Dense, rows, cols, experts, .. }, Format::HfBf16) => {
+            (
+                Role::Linear {
+                    part: LinearPart::Scales { .. } | LinearPart::Biases { .. },
+                    ..
+                },
+                Format::MlxQ4,
+            ) => {}
+            (
+                Role::Linear {
+                    part: LinearPart::Dense,
+                    rows,
+                    cols,
+                    experts,
+                    ..
+                },
+                Format::HfBf16,
+            ) => {
                 let name = &t.spec.name;
                 let rows_map = if let Some(prefix) = name.strip_suffix("experts.gate_up_proj") {
                     let base = canonical_key(prefix);
                     let half = rows / 2;
                     DenseRows::GateUp {
-                        gate: LinearParam { key: format!("{base}experts.gate_proj"), experts: *experts, rows: half, cols: *cols },
-                        up: LinearParam { key: format!("{base}experts.up_proj"), experts: *experts, rows: half, cols: *cols },
+                        gate: LinearParam {
+                            key: format!("{base}experts.gate_proj"),
+                            experts: *experts,
+                            rows: half,
+                            cols: *cols,
+                        },
+                        up: LinearParam {
+                            key: format!("{base}experts.up_proj"),
+                            experts: *experts,
+                            rows: half,
+                            cols: *cols,
+                        },
                     }
                 } else {
                     DenseRows::Direct(LinearParam {
@@ -135,7 +196,12 @@ pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
                         cols: *cols,
                     })
                 };
-                out.push(Unit::Dense { tensor: i, rows: rows_map, total_rows: experts * rows, cols: *cols });
+                out.push(Unit::Dense {
+                    tensor: i,
+                    rows: rows_map,
+                    total_rows: experts * rows,
+                    cols: *cols,
+                });
             }
             (Role::Linear { part, .. }, _) => {
                 return Err(Error::Other(format!(
@@ -147,7 +213,11 @@ pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
                 let len = t.spec.shape.iter().product();
                 out.push(Unit::Vector {
                     tensor: i,
-                    param: VectorParam { key: canonical_key(&t.spec.name), role: role.clone(), len },
+                    param: VectorParam {
+                        key: canonical_key(&t.spec.name),
+                        role: role.clone(),
+                        len,
+                    },
                 });
             }
         }
@@ -162,9 +232,18 @@ mod tests {
 
     #[test]
     fn keys_agree_between_layouts() {
-        assert_eq!(canonical_key("language_model.model.layers.3.mlp.switch_mlp.gate_proj"), "layers.3.mlp.experts.gate_proj");
-        assert_eq!(canonical_key("model.language_model.layers.3.mlp.experts.down_proj"), "layers.3.mlp.experts.down_proj");
-        assert_eq!(canonical_key("language_model.lm_head"), canonical_key("lm_head.weight"));
+        assert_eq!(
+            canonical_key("language_model.model.layers.3.mlp.switch_mlp.gate_proj"),
+            "layers.3.mlp.experts.gate_proj"
+        );
+        assert_eq!(
+            canonical_key("model.language_model.layers.3.mlp.experts.down_proj"),
+            "layers.3.mlp.experts.down_proj"
+        );
+        assert_eq!(
+            canonical_key("language_model.lm_head"),
+            canonical_key("lm_head.weight")
+        );
         assert_eq!(
             canonical_key("language_model.model.norm.weight"),
             canonical_key("model.language_model.norm.weight")
@@ -181,10 +260,15 @@ mod tests {
             let mut k: Vec<(String, usize, usize, usize)> = Vec::new();
             for u in units(&plan).expect("units") {
                 match u {
-                    Unit::Quant { param, .. } | Unit::Dense { rows: DenseRows::Direct(param), .. } => {
-                        k.push((param.key, param.experts, param.rows, param.cols))
-                    }
-                    Unit::Dense { rows: DenseRows::GateUp { gate, up }, .. } => {
+                    Unit::Quant { param, .. }
+                    | Unit::Dense {
+                        rows: DenseRows::Direct(param),
+                        ..
+                    } => k.push((param.key, param.experts, param.rows, param.cols)),
+                    Unit::Dense {
+                        rows: DenseRows::GateUp { gate, up },
+                        ..
+                    } => {
                         k.push((gate.key, gate.experts, gate.rows, gate.cols));
                         k.push((up.key, up.experts, up.rows, up.cols));
                     }
@@ -195,6 +279,8 @@ mod tests {
             keys.push(k);
         }
         assert_eq!(keys[0], keys[1]);
-        assert!(keys[0].iter().any(|k| k.0 == "layers.0.mlp.experts.up_proj"));
+        assert!(keys[0]
+            .iter()
+            .any(|k| k.0 == "layers.0.mlp.experts.up_proj"));
     }
 }

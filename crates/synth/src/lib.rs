@@ -123,7 +123,8 @@ fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<u64> {
 }
 
 fn json_bytes(v: &serde_json::Value) -> Result<Vec<u8>> {
-    let mut out = serde_json::to_vec_pretty(v).map_err(|e| Error::Other(format!("serialising JSON: {e}")))?;
+    let mut out =
+        serde_json::to_vec_pretty(v).map_err(|e| Error::Other(format!("serialising JSON: {e}")))?;
     out.push(b'\n');
     Ok(out)
 }
@@ -144,8 +145,16 @@ pub(crate) fn finish_checkpoint(
         }
     }
     let mut n = writer::write_shards(plan, dir, source, progress)?;
-    n += write_file(dir, "model.safetensors.index.json", &json_bytes(&plan.index_json())?)?;
-    n += write_file(dir, "config.json", &json_bytes(&to_config_json(&plan.config))?)?;
+    n += write_file(
+        dir,
+        "model.safetensors.index.json",
+        &json_bytes(&plan.index_json())?,
+    )?;
+    n += write_file(
+        dir,
+        "config.json",
+        &json_bytes(&to_config_json(&plan.config))?,
+    )?;
     Ok(n)
 }
 
@@ -163,14 +172,35 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
 /// Writes a synthetic checkpoint of any plan (any validated config, e.g. a
 /// test model with a small vocabulary) into `dir`. `synth` is this with a
 /// preset's plan.
-pub fn write_synthetic(plan: &Plan, seed: u64, dir: &Path, progress: &(dyn Fn(Progress) + Sync)) -> Result<SynthReport> {
+pub fn write_synthetic(
+    plan: &Plan,
+    seed: u64,
+    dir: &Path,
+    progress: &(dyn Fn(Progress) + Sync),
+) -> Result<SynthReport> {
     let start = Instant::now();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut n = 0;
-    n += write_file(dir, "tokenizer.json", &lily_core::tokenizer::embedded_tokenizer_json()?)?;
-    n += write_file(dir, "tokenizer_config.json", lily_core::tokenizer::embedded_tokenizer_config_json().as_bytes())?;
-    n += write_file(dir, "chat_template.jinja", lily_core::chat::DEFAULT_CHAT_TEMPLATE.as_bytes())?;
-    n += write_file(dir, "generation_config.json", &json_bytes(&generation_config_json())?)?;
+    n += write_file(
+        dir,
+        "tokenizer.json",
+        &lily_core::tokenizer::embedded_tokenizer_json()?,
+    )?;
+    n += write_file(
+        dir,
+        "tokenizer_config.json",
+        lily_core::tokenizer::embedded_tokenizer_config_json().as_bytes(),
+    )?;
+    n += write_file(
+        dir,
+        "chat_template.jinja",
+        lily_core::chat::DEFAULT_CHAT_TEMPLATE.as_bytes(),
+    )?;
+    n += write_file(
+        dir,
+        "generation_config.json",
+        &json_bytes(&generation_config_json())?,
+    )?;
     let source = random::RandomSource {
         seed,
         num_layers: plan.config.num_layers,

@@ -80,7 +80,12 @@ impl Plan {
         };
         let mut tensors: Vec<PlannedTensor> = specs
             .into_iter()
-            .map(|spec| PlannedTensor { bytes: tensor_bytes(&spec), spec, shard: 0, offset: 0 })
+            .map(|spec| PlannedTensor {
+                bytes: tensor_bytes(&spec),
+                spec,
+                shard: 0,
+                offset: 0,
+            })
             .collect();
         let mut shards = Vec::with_capacity(n);
         for (s, group) in groups.into_iter().enumerate() {
@@ -123,7 +128,11 @@ impl Plan {
                 tensors: group,
             });
         }
-        Ok(Plan { config: config.clone(), tensors, shards })
+        Ok(Plan {
+            config: config.clone(),
+            tensors,
+            shards,
+        })
     }
 
     /// Sum of all tensor data (the index's `metadata.total_size`).
@@ -147,7 +156,12 @@ impl Plan {
         let map: BTreeMap<&str, &str> = self
             .tensors
             .iter()
-            .map(|t| (t.spec.name.as_str(), self.shards[t.shard].file_name.as_str()))
+            .map(|t| {
+                (
+                    t.spec.name.as_str(),
+                    self.shards[t.shard].file_name.as_str(),
+                )
+            })
             .collect();
         json!({
             "metadata": { "total_size": self.total_data_bytes() },
@@ -179,11 +193,18 @@ mod tests {
         for (s, shard) in plan.shards.iter().enumerate() {
             assert_eq!(shard.header.len() % 8, 0);
             let big_single = shard.tensors.len() == 1;
-            assert!(big_single || shard.data_bytes <= 4 << 20, "shard {s} holds {} bytes", shard.data_bytes);
+            assert!(
+                big_single || shard.data_bytes <= 4 << 20,
+                "shard {s} holds {} bytes",
+                shard.data_bytes
+            );
             assert_eq!(shard.file_name, shard_file_name(s, plan.shards.len()));
         }
         let placed: usize = plan.shards.iter().map(|s| s.tensors.len()).sum();
         assert_eq!(placed, plan.tensors.len());
-        assert_eq!(plan.index_json()["weight_map"].as_object().map(|m| m.len()), Some(plan.tensors.len()));
+        assert_eq!(
+            plan.index_json()["weight_map"].as_object().map(|m| m.len()),
+            Some(plan.tensors.len())
+        );
     }
 }

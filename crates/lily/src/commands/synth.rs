@@ -37,7 +37,9 @@ fn parse_format(s: &str) -> Result<Format, String> {
     match s {
         "mlx-q4" => Ok(Format::MlxQ4),
         "hf-bf16" => Ok(Format::HfBf16),
-        other => Err(format!("unknown format {other:?}; expected \"mlx-q4\" or \"hf-bf16\"")),
+        other => Err(format!(
+            "unknown format {other:?}; expected \"mlx-q4\" or \"hf-bf16\""
+        )),
     }
 }
 
@@ -84,7 +86,10 @@ impl ByteBar {
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
         bar.set_prefix(label);
-        ByteBar { bar, high: AtomicU64::new(0) }
+        ByteBar {
+            bar,
+            high: AtomicU64::new(0),
+        }
     }
 
     pub fn set_total(&self, bytes: u64) {
