@@ -809,6 +809,33 @@ mod tests {
         assert_eq!(c.calls[0].name, "noop");
     }
 
+    /// Random soup of tag fragments: whole and split parses agree, nothing
+    /// panics, and every call's arguments are one JSON object.
+    #[test]
+    fn random_inputs_are_handled() {
+        use rand::{Rng, SeedableRng};
+        const FRAGMENTS: &[&str] = &[
+            "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", ">", "\n",
+            "get_weather", "city", "days", "x", "{", "}", "\"", "é", "<", "/", "12", " ", "True",
+            "{\"name\": \"noop\", \"arguments\": {\"a\": 1}}", "<tool_", "</param",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..400 {
+            let n = rng.random_range(0..40);
+            let text: String = (0..n).map(|_| FRAGMENTS[rng.random_range(0..FRAGMENTS.len())]).collect();
+            let whole = run_whole(&text);
+            for c in &whole.calls {
+                let v: Value = serde_json::from_str(&c.arguments)
+                    .unwrap_or_else(|e| panic!("{e}: {:?} from {text:?}", c.arguments));
+                assert!(v.is_object(), "{text:?}");
+            }
+            let mut cuts: Vec<usize> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..=text.len())).collect();
+            cuts.sort_unstable();
+            let (split, _) = run_split(&text, &cuts);
+            assert_eq!(split, whole, "{text:?} cut at {cuts:?}");
+        }
+    }
+
     #[test]
     fn partial_suffix() {
         assert_eq!(partial_suffix_len("abc<tool", &[CALL_OPEN]), 5);

@@ -889,6 +889,40 @@ mod tests {
         assert_eq!((p.gen.sampling.top_k, p.gen.sampling.top_p), (20, 0.5));
     }
 
+    /// Mangled bodies never panic: each is planned or refused with a 400.
+    #[test]
+    fn mangled_bodies_are_refused_cleanly() {
+        use rand::{Rng, SeedableRng};
+        let good = json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hé"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "1"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "tool_choice": "auto", "stop": ["x"], "max_tokens": 5, "logprobs": true, "top_logprobs": 2, "seed": 1})
+        .to_string()
+        .into_bytes();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..3000 {
+            let mut body = good.clone();
+            for _ in 0..rng.random_range(1..4) {
+                let i = rng.random_range(0..body.len());
+                match rng.random_range(0..3) {
+                    0 => {
+                        const BYTES: &[u8] = b" {}[]\",:0-9a\xc3z\\";
+                        body[i] = BYTES[rng.random_range(0..BYTES.len())];
+                    }
+                    1 => {
+                        body.remove(i);
+                    }
+                    _ => body.insert(i, b"\"0[{"[rng.random_range(0..4)]),
+                }
+            }
+            let r = parse_json::<ChatCompletionRequest>(&body).and_then(|req| chat_plan(&req, &Limits::default(), &SamplingParams::default()));
+            if let Err(e) = r {
+                assert_eq!(e.status.as_u16(), 400, "{e:?}");
+            }
+        }
+    }
+
     #[test]
     fn top_p_zero_means_greedy() {
         let p = chat(with(json!({"top_p": 0}))).unwrap();

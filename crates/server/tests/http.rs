@@ -195,7 +195,7 @@ async fn streamed_tool_call_assembles_to_the_same_call() {
                 args += tc["function"]["arguments"].as_str().unwrap_or("");
             }
         }
-        assert!(ch["delta"]["content"].as_str().map_or(true, |c| !c.contains('<')), "tag leaked: {c}");
+        assert!(ch["delta"]["content"].as_str().is_none_or(|c| !c.contains('<')), "tag leaked: {c}");
     }
     assert!(id.starts_with("call_"));
     assert_eq!(name, "get_weather");
@@ -245,7 +245,7 @@ async fn required_tool_choice_with_thinking_runs_two_halves() {
         let c: Value = serde_json::from_str(e).unwrap();
         let d = &c["choices"][0]["delta"];
         reasoning += d["reasoning_content"].as_str().unwrap_or("");
-        assert!(d["content"].as_str().map_or(true, str::is_empty), "{c}");
+        assert!(d["content"].as_str().is_none_or(str::is_empty), "{c}");
         for tc in d["tool_calls"].as_array().into_iter().flatten() {
             name += tc["function"]["name"].as_str().unwrap_or("");
             args += tc["function"]["arguments"].as_str().unwrap_or("");

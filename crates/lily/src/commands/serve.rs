@@ -338,7 +338,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 app.engine.shutdown();
             }
         }
-        if !tokio::time::timeout(Duration::from_secs(10), handle.stopped()).await.is_ok() {
+        if tokio::time::timeout(Duration::from_secs(10), handle.stopped()).await.is_err() {
             eprintln!("the engine did not stop within 10s; exiting");
         }
         eprintln!("lily serve: stopped");
