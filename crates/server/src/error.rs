@@ -59,7 +59,7 @@ impl ApiError {
         Self::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
-            format!("The model `{model}` does not exist; this server serves `{served}` (see GET /v1/models)"),
+            format!("The model `{model}` does not exist; this server serves `{served}` (also reachable as `lily`; see GET /v1/models)"),
         )
         .with_param("model")
         .with_code("model_not_found")

@@ -54,8 +54,12 @@ fn body_bytes(app: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Byt
     })
 }
 
+/// Every server answers to `lily` too, so examples work whatever the
+/// checkpoint is called; other names are refused, as OpenAI does.
+pub const MODEL_ALIAS: &str = "lily";
+
 fn check_model(app: &AppState, model: &str) -> Result<(), ApiError> {
-    if model == app.info.name {
+    if model == app.info.name || model == MODEL_ALIAS {
         Ok(())
     } else {
         Err(ApiError::model_not_found(model, &app.info.name))
@@ -772,7 +776,7 @@ pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelList> {
 }
 
 pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
-    if id == app.info.name {
+    if id == app.info.name || id == MODEL_ALIAS {
         Ok(Json(model_card(&app)))
     } else {
         Err(ApiError::model_not_found(&id, &app.info.name).with_param("id"))

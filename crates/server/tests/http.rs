@@ -574,6 +574,9 @@ async fn models_health_and_metrics() {
     assert!(v["data"][0]["note"].as_str().unwrap().contains("random weights"));
     let v = json_of(send(&app, get(&format!("/v1/models/{MODEL}"))).await).await;
     assert_eq!(v["id"], MODEL);
+    // `lily` is an alias every server answers to.
+    let v = json_of(send(&app, post("/v1/chat/completions", &chat(json!({"model": "lily"})))).await).await;
+    assert_eq!(v["model"], MODEL);
     let v = json_of(send(&app, get("/health")).await).await;
     assert_eq!(v["status"], "ok");
 
@@ -582,10 +585,10 @@ async fn models_health_and_metrics() {
     let resp = send(&app, get("/metrics")).await;
     assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
     let text = body_text(resp).await;
-    assert!(text.contains("lily_http_requests_total{endpoint=\"chat_completions\",status=\"200\"} 1"), "{text}");
+    assert!(text.contains("lily_http_requests_total{endpoint=\"chat_completions\",status=\"200\"} 2"), "{text}");
     assert!(text.contains("lily_http_requests_total{endpoint=\"chat_completions\",status=\"400\"} 1"));
-    assert!(text.contains("lily_time_to_first_token_seconds_count 1"));
-    assert!(text.contains("lily_request_duration_seconds_count 1"));
+    assert!(text.contains("lily_time_to_first_token_seconds_count 2"));
+    assert!(text.contains("lily_request_duration_seconds_count 2"));
     assert!(text.contains("lily_decode_batch_size_count 5"));
     assert!(text.contains("lily_prefix_cache_hits_total"));
 }
