@@ -25,25 +25,73 @@ impl Device {
     }
 }
 
-/// Loads the checkpoint in `dir` onto `device`. `max_seq` caps the context a
-/// sequence may hold (the backend's own limit when `None`). `progress` gets
-/// (bytes done, bytes total) while weights load.
+/// Sequences a one-shot command (`generate`, `bench`, `agree`) holds at once.
+const COMMAND_SEQUENCES: usize = 8;
+
+/// Loads the checkpoint in `dir` onto `device` for a one-shot command.
+/// `max_seq` caps the context a sequence may hold (the backend's own limit
+/// when `None`). `progress` gets (bytes done, bytes total) while weights load.
 pub fn open_backend(
     dir: &Path,
     device: Device,
     max_seq: Option<usize>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<Box<dyn Backend>> {
-    match device {
-        Device::Cpu | Device::Auto => {
-            // The CPU backend maps the checkpoint; there is nothing to copy,
-            // so progress jumps from 0 to done.
-            progress(0, 1);
-            let backend = lily_cpu::CpuBackend::open(dir, max_seq)
-                .with_context(|| format!("loading {} on the CPU", dir.display()))?;
-            progress(1, 1);
-            Ok(Box::new(backend))
+    open_backend_with(dir, device, max_seq, COMMAND_SEQUENCES, progress)
+}
+
+/// Like `open_backend`, with room for `max_sequences` sequences at once
+/// (running requests plus prefix-cache snapshots, for the server).
+pub fn open_backend_with(
+    dir: &Path,
+    device: Device,
+    max_seq: Option<usize>,
+    max_sequences: usize,
+    progress: &mut dyn FnMut(u64, u64),
+) -> anyhow::Result<Box<dyn Backend>> {
+    let use_cuda = match device {
+        Device::Cuda => true,
+        Device::Cpu => false,
+        // A machine with a driver but no usable GPU falls back to the CPU
+        // with a warning; an explicit --device cuda does not.
+        Device::Auto => lily_cuda::driver_present(),
+    };
+    if use_cuda {
+        match open_cuda(dir, max_seq, max_sequences, progress) {
+            Ok(b) => return Ok(b),
+            Err(e) if device == Device::Auto => {
+                tracing::warn!("CUDA unavailable ({e:#}); running on the CPU");
+            }
+            Err(e) => return Err(e),
         }
-        Device::Cuda => anyhow::bail!("this build of lily has no CUDA backend; use --device cpu"),
     }
+    // The CPU backend maps the checkpoint; there is nothing to copy, so
+    // progress jumps from 0 to done.
+    progress(0, 1);
+    let backend = lily_cpu::CpuBackend::open(dir, max_seq)
+        .with_context(|| format!("loading {} on the CPU", dir.display()))?
+        .with_max_sequences(max_sequences.max(1));
+    progress(1, 1);
+    Ok(Box::new(backend))
+}
+
+fn open_cuda(
+    dir: &Path,
+    max_seq: Option<usize>,
+    max_sequences: usize,
+    progress: &mut dyn FnMut(u64, u64),
+) -> anyhow::Result<Box<dyn Backend>> {
+    let defaults = lily_cuda::Options::default();
+    let max_seq_len = max_seq.unwrap_or(defaults.max_seq_len);
+    let opts = lily_cuda::Options {
+        max_seq_len,
+        max_sequences: max_sequences.max(1),
+        // A KV pool of one full-length context plus the backend's slack
+        // blocks; sequences share it, so many short ones fit as well.
+        kv_tokens: max_seq_len + (defaults.kv_tokens - defaults.max_seq_len),
+        ..defaults
+    };
+    let backend = lily_cuda::CudaBackend::open(dir, opts, progress)
+        .with_context(|| format!("loading {} on the GPU", dir.display()))?;
+    Ok(Box::new(backend))
 }
