@@ -331,6 +331,17 @@ def test_disconnect_cancels_the_request(main_server):
     assert main_server.metric("lily_engine_running") == 0
     assert main_server.metric("lily_client_disconnects_total") >= 1
 
+    # A non-streamed request whose client gives up is cancelled too.
+    before = main_server.metric("lily_engine_requests_cancelled_total")
+    body["stream"] = False
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(base + "/v1/chat/completions", json=body, timeout=1)
+    deadline = time.time() + 20
+    while time.time() < deadline and main_server.metric("lily_engine_requests_cancelled_total") == before:
+        time.sleep(0.1)
+    assert main_server.metric("lily_engine_requests_cancelled_total") > before
+    assert main_server.metric("lily_engine_running") == 0
+
 
 # ------------------------------------------------------------------ errors --
 
