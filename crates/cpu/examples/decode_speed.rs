@@ -5,6 +5,8 @@
 //! first so page faults of the first touched experts are not all counted.
 //!
 //! `cargo run --release -p lily-cpu --example decode_speed -- [DIR] [PROMPT] [STEPS]`
+//! (with `PREFAULT=1` in the environment, the mapped checkpoint is faulted
+//! in before the prompt, see `CpuBackend::prefault`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,8 +27,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut be = CpuBackend::new(weights.clone())?;
     let load_s = t.elapsed().as_secs_f64();
     let vocab = weights.config.vocab_size as u64;
-    println!("{}: {} layers, hidden {}, vocab {vocab}; backend {}", dir.display(), weights.config.num_layers, weights.config.hidden_size, be.name());
+    println!(
+        "{}: {} layers, hidden {}, vocab {vocab}; backend {}",
+        dir.display(),
+        weights.config.num_layers,
+        weights.config.hidden_size,
+        be.name()
+    );
     println!("load (mmap + checks): {load_s:.2} s");
+    if std::env::var_os("PREFAULT").is_some() {
+        let t = Instant::now();
+        let bytes = be.prefault();
+        println!("prefault {:.1} GB: {:.2} s", bytes as f64 / 1e9, t.elapsed().as_secs_f64());
+    }
 
     let prompt: Vec<u32> = (0..prompt_len as u64).map(|i| (((i * 2_654_435_761) % (1 << 32)) % vocab) as u32).collect();
     let seq = be.alloc()?;

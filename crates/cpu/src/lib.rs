@@ -39,7 +39,7 @@ pub enum Forward {
 
 enum Engine {
     Reference(DeltaRule),
-    Fast(FastModel),
+    Fast(Box<FastModel>),
 }
 
 /// Sequences the backend holds at once unless told otherwise. CPU state
@@ -65,7 +65,7 @@ impl CpuBackend {
     /// The fast path (the serving default).
     pub fn new(weights: Arc<Weights>) -> ModelResult<Self> {
         let fast = FastModel::new(weights.clone())?;
-        Ok(Self::build(weights, Engine::Fast(fast)))
+        Ok(Self::build(weights, Engine::Fast(Box::new(fast))))
     }
 
     /// The naive reference, with the chunked delta rule for prefill.
@@ -91,7 +91,14 @@ impl CpuBackend {
 
     fn build(weights: Arc<Weights>, engine: Engine) -> Self {
         let max_seq_len = weights.config.max_position_embeddings;
-        CpuBackend { weights, engine, seqs: BTreeMap::new(), next_id: 0, max_seq_len, max_sequences: DEFAULT_MAX_SEQUENCES }
+        CpuBackend {
+            weights,
+            engine,
+            seqs: BTreeMap::new(),
+            next_id: 0,
+            max_seq_len,
+            max_sequences: DEFAULT_MAX_SEQUENCES,
+        }
     }
 
     /// Caps the context below the config's limit (never above it).
@@ -114,6 +121,16 @@ impl CpuBackend {
 
     pub fn weights(&self) -> &Arc<Weights> {
         &self.weights
+    }
+
+    /// Faults the whole mapped checkpoint in (fast path; see
+    /// [`FastModel::prefault`]). Returns the bytes covered (0 for the
+    /// reference, which reads rows through the core accessors).
+    pub fn prefault(&self) -> usize {
+        match &self.engine {
+            Engine::Fast(fast) => fast.prefault(),
+            Engine::Reference(_) => 0,
+        }
     }
 
     /// A sequence's state (tests compare states; GPU tests seed from it).
@@ -199,7 +216,9 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         match &self.engine {
             Engine::Reference(rule) => format!("cpu reference ({rule:?} delta rule)"),
-            Engine::Fast(_) => format!("cpu ({} threads, {:?} kernels)", rayon::current_num_threads(), fast::matmul::isa()),
+            Engine::Fast(_) => {
+                format!("cpu ({} threads, {:?} kernels)", rayon::current_num_threads(), fast::matmul::isa())
+            }
         }
     }
 

@@ -72,7 +72,11 @@ impl Diffs {
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             assert_eq!(g.len(), w.len(), "{what}: vocab size at position {i}");
             if common::argmax(g) != common::argmax(w) {
-                self.top1_mismatches.push(format!("{what} position {i}: got {} want {}", common::argmax(g), common::argmax(w)));
+                self.top1_mismatches.push(format!(
+                    "{what} position {i}: got {} want {}",
+                    common::argmax(g),
+                    common::argmax(w)
+                ));
             }
             let (lg, lw) = (log_softmax(g), log_softmax(w));
             self.all.extend(lg.iter().zip(&lw).map(|(a, b)| (a - b).abs()));
@@ -97,12 +101,11 @@ fn check(checkpoint: &str, goldens: &str) {
     let prompts = (0..).take_while(|k| g.contains(&format!("prompt{k}.tokens"))).count();
     assert_eq!(prompts, 5, "{goldens}: expected 5 prompts");
 
-    let backends: [(&str, Box<dyn Fn() -> CpuBackend>); 2] = [
-        ("reference", Box::new(|| CpuBackend::reference(weights.clone()))),
-        ("fast", Box::new(|| CpuBackend::new(weights.clone()).expect("fast path"))),
+    let backends = [
+        ("reference", CpuBackend::reference(weights.clone())),
+        ("fast", CpuBackend::new(weights.clone()).expect("fast path")),
     ];
-    for (name, make) in backends {
-        let mut be = make();
+    for (name, mut be) in backends {
         let mut diffs = Diffs::default();
         for k in 0..prompts {
             let tokens: Vec<u32> = i64s(&g, &format!("prompt{k}.tokens")).into_iter().map(|t| t as u32).collect();

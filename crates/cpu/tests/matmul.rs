@@ -100,9 +100,18 @@ fn wide_4bit_products_cross_column_blocks() {
     let code_bytes: Vec<u8> = codes.iter().flat_map(|c| c.to_le_bytes()).collect();
     let (sb, bb) = (half(&scales), half(&biases));
     let views = vec![
-        ("m.weight", safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &code_bytes).unwrap()),
-        ("m.scales", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &sb).unwrap()),
-        ("m.biases", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &bb).unwrap()),
+        (
+            "m.weight",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &code_bytes).unwrap(),
+        ),
+        (
+            "m.scales",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &sb).unwrap(),
+        ),
+        (
+            "m.biases",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &bb).unwrap(),
+        ),
     ];
     safetensors::serialize_to_file(views, None, &path).unwrap();
     let store = TensorStore::open_files(&[path]).unwrap();
@@ -116,4 +125,36 @@ fn wide_4bit_products_cross_column_blocks() {
         biases: store.take("m.biases", &[DType::BF16], &[rows, cols / 64]).unwrap(),
     });
     check("wide 4-bit", &lin, 0);
+}
+
+/// A batch of products of different kinds and token counts in one parallel
+/// region gives exactly what each product gives alone.
+#[test]
+fn a_batch_of_products_equals_each_alone() {
+    use lily_cpu::fast::matmul::{matmul_many, Product};
+    let (_dir, w) = common::tiny(Format::MlxQ4, 4, 15);
+    let l0 = &w.layers[0];
+    let mats: Vec<(Mat, usize, usize)> = vec![
+        (Mat::new(&w.lm_head).unwrap(), 0, 1),
+        (Mat::new(&l0.moe.router).unwrap(), 0, 3),
+        (Mat::new(&l0.moe.down).unwrap(), 6, 1),
+        (Mat::new(&l0.moe.gate).unwrap(), 2, 12),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let xs: Vec<Vec<f32>> =
+        mats.iter().map(|(m, _, n)| (0..n * m.cols).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect();
+    let mut batched: Vec<Vec<f32>> = mats.iter().map(|(m, _, n)| vec![0f32; n * m.rows]).collect();
+    let products = mats
+        .iter()
+        .zip(&xs)
+        .zip(batched.iter_mut())
+        .map(|(((mat, expert, n), x), y)| Product { mat, expert: *expert, x, n: *n, y })
+        .collect();
+    matmul_many(products);
+    for (((mat, expert, n), x), got) in mats.iter().zip(&xs).zip(&batched) {
+        let mut alone = vec![0f32; n * mat.rows];
+        mat.matmul(*expert, x, *n, &mut alone);
+        assert_eq!(&alone, got);
+        assert!(got.iter().any(|v| *v != 0.0));
+    }
 }

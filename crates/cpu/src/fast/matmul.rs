@@ -136,6 +136,8 @@ impl FloatView<'_> {
     }
 }
 
+// One per linear map, built at load: size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum MatData {
     Quant { bits: u32, codes: Words, scales: Floats, biases: Floats },
@@ -197,7 +199,11 @@ impl Mat {
                 if d.cols % LANES != 0 {
                     return Err(format!("`{}`: {} columns is not a multiple of {LANES}", d.tensor.name, d.cols));
                 }
-                MatData::Dense { weights: Floats::new(&d.tensor)?, tensor_rows: d.tensor_rows, row_offset: d.row_offset }
+                MatData::Dense {
+                    weights: Floats::new(&d.tensor)?,
+                    tensor_rows: d.tensor_rows,
+                    row_offset: d.row_offset,
+                }
             }
         };
         Ok(Mat { rows: lin.rows(), cols: lin.cols(), experts: lin.experts(), data })
@@ -426,8 +432,9 @@ trait Source: Sync {
     fn q4_row(&self, _r: usize) -> &[u32] {
         &[]
     }
-    /// Per-group scales and biases of absolute row `r` into `sc`, `bi`
-    /// (`groups` long; untouched when dense).
+    /// Per-group scales and biases of absolute rows `r..` into `sc`, `bi`
+    /// (`groups` values per row, as many rows as they hold; untouched when
+    /// dense).
     fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]);
     /// Codes (quantised) or weights (dense) of group `g` of row `r`.
     fn group(&self, r: usize, g: usize, q: &mut [f32; 64]);
@@ -442,6 +449,7 @@ struct QuantSource<'a> {
 }
 
 impl QuantSource<'_> {
+    #[inline(always)]
     fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]) {
         self.scales.load(r * self.groups, sc);
         self.biases.load(r * self.groups, bi);
@@ -458,6 +466,7 @@ impl Source for Q4Source<'_> {
         let w = self.0.words_per_row;
         &self.0.codes[r * w..(r + 1) * w]
     }
+    #[inline(always)]
     fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]) {
         self.0.params(r, sc, bi)
     }
@@ -477,6 +486,7 @@ impl Source for Q4Source<'_> {
 
 impl Source for Q8Source<'_> {
     const QUANT: bool = true;
+    #[inline(always)]
     fn params(&self, r: usize, sc: &mut [f32], bi: &mut [f32]) {
         self.0.params(r, sc, bi)
     }
@@ -558,13 +568,11 @@ impl<S: Source> Job<'_, S> {
         }
         let (n, groups) = (self.n, self.groups);
         let count = out.len() / n;
-        // Scales and biases of the block's rows, converted once.
+        // Scales and biases of the block's rows (contiguous in the file),
+        // converted once in one vectorised pass.
         let mut sc = vec![0f32; count * groups];
         let mut bi = vec![0f32; count * groups];
-        for i in 0..count {
-            let r = self.row_base + first + i;
-            self.src.params(r, &mut sc[i * groups..(i + 1) * groups], &mut bi[i * groups..(i + 1) * groups]);
-        }
+        self.src.params(self.row_base + first, &mut sc, &mut bi);
         out.fill(0.0);
         // A decode-sized call walks each row once. A prefill-sized one is
         // blocked over columns so that a tile of tokens' x (8 tokens x 512
@@ -802,7 +810,12 @@ mod avx512 {
                 // (first + N) * cols <= x.len()` (checked above).
                 let xg = unsafe { x.add(tt * tok.cols + g * 64) };
                 let (x0, x1, x2, x3) = unsafe {
-                    (_mm512_loadu_ps(xg), _mm512_loadu_ps(xg.add(16)), _mm512_loadu_ps(xg.add(32)), _mm512_loadu_ps(xg.add(48)))
+                    (
+                        _mm512_loadu_ps(xg),
+                        _mm512_loadu_ps(xg.add(16)),
+                        _mm512_loadu_ps(xg.add(32)),
+                        _mm512_loadu_ps(xg.add(48)),
+                    )
                 };
                 let mut s = _mm512_mul_ps(q0, x0);
                 s = _mm512_fmadd_ps(q1, x1, s);

@@ -48,6 +48,9 @@ struct AttnFast {
     o: Mat,
 }
 
+// Built once per layer and never moved afterwards: boxing would only add
+// an indirection.
+#[allow(clippy::large_enum_variant)]
 enum MixerFast {
     DeltaNet(DeltaFast),
     Attention(AttnFast),
@@ -132,6 +135,30 @@ impl FastModel {
 
     pub fn weights(&self) -> &Arc<Weights> {
         &self.weights
+    }
+
+    /// Touches every page of the mapped checkpoint once, in parallel, so
+    /// the first tokens do not pay a page fault per 64 KB of experts they
+    /// happen to route to. Returns the bytes covered. Optional: a server
+    /// that has run for a while has faulted everything in anyway.
+    pub fn prefault(&self) -> usize {
+        let store = &self.weights.store;
+        let names: Vec<&str> = store.names().collect();
+        names
+            .par_iter()
+            .map(|name| match store.peek(name) {
+                Some(t) => {
+                    let bytes = t.bytes();
+                    let mut acc = 0u8;
+                    for page in bytes.chunks(4096) {
+                        acc ^= page[0];
+                    }
+                    std::hint::black_box(acc);
+                    bytes.len()
+                }
+                None => 0,
+            })
+            .sum()
     }
 
     /// Runs the tokens of every span through the model, appending them to
@@ -344,37 +371,39 @@ impl FastModel {
             let values: &[f32] = values;
             let qg: &[f32] = &qg;
             let scale = 1.0 / (hd as f32).sqrt();
-            gated[row0 * heads * hd..(row0 + t_len) * heads * hd].par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
-                let (t, hh) = (i / heads, i % heads);
-                let r = row0 + t;
-                let q = &qg[r * qw + hh * 2 * hd..][..hd];
-                let gate = &qg[r * qw + hh * 2 * hd + hd..][..hd];
-                let kvh = hh / group;
-                let positions = start + t + 1;
-                let mut scores: Vec<f32> = (0..positions)
-                    .map(|p| {
-                        let kr = &keys[(p * kv_heads + kvh) * hd..][..hd];
-                        q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                out.fill(0.0);
-                for (p, s) in scores.iter().enumerate() {
-                    let wgt = s / sum;
-                    let vr = &values[(p * kv_heads + kvh) * hd..][..hd];
-                    for (o, &vv) in out.iter_mut().zip(vr) {
-                        *o += wgt * vv;
+            gated[row0 * heads * hd..(row0 + t_len) * heads * hd].par_chunks_mut(hd).enumerate().for_each(
+                |(i, out)| {
+                    let (t, hh) = (i / heads, i % heads);
+                    let r = row0 + t;
+                    let q = &qg[r * qw + hh * 2 * hd..][..hd];
+                    let gate = &qg[r * qw + hh * 2 * hd + hd..][..hd];
+                    let kvh = hh / group;
+                    let positions = start + t + 1;
+                    let mut scores: Vec<f32> = (0..positions)
+                        .map(|p| {
+                            let kr = &keys[(p * kv_heads + kvh) * hd..][..hd];
+                            q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for s in scores.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
                     }
-                }
-                for (o, &gv) in out.iter_mut().zip(gate) {
-                    *o *= sigmoid(gv);
-                }
-            });
+                    out.fill(0.0);
+                    for (p, s) in scores.iter().enumerate() {
+                        let wgt = s / sum;
+                        let vr = &values[(p * kv_heads + kvh) * hd..][..hd];
+                        for (o, &vv) in out.iter_mut().zip(vr) {
+                            *o += wgt * vv;
+                        }
+                    }
+                    for (o, &gv) in out.iter_mut().zip(gate) {
+                        *o *= sigmoid(gv);
+                    }
+                },
+            );
             row0 += t_len;
         }
         let mut out = vec![0f32; n * cfg.hidden_size];
@@ -417,10 +446,20 @@ impl FastModel {
                 for &(row, _) in routed {
                     xs.extend_from_slice(&xn[row * h..(row + 1) * h]);
                 }
-                Group { expert: Some(ex), rows: routed.iter().map(|r| r.0).collect(), weights: routed.iter().map(|r| r.1).collect(), xs }
+                Group {
+                    expert: Some(ex),
+                    rows: routed.iter().map(|r| r.0).collect(),
+                    weights: routed.iter().map(|r| r.1).collect(),
+                    xs,
+                }
             })
             .collect();
-        groups.push(Group { expert: None, rows: (0..n).collect(), weights: shared_scale.iter().map(|&s| sigmoid(s)).collect(), xs: Vec::new() });
+        groups.push(Group {
+            expert: None,
+            rows: (0..n).collect(),
+            weights: shared_scale.iter().map(|&s| sigmoid(s)).collect(),
+            xs: Vec::new(),
+        });
         let mats = |g: &Group| match g.expert {
             Some(ex) => (&m.gate, &m.up, &m.down, ex),
             None => (&m.shared_gate, &m.shared_up, &m.shared_down, 0),
@@ -495,7 +534,9 @@ fn conv_silu(window: &mut [f32], taps: &[f32], kernel: usize, rows: &mut [f32], 
             *a = tap * r;
         }
         for i in 0..kernel - 1 {
-            for ((a, &tap), &wv) in acc.iter_mut().zip(&taps[i * channels..(i + 1) * channels]).zip(&window[i * channels..]) {
+            for ((a, &tap), &wv) in
+                acc.iter_mut().zip(&taps[i * channels..(i + 1) * channels]).zip(&window[i * channels..])
+            {
                 *a += tap * wv;
             }
         }

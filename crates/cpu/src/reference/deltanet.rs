@@ -91,7 +91,14 @@ pub fn conv_step(window: &mut [f32], taps: &[f32], kernel: usize, raw: &[f32]) -
 
 /// Turns conv outputs and the a/b projections of one token into delta-rule
 /// inputs (appended to `inputs`).
-pub fn prepare_token(dims: &DeltaDims, w: &DeltaNetWeights, conv_out: &[f32], a: &[f32], b: &[f32], inputs: &mut DeltaInputs) {
+pub fn prepare_token(
+    dims: &DeltaDims,
+    w: &DeltaNetWeights,
+    conv_out: &[f32],
+    a: &[f32],
+    b: &[f32],
+    inputs: &mut DeltaInputs,
+) {
     let kd = dims.key_heads * dims.key_dim;
     let (q, rest) = conv_out.split_at(kd);
     let (k, v) = rest.split_at(kd);
@@ -175,12 +182,12 @@ pub fn delta_rule_chunked(dims: &DeltaDims, state: &mut [f32], x: &DeltaInputs, 
         let mut start = 0;
         while start < x.tokens {
             let len = chunk.min(x.tokens - start);
-            let mut cum = vec![0f64; len];
-            let mut acc = 0f64;
-            for i in 0..len {
-                acc += x.g[(start + i) * hv + h] as f64;
-                cum[i] = acc;
-            }
+            let cum: Vec<f64> = (0..len)
+                .scan(0f64, |acc, i| {
+                    *acc += x.g[(start + i) * hv + h] as f64;
+                    Some(*acc)
+                })
+                .collect();
             let beta = |i: usize| x.beta[(start + i) * hv + h] as f64;
             // S0^T y for a key-space vector y.
             let read = |s: &[f32], y: &[f32]| -> Vec<f64> {
@@ -193,7 +200,8 @@ pub fn delta_rule_chunked(dims: &DeltaDims, state: &mut [f32], x: &DeltaInputs, 
             for i in 0..len {
                 let sk = read(s, k_at(start + i));
                 let decay_i = cum[i].exp();
-                let mut ui: Vec<f64> = (0..dv).map(|d| beta(i) * (v_at(start + i)[d] as f64 - decay_i * sk[d])).collect();
+                let mut ui: Vec<f64> =
+                    (0..dv).map(|d| beta(i) * (v_at(start + i)[d] as f64 - decay_i * sk[d])).collect();
                 for j in 0..i {
                     let a_ij = beta(i) * (cum[i] - cum[j]).exp() * dot(k_at(start + i), k_at(start + j));
                     for d in 0..dv {
@@ -239,11 +247,7 @@ pub fn delta_rule_chunked(dims: &DeltaDims, state: &mut [f32], x: &DeltaInputs, 
 pub fn gated_norm(o: &[f32], z: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let mean_sq = o.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / o.len() as f64;
     let inv = 1.0 / (mean_sq + eps as f64).sqrt();
-    o.iter()
-        .zip(z)
-        .zip(w)
-        .map(|((&ov, &zv), &wv)| wv * (ov as f64 * inv) as f32 * silu(zv))
-        .collect()
+    o.iter().zip(z).zip(w).map(|((&ov, &zv), &wv)| wv * (ov as f64 * inv) as f32 * silu(zv)).collect()
 }
 
 /// The whole mixer for consecutive tokens of one sequence. `xs` are the

@@ -30,7 +30,12 @@ pub fn embed(weights: &Weights, token: u32) -> Vec<f32> {
 /// The hidden states after every layer (before the final norm) for
 /// `tokens`, appended to the sequence in `state`. Token ids must be below
 /// the vocabulary size (the backend checks).
-pub fn hidden_states(weights: &Weights, state: &mut SeqState, tokens: &[u32], rule: DeltaRule) -> ModelResult<Vec<Vec<f32>>> {
+pub fn hidden_states(
+    weights: &Weights,
+    state: &mut SeqState,
+    tokens: &[u32],
+    rule: DeltaRule,
+) -> ModelResult<Vec<Vec<f32>>> {
     let cfg = &weights.config;
     let eps = cfg.rms_norm_eps;
     let mut xs: Vec<Vec<f32>> = tokens.iter().map(|&t| embed(weights, t)).collect();

@@ -82,9 +82,7 @@ pub fn linear(lin: &Linear, expert: usize, x: &[f32]) -> Vec<f32> {
 /// `theta^(-2j / rotary_dim)` for `j < rotary_dim / 2`, rounded to f32 like
 /// transformers' f32 buffer.
 pub fn rope_inv_freq(rotary_dim: usize, theta: f64) -> Vec<f32> {
-    (0..rotary_dim / 2)
-        .map(|j| (1.0 / theta.powf(2.0 * j as f64 / rotary_dim as f64)) as f32)
-        .collect()
+    (0..rotary_dim / 2).map(|j| (1.0 / theta.powf(2.0 * j as f64 / rotary_dim as f64)) as f32).collect()
 }
 
 /// NeoX RoPE on the first `2 * inv_freq.len()` dims of one head: pairs

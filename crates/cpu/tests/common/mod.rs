@@ -51,6 +51,9 @@ fn bytes_of(values: &[f32], dtype: DType) -> Vec<u8> {
     }
 }
 
+/// Packed codes, scales and biases of one quantised linear.
+type Quantised = (Vec<u32>, Vec<f32>, Vec<f32>);
+
 /// Writes a random checkpoint of `cfg` into `dir` and loads it.
 pub fn write_checkpoint(cfg: &ModelConfig, dir: &Path, seed: u64) -> Arc<Weights> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -58,7 +61,7 @@ pub fn write_checkpoint(cfg: &ModelConfig, dir: &Path, seed: u64) -> Arc<Weights
     let mlx = cfg.format() == Format::MlxQ4;
     // Quantised linears come as three tensors; the matrix is drawn once per
     // module path and its three parts are filled from one quantisation.
-    let mut quantised: HashMap<String, (Vec<u32>, Vec<f32>, Vec<f32>)> = HashMap::new();
+    let mut quantised: HashMap<String, Quantised> = HashMap::new();
     let mut data: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
     for spec in &specs {
         let n: usize = spec.shape.iter().product();
@@ -74,8 +77,7 @@ pub fn write_checkpoint(cfg: &ModelConfig, dir: &Path, seed: u64) -> Arc<Weights
                         let path = spec.name.rsplit_once('.').map(|(p, _)| p.to_string()).unwrap_or_default();
                         let entry = quantised.entry(path).or_insert_with(|| {
                             let total_rows = rows * experts.max(&1);
-                            let w: Vec<f32> =
-                                (0..total_rows * cols).map(|_| rng.random_range(-bound..bound)).collect();
+                            let w: Vec<f32> = (0..total_rows * cols).map(|_| rng.random_range(-bound..bound)).collect();
                             lily_core::quant::quantize(&w, total_rows, *cols, *bits, 64).expect("quantize")
                         });
                         match part {
