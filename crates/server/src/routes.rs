@@ -101,47 +101,61 @@ fn engine_request(app: &AppState, prompt: Vec<u32>, gen: &GenerationPlan) -> Gen
     req
 }
 
-/// Counts a generation in flight; notices a client that left early.
+/// Counts a generation in flight, logs its outcome, and notices a client
+/// that left early (the guard is dropped before `complete`).
 struct InFlight {
     metrics: Arc<Metrics>,
+    id: String,
     arrived: Instant,
-    first_token: bool,
+    first_token: Option<std::time::Duration>,
     completed: bool,
 }
 
 impl InFlight {
-    fn new(metrics: Arc<Metrics>, arrived: Instant) -> Self {
+    fn new(metrics: Arc<Metrics>, id: &str, arrived: Instant) -> Self {
         metrics.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight {
             metrics,
+            id: id.to_string(),
             arrived,
-            first_token: false,
+            first_token: None,
             completed: false,
         }
     }
 
     fn token(&mut self) {
-        if !self.first_token {
-            self.first_token = true;
-            self.metrics.ttft.observe(self.arrived.elapsed());
+        if self.first_token.is_none() {
+            let t = self.arrived.elapsed();
+            self.first_token = Some(t);
+            self.metrics.ttft.observe(t);
         }
     }
 
-    fn complete(&mut self, usage: Option<&Usage>) {
+    fn complete(&mut self, usage: &Usage, finish: &str) {
         if self.completed {
             return;
         }
         self.completed = true;
-        if let Some(u) = usage {
-            self.metrics
-                .record_usage(u.prompt_tokens, u.completion_tokens, u.prompt_tokens_details.cached_tokens);
-        }
-        self.metrics.request_duration.observe(self.arrived.elapsed());
+        self.metrics
+            .record_usage(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens);
+        let total = self.arrived.elapsed();
+        self.metrics.request_duration.observe(total);
+        tracing::info!(
+            id = %self.id,
+            prompt = usage.prompt_tokens,
+            cached = usage.prompt_tokens_details.cached_tokens,
+            completion = usage.completion_tokens,
+            finish,
+            ttft_ms = self.first_token.map_or(0, |d| d.as_millis() as u64),
+            total_ms = total.as_millis() as u64,
+            "request done"
+        );
     }
 
-    fn failed(&mut self) {
+    fn failed(&mut self, e: &ApiError) {
         self.completed = true;
         self.metrics.engine_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(id = %self.id, status = e.status.as_u16(), error = %e.message, "request failed");
     }
 }
 
@@ -150,7 +164,7 @@ impl Drop for InFlight {
         self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
         if !self.completed {
             self.metrics.disconnects.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!("client went away; request cancelled");
+            tracing::info!(id = %self.id, "client went away; request cancelled");
         }
     }
 }
@@ -243,7 +257,7 @@ async fn chat_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejection>, arr
         logprobs: plan.gen.logprobs.is_some(),
         thinking: plan.thinking,
     };
-    let flight = InFlight::new(app.metrics.clone(), arrived);
+    let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
     if plan.gen.stream {
         Ok(chat_stream(driver, asm, meta, flight))
     } else {
@@ -320,19 +334,20 @@ async fn chat_collect(mut driver: Driver, mut asm: ChatAssembler, meta: ChunkMet
                 cached_tokens,
             }) => break (reason, prompt_tokens, completion_tokens, cached_tokens),
             Some(Step::Failed(e)) => {
-                flight.failed();
+                flight.failed(&e);
                 return Err(e);
             }
             None => {
-                flight.failed();
-                return Err(ApiError::internal("the engine stopped answering"));
+                let e = ApiError::internal("the engine stopped answering");
+                flight.failed(&e);
+                return Err(e);
             }
         }
     };
     folded.absorb(asm.finish());
-    let finish = finish_reason(reason, asm.calls()).inspect_err(|_| flight.failed())?;
+    let finish = finish_reason(reason, asm.calls()).inspect_err(|e| flight.failed(e))?;
     let usage = meta.usage(prompt, completion, cached, &asm);
-    flight.complete(Some(&usage));
+    flight.complete(&usage, finish);
     let calls: Vec<ToolCallOut> = folded
         .calls
         .calls
@@ -469,7 +484,7 @@ impl ChatStream {
                 let finish = match finish_reason(reason, self.asm.calls()) {
                     Ok(f) => f,
                     Err(e) => {
-                        self.flight.failed();
+                        self.flight.failed(&e);
                         frames.push(sse_frame(&e.body()));
                         return Some(frames);
                     }
@@ -477,7 +492,7 @@ impl ChatStream {
                 let last = self.meta.chunk(ChunkDelta::default(), self.meta.logprobs(leftover), Some(finish));
                 frames.push(sse_frame(&last));
                 let usage = self.meta.usage(prompt_tokens, completion_tokens, cached_tokens, &self.asm);
-                self.flight.complete(Some(&usage));
+                self.flight.complete(&usage, finish);
                 if self.meta.include_usage {
                     frames.push(sse_frame(&self.meta.usage_chunk(usage)));
                 }
@@ -486,13 +501,14 @@ impl ChatStream {
             }
             Some(Step::Failed(e)) => {
                 self.ended = true;
-                self.flight.failed();
+                self.flight.failed(&e);
                 Some(vec![sse_frame(&e.body())])
             }
             None => {
                 self.ended = true;
-                self.flight.failed();
-                Some(vec![sse_frame(&ApiError::internal("the engine stopped answering").body())])
+                let e = ApiError::internal("the engine stopped answering");
+                self.flight.failed(&e);
+                Some(vec![sse_frame(&e.body())])
             }
         }
     }
@@ -612,7 +628,7 @@ async fn completions_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejectio
         logprobs: plan.gen.logprobs.is_some(),
     };
     let echo = if plan.echo { prompt_text } else { String::new() };
-    let mut flight = InFlight::new(app.metrics.clone(), arrived);
+    let mut flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
 
     if !plan.gen.stream {
         let mut text = echo;
@@ -635,19 +651,20 @@ async fn completions_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejectio
                     completion_tokens,
                     cached_tokens,
                 }) => {
-                    let finish = finish_reason(reason, 0).inspect_err(|_| flight.failed())?;
+                    let finish = finish_reason(reason, 0).inspect_err(|e| flight.failed(e))?;
                     let usage = Usage::new(prompt_tokens, completion_tokens, cached_tokens, None);
-                    flight.complete(Some(&usage));
+                    flight.complete(&usage, finish);
                     let c = meta.completion(text, meta.logprobs.then_some(lps), Some(finish), UsageField::Some(usage));
                     return Ok(Json(c).into_response());
                 }
                 Some(Step::Failed(e)) => {
-                    flight.failed();
+                    flight.failed(&e);
                     return Err(e);
                 }
                 None => {
-                    flight.failed();
-                    return Err(ApiError::internal("the engine stopped answering"));
+                    let e = ApiError::internal("the engine stopped answering");
+                    flight.failed(&e);
+                    return Err(e);
                 }
             }
         }
@@ -708,7 +725,7 @@ async fn completions_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejectio
                 match finish_reason(reason, 0) {
                     Ok(finish) => {
                         let usage = Usage::new(prompt_tokens, completion_tokens, cached_tokens, None);
-                        st.flight.complete(Some(&usage));
+                        st.flight.complete(&usage, finish);
                         let mut frames = vec![sse_frame(&st.meta.completion(
                             String::new(),
                             None,
@@ -724,20 +741,21 @@ async fn completions_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejectio
                         frames
                     }
                     Err(e) => {
-                        st.flight.failed();
+                        st.flight.failed(&e);
                         vec![sse_frame(&e.body())]
                     }
                 }
             }
             Some(Step::Failed(e)) => {
                 st.ended = true;
-                st.flight.failed();
+                st.flight.failed(&e);
                 vec![sse_frame(&e.body())]
             }
             None => {
                 st.ended = true;
-                st.flight.failed();
-                vec![sse_frame(&ApiError::internal("the engine stopped answering").body())]
+                let e = ApiError::internal("the engine stopped answering");
+                st.flight.failed(&e);
+                vec![sse_frame(&e.body())]
             }
         };
         Some((stream::iter(frames), st))
