@@ -21,7 +21,7 @@ use lily_engine::{Engine, EngineOptions, SamplingParams};
 use lily_server::validate::Limits;
 use lily_server::{AppState, Generator, ServerConfig};
 
-use crate::backend::{open_backend, Device};
+use crate::backend::{open_backend_with, Device};
 
 /// Model id of the built-in demo checkpoint.
 const DEMO_NAME: &str = "lily-demo";
@@ -223,28 +223,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let template = Arc::new(ChatTemplate::from_dir(&dir).with_context(|| format!("loading the chat template of {}", dir.display()))?);
     let defaults = sampling_defaults(&dir)?;
 
-    let load = Instant::now();
-    let progress = bar("loading weights");
-    let mut on_progress = |done: u64, total: u64| {
-        progress.set_length(total);
-        progress.set_position(done);
-    };
-    let backend = match open_backend(&dir, args.device, args.max_seq, &mut on_progress) {
-        Ok(b) => b,
-        Err(e) if demo => {
-            // A demo cache written by an older build: make it again, once.
-            progress.finish_and_clear();
-            eprintln!("the cached demo checkpoint does not load ({e:#}); making it again");
-            make_demo(&dir)?;
-            open_backend(&dir, args.device, args.max_seq, &mut |_, _| {})?
-        }
-        Err(e) => return Err(e),
-    };
-    progress.finish_and_clear();
-    let backend_name = backend.name();
-    let backend_memory = backend.memory_in_use();
-    let max_sequences = backend.max_sequences();
-
     let opts = EngineOptions {
         model_name: name.clone(),
         synthetic: demo,
@@ -253,6 +231,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_seq_len: args.max_seq,
         ..EngineOptions::default()
     };
+    // Room for every running request plus the prefix cache's snapshots.
+    let sequences = args.max_concurrent + opts.prefix_cache_max_entries;
+
+    let load = Instant::now();
+    let progress = bar("loading weights");
+    let mut on_progress = |done: u64, total: u64| {
+        progress.set_length(total);
+        progress.set_position(done);
+    };
+    let backend = match open_backend_with(&dir, args.device, args.max_seq, sequences, &mut on_progress) {
+        Ok(b) => b,
+        Err(e) if demo && args.device != Device::Cuda => {
+            // A demo cache written by an older build: make it again, once.
+            // (A GPU that cannot be used is not the cache's fault.)
+            progress.finish_and_clear();
+            eprintln!("the cached demo checkpoint does not load ({e:#}); making it again");
+            make_demo(&dir)?;
+            open_backend_with(&dir, args.device, args.max_seq, sequences, &mut |_, _| {})?
+        }
+        Err(e) => return Err(e),
+    };
+    progress.finish_and_clear();
+    let backend_name = backend.name();
+    let backend_memory = backend.memory_in_use();
+    let max_sequences = backend.max_sequences();
+
     let handle = Engine::start(backend, tokenizer.clone(), opts).context("starting the engine thread")?;
     let mut engine: Arc<dyn Generator> = Arc::new(handle.clone());
     let mut note = None;
