@@ -783,7 +783,9 @@ mod avx512 {
             && row.biases.len() >= groups
             && tok.x.len() >= (tok.first + N) * tok.cols
             && tok.xsum.len() >= (tok.first + N) * groups;
+        debug_assert!(fits, "q4_dot: operand lengths do not match the shapes");
         if !fits {
+            // Release builds poison the result rather than read out of bounds.
             out.fill(f32::NAN);
             return;
         }
