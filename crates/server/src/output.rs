@@ -55,6 +55,8 @@ pub struct ChatAssembler {
     pending_logprobs: Vec<TokenLogprobOut>,
     reasoning_tokens: usize,
     calls: usize,
+    /// Calls past this many are dropped (`parallel_tool_calls: false`).
+    max_calls: usize,
 }
 
 impl ChatAssembler {
@@ -67,7 +69,14 @@ impl ChatAssembler {
             pending_logprobs: Vec::new(),
             reasoning_tokens: 0,
             calls: 0,
+            max_calls: usize::MAX,
         }
+    }
+
+    /// Keep only the first tool call.
+    pub fn single_call(mut self) -> Self {
+        self.max_calls = 1;
+        self
     }
 
     /// Tokens generated while inside the reasoning.
@@ -132,15 +141,17 @@ impl ChatAssembler {
     }
 
     fn convert(&mut self, events: Vec<ToolEvent>) -> Vec<ChatPiece> {
+        let max = self.max_calls;
         events
             .into_iter()
-            .map(|e| match e {
-                ToolEvent::Content(t) => ChatPiece::Content(t),
+            .filter_map(|e| match e {
+                ToolEvent::Content(t) => Some(ChatPiece::Content(t)),
+                ToolEvent::CallStart { index, .. } | ToolEvent::Arguments { index, .. } if index >= max => None,
                 ToolEvent::CallStart { index, id, name } => {
                     self.calls += 1;
-                    ChatPiece::CallStart { index, id, name }
+                    Some(ChatPiece::CallStart { index, id, name })
                 }
-                ToolEvent::Arguments { index, fragment } => ChatPiece::Arguments { index, fragment },
+                ToolEvent::Arguments { index, fragment } => Some(ChatPiece::Arguments { index, fragment }),
             })
             .collect()
     }
@@ -215,6 +226,18 @@ mod tests {
         let b = a.push("x", Some(&lp("x")), true);
         assert_eq!(b.pieces, vec![ChatPiece::Reasoning("<x".into())]);
         assert_eq!(b.logprobs.len(), 2);
+    }
+
+    #[test]
+    fn single_call_drops_the_rest() {
+        let mut a = ChatAssembler::new(false, Some(ToolSchemas::default())).single_call();
+        let mut f = Folded::default();
+        let two = "<tool_call>\n<function=a>\n</function>\n</tool_call>\n<tool_call>\n<function=b>\n</function>\n</tool_call>";
+        f.absorb(a.push(two, None, true));
+        f.absorb(a.finish());
+        assert_eq!(f.calls.calls.len(), 1);
+        assert_eq!(f.calls.calls[0].name, "a");
+        assert_eq!(a.calls(), 1);
     }
 
     #[test]

@@ -249,6 +249,7 @@ async fn chat_inner(app: Arc<AppState>, body: Result<Bytes, BytesRejection>, arr
     )?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
+    let asm = if plan.single_call { asm.single_call() } else { asm };
     let meta = ChunkMeta {
         id: random_id("chatcmpl-"),
         created: unix_now(),
@@ -823,4 +824,42 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_frames_are_single_data_lines() {
+        let meta = ChunkMeta {
+            id: "chatcmpl-x".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage: true,
+            logprobs: false,
+            thinking: false,
+        };
+        let delta = ChunkDelta {
+            content: Some("line one\nline \"two\"\n\n".into()),
+            ..ChunkDelta::default()
+        };
+        let frame = sse_frame(&meta.chunk(delta, None, None));
+        let text = std::str::from_utf8(&frame).unwrap();
+        // One `data:` line (newlines in content are JSON-escaped), then a blank line.
+        assert!(text.starts_with("data: {") && text.ends_with("}\n\n"), "{text:?}");
+        assert_eq!(text.matches('\n').count(), 2);
+        let v: serde_json::Value = serde_json::from_str(&text[6..text.len() - 2]).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["content"], "line one\nline \"two\"\n\n");
+        assert!(v["usage"].is_null() && v.as_object().unwrap().contains_key("usage"));
+        assert_eq!(SSE_DONE, "data: [DONE]\n\n");
+    }
+
+    #[test]
+    fn finish_reasons() {
+        assert_eq!(finish_reason(FinishReason::Stop, 0), Ok("stop"));
+        assert_eq!(finish_reason(FinishReason::Stop, 2), Ok("tool_calls"));
+        assert_eq!(finish_reason(FinishReason::Length, 1), Ok("length"));
+        assert_eq!(finish_reason(FinishReason::Deadline, 0).unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+    }
 }

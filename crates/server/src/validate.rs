@@ -136,6 +136,8 @@ pub struct ChatPlan {
     pub tool_mode: ToolMode,
     pub schemas: ToolSchemas,
     pub thinking: bool,
+    /// `parallel_tool_calls: false`: only the first call is returned.
+    pub single_call: bool,
 }
 
 /// Limits that come from the server's flags.
@@ -598,6 +600,7 @@ pub fn chat_plan(req: &ChatCompletionRequest, limits: &Limits, defaults: &Sampli
         tool_mode,
         schemas,
         thinking,
+        single_call: req.parallel_tool_calls == Some(false),
     })
 }
 
