@@ -45,9 +45,10 @@ def metric(base, name, headers=None):
     raise KeyError(name)
 
 
-def one_request(base, rng, headers):
-    """One streamed chat; returns (ok, reason, ttft_s, completion_tokens)."""
-    max_tokens = rng.randint(4, 48)
+def one_request(base, rng, headers, max_tokens=None, gaps=None):
+    """One streamed chat; returns (ok, reason, ttft_s, completion_tokens).
+    `gaps` collects the times between text deltas (inter-token latency)."""
+    max_tokens = max_tokens or rng.randint(4, 48)
     # Shared prefixes exercise the prefix cache; the suffix keeps prompts apart.
     topic = rng.choice(["weather", "history", "cooking", "rust"])
     messages = [
@@ -81,10 +82,15 @@ def one_request(base, rng, headers):
                 ev = json.loads(data)
                 if "error" in ev:
                     return False, f"error event {ev['error']}", None, 0
-                if ttft is None and ev.get("choices"):
+                if ev.get("choices"):
                     d = ev["choices"][0]["delta"]
                     if d.get("content") or d.get("reasoning_content"):
-                        ttft = time.time() - start
+                        now = time.time()
+                        if ttft is None:
+                            ttft = now - start
+                        elif gaps is not None:
+                            gaps.append(now - last)
+                        last = now
                 events.append(ev)
     except requests.RequestException as e:
         return False, f"transport: {e}", None, 0
@@ -105,19 +111,25 @@ def one_request(base, rng, headers):
     return True, "", ttft, n
 
 
-def run_load(base, clients, seconds, headers=None, seed=0):
+def percentile(sorted_values, q):
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def run_load(base, clients, seconds, headers=None, seed=0, max_tokens=None):
     host = urlparse(base).hostname
     if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
         raise ValueError(f"load tests only target loopback, not {host}")
     stop_at = time.time() + seconds
     lock = threading.Lock()
-    results = {"ok": 0, "failed": 0, "failures": [], "ttft": [], "tokens": 0}
+    results = {"ok": 0, "failed": 0, "failures": [], "ttft": [], "gaps": [], "tokens": 0}
 
     def worker(i):
         rng = random.Random(seed * 1000 + i)
         while time.time() < stop_at:
-            ok, reason, ttft, n = one_request(base, rng, headers)
+            gaps = []
+            ok, reason, ttft, n = one_request(base, rng, headers, max_tokens, gaps)
             with lock:
+                results["gaps"].extend(gaps)
                 if ok:
                     results["ok"] += 1
                     results["tokens"] += n
@@ -136,12 +148,16 @@ def run_load(base, clients, seconds, headers=None, seed=0):
         t.join(timeout=seconds + 180)
     elapsed = time.time() - t0
     ttft = sorted(results.pop("ttft"))
+    gaps = sorted(results.pop("gaps"))
     results["elapsed_s"] = round(elapsed, 1)
     results["clients"] = clients
     results["output_tok_per_s"] = round(results["tokens"] / elapsed, 1)
     if ttft:
         results["ttft_p50_s"] = round(statistics.median(ttft), 4)
-        results["ttft_p99_s"] = round(ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))], 4)
+        results["ttft_p99_s"] = round(percentile(ttft, 0.99), 4)
+    if gaps:
+        results["itl_p50_s"] = round(statistics.median(gaps), 5)
+        results["itl_p99_s"] = round(percentile(gaps, 0.99), 5)
     return results
 
 
@@ -188,6 +204,13 @@ def main():
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--warmup", type=float, default=10)
+    ap.add_argument(
+        "--bench",
+        help="serving benchmark instead: comma-separated client counts (e.g. 1,8,32,64), "
+        "each for --seconds with --max-tokens per request; no memory check",
+    )
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--serve-arg", action="append", default=[], help="extra `lily serve` flag with --spawn (repeatable)")
     args = ap.parse_args()
     server = None
     if args.spawn:
@@ -197,13 +220,21 @@ def main():
         from conftest import Server
 
         tmp = Path(tempfile.mkdtemp(prefix="lily-load-"))
-        server = Server("load", ["--max-concurrent", str(max(args.clients, 1))], tmp, tmp)
+        counts = [int(x) for x in args.bench.split(",")] if args.bench else [args.clients]
+        serve_args = ["--max-concurrent", str(max(counts))] + [a for x in args.serve_arg for a in x.split()]
+        server = Server("load", serve_args, tmp, tmp)
         base, pid = server.base, server.proc.pid
     else:
         if not args.base or not args.pid:
             ap.error("give --spawn, or --base and --pid")
         base, pid = args.base.rstrip("/"), args.pid
     try:
+        if args.bench:
+            run_load(base, 1, min(args.warmup, 10), max_tokens=8)  # warm-up
+            report = {"bench": [run_load(base, int(n), args.seconds, seed=int(n), max_tokens=args.max_tokens)
+                                for n in args.bench.split(",")]}
+            print(json.dumps(report, indent=2))
+            raise SystemExit(0 if all(r["failed"] == 0 for r in report["bench"]) else 1)
         report = load_with_memory_check(base, pid, args.clients, args.seconds, args.warmup)
     finally:
         if server:
