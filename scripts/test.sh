@@ -7,7 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo test --workspace --locked
-if [ -d tests/e2e ]; then
-  cargo build --locked -p lily
-  LILY_BIN="$PWD/target/debug/lily" python3 -m pytest -q tests/e2e
-fi
+bash scripts/test-e2e.sh
