@@ -34,6 +34,12 @@ impl CudaBackend {
         Ok(CudaBackend { model, config: weights.config.clone() })
     }
 
+    /// A backend of shape `cfg` with random weights made on the GPU (speed
+    /// probes at the real shape without a checkpoint; outputs are noise).
+    pub fn synthetic(gpu: &Arc<Gpu>, cfg: &ModelConfig, opts: Options, seed: u64) -> CudaResult<Self> {
+        Ok(CudaBackend { model: Model::synthetic(gpu, cfg, opts, seed)?, config: cfg.clone() })
+    }
+
     pub fn model(&self) -> &Model {
         &self.model
     }

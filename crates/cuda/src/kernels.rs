@@ -47,6 +47,7 @@ pub const FAMILIES: &[Family] = &[
     },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: &["gemm_q4", "gemm_q8", "rmsnorm_f16"] },
     Family { name: "sampling", source: include_str!("kernels/sampling.cu"), kernels: &["argmax_finish", "argmax_rows"] },
+    Family { name: "synth", source: include_str!("kernels/synth.cu"), kernels: &["fill_random"] },
 ];
 
 /// The full text NVRTC compiles for a family: common header, then the
@@ -73,10 +74,10 @@ fn cache() -> &'static Mutex<HashMap<Vec<String>, Cubins>> {
 /// independent), or returns the cached cubins.
 pub fn compile_all(dims: &Dims) -> CudaResult<Cubins> {
     let key = dims.defines();
-    if let Ok(c) = cache().lock() {
-        if let Some(v) = c.get(&key) {
-            return Ok(v.clone());
-        }
+    // Held while compiling, so concurrent callers of one shape compile once.
+    let mut guard = cache().lock().map_err(|_| CudaError::NvrtcMissing("kernel cache lock poisoned".into()))?;
+    if let Some(v) = guard.get(&key) {
+        return Ok(v.clone());
     }
     nvrtc::ensure_nvrtc()?;
     let results: Vec<CudaResult<(&'static str, Vec<u8>)>> = std::thread::scope(|s| {
@@ -94,9 +95,7 @@ pub fn compile_all(dims: &Dims) -> CudaResult<Cubins> {
         out.push(r?);
     }
     let out = Arc::new(out);
-    if let Ok(mut c) = cache().lock() {
-        c.insert(key, out.clone());
-    }
+    guard.insert(key, out.clone());
     Ok(out)
 }
 

@@ -31,6 +31,7 @@ pub mod moe;
 pub mod nvrtc;
 pub mod sampling;
 pub mod state;
+pub mod synth;
 pub mod weights;
 
 pub use backend::CudaBackend;

@@ -15,10 +15,10 @@
 //! the GPU (sampling.cu) and the host reads the ids at the end.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaEvent, CudaGraph};
 use lily_core::weights::Weights;
 use lily_model::SeqId;
 
@@ -59,6 +59,8 @@ pub struct Model {
     pub weights: DeviceWeights,
     pub mem: Memory,
     graphs: HashMap<(usize, usize, Head), Graph>,
+    /// When profiling, an event recorded after every kernel group.
+    marks: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
 }
 
 impl Model {
@@ -68,7 +70,59 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::upload(gpu, w, &dims, progress)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new() })
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None) })
+    }
+
+    /// The model of shape `cfg` with random weights made on the GPU (speed
+    /// probes; see weights::synthetic).
+    pub fn synthetic(gpu: &Arc<Gpu>, cfg: &lily_core::ModelConfig, opts: Options, seed: u64) -> CudaResult<Self> {
+        let dims = Dims::from_config(cfg)?;
+        let kernels = Kernels::load(gpu, &dims)?;
+        let weights = weights::synthetic(gpu, &kernels, &dims, seed)?;
+        let mem = Memory::new(gpu, &dims, opts)?;
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None) })
+    }
+
+    /// Records a profiling event named `what` (the time since the previous
+    /// mark is attributed to it); a no-op unless `profile_step` is running.
+    fn mark(&self, what: &'static str) -> CudaResult<()> {
+        let mut guard = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?;
+        if let Some(marks) = guard.as_mut() {
+            let ev = self.gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ctx("cuEventCreate")?;
+            ev.record(&self.gpu.stream).ctx("cuEventRecord")?;
+            marks.push((what, ev));
+        }
+        Ok(())
+    }
+
+    /// GPU time of each kernel group of one decode step of `n` tokens,
+    /// summed over layers and averaged over `reps` replays of a graph of the
+    /// step with events between the groups: (group, microseconds).
+    pub fn profile_step(&mut self, n: usize, nsplit: usize, reps: usize) -> CudaResult<Vec<(&'static str, f64)>> {
+        self.gpu.bind()?;
+        *self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))? = Some(Vec::new());
+        let stream = self.gpu.stream.clone();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).ctx("cuStreamBeginCapture")?;
+        let launched = self.mark("start").and_then(|_| self.step_launches(n, nsplit, Head::Logits));
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
+        launched?;
+        let graph = graph.ctx("cuStreamEndCapture")?.ok_or_else(|| CudaError::Driver { what: "graph capture".into(), message: "empty graph".into() })?;
+        let mut totals: Vec<(&'static str, f64)> = Vec::new();
+        graph.launch().ctx("cuGraphLaunch")?;
+        self.gpu.synchronize()?;
+        for _ in 0..reps.max(1) {
+            graph.launch().ctx("cuGraphLaunch")?;
+            self.gpu.synchronize()?;
+            for w in marks.windows(2) {
+                let us = w[0].1.elapsed_ms(&w[1].1).ctx("cuEventElapsedTime")? as f64 * 1000.0 / reps.max(1) as f64;
+                match totals.iter_mut().find(|t| t.0 == w[1].0) {
+                    Some(t) => t.1 += us,
+                    None => totals.push((w[1].0, us)),
+                }
+            }
+        }
+        Ok(totals)
     }
 
     fn kv_view(&self, layer: usize) -> KvView {
@@ -120,19 +174,27 @@ impl Model {
             .map(|(m, off)| GemvSeg { w: m, out: s.proj + (*off * 4) as u64, out_stride: ps, accumulate: false, argmax: false })
             .collect();
         gemv::gemv(g, k, &segs, h_in, 0)?;
+        let attn = matches!(l.mixer, MixerDev::Attention(_));
+        self.mark(if attn { "attn in_proj gemv" } else { "gdn in_proj gemv" })?;
         let mix = MixOut::F32(s.mix_f32);
         match &l.mixer {
-            MixerDev::DeltaNet(w) => gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?,
+            MixerDev::DeltaNet(w) => {
+                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?;
+                self.mark("gdn step")?;
+            }
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
+                self.mark("attn prep")?;
                 attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), nsplit, s.proj, ps, mix, n)?;
+                self.mark("attn decode+combine")?;
             }
         }
         let out = Self::out_projection(l);
         // The mixer writes rows as wide as the out-projection's input.
         let mix_in = GemvInput { x: s.mix_f32, stride: out.cols, ntok: n, norm: None };
         gemv::gemv(g, k, &[GemvSeg { w: &out, out: s.h, out_stride: d.hidden, accumulate: true, argmax: false }], mix_in, 0)?;
+        self.mark(if attn { "attn out_proj gemv" } else { "gdn out_proj gemv" })?;
 
         // MoE: router + shared-expert gate, then the fused experts.
         let m = &l.moe;
@@ -142,9 +204,12 @@ impl Model {
             GemvSeg { w: &m.sh_expert_gate, out: s.sg, out_stride: 1, accumulate: false, argmax: false },
         ];
         gemv::gemv(g, k, &segs, post, 0)?;
+        self.mark("moe router gemv")?;
         let bufs = s.moe_decode();
         moe::gate_up(g, k, d, m, s.h, d.hidden, l.post_norm, n, &bufs)?;
-        moe::down(g, k, d, m, s.h, d.hidden, n, &bufs)
+        self.mark("moe gate_up")?;
+        moe::down(g, k, d, m, s.h, d.hidden, n, &bufs)?;
+        self.mark("moe down")
     }
 
     // ---- the GEMM path (batch decode, prefill) -------------------------------
@@ -202,6 +267,7 @@ impl Model {
     pub fn step_launches(&self, n: usize, nsplit: usize, head: Head) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         embed::embed(g, k, d, &self.weights.embed, s.tokens, s.h, s.argmax, n)?;
+        self.mark("embed")?;
         for i in 0..d.layers {
             if n <= GEMV_MAX_TOK {
                 self.layer_decode_gemv(i, n, nsplit)?;
@@ -218,6 +284,7 @@ impl Model {
             gemm::gemm(g, k, s.xn, d.hidden, n, &self.weights.lm_head, None, GemmOut::Store(s.logits), d.vocab, None)?;
             sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)?;
         }
+        self.mark("lm_head")?;
         if head == Head::Greedy {
             sampling::argmax_finish(g, k, s.argmax, s.tokens, s.out_ids, s.pos, s.step, n)?;
         }

@@ -220,6 +220,23 @@ impl<'a> Planner<'a> {
         })
     }
 
+    /// Space for a packed matrix with no source (synthetic weights).
+    fn shape(&mut self, rows: usize, cols: usize, experts: usize, bits: u32) -> QMat {
+        let words = experts * rows * cols * bits as usize / 32;
+        let groups = experts * rows * cols / 64;
+        let offset = self.size;
+        self.size += align(words * 4) + 2 * align(groups * 2);
+        QMat {
+            codes: offset as u64,
+            scales: (offset + align(words * 4)) as u64,
+            biases: (offset + align(words * 4) + align(groups * 2)) as u64,
+            rows,
+            cols,
+            experts,
+            bits,
+        }
+    }
+
     fn vector(&mut self, v: Vec<f32>) -> u64 {
         let offset = self.size;
         self.size += align(v.len() * 4);
@@ -326,7 +343,12 @@ pub fn upload(gpu: &Arc<Gpu>, w: &Weights, dims: &Dims, progress: &mut dyn FnMut
 
     rebase(&mut embed, base);
     rebase(&mut lm_head, base);
-    for l in &mut layers {
+    rebase_layers(&mut layers, base);
+    Ok(DeviceWeights { _buffer: buffer, embed, layers, final_norm: final_norm + base, lm_head, inv_freq: inv_freq + base, bytes: total })
+}
+
+fn rebase_layers(layers: &mut [LayerDev], base: u64) {
+    for l in layers {
         l.input_norm += base;
         l.post_norm += base;
         match &mut l.mixer {
@@ -352,5 +374,90 @@ pub fn upload(gpu: &Arc<Gpu>, w: &Weights, dims: &Dims, progress: &mut dyn FnMut
             rebase(q, base);
         }
     }
+}
+
+/// Random weights of the shape of `dims` made directly in GPU memory
+/// (speed probes at the real shape without a 20 GB checkpoint): uniform
+/// codes, per-group scales and biases that put each weight in about
+/// +-sqrt(3 / fan_in), unit norm gains, small conv taps and gates.
+pub fn synthetic(gpu: &Arc<Gpu>, k: &crate::kernels::Kernels, dims: &Dims, seed: u64) -> CudaResult<DeviceWeights> {
+    use crate::synth::{fill, Fill};
+    let d = dims;
+    let mut pl = Planner { size: 0, linears: Vec::new(), vectors: Vec::new() };
+    let (h, v) = (d.hidden, d.vocab);
+    let mut mats: Vec<QMat> = Vec::new();
+    let mut vecs: Vec<(u64, usize, f32, f32)> = Vec::new();
+    let mut vector = |pl: &mut Planner, n: usize, lo: f32, hi: f32| -> u64 {
+        let off = pl.size as u64;
+        pl.size += align(n * 4);
+        vecs.push((off, n, lo, hi));
+        off
+    };
+    let mut mat = |pl: &mut Planner, rows: usize, cols: usize, experts: usize, bits: u32| -> QMat {
+        let m = pl.shape(rows, cols, experts, bits);
+        mats.push(m);
+        m
+    };
+    let mut embed = mat(&mut pl, v, h, 1, 4);
+    let mut lm_head = mat(&mut pl, v, h, 1, 4);
+    let final_norm = vector(&mut pl, h, 1.0, 1.0);
+    let inv_freq = pl.size as u64;
+    pl.size += align(d.rot_dim / 2 * 4);
+    let mut layers = Vec::with_capacity(d.layers);
+    for i in 0..d.layers {
+        let mixer = if i % 4 == 3 {
+            let q = 2 * d.a_heads * d.a_head_dim;
+            MixerDev::Attention(AttentionDev {
+                q: mat(&mut pl, q, h, 1, 4),
+                k: mat(&mut pl, d.kv_dim(), h, 1, 4),
+                v: mat(&mut pl, d.kv_dim(), h, 1, 4),
+                o: mat(&mut pl, h, d.attn_out_dim(), 1, 4),
+                q_norm: vector(&mut pl, d.a_head_dim, 1.0, 1.0),
+                k_norm: vector(&mut pl, d.a_head_dim, 1.0, 1.0),
+            })
+        } else {
+            MixerDev::DeltaNet(DeltaNetDev {
+                in_qkv: mat(&mut pl, d.conv_dim, h, 1, 4),
+                in_z: mat(&mut pl, d.gdn_val_dim(), h, 1, 4),
+                in_a: mat(&mut pl, d.gv_heads, h, 1, 4),
+                in_b: mat(&mut pl, d.gv_heads, h, 1, 4),
+                out: mat(&mut pl, h, d.gdn_val_dim(), 1, 4),
+                conv_w: vector(&mut pl, d.conv_dim * 4, -0.5, 0.5),
+                a_log: vector(&mut pl, d.gv_heads, -1.0, 1.0),
+                dt_bias: vector(&mut pl, d.gv_heads, -1.0, 1.0),
+                norm: vector(&mut pl, d.gv_dim, 1.0, 1.0),
+            })
+        };
+        let moe = MoeDev {
+            router: mat(&mut pl, d.n_experts, h, 1, 8),
+            gate: mat(&mut pl, d.moe_inter, h, d.n_experts, 4),
+            up: mat(&mut pl, d.moe_inter, h, d.n_experts, 4),
+            down: mat(&mut pl, h, d.moe_inter, d.n_experts, 4),
+            sh_gate: mat(&mut pl, d.moe_inter, h, 1, 4),
+            sh_up: mat(&mut pl, d.moe_inter, h, 1, 4),
+            sh_down: mat(&mut pl, h, d.moe_inter, 1, 4),
+            sh_expert_gate: mat(&mut pl, 1, h, 1, 8),
+        };
+        layers.push(LayerDev { input_norm: vector(&mut pl, h, 1.0, 1.0), post_norm: vector(&mut pl, h, 1.0, 1.0), mixer, moe });
+    }
+    let total = pl.size;
+    let buffer = DeviceBuffer::zeroed(gpu, total, "synthetic weights")?;
+    let base = buffer.ptr();
+    for (i, m) in mats.iter().enumerate() {
+        let s = seed.wrapping_mul(1000).wrapping_add(i as u64);
+        let levels = ((1u32 << m.bits) - 1) as f32;
+        let amp = (3.0 / m.cols as f32).sqrt();
+        let scale = 2.0 * amp / levels;
+        fill(gpu, k, base + m.codes, m.experts * m.expert_words(), Fill::Words, s)?;
+        fill(gpu, k, base + m.scales, m.experts * m.expert_groups(), Fill::Bf16(scale * 0.9, scale * 1.1), s ^ 1)?;
+        fill(gpu, k, base + m.biases, m.experts * m.expert_groups(), Fill::Bf16(-amp * 1.05, -amp * 0.95), s ^ 2)?;
+    }
+    for (j, (off, n, lo, hi)) in vecs.iter().enumerate() {
+        fill(gpu, k, base + off, *n, Fill::F32(*lo, *hi), seed ^ (0x5eed + j as u64))?;
+    }
+    buffer.upload_sync_at(inv_freq as usize, &dims.inv_freq())?;
+    rebase(&mut embed, base);
+    rebase(&mut lm_head, base);
+    rebase_layers(&mut layers, base);
     Ok(DeviceWeights { _buffer: buffer, embed, layers, final_norm: final_norm + base, lm_head, inv_freq: inv_freq + base, bytes: total })
 }

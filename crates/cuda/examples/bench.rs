@@ -1,0 +1,164 @@
+//! Speed probe of the CUDA backend (the measurement `lily bench` wraps):
+//! load a checkpoint (or write a full-width synthetic one into RAM first),
+//! then for each prompt length an untimed warm-up at the exact shape, one
+//! timed greedy prefill and `--steps` timed greedy decode steps, one JSON line
+//! per length; `--profile` adds the GPU time of each kernel group of a decode
+//! step (CUDA events inside a graph of the step).
+//!
+//!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32]
+//!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
+//!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use lily_core::weights::Weights;
+use lily_cuda::bench::{fnv1a_digest, prompt_tokens, timed_run};
+use lily_cuda::{CudaBackend, Gpu, Options};
+
+struct Args {
+    model: Option<PathBuf>,
+    synth_layers: Option<usize>,
+    random_layers: Option<usize>,
+    lengths: Vec<usize>,
+    steps: usize,
+    profile: bool,
+    batch: Vec<usize>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args { model: None, synth_layers: None, random_layers: None, lengths: vec![256, 4096], steps: 64, profile: false, batch: Vec::new() };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => a.model = Some(PathBuf::from(val()?)),
+            "--synth-layers" => a.synth_layers = Some(val()?.parse().map_err(|e| format!("--synth-layers: {e}"))?),
+            "--random-layers" => a.random_layers = Some(val()?.parse().map_err(|e| format!("--random-layers: {e}"))?),
+            "--lengths" => a.lengths = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--lengths: {e}"))).collect::<Result<_, _>>()?,
+            "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
+            "--profile" => a.profile = true,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if a.model.is_none() && a.synth_layers.is_none() && a.random_layers.is_none() {
+        return Err("give --model DIR, --synth-layers N or --random-layers N".into());
+    }
+    Ok(a)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = parse()?;
+    let max_len = args.lengths.iter().copied().max().unwrap_or(256);
+    let mut opts = Options::for_context(max_len + args.steps + 64);
+    opts.max_sequences = 4.max(args.batch.iter().copied().max().unwrap_or(1) * 2 + 2);
+    let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let mut be = if let Some(layers) = args.random_layers {
+        let mut cfg = lily_core::config::production();
+        cfg.num_layers = layers;
+        CudaBackend::synthetic(&gpu, &cfg, opts, 1).map_err(|e| e.to_string())?
+    } else {
+        let dir = match (&args.model, args.synth_layers) {
+            (Some(m), _) => m.clone(),
+            (None, Some(layers)) => {
+                let base = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+                let dir = base.join(format!("lily-synth-full-{layers}"));
+                if !dir.join("config.json").exists() {
+                    let t = Instant::now();
+                    let mut o = lily_synth::SynthOptions::new(lily_synth::Preset::Full, &dir);
+                    o.layers = Some(layers);
+                    let r = lily_synth::synth(&o).map_err(|e| e.to_string())?;
+                    eprintln!("synth: {} layers, {:.1} GB in {:.1} s", layers, r.bytes_written as f64 / 1e9, t.elapsed().as_secs_f64());
+                }
+                dir
+            }
+            _ => return Err("no model".into()),
+        };
+        let weights = Weights::load(&dir).map_err(|e| e.to_string())?;
+        let mut last = Instant::now();
+        CudaBackend::from_weights(&gpu, &weights, opts, &mut |done, total| {
+            if last.elapsed().as_secs_f64() > 2.0 || done == total {
+                eprintln!("upload: {:.1} / {:.1} GB", done as f64 / 1e9, total as f64 / 1e9);
+                last = Instant::now();
+            }
+        })
+        .map_err(|e| e.to_string())?
+    };
+    let load_s = t.elapsed().as_secs_f64();
+    eprintln!("loaded in {load_s:.1} s on {}; device memory {:.2} GB", gpu.name, gpu.allocated() as f64 / 1e9);
+    let vocab = lily_model::Backend::config(&be).vocab_size;
+    let mut table = Vec::new();
+    for &len in &args.lengths {
+        let prompt = prompt_tokens(len, vocab);
+        timed_run(&mut be, &prompt, args.steps).map_err(|e| format!("warm-up at {len}: {e}"))?;
+        let r = timed_run(&mut be, &prompt, args.steps).map_err(|e| format!("run at {len}: {e}"))?;
+        let line = format!(
+            "{{\"prompt_tokens\":{len},\"prefill_s\":{:.4},\"prefill_tok_s\":{:.1},\"decode_s\":{:.4},\"decode_tok_s\":{:.1},\"first_token\":{},\"digest\":\"{}\",\"peak_bytes\":{}}}",
+            r.prefill_s,
+            r.prefill_tok_s(),
+            r.decode_s,
+            r.decode_tok_s(),
+            r.first_token,
+            fnv1a_digest(&r.ids),
+            gpu.peak_allocated()
+        );
+        println!("{line}");
+        table.push((len, r.prefill_tok_s(), r.decode_tok_s()));
+        if args.profile {
+            let nsplit = lily_cuda::attention::splits_for(len + 1, be.model().mem.scratch.max_splits);
+            let seq = lily_model::Backend::alloc(&mut be).map_err(|e| e.to_string())?;
+            lily_model::Backend::prefill_greedy(&mut be, seq, &prompt).map_err(|e| e.to_string())?;
+            let m = be.model_mut();
+            let slot = m.mem.seq(seq).map_err(|e| e.to_string())?.slot as i32;
+            let s = m.mem.scratch;
+            lily_cuda::device::write_device(&gpu, s.tokens, &[1u32]).map_err(|e| e.to_string())?;
+            lily_cuda::device::write_device(&gpu, s.pos, &[len as i32]).map_err(|e| e.to_string())?;
+            lily_cuda::device::write_device(&gpu, s.slot, &[slot]).map_err(|e| e.to_string())?;
+            m.mem.reserve(seq, len + 1).map_err(|e| e.to_string())?;
+            let prof = m.profile_step(1, nsplit, 20).map_err(|e| e.to_string())?;
+            let total: f64 = prof.iter().map(|p| p.1).sum();
+            eprintln!("decode step at context {len}: {total:.1} us of GPU time by kernel group");
+            for (name, us) in &prof {
+                eprintln!("  {name:<22} {us:8.1} us  {:5.1}%", 100.0 * us / total);
+            }
+            lily_model::Backend::free(&mut be, seq);
+        }
+    }
+    for &b in &args.batch {
+        // Aggregate decode throughput of b sequences stepping together.
+        let prompt = prompt_tokens(256, vocab);
+        let mut seqs = Vec::new();
+        let mut next = Vec::new();
+        for _ in 0..b {
+            let s = lily_model::Backend::alloc(&mut be).map_err(|e| e.to_string())?;
+            next.push(lily_model::Backend::prefill_greedy(&mut be, s, &prompt).map_err(|e| e.to_string())?);
+            seqs.push(s);
+        }
+        let steps = 16;
+        let t = Instant::now();
+        for _ in 0..steps {
+            let batch: Vec<_> = seqs.iter().copied().zip(next.iter().copied()).collect();
+            let logits = lily_model::Backend::decode(&mut be, &batch).map_err(|e| e.to_string())?;
+            next = logits.iter().map(|l| lily_model::argmax(l)).collect();
+        }
+        let dt = t.elapsed().as_secs_f64();
+        println!("{{\"batch\":{b},\"steps\":{steps},\"aggregate_tok_s\":{:.1},\"step_ms\":{:.2}}}", (b * steps) as f64 / dt, dt * 1e3 / steps as f64);
+        for s in seqs {
+            lily_model::Backend::free(&mut be, s);
+        }
+    }
+    eprintln!("\n| prompt | prefill tok/s | decode tok/s |\n|---|---|---|");
+    for (len, p, d) in table {
+        eprintln!("| {len} | {p:.0} | {d:.1} |");
+    }
+    Ok(())
+}

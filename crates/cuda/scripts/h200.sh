@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU suite and a speed probe on the H200, from test binaries built on a
+# development machine (the GPU machine has no Rust toolchain):
+#
+#   cargo test -p lily-cuda --release --no-run
+#   cargo build -p lily-cuda --release --example bench
+#   copy the gpu_kernels / gpu_model / nvrtc_compile test executables and
+#   examples/bench into .carry/ (stripped), then run this from the repo root.
+#
+# Logs go to $OUT (or ./h200-out); the last lines summarise every binary.
+set -u
+OUT=${OUT:-$PWD/h200-out}
+mkdir -p "$OUT"
+BIN=${BIN:-.carry}
+export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
+STAGES=${STAGES:-"nvrtc kernels bench model"}
+BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 8,32"}
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+run() { # name timeout cmd...
+  local name=$1 t=$2; shift 2
+  local start=$(date +%s)
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc $rc, $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+}
+for s in $STAGES; do
+  case $s in
+    nvrtc) run nvrtc 90 "$BIN/nvrtc_compile" --test-threads=4 ;;
+    kernels) run kernels 200 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
+    bench) run bench 200 "$BIN/bench" $BENCH_ARGS ;;
+    model) run model 240 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
+  esac
+done
+echo "---- summary"
+for f in nvrtc kernels model; do
+  [ -f "$OUT/$f.log" ] && grep -E "^test result|panicked|FAILED CHECK|^test .* FAILED" "$OUT/$f.log" | head -40
+done
+[ -f "$OUT/bench.log" ] && grep -vE "^upload" "$OUT/bench.log" | tail -45
+cat "$OUT/summary.txt"

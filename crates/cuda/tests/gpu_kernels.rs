@@ -1,0 +1,830 @@
+//! Every kernel family against a naive f64 reference (tests/common), at the
+//! real Qwen3.6-35B-A3B shape and at the tiny fixture's shape, on random
+//! inputs (fresh per case; outputs poisoned before each launch).
+//!
+//! Runs on the H200 (`LILY_REQUIRE_GPU=1` there); without a GPU each test
+//! prints "skipped: no CUDA device" and returns.
+//!
+//! Tolerances (relative L2 error): fp32 paths (GEMV, fused MoE, DeltaNet,
+//! decode attention) 1e-5..1e-4, i.e. fp32 rounding over sums of a few
+//! thousand terms; the tensor-core paths are compared with a reference on the
+//! same fp16-rounded operands (1e-5) and against the unrounded math (3e-3,
+//! fp16 has 11 significant bits).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use lily_core::config::production;
+use lily_core::ModelConfig;
+use lily_cuda::attention::{self, DecodeScratch, KvView, QOut};
+use lily_cuda::device::Gpu;
+use lily_cuda::dims::{Dims, GEMM_BM, KV_BLOCK};
+use lily_cuda::gdn::{self, GdnScratch, GdnState, MixOut};
+use lily_cuda::gemm::{self, GemmOut, Grouping};
+use lily_cuda::gemv::{self, GemvInput, GemvSeg};
+use lily_cuda::kernels::Kernels;
+use lily_cuda::weights::{AttentionDev, DeltaNetDev, MoeDev, QMat};
+use lily_cuda::{embed, moe, sampling};
+use rayon::prelude::*;
+
+fn prod_dims() -> Dims {
+    Dims::from_config(&production()).expect("production dims")
+}
+
+fn tiny_dims() -> Dims {
+    let dir = fixtures_dir().join("mlx-q4");
+    Dims::from_config(&ModelConfig::from_dir(&dir).expect("fixture config")).expect("tiny dims")
+}
+
+fn both() -> [(&'static str, Dims); 2] {
+    [("tiny", tiny_dims()), ("production", prod_dims())]
+}
+
+const NAN: f32 = f32::NAN;
+
+// ---- embed ----------------------------------------------------------------------
+
+#[test]
+fn embed_gathers_dequantised_rows() {
+    let Some(gpu) = gpu("embed_gathers_dequantised_rows") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let table = HostQ::random(11, 1, d.vocab, d.hidden, 4, 0.5);
+        let (_tb, m) = table.upload(&gpu);
+        let mut rng = Rng::new(12);
+        let toks: Vec<u32> = vec![0, (d.vocab - 1) as u32, rng.below(d.vocab) as u32, rng.below(d.vocab) as u32, 7];
+        let n = toks.len();
+        let tk = upload(&gpu, &toks);
+        let h = upload(&gpu, &vec![NAN; n * d.hidden]);
+        let keys = upload(&gpu, &vec![99u64; n]);
+        embed::embed(&gpu, &k, &d, &m, tk.ptr(), h.ptr(), keys.ptr(), n).expect("launch");
+        let got: Vec<f32> = download(&gpu, h.ptr(), n * d.hidden);
+        let want: Vec<f64> = toks.iter().flat_map(|t| table.row(0, *t as usize)).map(|v| v as f64).collect();
+        assert_close(&format!("embed {label}"), &got, &want, 1e-7);
+        let kk: Vec<u64> = download(&gpu, keys.ptr(), n);
+        check(kk.iter().all(|v| *v == 0), "argmax keys cleared");
+    }
+    finish();
+}
+
+// ---- GEMV -----------------------------------------------------------------------
+
+struct SegCase {
+    rows: usize,
+    bits: u32,
+    accumulate: bool,
+}
+
+fn gemv_case(gpu: &Arc<Gpu>, k: &Kernels, label: &str, cols: usize, segs: &[SegCase], ntok: usize, norm: bool, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let x = rng.vec(ntok * cols, -2.0, 2.0);
+    let gain = rng.vec(cols, 0.5, 1.5);
+    let xb = upload(gpu, &x);
+    let gb = upload(gpu, &gain);
+    let mats: Vec<HostQ> = segs.iter().enumerate().map(|(i, s)| HostQ::random(seed * 31 + i as u64, 1, s.rows, cols, s.bits, 0.1)).collect();
+    let dev: Vec<_> = mats.iter().map(|m| m.upload(gpu)).collect();
+    let prev: Vec<Vec<f32>> = segs.iter().map(|s| if s.accumulate { rng.vec(ntok * s.rows, -1.0, 1.0) } else { vec![NAN; ntok * s.rows] }).collect();
+    let outs: Vec<_> = prev.iter().map(|p| upload(gpu, p)).collect();
+    let gs: Vec<GemvSeg> = segs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| GemvSeg { w: &dev[i].1, out: outs[i].ptr(), out_stride: s.rows, accumulate: s.accumulate, argmax: false })
+        .collect();
+    let input = GemvInput { x: xb.ptr(), stride: cols, ntok, norm: norm.then_some((gb.ptr(), 1e-6)) };
+    gemv::gemv(gpu, k, &gs, input, 0).expect("launch");
+    for (i, s) in segs.iter().enumerate() {
+        let got: Vec<f32> = download(gpu, outs[i].ptr(), ntok * s.rows);
+        let mut want = Vec::new();
+        for t in 0..ntok {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let xin = if norm { rmsnorm(xt, &gain, 1e-6) } else { xt.to_vec() };
+            let y = mats[i].matvec(0, &xin);
+            for (r, v) in y.iter().enumerate() {
+                want.push(v + if s.accumulate { prev[i][t * s.rows + r] as f64 } else { 0.0 });
+            }
+        }
+        assert_close(&format!("gemv {label} seg {i} ({}x{cols} {}-bit, {ntok} tok, norm {norm}, acc {})", s.rows, s.bits, s.accumulate), &got, &want, 2e-5);
+    }
+}
+
+#[test]
+fn gemv_matches_reference_on_every_segment_mix() {
+    let Some(gpu) = gpu("gemv_matches_reference_on_every_segment_mix") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let h = d.hidden;
+        let gdn_in = [
+            SegCase { rows: d.conv_dim, bits: 4, accumulate: false },
+            SegCase { rows: d.gdn_val_dim(), bits: 4, accumulate: false },
+            SegCase { rows: d.gv_heads, bits: 4, accumulate: false },
+            SegCase { rows: d.gv_heads, bits: 4, accumulate: false },
+        ];
+        for ntok in 1..=4 {
+            gemv_case(&gpu, &k, label, h, &gdn_in, ntok, true, 100 + ntok as u64);
+        }
+        let router = [SegCase { rows: d.n_experts, bits: 8, accumulate: false }, SegCase { rows: 1, bits: 8, accumulate: false }];
+        gemv_case(&gpu, &k, label, h, &router, 3, true, 200);
+        let out = [SegCase { rows: h, bits: 4, accumulate: true }];
+        gemv_case(&gpu, &k, label, d.gdn_val_dim(), &out, 2, false, 300);
+        gemv_case(&gpu, &k, label, d.attn_out_dim(), &out, 1, false, 301);
+        let odd = [SegCase { rows: 5, bits: 4, accumulate: false }, SegCase { rows: 3, bits: 8, accumulate: true }];
+        gemv_case(&gpu, &k, label, h, &odd, 4, false, 400);
+    }
+    finish();
+}
+
+#[test]
+fn gemv_lm_head_argmax_is_the_first_maximum() {
+    let Some(gpu) = gpu("gemv_lm_head_argmax_is_the_first_maximum") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let ntok = 2;
+        let mut rng = Rng::new(500);
+        let x = rng.vec(ntok * d.hidden, -2.0, 2.0);
+        let gain = rng.vec(d.hidden, 0.5, 1.5);
+        let head = HostQ::random(501, 1, d.vocab, d.hidden, 4, 0.1);
+        let (_hb, m) = head.upload(&gpu);
+        let (xb, gb) = (upload(&gpu, &x), upload(&gpu, &gain));
+        let logits = upload(&gpu, &vec![NAN; ntok * d.vocab]);
+        let keys = upload(&gpu, &vec![0u64; ntok]);
+        let seg = GemvSeg { w: &m, out: logits.ptr(), out_stride: d.vocab, accumulate: false, argmax: true };
+        gemv::gemv(&gpu, &k, &[seg], GemvInput { x: xb.ptr(), stride: d.hidden, ntok, norm: Some((gb.ptr(), 1e-6)) }, keys.ptr()).expect("launch");
+        let got: Vec<f32> = download(&gpu, logits.ptr(), ntok * d.vocab);
+        let kk: Vec<u64> = download(&gpu, keys.ptr(), ntok);
+        for t in 0..ntok {
+            let row = &got[t * d.vocab..(t + 1) * d.vocab];
+            let want = head.matvec(0, &rmsnorm(&x[t * d.hidden..(t + 1) * d.hidden], &gain, 1e-6));
+            assert_close(&format!("lm_head {label} token {t}"), row, &want, 2e-5);
+            check(sampling::key_index(kk[t]) as usize == argmax(row), format!("{label}: fused argmax {} equals the argmax {} of the written logits", sampling::key_index(kk[t]), argmax(row)));
+        }
+    }
+    finish();
+}
+
+// ---- GEMM -------------------------------------------------------------------------
+
+fn f16_matrix(rng: &mut Rng, rows: usize, cols: usize, amp: f32) -> (Vec<f32>, Vec<u16>) {
+    let v: Vec<f32> = rng.vec(rows * cols, -amp, amp).into_iter().map(f16_round).collect();
+    let bits = v.iter().map(|x| f16_bits(*x)).collect();
+    (v, bits)
+}
+
+#[test]
+fn gemm_matches_reference_in_every_mode() {
+    let Some(gpu) = gpu("gemm_matches_reference_in_every_mode") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(600);
+    for &(m, n, kk, bits) in &[(1usize, 8192usize, 2048usize, 4u32), (5, 512, 2048, 4), (130, 2048, 4096, 4), (300, 256, 2048, 8), (77, 1, 2048, 8), (64, 1024, 64, 4)] {
+        let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+        let w = HostQ::random(rng.seed(), 1, n, kk, bits, 0.1);
+        let (_wb, wm) = w.upload(&gpu);
+        let abuf = upload(&gpu, &ab);
+        for add in [false, true] {
+            let prev = if add { rng.vec(m * n, -1.0, 1.0) } else { vec![NAN; m * n] };
+            let out = upload(&gpu, &prev);
+            let mode = if add { GemmOut::Add(out.ptr()) } else { GemmOut::Store(out.ptr()) };
+            gemm::gemm(&gpu, &k, abuf.ptr(), kk, m, &wm, None, mode, n, None).expect("launch");
+            let got: Vec<f32> = download(&gpu, out.ptr(), m * n);
+            let mut want_f16 = Vec::with_capacity(m * n);
+            let mut want_exact = Vec::with_capacity(m * n);
+            for r in 0..m {
+                let ar = &a[r * kk..(r + 1) * kk];
+                let y16 = w.matvec_f16w(0, ar);
+                let y = w.matvec(0, ar);
+                for c in 0..n {
+                    let base = if add { prev[r * n + c] as f64 } else { 0.0 };
+                    want_f16.push(y16[c] + base);
+                    want_exact.push(y[c] + base);
+                }
+            }
+            let what = format!("gemm {m}x{n}x{kk} {bits}-bit add {add}");
+            assert_close(&format!("{what} (fp16 operands)"), &got, &want_f16, 1e-5);
+            assert_close(&format!("{what} (exact weights)"), &got, &want_exact, 3e-3);
+        }
+    }
+    // SwiGLU: out = silu(gate a) * (up a), fp16.
+    for &(m, inter, kk) in &[(3usize, 512usize, 2048usize), (200, 512, 2048), (9, 64, 64)] {
+        let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+        let g = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+        let u = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+        let ((_g1, gm), (_u1, um)) = (g.upload(&gpu), u.upload(&gpu));
+        let abuf = upload(&gpu, &ab);
+        let out = upload(&gpu, &vec![0xffffu16; m * inter]);
+        gemm::gemm(&gpu, &k, abuf.ptr(), kk, m, &gm, Some(&um), GemmOut::SwiGlu(out.ptr()), inter, None).expect("launch");
+        let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), m * inter).into_iter().map(f16_val).collect();
+        let mut want = Vec::new();
+        for r in 0..m {
+            let ar = &a[r * kk..(r + 1) * kk];
+            let (gy, uy) = (g.matvec_f16w(0, ar), u.matvec_f16w(0, ar));
+            want.extend(gy.iter().zip(&uy).map(|(x, y)| silu(*x) * y));
+        }
+        assert_close(&format!("gemm swiglu {m}x{inter}x{kk}"), &got, &want, 1e-3);
+    }
+    finish();
+}
+
+#[test]
+fn rmsnorm_f16_matches_reference() {
+    let Some(gpu) = gpu("rmsnorm_f16_matches_reference") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(650);
+    let (rows, cols) = (37, d.hidden);
+    let x = rng.vec(rows * cols, -30.0, 30.0);
+    let g = rng.vec(cols, 0.5, 1.5);
+    let (xb, gb) = (upload(&gpu, &x), upload(&gpu, &g));
+    let out = zeros(&gpu, rows * cols * 2);
+    gemm::rmsnorm_f16(&gpu, &k, xb.ptr(), gb.ptr(), out.ptr(), rows, cols, 1e-6).expect("launch");
+    let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), rows * cols).into_iter().map(f16_val).collect();
+    let want: Vec<f64> = (0..rows).flat_map(|r| rmsnorm(&x[r * cols..(r + 1) * cols], &g, 1e-6)).map(|v| v as f64).collect();
+    assert_close("rmsnorm_f16", &got, &want, 1e-3);
+    finish();
+}
+
+// ---- MoE ------------------------------------------------------------------------------
+
+struct HostMoe {
+    gate: HostQ,
+    up: HostQ,
+    down: HostQ,
+    sh_gate: HostQ,
+    sh_up: HostQ,
+    sh_down: HostQ,
+}
+
+impl HostMoe {
+    fn random(d: &Dims, seed: u64) -> Self {
+        let (h, i, e) = (d.hidden, d.moe_inter, d.n_experts);
+        HostMoe {
+            gate: HostQ::random(seed, e, i, h, 4, 0.1),
+            up: HostQ::random(seed + 1, e, i, h, 4, 0.1),
+            down: HostQ::random(seed + 2, e, h, i, 4, 0.1),
+            sh_gate: HostQ::random(seed + 3, 1, i, h, 4, 0.1),
+            sh_up: HostQ::random(seed + 4, 1, i, h, 4, 0.1),
+            sh_down: HostQ::random(seed + 5, 1, h, i, 4, 0.1),
+        }
+    }
+
+    /// MoE output for normalised input xn, with the router given.
+    fn forward(&self, xn: &[f32], logits: &[f32], sg: f32, topk: usize, f16_ops: bool) -> Vec<f64> {
+        let (idx, w) = topk_ref(logits, topk);
+        let h = self.down.rows;
+        let mut out = vec![0f64; h];
+        let round = |v: &[f32]| -> Vec<f32> { if f16_ops { v.iter().map(|x| f16_round(*x)).collect() } else { v.to_vec() } };
+        let x = round(xn);
+        let mv = |m: &HostQ, e: usize, v: &[f32]| if f16_ops { m.matvec_f16w(e, v) } else { m.matvec(e, v) };
+        for (slot, &e) in idx.iter().enumerate() {
+            let act: Vec<f32> = mv(&self.gate, e, &x).iter().zip(mv(&self.up, e, &x)).map(|(g, u)| (silu(*g) * u) as f32).collect();
+            let y = mv(&self.down, e, &round(&act));
+            for r in 0..h {
+                out[r] += w[slot] * y[r];
+            }
+        }
+        let act: Vec<f32> = mv(&self.sh_gate, 0, &x).iter().zip(mv(&self.sh_up, 0, &x)).map(|(g, u)| (silu(*g) * u) as f32).collect();
+        let y = mv(&self.sh_down, 0, &round(&act));
+        let s = sigmoid(sg as f64);
+        for r in 0..h {
+            out[r] += s * y[r];
+        }
+        out
+    }
+}
+
+fn topk_ref(logits: &[f32], k: usize) -> (Vec<usize>, Vec<f64>) {
+    common::topk(logits, k)
+}
+
+fn moe_dev(gpu: &Arc<Gpu>, m: &HostMoe) -> (Vec<lily_cuda::device::DeviceBuffer>, MoeDev) {
+    let parts = [&m.gate, &m.up, &m.down, &m.sh_gate, &m.sh_up, &m.sh_down].map(|q| q.upload(gpu));
+    let q: Vec<QMat> = parts.iter().map(|p| p.1).collect();
+    let dev = MoeDev { router: QMat::default(), gate: q[0], up: q[1], down: q[2], sh_gate: q[3], sh_up: q[4], sh_down: q[5], sh_expert_gate: QMat::default() };
+    (parts.into_iter().map(|p| p.0).collect(), dev)
+}
+
+#[test]
+fn fused_decode_moe_matches_reference() {
+    let Some(gpu) = gpu("fused_decode_moe_matches_reference") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let host = HostMoe::random(&d, 700);
+        let (_bufs, dev) = moe_dev(&gpu, &host);
+        for ntok in [1usize, 3] {
+            let mut rng = Rng::new(710 + ntok as u64);
+            let h0 = rng.vec(ntok * d.hidden, -3.0, 3.0);
+            let gain = rng.vec(d.hidden, 0.5, 1.5);
+            let logits = rng.vec(ntok * d.n_experts, -2.0, 2.0);
+            let sg = rng.vec(ntok, -2.0, 2.0);
+            let (hb, gb, lb, sb) = (upload(&gpu, &h0), upload(&gpu, &gain), upload(&gpu, &logits), upload(&gpu, &sg));
+            let act = upload(&gpu, &vec![NAN; ntok * (d.topk + 1) * d.moe_inter]);
+            let ti = zeros(&gpu, ntok * d.topk * 4);
+            let tw = zeros(&gpu, ntok * (d.topk + 1) * 4);
+            let bufs = moe::MoeDecodeBufs { router_logits: lb.ptr(), sg_logits: sb.ptr(), act: act.ptr(), topk_idx: ti.ptr(), topk_w: tw.ptr() };
+            moe::gate_up(&gpu, &k, &d, &dev, hb.ptr(), d.hidden, gb.ptr(), ntok, &bufs).expect("gate_up");
+            moe::down(&gpu, &k, &d, &dev, hb.ptr(), d.hidden, ntok, &bufs).expect("down");
+            let got: Vec<f32> = download(&gpu, hb.ptr(), ntok * d.hidden);
+            let idx: Vec<i32> = download(&gpu, ti.ptr(), ntok * d.topk);
+            let mut want = Vec::new();
+            for t in 0..ntok {
+                let ht = &h0[t * d.hidden..(t + 1) * d.hidden];
+                let lt = &logits[t * d.n_experts..(t + 1) * d.n_experts];
+                let (ri, _) = topk_ref(lt, d.topk);
+                let gi: Vec<usize> = idx[t * d.topk..(t + 1) * d.topk].iter().map(|v| *v as usize).collect();
+                check(gi == ri, format!("{label}: expert selection {gi:?} vs {ri:?}"));
+                let y = host.forward(&rmsnorm(ht, &gain, d.rms_eps), lt, sg[t], d.topk, false);
+                want.extend(ht.iter().zip(y).map(|(a, b)| *a as f64 + b));
+            }
+            assert_close(&format!("fused moe {label} {ntok} tok"), &got, &want, 2e-5);
+        }
+    }
+    finish();
+}
+
+#[test]
+fn grouped_moe_gemm_path_matches_reference() {
+    let Some(gpu) = gpu("grouped_moe_gemm_path_matches_reference") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let host = HostMoe::random(&d, 800);
+        let (_bufs, dev) = moe_dev(&gpu, &host);
+        // Tiny: 300 tokens over 8 experts put several GEMM tiles on one expert.
+        let sizes: &[usize] = if d.n_experts > 64 { &[5, 64] } else { &[5, 300] };
+        for &n in sizes {
+            let mut rng = Rng::new(810 + n as u64);
+            let h0 = rng.vec(n * d.hidden, -3.0, 3.0);
+            let gain = rng.vec(d.hidden, 0.5, 1.5);
+            let logits = rng.vec(n * d.n_experts, -2.0, 2.0);
+            let sg = rng.vec(n, -2.0, 2.0);
+            let (hb, gb, lb, sb) = (upload(&gpu, &h0), upload(&gpu, &gain), upload(&gpu, &logits), upload(&gpu, &sg));
+            let xn = zeros(&gpu, n * d.hidden * 2);
+            let mt = moe::max_tiles(&d, n, GEMM_BM);
+            let z = |bytes: usize| zeros(&gpu, bytes);
+            let (ti, tw, counts, rank, offs, tiles, ntiles, perm, inv) = (
+                z(n * d.topk * 4),
+                z(n * d.topk * 4),
+                z(d.n_experts * 4),
+                z(n * d.topk * 4),
+                z((d.n_experts + 1) * 4),
+                z(mt * 12),
+                z(16),
+                z(n * d.topk * 4),
+                z(n * d.topk * 4),
+            );
+            let rb = moe::RouteBufs {
+                logits: lb.ptr(),
+                topk_idx: ti.ptr(),
+                topk_w: tw.ptr(),
+                counts: counts.ptr(),
+                rank: rank.ptr(),
+                offsets: offs.ptr(),
+                tiles: tiles.ptr(),
+                ntiles: ntiles.ptr(),
+                perm: perm.ptr(),
+                inv: inv.ptr(),
+            };
+            let act_sorted = z(n * d.topk * d.moe_inter * 2);
+            let y_sorted = upload(&gpu, &vec![NAN; n * d.topk * d.hidden]);
+            let act_sh = z(n * d.moe_inter * 2);
+            let ys = upload(&gpu, &vec![NAN; n * d.hidden]);
+            gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), gb.ptr(), xn.ptr(), n, d.hidden, d.rms_eps).expect("norm");
+            moe::route(&gpu, &k, &d, &rb, n, GEMM_BM).expect("route");
+            let gather = Grouping { tiles: tiles.ptr(), ntiles: ntiles.ptr(), max_tiles: mt, a_rows: perm.ptr() };
+            let sorted = Grouping { a_rows: 0, ..gather };
+            gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n * d.topk, &dev.gate, Some(&dev.up), GemmOut::SwiGlu(act_sorted.ptr()), d.moe_inter, Some(&gather)).expect("gate_up");
+            gemm::gemm(&gpu, &k, act_sorted.ptr(), d.moe_inter, n * d.topk, &dev.down, None, GemmOut::Store(y_sorted.ptr()), d.hidden, Some(&sorted)).expect("down");
+            gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n, &dev.sh_gate, Some(&dev.sh_up), GemmOut::SwiGlu(act_sh.ptr()), d.moe_inter, None).expect("shared gate_up");
+            gemm::gemm(&gpu, &k, act_sh.ptr(), d.moe_inter, n, &dev.sh_down, None, GemmOut::Store(ys.ptr()), d.hidden, None).expect("shared down");
+            moe::combine(&gpu, &k, hb.ptr(), y_sorted.ptr(), ys.ptr(), sb.ptr(), &rb, n).expect("combine");
+            let got: Vec<f32> = download(&gpu, hb.ptr(), n * d.hidden);
+
+            // The plan: every pair placed once, counts consistent.
+            let c: Vec<i32> = download(&gpu, counts.ptr(), d.n_experts);
+            check(c.iter().sum::<i32>() as usize == n * d.topk, format!("{label}: counts add up"));
+            let p: Vec<i32> = download(&gpu, perm.ptr(), n * d.topk);
+            let mut seen = vec![0usize; n];
+            for t in &p {
+                seen[*t as usize] += 1;
+            }
+            check(seen.iter().all(|s| *s == d.topk), format!("{label}: every token appears topk times in the permutation"));
+
+            let want: Vec<f64> = (0..n)
+                .into_par_iter()
+                .flat_map_iter(|t| {
+                    let ht = &h0[t * d.hidden..(t + 1) * d.hidden];
+                    let y = host.forward(&rmsnorm(ht, &gain, d.rms_eps), &logits[t * d.n_experts..(t + 1) * d.n_experts], sg[t], d.topk, true);
+                    ht.iter().zip(y).map(|(a, b)| *a as f64 + b).collect::<Vec<_>>()
+                })
+                .collect();
+            assert_close(&format!("grouped moe {label} {n} tokens"), &got, &want, 2e-3);
+        }
+    }
+    finish();
+}
+
+// ---- DeltaNet ----------------------------------------------------------------------------
+
+struct HostGdn {
+    conv_w: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+/// The naive recurrence of one sequence (DESIGN §1 steps 2-7), f64 state.
+struct GdnRef {
+    hist: Vec<Vec<f32>>,
+    state: Vec<f64>,
+}
+
+impl GdnRef {
+    fn new(d: &Dims) -> Self {
+        GdnRef { hist: Vec::new(), state: vec![0.0; d.gv_heads * d.gk_dim * d.gv_dim] }
+    }
+
+    fn step(&mut self, d: &Dims, w: &HostGdn, proj: &[f32]) -> Vec<f64> {
+        let raw = proj[..d.conv_dim].to_vec();
+        self.hist.push(raw);
+        let t = self.hist.len() - 1;
+        let conv: Vec<f64> = (0..d.conv_dim)
+            .map(|c| {
+                let mut y = 0f64;
+                for j in 0..4 {
+                    if t + j >= 3 {
+                        y += w.conv_w[c * 4 + j] as f64 * self.hist[t + j - 3][c] as f64;
+                    }
+                }
+                silu(y)
+            })
+            .collect();
+        let (kd, dk, dv) = (d.gdn_key_dim(), d.gk_dim, d.gv_dim);
+        let norm = |v: &[f64]| -> Vec<f64> {
+            let r = 1.0 / (v.iter().map(|x| x * x).sum::<f64>() + 1e-6).sqrt();
+            v.iter().map(|x| x * r).collect()
+        };
+        let ratio = d.gv_heads / d.gk_heads;
+        let mut out = Vec::with_capacity(d.gdn_val_dim());
+        for h in 0..d.gv_heads {
+            let kh = h / ratio;
+            let q: Vec<f64> = norm(&conv[kh * dk..(kh + 1) * dk]).into_iter().map(|x| x / (dk as f64).sqrt()).collect();
+            let k = norm(&conv[kd + kh * dk..kd + (kh + 1) * dk]);
+            let v = &conv[2 * kd + h * dv..2 * kd + (h + 1) * dv];
+            let a = proj[d.conv_dim + d.gdn_val_dim() + h] as f64;
+            let b = proj[d.conv_dim + d.gdn_val_dim() + d.gv_heads + h] as f64;
+            let g = -(w.a_log[h] as f64).exp() * softplus(a + w.dt_bias[h] as f64);
+            let beta = sigmoid(b);
+            let s = &mut self.state[h * dk * dv..(h + 1) * dk * dv];
+            for x in s.iter_mut() {
+                *x *= g.exp();
+            }
+            let mut u = vec![0f64; dv];
+            for j in 0..dv {
+                let kv: f64 = (0..dk).map(|i| s[i * dv + j] * k[i]).sum();
+                u[j] = beta * (v[j] - kv);
+            }
+            for i in 0..dk {
+                for j in 0..dv {
+                    s[i * dv + j] += k[i] * u[j];
+                }
+            }
+            let o: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| s[i * dv + j] * q[i]).sum()).collect();
+            let ms = o.iter().map(|x| x * x).sum::<f64>() / dv as f64;
+            let r = 1.0 / (ms + d.rms_eps as f64).sqrt();
+            for j in 0..dv {
+                let z = proj[d.conv_dim + h * dv + j] as f64;
+                out.push(o[j] * r * w.norm[j] as f64 * silu(z));
+            }
+        }
+        out
+    }
+}
+
+fn gdn_setup(gpu: &Arc<Gpu>, d: &Dims, seed: u64) -> (HostGdn, Vec<lily_cuda::device::DeviceBuffer>, DeltaNetDev) {
+    let mut rng = Rng::new(seed);
+    let w = HostGdn {
+        conv_w: rng.vec(d.conv_dim * 4, -0.6, 0.6),
+        a_log: rng.vec(d.gv_heads, -1.0, 1.0),
+        dt_bias: rng.vec(d.gv_heads, -1.0, 1.0),
+        norm: rng.vec(d.gv_dim, 0.5, 1.5),
+    };
+    let bufs = vec![upload(gpu, &w.conv_w), upload(gpu, &w.a_log), upload(gpu, &w.dt_bias), upload(gpu, &w.norm)];
+    let q = QMat::default();
+    let dev = DeltaNetDev { in_qkv: q, in_z: q, in_a: q, in_b: q, out: q, conv_w: bufs[0].ptr(), a_log: bufs[1].ptr(), dt_bias: bufs[2].ptr(), norm: bufs[3].ptr() };
+    (w, bufs, dev)
+}
+
+fn gdn_proj_rows(rng: &mut Rng, d: &Dims, n: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n * d.proj_stride());
+    for _ in 0..n {
+        v.extend(rng.vec(d.conv_dim, -1.0, 1.0));
+        v.extend(rng.vec(d.gdn_val_dim(), -2.0, 2.0));
+        v.extend(rng.vec(2 * d.gv_heads, -2.0, 2.0));
+        v.extend(vec![0.0; d.proj_stride() - d.gdn_proj()]);
+    }
+    v
+}
+
+#[test]
+fn deltanet_decode_step_matches_recurrence() {
+    let Some(gpu) = gpu("deltanet_decode_step_matches_recurrence") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let (w, _wb, dev) = gdn_setup(&gpu, &d, 900);
+        let slots = 3;
+        let conv = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
+        let state = zeros(&gpu, slots * d.gdn_state_floats() * 4);
+        let st = GdnState { conv: conv.ptr(), conv_slot_stride: d.gdn_conv_floats(), state: state.ptr(), state_slot_stride: d.gdn_state_floats() };
+        let mut refs = [GdnRef::new(&d), GdnRef::new(&d)];
+        let mut rng = Rng::new(901);
+        let ps = d.proj_stride();
+        // Two sequences in slots 2 and 0, stepped together for 6 positions.
+        for step in 0..6 {
+            let proj = gdn_proj_rows(&mut rng, &d, 2);
+            let pb = upload(&gpu, &proj);
+            let pos = upload(&gpu, &[step as i32, step as i32]);
+            let slot = upload(&gpu, &[2i32, 0]);
+            let mix = upload(&gpu, &vec![NAN; 2 * d.gdn_val_dim()]);
+            gdn::decode(&gpu, &k, &d, &dev, &st, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 2).expect("launch");
+            let got: Vec<f32> = download(&gpu, mix.ptr(), 2 * d.gdn_val_dim());
+            let mut want = refs[0].step(&d, &w, &proj[..ps]);
+            want.extend(refs[1].step(&d, &w, &proj[ps..]));
+            assert_close(&format!("gdn decode {label} step {step}"), &got, &want, 5e-5);
+        }
+        let s2: Vec<f32> = download(&gpu, state.ptr() + (2 * d.gdn_state_floats() * 4) as u64, d.gdn_state_floats());
+        assert_close(&format!("gdn decode {label} final state"), &s2, &refs[0].state, 5e-5);
+    }
+    finish();
+}
+
+#[test]
+fn chunked_deltanet_prefill_matches_recurrence() {
+    let Some(gpu) = gpu("chunked_deltanet_prefill_matches_recurrence") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let (w, _wb, dev) = gdn_setup(&gpu, &d, 950);
+        let conv = zeros(&gpu, d.gdn_conv_floats() * 4);
+        let state = zeros(&gpu, d.gdn_state_floats() * 4);
+        let max_t = 256;
+        let sizes = GdnScratch::sizes(&d, max_t);
+        let sb: Vec<_> = sizes.iter().map(|n| zeros(&gpu, n * 4)).collect();
+        let s = GdnScratch { qn: sb[0].ptr(), kn: sb[1].ptr(), vv: sb[2].ptr(), gg: sb[3].ptr(), bb: sb[4].ptr(), u: sb[5].ptr(), w: sb[6].ptr(), aqk: sb[7].ptr(), gc: sb[8].ptr(), o: sb[9].ptr(), max_tokens: max_t };
+        let mut r = GdnRef::new(&d);
+        let mut rng = Rng::new(951);
+        let ps = d.proj_stride();
+        let mut p0 = 0;
+        for t in [37usize, 150, 1, 64] {
+            let proj = gdn_proj_rows(&mut rng, &d, t);
+            let pb = upload(&gpu, &proj);
+            let mix = upload(&gpu, &vec![NAN; t * d.gdn_val_dim()]);
+            gdn::prefill(&gpu, &k, &d, &dev, conv.ptr(), state.ptr(), pb.ptr(), ps, t, p0, &s, MixOut::F32(mix.ptr())).expect("launch");
+            let got: Vec<f32> = download(&gpu, mix.ptr(), t * d.gdn_val_dim());
+            let want: Vec<f64> = (0..t).flat_map(|i| r.step(&d, &w, &proj[i * ps..(i + 1) * ps])).collect();
+            assert_close(&format!("gdn prefill {label} {t} tokens at {p0}"), &got, &want, 1e-4);
+            p0 += t;
+        }
+        let st: Vec<f32> = download(&gpu, state.ptr(), d.gdn_state_floats());
+        assert_close(&format!("gdn prefill {label} final state"), &st, &r.state, 1e-4);
+        // A decode step continues from the prefilled conv ring and state.
+        let stv = GdnState { conv: conv.ptr(), conv_slot_stride: d.gdn_conv_floats(), state: state.ptr(), state_slot_stride: d.gdn_state_floats() };
+        let proj = gdn_proj_rows(&mut rng, &d, 1);
+        let pb = upload(&gpu, &proj);
+        let (pos, slot) = (upload(&gpu, &[p0 as i32]), upload(&gpu, &[0i32]));
+        let mix = upload(&gpu, &vec![NAN; d.gdn_val_dim()]);
+        gdn::decode(&gpu, &k, &d, &dev, &stv, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 1).expect("decode");
+        let got: Vec<f32> = download(&gpu, mix.ptr(), d.gdn_val_dim());
+        assert_close(&format!("gdn decode after prefill {label}"), &got, &r.step(&d, &w, &proj), 1e-4);
+    }
+    finish();
+}
+
+// ---- attention -----------------------------------------------------------------------------
+
+/// A KV cache of one layer with a scrambled block table for slot 1.
+struct Cache {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    kb: lily_cuda::device::DeviceBuffer,
+    vb: lily_cuda::device::DeviceBuffer,
+    table: Vec<i32>,
+    tb: lily_cuda::device::DeviceBuffer,
+    bt_stride: usize,
+}
+
+impl Cache {
+    /// Positions 0..len filled with random fp16-exact values.
+    fn random(gpu: &Arc<Gpu>, d: &Dims, len: usize, seed: u64) -> Cache {
+        let nblk = len.div_ceil(KV_BLOCK) + 2;
+        let bt_stride = nblk;
+        let mut rng = Rng::new(seed);
+        let mut perm: Vec<i32> = (0..nblk as i32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i + 1));
+        }
+        let per = d.a_kv_heads * KV_BLOCK * d.a_head_dim;
+        let mut k = vec![0f32; nblk * per];
+        let mut v = vec![0f32; nblk * per];
+        for x in k.iter_mut() {
+            *x = f16_round(rng.uniform(-1.5, 1.5));
+        }
+        for x in v.iter_mut() {
+            *x = f16_round(rng.uniform(-2.0, 2.0));
+        }
+        let kb = upload(gpu, &k.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
+        let vb = upload(gpu, &v.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
+        let mut table = vec![0i32; 2 * bt_stride];
+        table[bt_stride..].copy_from_slice(&perm);
+        let tb = upload(gpu, &table);
+        Cache { k, v, kb, vb, table, tb, bt_stride }
+    }
+
+    fn at(&self, d: &Dims, which: &[f32], pos: usize, g: usize) -> Vec<f32> {
+        let blk = self.table[self.bt_stride + pos / KV_BLOCK] as usize;
+        let off = ((blk * d.a_kv_heads + g) * KV_BLOCK + pos % KV_BLOCK) * d.a_head_dim;
+        which[off..off + d.a_head_dim].to_vec()
+    }
+
+    fn view(&self) -> KvView {
+        KvView { k: self.kb.ptr(), v: self.vb.ptr(), block_table: self.tb.ptr(), bt_stride: self.bt_stride }
+    }
+}
+
+/// sigmoid(gate) * softmax(q K^T / sqrt(hd)) V over keys 0..=last.
+fn attend(d: &Dims, c: &Cache, q: &[f32], head: usize, last: usize, gate: &[f32]) -> Vec<f64> {
+    let g = head / (d.a_heads / d.a_kv_heads);
+    let scale = 1.0 / (d.a_head_dim as f64).sqrt();
+    let scores: Vec<f64> = (0..=last).map(|p| dot(q, &c.at(d, &c.k, p, g)) * scale).collect();
+    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let mut o = vec![0f64; d.a_head_dim];
+    for (p, w) in e.iter().enumerate() {
+        for (j, x) in c.at(d, &c.v, p, g).iter().enumerate() {
+            o[j] += w / z * *x as f64;
+        }
+    }
+    o.iter().zip(gate).map(|(x, gt)| x * sigmoid(*gt as f64)).collect()
+}
+
+#[test]
+fn decode_attention_matches_reference_across_splits() {
+    let Some(gpu) = gpu("decode_attention_matches_reference_across_splits") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let lens = [1usize, 63, 64, 65, 1000, 20000];
+        let maxlen = *lens.iter().max().unwrap_or(&1);
+        let c = Cache::random(&gpu, &d, maxlen, 1000);
+        let max_splits = 64;
+        let ntok = lens.len();
+        let part_o = zeros(&gpu, ntok * d.a_heads * max_splits * d.a_head_dim * 4);
+        let part_ml = zeros(&gpu, ntok * d.a_heads * max_splits * 2 * 4);
+        let sc = DecodeScratch { part_o: part_o.ptr(), part_ml: part_ml.ptr(), max_splits };
+        let mut rng = Rng::new(1001);
+        let q = rng.vec(ntok * d.attn_out_dim(), -1.0, 1.0);
+        let ps = d.proj_stride();
+        let proj = rng.vec(ntok * ps, -2.0, 2.0);
+        let (qb, pb) = (upload(&gpu, &q), upload(&gpu, &proj));
+        let pos: Vec<i32> = lens.iter().map(|l| (*l - 1) as i32).collect();
+        let posb = upload(&gpu, &pos);
+        let slotb = upload(&gpu, &vec![1i32; ntok]);
+        let want: Vec<f64> = (0..ntok * d.a_heads)
+            .into_par_iter()
+            .flat_map_iter(|th| {
+                let (t, h) = (th / d.a_heads, th % d.a_heads);
+                let qh = &q[(t * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
+                let gate = &proj[t * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
+                attend(&d, &c, qh, h, lens[t] - 1, gate)
+            })
+            .collect();
+        for nsplit in [1usize, 7, 64] {
+            let mix = upload(&gpu, &vec![NAN; ntok * d.attn_out_dim()]);
+            attention::decode(&gpu, &k, &d, qb.ptr(), &c.view(), posb.ptr(), slotb.ptr(), &sc, nsplit, pb.ptr(), ps, MixOut::F32(mix.ptr()), ntok).expect("launch");
+            let got: Vec<f32> = download(&gpu, mix.ptr(), ntok * d.attn_out_dim());
+            assert_close(&format!("decode attention {label} nsplit {nsplit}"), &got, &want, 2e-5);
+        }
+    }
+    finish();
+}
+
+#[test]
+fn attention_prep_norms_rotates_and_stores() {
+    let Some(gpu) = gpu("attention_prep_norms_rotates_and_stores") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let c = Cache::random(&gpu, &d, 300, 1100);
+        let mut rng = Rng::new(1101);
+        let ps = d.proj_stride();
+        let positions = [0usize, 1, 77, 299];
+        let n = positions.len();
+        let proj = rng.vec(n * ps, -2.0, 2.0);
+        let qn = rng.vec(d.a_head_dim, 0.5, 1.5);
+        let kn = rng.vec(d.a_head_dim, 0.5, 1.5);
+        let inv = d.inv_freq();
+        let (pb, qnb, knb, ib) = (upload(&gpu, &proj), upload(&gpu, &qn), upload(&gpu, &kn), upload(&gpu, &inv));
+        let posb = upload(&gpu, &positions.iter().map(|p| *p as i32).collect::<Vec<_>>());
+        let slotb = upload(&gpu, &vec![1i32; n]);
+        let qout = upload(&gpu, &vec![NAN; n * d.attn_out_dim()]);
+        let q = QMat::default();
+        let w = AttentionDev { q, k: q, v: q, o: q, q_norm: qnb.ptr(), k_norm: knb.ptr() };
+        attention::prep(&gpu, &k, &d, &w, ib.ptr(), pb.ptr(), ps, posb.ptr(), slotb.ptr(), &c.view(), QOut::F32(qout.ptr()), n).expect("launch");
+        let got_q: Vec<f32> = download(&gpu, qout.ptr(), n * d.attn_out_dim());
+        let kc: Vec<f32> = download::<u16>(&gpu, c.kb.ptr(), c.k.len()).into_iter().map(f16_val).collect();
+        let vc: Vec<f32> = download::<u16>(&gpu, c.vb.ptr(), c.v.len()).into_iter().map(f16_val).collect();
+        let rope = |x: Vec<f32>, pos: usize| -> Vec<f64> {
+            let half = d.rot_dim / 2;
+            let mut out: Vec<f64> = x.iter().map(|v| *v as f64).collect();
+            for j in 0..half {
+                let ang = (pos as f32 * inv[j]) as f64;
+                let (s, co) = ang.sin_cos();
+                let (a, b) = (x[j] as f64, x[j + half] as f64);
+                out[j] = a * co - b * s;
+                out[j + half] = b * co + a * s;
+            }
+            out
+        };
+        let (mut wq, mut gq, mut wk, mut gk, mut wv, mut gv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (t, &p) in positions.iter().enumerate() {
+            let row = &proj[t * ps..(t + 1) * ps];
+            for h in 0..d.a_heads {
+                wq.extend(rope(rmsnorm(&row[h * 2 * d.a_head_dim..][..d.a_head_dim], &qn, d.rms_eps), p));
+                gq.extend_from_slice(&got_q[(t * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim]);
+            }
+            let qd = 2 * d.a_heads * d.a_head_dim;
+            for g in 0..d.a_kv_heads {
+                wk.extend(rope(rmsnorm(&row[qd + g * d.a_head_dim..][..d.a_head_dim], &kn, d.rms_eps), p));
+                gk.extend(c.at(&d, &kc, p, g));
+                wv.extend(row[qd + d.kv_dim() + g * d.a_head_dim..][..d.a_head_dim].iter().map(|v| *v as f64));
+                gv.extend(c.at(&d, &vc, p, g));
+            }
+        }
+        assert_close(&format!("prep q {label}"), &gq, &wq, 1e-5);
+        assert_close(&format!("prep k in cache {label} (fp16)"), &gk, &wk, 1e-3);
+        assert_close(&format!("prep v in cache {label} (fp16)"), &gv, &wv, 1e-3);
+    }
+    finish();
+}
+
+#[test]
+fn prefill_flash_attention_matches_causal_reference() {
+    let Some(gpu) = gpu("prefill_flash_attention_matches_causal_reference") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        for &(p0, t) in &[(0usize, 1usize), (0, 7), (0, 64), (0, 130), (100, 1), (100, 77), (1000, 200)] {
+            let c = Cache::random(&gpu, &d, p0 + t, 1200 + p0 as u64 + t as u64);
+            let mut rng = Rng::new(1300 + t as u64);
+            let q: Vec<f32> = rng.vec(t * d.attn_out_dim(), -1.0, 1.0).into_iter().map(f16_round).collect();
+            let qb = upload(&gpu, &q.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
+            let ps = d.proj_stride();
+            let proj = rng.vec(t * ps, -2.0, 2.0);
+            let pb = upload(&gpu, &proj);
+            let mix = upload(&gpu, &vec![NAN; t * d.attn_out_dim()]);
+            let row = c.tb.ptr() + (c.bt_stride * 4) as u64;
+            attention::prefill(&gpu, &k, &d, qb.ptr(), c.kb.ptr(), c.vb.ptr(), row, pb.ptr(), ps, t, p0, MixOut::F32(mix.ptr())).expect("launch");
+            let got: Vec<f32> = download(&gpu, mix.ptr(), t * d.attn_out_dim());
+            let want: Vec<f64> = (0..t * d.a_heads)
+                .into_par_iter()
+                .flat_map_iter(|ih| {
+                    let (i, h) = (ih / d.a_heads, ih % d.a_heads);
+                    let qh = &q[(i * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
+                    let gate = &proj[i * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
+                    attend(&d, &c, qh, h, p0 + i, gate)
+                })
+                .collect();
+            assert_close(&format!("prefill attention {label} p0 {p0} t {t}"), &got, &want, 2e-3);
+        }
+    }
+    finish();
+}
+
+// ---- sampling --------------------------------------------------------------------------------
+
+#[test]
+fn argmax_rows_and_finish_advance_the_step() {
+    let Some(gpu) = gpu("argmax_rows_and_finish_advance_the_step") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(1400);
+    let (rows, cols) = (5, d.vocab);
+    let mut logits = rng.vec(rows * cols, -5.0, 5.0);
+    // Row 1 has a tie at its maximum: the first index wins.
+    logits[cols + 17] = 9.0;
+    logits[cols + 18] = 9.0;
+    let lb = upload(&gpu, &logits);
+    let keys = zeros(&gpu, rows * 8);
+    sampling::argmax_rows(&gpu, &k, lb.ptr(), keys.ptr(), rows, cols).expect("argmax_rows");
+    let tokens = zeros(&gpu, rows * 4);
+    let out_ids = zeros(&gpu, 3 * rows * 4);
+    let pos = upload(&gpu, &[5i32, 6, 7, 8, 9]);
+    let step = upload(&gpu, &[1i32]);
+    sampling::argmax_finish(&gpu, &k, keys.ptr(), tokens.ptr(), out_ids.ptr(), pos.ptr(), step.ptr(), rows).expect("finish");
+    let toks: Vec<u32> = download(&gpu, tokens.ptr(), rows);
+    for r in 0..rows {
+        check(toks[r] as usize == argmax(&logits[r * cols..(r + 1) * cols]), format!("argmax row {r}"));
+    }
+    check(toks[1] == 17, format!("tie goes to the first index: {}", toks[1]));
+    let ids: Vec<u32> = download(&gpu, out_ids.ptr(), 3 * rows);
+    check(ids[rows..2 * rows] == toks[..], "ids land in the step's row");
+    check(download::<i32>(&gpu, pos.ptr(), rows) == vec![6, 7, 8, 9, 10], "positions advance");
+    check(download::<i32>(&gpu, step.ptr(), 1) == vec![2], "step advances");
+    finish();
+}

@@ -1,0 +1,382 @@
+//! End to end on the GPU: `CudaBackend` against transformers' goldens on the
+//! tiny fixtures, against lily-cpu's reference `Backend` on the same weights
+//! (the tiny fixture, a synthetic model of the tiny preset, and a 4-layer
+//! synthetic model of the real width), and the Backend contract (prefill +
+//! decode equals a longer prefill, batches equal singles, forks, greedy runs
+//! repeat exactly, capacity errors).
+//!
+//! Runs on the H200 (`LILY_REQUIRE_GPU=1`); elsewhere every test prints
+//! "skipped: no CUDA device" and returns.
+//!
+//! Two precisions are gated separately. The decode path (fused GEMVs, fp32
+//! activations, fp16 KV cache) is compared tightly; the prefill path runs its
+//! matrix products on fp16 tensor cores (fp32 accumulation), so its
+//! tolerances are those of fp16 operands, stated next to each gate.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::{argmax, gpu, log_softmax};
+use lily_core::tensors::TensorStore;
+use lily_core::weights::Weights;
+use lily_cpu::CpuBackend;
+use lily_cuda::{CudaBackend, Gpu, Options};
+use lily_model::{Backend, LogitsWanted, SeqId};
+
+fn fixtures() -> PathBuf {
+    common::fixtures_dir()
+}
+
+/// |dlogprob| statistics and top-1 agreement over positions.
+#[derive(Default)]
+struct Stats {
+    d: Vec<f64>,
+    positions: usize,
+    top1_same: usize,
+    first_mismatch: Option<String>,
+}
+
+impl Stats {
+    fn add(&mut self, what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
+        assert_eq!(got.len(), want.len(), "{what}: positions");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g.len(), w.len(), "{what}: vocab");
+            assert!(g.iter().all(|v| v.is_finite()), "{what}: non-finite logits at {i}");
+            if argmax(g) == argmax(w) {
+                self.top1_same += 1;
+            } else if self.first_mismatch.is_none() {
+                self.first_mismatch = Some(format!("{what} position {i}: got {} want {}", argmax(g), argmax(w)));
+            }
+            let (a, b) = (log_softmax(g), log_softmax(w));
+            self.d.extend(a.iter().zip(&b).map(|(x, y)| (x - y).abs()));
+            self.positions += 1;
+        }
+    }
+
+    /// (top-1 agreement, mean, p99, max).
+    fn summary(&mut self) -> (f64, f64, f64, f64) {
+        self.d.sort_by(f64::total_cmp);
+        let n = self.d.len().max(1);
+        let mean = self.d.iter().sum::<f64>() / n as f64;
+        let p99 = self.d.get(((n as f64 * 0.99) as usize).min(n - 1)).copied().unwrap_or(0.0);
+        let max = self.d.last().copied().unwrap_or(0.0);
+        (self.top1_same as f64 / self.positions.max(1) as f64, mean, p99, max)
+    }
+
+    /// Prints the statistics and records every gate that fails in `checks`.
+    fn gate(&mut self, checks: &mut Checks, what: &str, min_top1: f64, max_mean: f64, max_p99: f64) {
+        let (top1, mean, p99, max) = self.summary();
+        eprintln!("{what}: {} positions, top-1 agreement {:.4}, |dlogprob| mean {mean:.2e} p99 {p99:.2e} max {max:.2e}", self.positions, top1);
+        checks.check(top1 >= min_top1, format!("{what}: top-1 agreement {top1:.4} < {min_top1} ({:?})", self.first_mismatch));
+        checks.check(mean <= max_mean, format!("{what}: mean |dlogprob| {mean:.3e} > {max_mean:.1e}"));
+        checks.check(p99 <= max_p99, format!("{what}: p99 |dlogprob| {p99:.3e} > {max_p99:.1e}"));
+    }
+}
+
+/// Failures collected over a test, so one run on the device reports all of
+/// them; `finish` fails the test if there was any.
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn check(&mut self, ok: bool, msg: impl Into<String>) {
+        if !ok {
+            let m = msg.into();
+            eprintln!("FAILED CHECK: {m}");
+            self.0.push(m);
+        }
+    }
+    fn finish(self) {
+        assert!(self.0.is_empty(), "{} check(s) failed:\n{}", self.0.len(), self.0.join("\n"));
+    }
+}
+
+fn i64s(store: &TensorStore, name: &str) -> Vec<i64> {
+    let t = store.peek(name).unwrap_or_else(|| panic!("golden tensor {name} missing"));
+    t.bytes().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect()
+}
+
+fn rows(store: &TensorStore, name: &str) -> Option<Vec<Vec<f32>>> {
+    let t = store.peek(name)?;
+    let vocab = t.shape[1];
+    Some(t.to_f32().chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+}
+
+fn small_opts(max_seq: usize) -> Options {
+    let mut o = Options::for_context(max_seq);
+    o.max_sequences = 16;
+    o.kv_tokens = 16 * max_seq;
+    o.prefill_chunk = 128;
+    o
+}
+
+/// The golden protocol on one backend: full prefill logits of each prompt
+/// and the teacher-forced decode tail.
+fn golden_logits(be: &mut dyn Backend, g: &TensorStore) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>) {
+    let prompts = (0..).take_while(|k| g.contains(&format!("prompt{k}.tokens"))).count();
+    let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    for k in 0..prompts {
+        let tokens: Vec<u32> = i64s(g, &format!("prompt{k}.tokens")).into_iter().map(|t| t as u32).collect();
+        let s = be.alloc().expect("alloc");
+        pre.push(be.prefill(s, &tokens, LogitsWanted::All).expect("prefill"));
+        be.free(s);
+        let mut d = Vec::new();
+        if let Some(want) = rows(g, &format!("prompt{k}.decode_logits")) {
+            let start = i64s(g, &format!("prompt{k}.decode_start"))[0] as usize;
+            let s = be.alloc().expect("alloc");
+            be.prefill(s, &tokens[..start], LogitsWanted::Last).expect("prefill head");
+            for &t in &tokens[start..start + want.len()] {
+                d.extend(be.decode(&[(s, t)]).expect("decode"));
+            }
+            be.free(s);
+        }
+        dec.push(d);
+    }
+    (pre, dec)
+}
+
+#[test]
+fn tiny_fixture_matches_goldens_and_the_cpu_reference() {
+    let Some(gpu) = gpu("tiny_fixture_matches_goldens_and_the_cpu_reference") else { return };
+    let dir = fixtures();
+    let weights = Arc::new(Weights::load(&dir.join("mlx-q4")).expect("fixture"));
+    let g = TensorStore::open_files(&[dir.join("goldens-mlx.safetensors")]).expect("goldens");
+    let mut be = CudaBackend::from_weights(&gpu, &weights, small_opts(512), &mut |_, _| {}).expect("cuda backend");
+    let (pre, dec) = golden_logits(&mut be, &g);
+    let mut cpu = CpuBackend::reference(weights.clone());
+    let (cpre, cdec) = golden_logits(&mut cpu, &g);
+
+    let mut checks = Checks::default();
+    let (mut sp, mut sd, mut cp, mut cd) = (Stats::default(), Stats::default(), Stats::default(), Stats::default());
+    for k in 0..pre.len() {
+        let want = rows(&g, &format!("prompt{k}.prefill_logits")).expect("golden prefill");
+        sp.add(&format!("prompt{k} prefill"), &pre[k], &want);
+        cp.add(&format!("prompt{k} prefill vs cpu"), &pre[k], &cpre[k]);
+        if let Some(want) = rows(&g, &format!("prompt{k}.decode_logits")) {
+            sd.add(&format!("prompt{k} decode"), &dec[k], &want);
+            cd.add(&format!("prompt{k} decode vs cpu"), &dec[k], &cdec[k]);
+        }
+    }
+    // Decode: fp32 GEMVs and an fp16 KV cache (11 significant bits).
+    sd.gate(&mut checks, "GPU decode vs transformers (mlx-q4)", 0.97, 2e-3, 2e-2);
+    cd.gate(&mut checks, "GPU decode vs lily-cpu reference", 0.97, 2e-3, 2e-2);
+    // Prefill: fp16 tensor-core operands; a flipped expert choice (router
+    // gaps in the goldens go down to 2e-5) moves a position's logits a lot.
+    sp.gate(&mut checks, "GPU prefill vs transformers (mlx-q4)", 0.90, 3e-2, 3e-1);
+    cp.gate(&mut checks, "GPU prefill vs lily-cpu reference", 0.90, 3e-2, 3e-1);
+    checks.finish();
+}
+
+#[test]
+fn hf_bf16_checkpoint_is_quantised_on_load_like_mlx() {
+    let Some(gpu) = gpu("hf_bf16_checkpoint_is_quantised_on_load_like_mlx") else { return };
+    let dir = fixtures();
+    let hf = Weights::load(&dir.join("hf-bf16")).expect("hf fixture");
+    let mlx = Weights::load(&dir.join("mlx-q4")).expect("mlx fixture");
+    let mut a = CudaBackend::from_weights(&gpu, &hf, small_opts(256), &mut |_, _| {}).expect("hf on gpu");
+    let mut b = CudaBackend::from_weights(&gpu, &mlx, small_opts(256), &mut |_, _| {}).expect("mlx on gpu");
+    let tokens = lily_cuda::bench::prompt_tokens(40, hf.config.vocab_size);
+    let mut st = Stats::default();
+    let sa = a.alloc().expect("alloc");
+    let sb = b.alloc().expect("alloc");
+    a.prefill(sa, &tokens[..30], LogitsWanted::Last).expect("prefill");
+    b.prefill(sb, &tokens[..30], LogitsWanted::Last).expect("prefill");
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
+    for &t in &tokens[30..] {
+        la.extend(a.decode(&[(sa, t)]).expect("decode"));
+        lb.extend(b.decode(&[(sb, t)]).expect("decode"));
+    }
+    st.add("hf quantised on load vs mlx", &la, &lb);
+    // The same algorithm (MLX's) on the same bf16 weights: near-identical.
+    let mut checks = Checks::default();
+    st.gate(&mut checks, "HF bf16 quantised on load vs the MLX fixture (GPU decode)", 0.99, 1e-3, 1e-2);
+    checks.finish();
+}
+
+/// A synthetic checkpoint written by lily-synth into a temp dir (RAM-backed
+/// when /dev/shm exists).
+fn synth_checkpoint(preset: lily_synth::Preset, layers: usize, seed: u64) -> (tempfile::TempDir, Arc<Weights>) {
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let dir = tempfile::tempdir_in(base).expect("temp dir");
+    let mut opts = lily_synth::SynthOptions::new(preset, dir.path());
+    opts.layers = Some(layers);
+    opts.seed = seed;
+    lily_synth::synth(&opts).expect("synth");
+    let w = Arc::new(Weights::load(dir.path()).expect("load synthetic"));
+    (dir, w)
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = common::Rng::new(seed);
+    (0..n).map(|_| r.below(vocab) as u32).collect()
+}
+
+#[test]
+fn synthetic_tiny_model_keeps_the_backend_contract() {
+    let Some(gpu) = gpu("synthetic_tiny_model_keeps_the_backend_contract") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Tiny, 4, 7);
+    let vocab = w.config.vocab_size;
+    let mut be = CudaBackend::from_weights(&gpu, &w, small_opts(1024), &mut |_, _| {}).expect("cuda backend");
+    let mut cpu = CpuBackend::reference(w.clone());
+    let mut checks = Checks::default();
+    let prompt = tokens(300, vocab, 1);
+
+    // 300 tokens = 3 prefill chunks of 128; then 4 decode steps; vs the CPU reference.
+    let (s, c) = (be.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
+    let mut st_pre = Stats::default();
+    st_pre.add("prefill last", &be.prefill(s, &prompt, LogitsWanted::Last).expect("prefill"), &cpu.prefill(c, &prompt, LogitsWanted::Last).expect("cpu"));
+    let mut st_dec = Stats::default();
+    for &t in &tokens(4, vocab, 2) {
+        st_dec.add("decode", &be.decode(&[(s, t)]).expect("decode"), &cpu.decode(&[(c, t)]).expect("cpu decode"));
+    }
+    st_pre.gate(&mut checks, "tiny preset: GPU prefill vs CPU reference", 1.0, 3e-2, 3e-1);
+    st_dec.gate(&mut checks, "tiny preset: GPU decode (after GPU prefill) vs CPU reference", 0.75, 3e-2, 3e-1);
+
+    // Prefill-then-decode equals one long prefill (decode path vs prefill path on the GPU).
+    let all = tokens(90, vocab, 3);
+    let long = be.alloc().expect("alloc");
+    let want = be.prefill(long, &all, LogitsWanted::All).expect("all");
+    assert_eq!(want.len(), 90);
+    let split = be.alloc().expect("alloc");
+    let mut got = be.prefill(split, &all[..70], LogitsWanted::All).expect("head");
+    for &t in &all[70..] {
+        got.extend(be.decode(&[(split, t)]).expect("decode"));
+    }
+    let mut st = Stats::default();
+    st.add("split vs long", &got[70..], &want[70..]);
+    st.gate(&mut checks, "tiny preset: decode path vs prefill path", 0.9, 3e-2, 3e-1);
+
+    // A batch equals its sequences decoded alone: 3 (fused GEMV path) and 6 (GEMM path).
+    for n in [3usize, 6] {
+        let seqs: Vec<SeqId> = (0..n).map(|_| be.alloc().expect("alloc")).collect();
+        let solo: Vec<SeqId> = (0..n).map(|_| be.alloc().expect("alloc")).collect();
+        for (i, (a, b)) in seqs.iter().zip(&solo).enumerate() {
+            let p = tokens(20 + 13 * i, vocab, 10 + i as u64);
+            be.prefill(*a, &p, LogitsWanted::Last).expect("prefill");
+            be.prefill(*b, &p, LogitsWanted::Last).expect("prefill");
+        }
+        let next = tokens(n, vocab, 50);
+        let batch: Vec<(SeqId, u32)> = seqs.iter().copied().zip(next.iter().copied()).collect();
+        let got = be.decode(&batch).expect("batch decode");
+        let mut want = Vec::new();
+        for (b, t) in solo.iter().zip(&next) {
+            want.extend(be.decode(&[(*b, *t)]).expect("solo"));
+        }
+        let mut st = Stats::default();
+        st.add(&format!("batch of {n}"), &got, &want);
+        // n = 3 runs the same kernels; n = 6 runs the fp16 GEMM path against fp32 GEMVs.
+        if n <= 4 {
+            st.gate(&mut checks, "batch of 3 vs singles", 1.0, 1e-5, 1e-4);
+        } else {
+            st.gate(&mut checks, "batch of 6 (GEMM path) vs singles", 0.8, 3e-2, 3e-1);
+        }
+        for x in seqs.into_iter().chain(solo) {
+            be.free(x);
+        }
+    }
+
+    // A fork continues exactly like its parent.
+    let parent = be.alloc().expect("alloc");
+    be.prefill(parent, &tokens(77, vocab, 60), LogitsWanted::Last).expect("prefill");
+    let child = be.fork(parent).expect("fork");
+    checks.check(be.seq_len(child).expect("len") == 77, "fork keeps the length");
+    let t = tokens(3, vocab, 61);
+    let mut st = Stats::default();
+    for &x in &t {
+        let a = be.decode(&[(parent, x)]).expect("parent");
+        let b = be.decode(&[(child, x)]).expect("child");
+        st.add("fork", &b, &a);
+    }
+    st.gate(&mut checks, "fork vs parent", 1.0, 1e-6, 1e-5);
+
+    // Greedy decoding repeats exactly, with and without graphs.
+    let p = tokens(50, vocab, 70);
+    let run = |be: &mut CudaBackend| -> Vec<u32> {
+        let s = be.alloc().expect("alloc");
+        let first = be.prefill_greedy(s, &p).expect("prefill_greedy");
+        let mut ids = vec![first];
+        ids.extend(be.decode_greedy(s, first, 64).expect("decode_greedy"));
+        be.free(s);
+        ids
+    };
+    let a = run(&mut be);
+    let b = run(&mut be);
+    checks.check(a == b, format!("64 greedy tokens repeat across runs: {a:?} vs {b:?}"));
+    let mut nog = small_opts(1024);
+    nog.use_graphs = false;
+    let mut be2 = CudaBackend::from_weights(&gpu, &w, nog, &mut |_, _| {}).expect("no-graph backend");
+    let c = run(&mut be2);
+    checks.check(c == a, format!("graph replay equals direct launches: {a:?} vs {c:?}"));
+    // The host-side greedy loop over decode() agrees with the on-device loop.
+    let s = be.alloc().expect("alloc");
+    let first = be.prefill_greedy(s, &p).expect("prefill_greedy");
+    let mut tok = first;
+    let mut host = vec![first];
+    for _ in 0..16 {
+        tok = argmax(&be.decode(&[(s, tok)]).expect("decode")[0]) as u32;
+        host.push(tok);
+    }
+    checks.check(host[..] == a[..17], format!("device greedy loop equals host argmax over logits: {host:?} vs {:?}", &a[..17]));
+
+    // Refusals.
+    let s = be.alloc().expect("alloc");
+    let err = be.prefill(s, &[vocab as u32], LogitsWanted::Last).map(|_| ()).unwrap_err().to_string();
+    checks.check(err.contains("outside the vocabulary"), err);
+    let err = be.prefill(s, &tokens(2000, vocab, 80), LogitsWanted::Last).map(|_| ()).unwrap_err().to_string();
+    checks.check(err.contains("1024"), format!("beyond capacity is refused naming the limit: {err}"));
+    checks.check(be.seq_len(s).expect("len") == 0, "a refused request leaves the sequence untouched");
+    checks.finish();
+}
+
+#[test]
+fn full_width_four_layer_model_matches_lily_cpu() {
+    let Some(gpu) = gpu("full_width_four_layer_model_matches_lily_cpu") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Full, 4, 11);
+    let vocab = w.config.vocab_size;
+    let mut be = CudaBackend::from_weights(&gpu, &w, small_opts(4096), &mut |_, _| {}).expect("cuda backend");
+    // lily-cpu's fast path (multi-threaded on the packed weights, itself gated
+    // against the reference and the goldens): the naive reference would take
+    // minutes at this width.
+    let mut cpu = CpuBackend::new(w.clone()).expect("cpu fast path");
+    let mut checks = Checks::default();
+    let prompt = tokens(100, vocab, 1);
+    let (s, c) = (be.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
+    let mut st_pre = Stats::default();
+    st_pre.add("prefill", &be.prefill(s, &prompt, LogitsWanted::Last).expect("prefill"), &cpu.prefill(c, &prompt, LogitsWanted::Last).expect("cpu prefill"));
+    let mut st_dec = Stats::default();
+    for &t in &tokens(4, vocab, 2) {
+        st_dec.add("decode", &be.decode(&[(s, t)]).expect("decode"), &cpu.decode(&[(c, t)]).expect("cpu decode"));
+    }
+    st_pre.gate(&mut checks, "full width, 4 layers: GPU prefill vs lily-cpu", 1.0, 3e-2, 3e-1);
+    st_dec.gate(&mut checks, "full width, 4 layers: GPU decode vs lily-cpu", 0.75, 3e-2, 3e-1);
+
+    // 64 greedy tokens identical across runs.
+    let p = lily_cuda::bench::prompt_tokens(256, vocab);
+    let run = |be: &mut CudaBackend| -> Vec<u32> {
+        let s = be.alloc().expect("alloc");
+        let first = be.prefill_greedy(s, &p).expect("prefill_greedy");
+        let ids = be.decode_greedy(s, first, 64).expect("decode_greedy");
+        be.free(s);
+        ids
+    };
+    let a = run(&mut be);
+    let b = run(&mut be);
+    checks.check(a == b, "64 greedy tokens repeat across runs");
+    eprintln!("full width 4 layers: greedy digest {}", lily_cuda::bench::fnv1a_digest(&a));
+    checks.finish();
+}
+
+#[test]
+fn a_cpu_only_machine_gets_a_clean_error() {
+    // On a GPU machine this only checks that opening twice works; on a CPU
+    // machine, that no panic escapes and the error says what is missing.
+    match Gpu::open(0) {
+        Ok(_) => {}
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("no CUDA device") || msg.contains("compute capability"), "{msg}");
+        }
+    }
+}
