@@ -17,6 +17,7 @@ Only loopback addresses are accepted as targets. Prints one JSON summary.
 """
 
 import argparse
+import http.client
 import json
 import random
 import statistics
@@ -24,7 +25,23 @@ import threading
 import time
 from urllib.parse import urlparse
 
-import requests
+# Standard library only (http.client), so that it runs on a GPU host that
+# has Python but not the test requirements.
+
+
+def _conn(base, timeout):
+    u = urlparse(base)
+    return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+
+
+def http_get(base, path, headers=None, timeout=10):
+    c = _conn(base, timeout)
+    try:
+        c.request("GET", path, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace")
+    finally:
+        c.close()
 
 MODEL = "lily"
 
@@ -38,7 +55,7 @@ def rss_bytes(pid):
 
 
 def metric(base, name, headers=None):
-    text = requests.get(base + "/metrics", headers=headers, timeout=10).text
+    _, text = http_get(base, "/metrics", headers)
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
@@ -65,35 +82,46 @@ def one_request(base, rng, headers, max_tokens=None, gaps=None):
     }
     start = time.time()
     ttft = None
+    last = start
+    conn = _conn(base, 120)
     try:
-        with requests.post(base + "/v1/chat/completions", json=body, headers=headers, stream=True, timeout=120) as r:
-            if r.status_code != 200:
-                return False, f"status {r.status_code}: {r.text[:200]}", None, 0
-            events = []
-            for line in r.iter_lines():
-                if not line:
-                    continue
-                if not line.startswith(b"data: "):
-                    return False, f"bad SSE line {line[:80]!r}", None, 0
-                data = line[6:]
-                if data == b"[DONE]":
-                    events.append(None)
-                    break
-                ev = json.loads(data)
-                if "error" in ev:
-                    return False, f"error event {ev['error']}", None, 0
-                if ev.get("choices"):
-                    d = ev["choices"][0]["delta"]
-                    if d.get("content") or d.get("reasoning_content"):
-                        now = time.time()
-                        if ttft is None:
-                            ttft = now - start
-                        elif gaps is not None:
-                            gaps.append(now - last)
-                        last = now
-                events.append(ev)
-    except requests.RequestException as e:
-        return False, f"transport: {e}", None, 0
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        r = conn.getresponse()
+        if r.status != 200:
+            return False, f"status {r.status}: {r.read()[:200]!r}", None, 0
+        events = []
+        for raw in r:
+            line = raw.rstrip(b"\r\n")
+            if not line:
+                continue
+            if not line.startswith(b"data: "):
+                return False, f"bad SSE line {line[:80]!r}", None, 0
+            data = line[6:]
+            if data == b"[DONE]":
+                events.append(None)
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                return False, f"error event {ev['error']}", None, 0
+            if ev.get("choices"):
+                d = ev["choices"][0]["delta"]
+                if d.get("content") or d.get("reasoning_content"):
+                    now = time.time()
+                    if ttft is None:
+                        ttft = now - start
+                    elif gaps is not None:
+                        gaps.append(now - last)
+                    last = now
+            events.append(ev)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return False, f"transport: {e!r}", None, 0
+    finally:
+        conn.close()
     if not events or events[-1] is not None:
         return False, "truncated: no [DONE]", None, 0
     chunks = events[:-1]

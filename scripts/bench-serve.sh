@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Serving benchmark (DESIGN §5, issue 5): N concurrent streaming clients over
+# HTTP through the real server; aggregate output tok/s, time to first token
+# and inter-token latency p50/p99 per N. Meant for the GPU host.
+#
+#   scripts/bench-serve.sh [MODEL_DIR] [COUNTS] [SECONDS] [MAX_TOKENS]
+#
+# Without MODEL_DIR a full-shape synthetic checkpoint is written once into
+# ${LILY_BENCH_DIR:-/tmp/lily-full} (`lily synth --preset full`, ~20 GB).
+# The binary is $LILY_BIN (default target/release/lily); the device is
+# $LILY_DEVICE (default cuda). Prints the JSON report (tests/e2e/load.py
+# --bench, standard library Python only) and the server's start-up summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${LILY_BIN:-target/release/lily}
+MODEL=${1:-}
+COUNTS=${2:-1,8,32,64}
+SECONDS_EACH=${3:-30}
+MAX_TOKENS=${4:-128}
+DEVICE=${LILY_DEVICE:-cuda}
+if [ -z "$MODEL" ]; then
+  MODEL=${LILY_BENCH_DIR:-/tmp/lily-full}
+  if [ ! -f "$MODEL/config.json" ]; then
+    "$BIN" synth --preset full --out "$MODEL"
+  fi
+fi
+MAX_CLIENTS=$(echo "$COUNTS" | tr ',' '\n' | sort -n | tail -1)
+PORT=${LILY_BENCH_PORT:-18123}
+LOG=$(mktemp)
+"$BIN" serve --model "$MODEL" --device "$DEVICE" --bind "127.0.0.1:$PORT" \
+  --max-concurrent "$MAX_CLIENTS" --served-model-name lily >"$LOG" 2>&1 &
+PID=$!
+trap 'kill -TERM $PID 2>/dev/null || true; wait $PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 1200); do
+  if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" 2>/dev/null; then break; fi
+  if ! kill -0 $PID 2>/dev/null; then cat "$LOG"; echo "lily serve exited" >&2; exit 1; fi
+  sleep 0.5
+done
+sed -n '/^lily serve/,/listening/p' "$LOG" >&2
+python3 tests/e2e/load.py --base "http://127.0.0.1:$PORT" --pid $PID \
+  --bench "$COUNTS" --seconds "$SECONDS_EACH" --max-tokens "$MAX_TOKENS" --warmup 5
