@@ -125,6 +125,14 @@ fn run() -> Result<(), String> {
             lily_cuda::device::write_device(&gpu, s.slot, &[slot]).map_err(|e| e.to_string())?;
             m.mem.reserve(seq, len + 1).map_err(|e| e.to_string())?;
             let prof = m.profile_step(1, nsplit, 20).map_err(|e| e.to_string())?;
+            let pseq = m.mem.alloc().map_err(|e| e.to_string())?;
+            let pprof = m.profile_prefill(pseq, &prompt).map_err(|e| e.to_string())?;
+            m.mem.free(pseq);
+            let ptotal: f64 = pprof.iter().map(|p| p.1).sum();
+            eprintln!("prefill of {len} tokens: {:.1} ms of GPU time by kernel group", ptotal / 1000.0);
+            for (name, us) in &pprof {
+                eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / ptotal);
+            }
             let total: f64 = prof.iter().map(|p| p.1).sum();
             eprintln!("decode step at context {len}: {total:.1} us of GPU time by kernel group");
             for (name, us) in &prof {

@@ -5,13 +5,13 @@
 #   cargo test -p lily-cuda --release --no-run
 #   cargo build -p lily-cuda --release --example bench
 #   copy the gpu_kernels / gpu_model / nvrtc_compile test executables and
-#   examples/bench into .carry/ (stripped), then run this from the repo root.
+#   examples/bench into .carry-cuda/ (stripped; listed in .git/info/exclude), then run this from the repo root.
 #
 # Logs go to $OUT (or ./h200-out); the last lines summarise every binary.
 set -u
 OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
-BIN=${BIN:-.carry}
+BIN=${BIN:-.carry-cuda}
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
 STAGES=${STAGES:-"nvrtc kernels bench model"}
 BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 8,32"}
@@ -26,10 +26,10 @@ run() { # name timeout cmd...
 }
 for s in $STAGES; do
   case $s in
-    nvrtc) run nvrtc 90 "$BIN/nvrtc_compile" --test-threads=4 ;;
-    kernels) run kernels 200 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
-    bench) run bench 200 "$BIN/bench" $BENCH_ARGS ;;
-    model) run model 240 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
+    nvrtc) run nvrtc 60 "$BIN/nvrtc_compile" --test-threads=4 ;;
+    kernels) run kernels 140 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
+    bench) run bench 110 "$BIN/bench" $BENCH_ARGS ;;
+    model) run model 150 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
   esac
 done
 echo "---- summary"

@@ -212,7 +212,8 @@ impl GdnScratch {
 /// Shared-memory bytes of the chunk kernels (see their headers).
 pub fn chunk_a_smem(dims: &Dims) -> usize {
     let d = dims.gk_dim;
-    (2 * d * (GDN_CHUNK + 4) + GDN_CHUNK * (d + 4) + GDN_CHUNK * (GDN_CHUNK + 1) + 2 * GDN_CHUNK) * 4
+    let qt = (d * (GDN_CHUNK + 4)).max(GDN_CHUNK * (d + 4));
+    (d * (GDN_CHUNK + 4) + qt + GDN_CHUNK * (d + 4) + GDN_CHUNK * (GDN_CHUNK + 1) + 2 * GDN_CHUNK) * 4
 }
 pub fn chunk_b_smem(dims: &Dims) -> usize {
     let d = dims.gk_dim;

@@ -89,7 +89,18 @@ impl Model {
         let mut guard = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?;
         if let Some(marks) = guard.as_mut() {
             let ev = self.gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ctx("cuEventCreate")?;
-            ev.record(&self.gpu.stream).ctx("cuEventRecord")?;
+            // Inside a capture an event is only readable afterwards when it
+            // is recorded as an external event node.
+            // SAFETY: the event and stream are live objects of this context.
+            unsafe {
+                cudarc::driver::sys::cuEventRecordWithFlags(
+                    ev.cu_event(),
+                    self.gpu.cu_stream(),
+                    cudarc::driver::sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            }
+            .result()
+            .ctx("cuEventRecordWithFlags")?;
             marks.push((what, ev));
         }
         Ok(())
@@ -164,6 +175,12 @@ impl Model {
     // ---- decode, GEMV path ---------------------------------------------------
 
     fn layer_decode_gemv(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
+        self.mixer_decode_gemv(i, n, nsplit)?;
+        self.moe_decode_gemv(i, n)
+    }
+
+    /// h += Mixer(RMSNorm(h)) for the decode tokens (GEMV path).
+    fn mixer_decode_gemv(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
@@ -194,9 +211,14 @@ impl Model {
         // The mixer writes rows as wide as the out-projection's input.
         let mix_in = GemvInput { x: s.mix_f32, stride: out.cols, ntok: n, norm: None };
         gemv::gemv(g, k, &[GemvSeg { w: &out, out: s.h, out_stride: d.hidden, accumulate: true, argmax: false }], mix_in, 0)?;
-        self.mark(if attn { "attn out_proj gemv" } else { "gdn out_proj gemv" })?;
+        self.mark(if attn { "attn out_proj gemv" } else { "gdn out_proj gemv" })
+    }
 
-        // MoE: router + shared-expert gate, then the fused experts.
+    /// h += MoE(RMSNorm(h)): router + shared-expert gate GEMV, then the fused
+    /// experts.
+    fn moe_decode_gemv(&self, i: usize, n: usize) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let l = &self.weights.layers[i];
         let m = &l.moe;
         let post = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((l.post_norm, d.rms_eps)) };
         let segs = [
@@ -221,7 +243,7 @@ impl Model {
         for (m, off) in self.in_projections(l) {
             gemm::gemm(g, k, s.xn, d.hidden, n, &m, None, GemmOut::Store(s.proj + (off * 4) as u64), d.proj_stride(), None)?;
         }
-        Ok(())
+        self.mark("gemm norm+in_proj")
     }
 
     /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM.
@@ -231,16 +253,21 @@ impl Model {
         gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.hidden, d.rms_eps)?;
         gemm::gemm(g, k, s.xn, d.hidden, n, &m.router, None, GemmOut::Store(s.router_logits), d.n_experts, None)?;
         gemm::gemm(g, k, s.xn, d.hidden, n, &m.sh_expert_gate, None, GemmOut::Store(s.sg), 1, None)?;
+        self.mark("gemm moe norm+router")?;
         let rb = s.route();
         moe::route(g, k, d, &rb, n, GEMM_BM)?;
+        self.mark("moe route")?;
         let mt = moe::max_tiles(d, n, GEMM_BM);
         let gather = Grouping { tiles: s.tiles, ntiles: s.ntiles, max_tiles: mt, a_rows: s.perm };
         let sorted = Grouping { a_rows: 0, ..gather };
         gemm::gemm(g, k, s.xn, d.hidden, n * d.topk, &m.gate, Some(&m.up), GemmOut::SwiGlu(s.act_sorted), d.moe_inter, Some(&gather))?;
         gemm::gemm(g, k, s.act_sorted, d.moe_inter, n * d.topk, &m.down, None, GemmOut::Store(s.y_sorted), d.hidden, Some(&sorted))?;
+        self.mark("gemm moe experts")?;
         gemm::gemm(g, k, s.xn, d.hidden, n, &m.sh_gate, Some(&m.sh_up), GemmOut::SwiGlu(s.act_sh), d.moe_inter, None)?;
         gemm::gemm(g, k, s.act_sh, d.moe_inter, n, &m.sh_down, None, GemmOut::Store(s.ys), d.hidden, None)?;
-        moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n)
+        self.mark("gemm moe shared")?;
+        moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n)?;
+        self.mark("moe combine")
     }
 
     fn layer_decode_gemm(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
@@ -326,15 +353,18 @@ impl Model {
             MixerDev::DeltaNet(w) => {
                 let (conv, state) = self.mem.gdn_layer_slot(i, slot);
                 gdn::prefill(g, k, d, w, conv, state, s.proj, ps, t, p0, &s.gdn_scratch(), mix)?;
+                self.mark("prefill gdn (chunked)")?;
             }
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), t)?;
                 attention::prefill(g, k, d, s.q_f16, kv.k, kv.v, self.mem.bt_row(slot), s.proj, ps, t, p0, mix)?;
+                self.mark("prefill attention")?;
             }
         }
         let out = Self::out_projection(l);
         gemm::gemm(g, k, s.mix_f16, out.cols, t, &out, None, GemmOut::Add(s.h), d.hidden, None)?;
+        self.mark("gemm out_proj")?;
         self.moe_gemm(l, t)
     }
 
@@ -375,6 +405,7 @@ impl Model {
             write_device(&self.gpu, s.pos, &pos)?;
             write_device(&self.gpu, s.slot, &slots)?;
             embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
+            self.mark("embed")?;
             for i in 0..d.layers {
                 self.layer_prefill(i, slot, p0, t)?;
             }
@@ -501,6 +532,54 @@ impl Model {
             }
             token = *ids.last().unwrap_or(&token);
             out.extend(ids);
+        }
+        Ok(out)
+    }
+
+    /// GPU time of each kernel group of a prefill of `tokens` into `seq`,
+    /// summed over layers and chunks: (group, microseconds). Launches run
+    /// directly (prefill kernels are long enough that launch gaps are small).
+    pub fn profile_prefill(&mut self, seq: SeqId, tokens: &[u32]) -> CudaResult<Vec<(&'static str, f64)>> {
+        self.gpu.bind()?;
+        *self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))? = Some(Vec::new());
+        let r = self.mark("start").and_then(|_| self.prefill(seq, tokens, false, false));
+        let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
+        r?;
+        self.gpu.synchronize()?;
+        let mut totals: Vec<(&'static str, f64)> = Vec::new();
+        for w in marks.windows(2) {
+            let us = w[0].1.elapsed_ms(&w[1].1).ctx("cuEventElapsedTime")? as f64 * 1000.0;
+            match totals.iter_mut().find(|t| t.0 == w[1].0) {
+                Some(t) => t.1 += us,
+                None => totals.push((w[1].0, us)),
+            }
+        }
+        Ok(totals)
+    }
+
+    /// One decode step of one sequence, stopping after every stage to read
+    /// the residual stream: ("embed", h), ("layer i mixer", h),
+    /// ("layer i moe", h) for every layer, then ("logits", logits). For
+    /// locating a divergence from the reference; slow (a sync per stage).
+    pub fn trace_decode(&mut self, seq: SeqId, token: u32) -> CudaResult<Vec<(String, Vec<f32>)>> {
+        self.gpu.bind()?;
+        let nsplit = self.stage_batch(&[(seq, token)])?;
+        let (d, s) = (self.dims.clone(), self.mem.scratch);
+        let mut out = Vec::new();
+        embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, 1)?;
+        out.push(("embed".to_string(), read_device(&self.gpu, s.h, d.hidden)?));
+        for i in 0..d.layers {
+            self.mixer_decode_gemv(i, 1, nsplit)?;
+            out.push((format!("layer {i} mixer"), read_device(&self.gpu, s.h, d.hidden)?));
+            self.moe_decode_gemv(i, 1)?;
+            out.push((format!("layer {i} moe"), read_device(&self.gpu, s.h, d.hidden)?));
+        }
+        let input = GemvInput { x: s.h, stride: d.hidden, ntok: 1, norm: Some((self.weights.final_norm, d.rms_eps)) };
+        let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: true };
+        gemv::gemv(&self.gpu, &self.kernels, &[seg], input, s.argmax)?;
+        out.push(("logits".to_string(), read_device(&self.gpu, s.logits, d.vocab)?));
+        if let Some(sq) = self.mem.seqs.get_mut(&seq) {
+            sq.len += 1;
         }
         Ok(out)
     }

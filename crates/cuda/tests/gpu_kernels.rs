@@ -504,8 +504,10 @@ fn gdn_setup(gpu: &Arc<Gpu>, d: &Dims, seed: u64) -> (HostGdn, Vec<lily_cuda::de
     let mut rng = Rng::new(seed);
     let w = HostGdn {
         conv_w: rng.vec(d.conv_dim * 4, -0.6, 0.6),
-        a_log: rng.vec(d.gv_heads, -1.0, 1.0),
-        dt_bias: rng.vec(d.gv_heads, -1.0, 1.0),
+        // Mild decay (g from about -0.8 to -0.0003 per token), so early
+        // tokens still matter at the end of a chunk and of a call.
+        a_log: rng.vec(d.gv_heads, -4.0, -1.0),
+        dt_bias: rng.vec(d.gv_heads, -2.0, 0.0),
         norm: rng.vec(d.gv_dim, 0.5, 1.5),
     };
     let bufs = vec![upload(gpu, &w.conv_w), upload(gpu, &w.a_log), upload(gpu, &w.dt_bias), upload(gpu, &w.norm)];

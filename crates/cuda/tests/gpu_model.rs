@@ -21,7 +21,9 @@ use std::sync::Arc;
 use common::{argmax, gpu, log_softmax};
 use lily_core::tensors::TensorStore;
 use lily_core::weights::Weights;
-use lily_cpu::CpuBackend;
+use lily_core::weights::Mixer;
+use lily_cpu::reference::{self, attention, deltanet, moe, ops};
+use lily_cpu::{CpuBackend, LayerState, SeqState};
 use lily_cuda::{CudaBackend, Gpu, Options};
 use lily_model::{Backend, LogitsWanted, SeqId};
 
@@ -144,11 +146,13 @@ fn tiny_fixture_matches_goldens_and_the_cpu_reference() {
     let weights = Arc::new(Weights::load(&dir.join("mlx-q4")).expect("fixture"));
     let g = TensorStore::open_files(&[dir.join("goldens-mlx.safetensors")]).expect("goldens");
     let mut be = CudaBackend::from_weights(&gpu, &weights, small_opts(512), &mut |_, _| {}).expect("cuda backend");
+    let mut checks = Checks::default();
+    let worst = trace_compare("tiny fixture trace", &mut be, &weights, &tokens(6, weights.config.vocab_size, 5));
+    checks.check(worst < 1e-4, format!("tiny fixture: decode stages vs the reference, worst relative error {worst:.2e}"));
     let (pre, dec) = golden_logits(&mut be, &g);
     let mut cpu = CpuBackend::reference(weights.clone());
     let (cpre, cdec) = golden_logits(&mut cpu, &g);
 
-    let mut checks = Checks::default();
     let (mut sp, mut sd, mut cp, mut cd) = (Stats::default(), Stats::default(), Stats::default(), Stats::default());
     for k in 0..pre.len() {
         let want = rows(&g, &format!("prompt{k}.prefill_logits")).expect("golden prefill");
@@ -206,6 +210,62 @@ fn synth_checkpoint(preset: lily_synth::Preset, layers: usize, seed: u64) -> (te
     lily_synth::synth(&opts).expect("synth");
     let w = Arc::new(Weights::load(dir.path()).expect("load synthetic"));
     (dir, w)
+}
+
+/// The reference forward of one decode token, stage by stage, with the same
+/// names as `Model::trace_decode`.
+fn cpu_trace(w: &Weights, st: &mut SeqState, token: u32) -> Vec<(String, Vec<f32>)> {
+    let cfg = &w.config;
+    let eps = cfg.rms_norm_eps;
+    let pos = st.len;
+    let mut out = Vec::new();
+    let mut x = reference::embed(w, token);
+    out.push(("embed".to_string(), x.clone()));
+    for (i, (layer, ls)) in w.layers.iter().zip(st.layers.iter_mut()).enumerate() {
+        let normed = vec![ops::rms_norm_vec(&x, &layer.input_norm, eps)];
+        let mixed = match (&layer.mixer, ls) {
+            (Mixer::DeltaNet(dw), LayerState::DeltaNet { conv, recurrent }) => {
+                deltanet::deltanet_layer(cfg, dw, conv, recurrent, &normed, deltanet::DeltaRule::Recurrent)
+            }
+            (Mixer::Attention(aw), LayerState::Attention { keys, values }) => attention::attention_layer(cfg, aw, keys, values, pos, &normed),
+            _ => panic!("state kind"),
+        };
+        for (a, b) in x.iter_mut().zip(&mixed[0]) {
+            *a += b;
+        }
+        out.push((format!("layer {i} mixer"), x.clone()));
+        let y = moe::moe(&layer.moe, cfg.num_experts_per_tok, &ops::rms_norm_vec(&x, &layer.post_norm, eps));
+        for (a, b) in x.iter_mut().zip(&y) {
+            *a += b;
+        }
+        out.push((format!("layer {i} moe"), x.clone()));
+    }
+    st.len += 1;
+    let normed = ops::rms_norm_vec(&x, &w.final_norm, eps);
+    out.push(("logits".to_string(), ops::linear(&w.lm_head, 0, &normed)));
+    out
+}
+
+/// Decodes `toks` one at a time on both sides and reports, per stage, the
+/// relative error of the GPU's residual stream; returns the worst one.
+fn trace_compare(label: &str, be: &mut CudaBackend, w: &Weights, toks: &[u32]) -> f64 {
+    let s = be.alloc().expect("alloc");
+    let mut st = SeqState::new(&w.config);
+    let mut worst = 0f64;
+    for (p, &t) in toks.iter().enumerate() {
+        let g = be.model_mut().trace_decode(s, t).expect("trace");
+        let c = cpu_trace(w, &mut st, t);
+        let mut line = format!("{label} token {p}:");
+        for ((name, gv), (_, cv)) in g.iter().zip(&c) {
+            let want: Vec<f64> = cv.iter().map(|v| *v as f64).collect();
+            let e = common::rel_err(gv, &want);
+            worst = worst.max(e);
+            line.push_str(&format!(" {name} {e:.1e};"));
+        }
+        eprintln!("{line}");
+    }
+    be.free(s);
+    worst
 }
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -341,6 +401,8 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     // minutes at this width.
     let mut cpu = CpuBackend::new(w.clone()).expect("cpu fast path");
     let mut checks = Checks::default();
+    let worst = trace_compare("full width trace", &mut be, &w, &tokens(3, vocab, 9));
+    checks.check(worst < 1e-4, format!("full width: decode stages vs the reference, worst relative error {worst:.2e}"));
     let prompt = tokens(100, vocab, 1);
     let (s, c) = (be.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
     let mut st_pre = Stats::default();

@@ -273,16 +273,19 @@ struct GdnChunkAParams {
 #define CA_LD (GDN_CHUNK + 4)   // row stride of the transposed [dim][token] tiles
 #define CA_LDT (GDN_CHUNK + 1)  // row stride of the 64x64 matrix
 #define CA_LDR (GK_DIM + 4)     // row stride of the row-major [token][dim] tiles
+// The q tile [GK_DIM][CA_LD] is later reused for the row-major k tile
+// [64][CA_LDR]; the region holds whichever is larger.
+#define CA_QT_SIZE ((GK_DIM * CA_LD) > (GDN_CHUNK * CA_LDR) ? (GK_DIM * CA_LD) : (GDN_CHUNK * CA_LDR))
 
 // grid (nchunks, GV_HEADS), block 256. Dynamic smem (floats):
-//   kt [GK_DIM][CA_LD], qt [GK_DIM][CA_LD] (later the row-major k tile),
+//   kt [GK_DIM][CA_LD], qt [CA_QT_SIZE] (the q tile, later the row-major k tile),
 //   vr [64][CA_LDR], tm [64][CA_LDT], G [64], beta [64].
 extern "C" __global__ void __launch_bounds__(256)
 gdn_chunk_a(const __grid_constant__ GdnChunkAParams p) {
     extern __shared__ float sm[];
     float* kt = sm;
     float* qt = kt + GK_DIM * CA_LD;
-    float* vr = qt + GK_DIM * CA_LD;
+    float* vr = qt + CA_QT_SIZE;
     float* tm = vr + GDN_CHUNK * CA_LDR;
     float* G = tm + GDN_CHUNK * CA_LDT;
     float* beta = G + GDN_CHUNK;
