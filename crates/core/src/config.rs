@@ -301,6 +301,23 @@ impl ModelConfig {
     /// Checks the architecture rules and classifies the shape.
     pub fn validated(mut self) -> Result<Self> {
         let prod = production();
+        let dims: [(&str, usize, usize); 15] = [
+            ("hidden_size", self.hidden_size, prod.hidden_size),
+            ("num_hidden_layers", self.num_layers, prod.num_layers),
+            ("vocab_size", self.vocab_size, prod.vocab_size),
+            ("num_attention_heads", self.num_attention_heads, prod.num_attention_heads),
+            ("num_key_value_heads", self.num_kv_heads, prod.num_kv_heads),
+            ("head_dim", self.head_dim, prod.head_dim),
+            ("linear_num_key_heads", self.linear_num_key_heads, prod.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads, prod.linear_num_value_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim, prod.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim, prod.linear_value_head_dim),
+            ("num_experts", self.num_experts, prod.num_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok, prod.num_experts_per_tok),
+            ("moe_intermediate_size", self.moe_intermediate_size, prod.moe_intermediate_size),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, prod.shared_expert_intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings, prod.max_position_embeddings),
+        ];
         // Rules every accepted config must satisfy, test or production.
         let check = |field: &str, ok: bool, expected: String, actual: String| -> Result<()> {
             if ok {
@@ -317,14 +334,15 @@ impl ModelConfig {
         )?;
         check(
             "linear_num_value_heads",
-            self.linear_num_value_heads == 2 * self.linear_num_key_heads,
-            format!("2 x linear_num_key_heads = {}", 2 * self.linear_num_key_heads),
+            // checked/saturating: the values are not bounded yet.
+            self.linear_num_key_heads.checked_mul(2) == Some(self.linear_num_value_heads),
+            format!("2 x linear_num_key_heads = {}", self.linear_num_key_heads.saturating_mul(2)),
             self.linear_num_value_heads.to_string(),
         )?;
         check(
             "num_attention_heads",
-            self.num_attention_heads == 8 * self.num_kv_heads,
-            format!("8 x num_key_value_heads = {}", 8 * self.num_kv_heads),
+            self.num_kv_heads.checked_mul(8) == Some(self.num_attention_heads),
+            format!("8 x num_key_value_heads = {}", self.num_kv_heads.saturating_mul(8)),
             self.num_attention_heads.to_string(),
         )?;
         check(
@@ -334,6 +352,19 @@ impl ModelConfig {
             self.linear_value_head_dim.to_string(),
         )?;
         check("linear_conv_kernel_dim", self.conv_kernel == 4, "4".into(), self.conv_kernel.to_string())?;
+        // The f64 in the file is narrowed to f32: 1e80 would become inf.
+        check(
+            "rms_norm_eps",
+            self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0,
+            "a positive number within f32 range".into(),
+            self.rms_norm_eps.to_string(),
+        )?;
+        check(
+            "rope_parameters.rope_theta",
+            self.rope_theta.is_finite() && self.rope_theta > 0.0,
+            "a positive number".into(),
+            self.rope_theta.to_string(),
+        )?;
         check(
             "rope_parameters.partial_rotary_factor",
             self.partial_rotary_factor == 0.25,
@@ -368,23 +399,17 @@ impl ModelConfig {
             }
         }
 
-        let dims: [(&str, usize, usize); 15] = [
-            ("hidden_size", self.hidden_size, prod.hidden_size),
-            ("num_hidden_layers", self.num_layers, prod.num_layers),
-            ("vocab_size", self.vocab_size, prod.vocab_size),
-            ("num_attention_heads", self.num_attention_heads, prod.num_attention_heads),
-            ("num_key_value_heads", self.num_kv_heads, prod.num_kv_heads),
-            ("head_dim", self.head_dim, prod.head_dim),
-            ("linear_num_key_heads", self.linear_num_key_heads, prod.linear_num_key_heads),
-            ("linear_num_value_heads", self.linear_num_value_heads, prod.linear_num_value_heads),
-            ("linear_key_head_dim", self.linear_key_head_dim, prod.linear_key_head_dim),
-            ("linear_value_head_dim", self.linear_value_head_dim, prod.linear_value_head_dim),
-            ("num_experts", self.num_experts, prod.num_experts),
-            ("num_experts_per_tok", self.num_experts_per_tok, prod.num_experts_per_tok),
-            ("moe_intermediate_size", self.moe_intermediate_size, prod.moe_intermediate_size),
-            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, prod.shared_expert_intermediate_size),
-            ("max_position_embeddings", self.max_position_embeddings, prod.max_position_embeddings),
-        ];
+        // No dimension may exceed the real model's: Lily serves that model
+        // and smaller test shapes of it. Checked before any size is derived
+        // from the config (tensor shapes, layer loops), so a hostile
+        // config.json cannot overflow them or loop for ever.
+        if let Some(&(field, got, want)) = dims.iter().find(|(_, got, want)| got > want) {
+            return Err(Error::config(
+                format!("text_config.{field}"),
+                format!("at most {want} (Qwen3.6-35B-A3B)"),
+                got,
+            ));
+        }
         let first_diff = dims.iter().find(|(_, got, want)| got != want);
         self.shape_class = match first_diff {
             None => ShapeClass::Production,
@@ -455,13 +480,19 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
 fn eos_ids(value: Option<&Value>, field: &str) -> Result<Vec<u32>> {
     match value {
         None | Some(Value::Null) => Ok(Vec::new()),
+        // An id past u32 is refused, not truncated into some other token.
         Some(Value::Number(n)) => n
             .as_u64()
-            .map(|id| vec![id as u32])
+            .and_then(|id| u32::try_from(id).ok())
+            .map(|id| vec![id])
             .ok_or_else(|| Error::config(field, "a token id", n)),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| v.as_u64().map(|id| id as u32).ok_or_else(|| Error::config(field, "token ids", v)))
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(|| Error::config(field, "token ids", v))
+            })
             .collect(),
         Some(other) => Err(Error::config(field, "a token id or a list of them", other)),
     }
