@@ -120,16 +120,18 @@ impl ReasoningSplitter {
     /// string) is returned as reasoning, held newlines included.
     pub fn finish(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.buf);
-        match self.phase {
-            Phase::Start | Phase::Reasoning if !rest.trim_start_matches('\n').is_empty() => {
-                let rest = if self.phase == Phase::Start {
-                    rest.trim_start_matches('\n').to_string()
-                } else {
-                    rest
-                };
-                vec![Piece::Reasoning(rest)]
-            }
-            _ => Vec::new(),
+        // Leading newlines are skipped only before the reasoning starts; once
+        // inside it, held newlines are reasoning text (even when nothing else
+        // is held).
+        let rest = match self.phase {
+            Phase::Start => rest.trim_start_matches('\n').to_string(),
+            Phase::Reasoning => rest,
+            Phase::AfterClose | Phase::Content => String::new(),
+        };
+        if rest.is_empty() {
+            Vec::new()
+        } else {
+            vec![Piece::Reasoning(rest)]
         }
     }
 }

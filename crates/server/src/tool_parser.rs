@@ -328,7 +328,9 @@ impl ToolParser {
         match after.find('>') {
             Some(end) => {
                 let name = after[..end].trim().to_string();
-                if name.is_empty() || name.contains('\n') || name.contains('<') {
+                // The same rules as the `None` arm below decides early, so a
+                // call is recognised the same way however the text is cut.
+                if name.is_empty() || name.contains('\n') || name.contains('<') || end > MAX_NAME_BYTES {
                     return self.abandon_call(out);
                 }
                 let consumed = self.buf.len() - after.len() + end + 1;
@@ -338,7 +340,12 @@ impl ToolParser {
                 self.state = State::InFunction;
                 true
             }
-            None if after.len() > MAX_NAME_BYTES || after.contains('\n') => self.abandon_call(out),
+            // Give up only when no `>` can make it a name: too long, a `<`,
+            // or a newline with text on both sides (one at either end would
+            // be trimmed away).
+            None if after.len() > MAX_NAME_BYTES || after.contains('<') || after.trim().contains('\n') => {
+                self.abandon_call(out)
+            }
             None => false,
         }
     }
@@ -415,7 +422,10 @@ impl ToolParser {
             PARAM_OPEN => {
                 let after = &self.buf[pos + PARAM_OPEN.len()..];
                 match after.find('>') {
-                    Some(end) => {
+                    // A name longer than the streaming arm below waits for is
+                    // skipped the same way, so the cut of the text cannot
+                    // change the result.
+                    Some(end) if end <= MAX_NAME_BYTES => {
                         let name = after[..end].trim().to_string();
                         let consumed = pos + PARAM_OPEN.len() + end + 1;
                         self.buf.drain(..consumed);
@@ -425,6 +435,10 @@ impl ToolParser {
                             kind,
                             started: false,
                         };
+                        true
+                    }
+                    Some(_) => {
+                        self.buf.drain(..pos + PARAM_OPEN.len());
                         true
                     }
                     None if after.len() > MAX_NAME_BYTES => {
