@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lily_core::tokenizer::{Tokenizer, THINK_END_ID};
+use lily_core::tokenizer::{Tokenizer, STOP_IDS, THINK_END_ID};
 use lily_engine::{EngineError, Event, FinishReason, GenerateRequest, SubmitError, TokenLogprob};
 
 use crate::engine::{EventStream, Generator};
@@ -281,6 +281,15 @@ impl Driver {
             .tokenizer
             .encode_with_specials(&injected)
             .map_err(|e| ApiError::internal(format!("cannot encode the forced tool call: {e}")))?;
+        // The engine sends the token that stopped the first half (`</think>`,
+        // or an EOS) as an event too; the injected text replaces it.
+        while self
+            .generated
+            .last()
+            .is_some_and(|t| *t == THINK_END_ID || STOP_IDS.contains(t))
+        {
+            self.generated.pop();
+        }
         let mut prompt = self.base.prompt.clone();
         prompt.extend_from_slice(&self.generated);
         prompt.extend_from_slice(&injected_ids);

@@ -71,6 +71,7 @@ struct Replay {
     req: GenerateRequest,
     started: Option<(usize, usize)>,
     emitted: usize,
+    stop_next: bool,
     done: bool,
 }
 
@@ -122,6 +123,9 @@ impl Replay {
                 }
             }
         }
+        if self.stop_next {
+            return Some(self.finished(FinishReason::Stop));
+        }
         if self.emitted >= self.req.max_tokens {
             return Some(self.finished(FinishReason::Length));
         }
@@ -129,8 +133,16 @@ impl Replay {
             return Some(self.finished(FinishReason::Stop));
         };
         if STOP_IDS.contains(&id) || self.req.stop_token_ids.contains(&id) {
+            // As the engine does: the stopping token is sent without text or
+            // logprob, then the request finishes.
             self.emitted += 1;
-            return Some(self.finished(FinishReason::Stop));
+            self.tokens.clear();
+            self.stop_next = true;
+            return Some(Event::Token {
+                id,
+                text: String::new(),
+                logprob: None,
+            });
         }
         self.emitted += 1;
         let text = match self.decoder.push(id) {
@@ -175,6 +187,7 @@ impl Generator for ScriptedGenerator {
             req,
             started: None,
             emitted: 0,
+            stop_next: false,
             done: false,
         };
         Ok(Box::pin(futures::stream::unfold(replay, |mut r| async move {

@@ -93,6 +93,7 @@ struct Run {
     decoder: lily_core::tokenizer::StreamDecoder,
     started: bool,
     finished: bool,
+    stop_next: bool,
     delay: Duration,
     fail: Option<EngineError>,
 }
@@ -121,6 +122,9 @@ impl Run {
                 cached_tokens: self.cached,
             });
         }
+        if self.stop_next {
+            return Some(self.finish(FinishReason::Stop, self.pos));
+        }
         if let Some(e) = self.fail.take() {
             self.finished = true;
             self.guard.done = true;
@@ -140,7 +144,11 @@ impl Run {
         };
         self.pos += 1;
         if STOP_IDS.contains(&id) || self.req.stop_token_ids.contains(&id) {
-            return Some(self.finish(FinishReason::Stop, self.pos));
+            // As the engine does: the stopping token is sent, without text
+            // or logprob, then the request finishes.
+            self.tokens.truncate(self.pos);
+            self.stop_next = true;
+            return Some(Event::Token { id, text: String::new(), logprob: None });
         }
         let piece = self.decoder.push(id).unwrap().unwrap_or_default();
         let before = self.text.len();
@@ -239,6 +247,7 @@ impl Generator for FakeEngine {
             decoder: tok.stream_decoder(),
             started: false,
             finished: false,
+            stop_next: false,
             delay: self.token_delay,
             fail: self.fail_with.clone(),
         };
