@@ -136,7 +136,9 @@ def test_logprobs(client):
         model=MODEL, messages=user("logprobs"), max_tokens=6, temperature=0, logprobs=True, top_logprobs=3, extra_body=NO_THINK
     )
     content = r.choices[0].logprobs.content
-    assert len(content) == r.usage.completion_tokens
+    # Every generated token has an entry, except an EOS that ended the reply.
+    eos = 1 if r.choices[0].finish_reason == "stop" else 0
+    assert len(content) == r.usage.completion_tokens - eos
     for t in content:
         assert t.logprob <= 0
         assert len(t.top_logprobs) == 3
@@ -149,7 +151,7 @@ def test_logprobs(client):
         model=MODEL, messages=user("logprobs"), max_tokens=6, temperature=0, logprobs=True, stream=True, extra_body=NO_THINK
     )
     n = sum(len(c.choices[0].logprobs.content) for c in streamed if c.choices and c.choices[0].logprobs)
-    assert n == r.usage.completion_tokens
+    assert n == r.usage.completion_tokens - eos
 
 
 # ---------------------------------------------------------------- thinking --
@@ -279,7 +281,8 @@ def test_legacy_completions(client):
     r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, logprobs=2)
     assert r.object == "text_completion"
     assert r.choices[0].finish_reason in ("stop", "length")
-    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
+    eos = 1 if r.choices[0].finish_reason == "stop" else 0
+    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens - eos
     chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, stream=True))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
