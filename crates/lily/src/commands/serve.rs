@@ -322,6 +322,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if args.cors { ", CORS on" } else { "" }
         );
         eprintln!("  listening on http://{addr}  (OpenAI base URL: http://{addr}/v1)");
+        if !addr.ip().is_loopback() && api_key.is_none() {
+            eprintln!("WARNING: listening beyond this machine with no API key: anyone who can reach {addr} can use it");
+        }
         tracing::info!(%addr, model = %name, "ready");
 
         let (tx, mut rx) = tokio::sync::watch::channel(false);
