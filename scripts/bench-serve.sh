@@ -37,5 +37,10 @@ for _ in $(seq 1 1200); do
   sleep 0.5
 done
 sed -n '/^lily serve/,/listening/p' "$LOG" >&2
+rc=0
 python3 tests/e2e/load.py --base "http://127.0.0.1:$PORT" --pid $PID \
-  --bench "$COUNTS" --seconds "$SECONDS_EACH" --max-tokens "$MAX_TOKENS" --warmup 5
+  --bench "$COUNTS" --seconds "$SECONDS_EACH" --max-tokens "$MAX_TOKENS" --warmup 5 || rc=$?
+# How the engine batched (decode batch-size histogram, prefix cache), to stderr.
+python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+  | grep -E '^lily_(decode|engine|prefix)' >&2 || true
+exit $rc
