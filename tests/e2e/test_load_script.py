@@ -1,0 +1,55 @@
+"""CI run of scripts/load_test.py against the real `lily serve` (issue 6, item 6).
+
+test_load.py covers the same promise with tests/e2e/load.py; this one keeps
+the standalone script (the one used for the full and the H200 runs) working,
+and adds clients that hang up mid-stream. Its own server on the demo checkpoint
+(so earlier tests do not move its memory baseline), 16 streaming clients for
+20 seconds, one request in ten hung up on purpose after a few tokens. Every
+other response must be complete (finish_reason chunk, usage, [DONE]), none
+may fail, the server must end idle, and its resident memory must come back
+to within max(64 MiB, 10%) of the baseline taken after a warm-up. The full
+version is `python3 scripts/load_test.py --clients 64 --duration-s 120
+--server-pid PID` against a release build.
+"""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO, Server
+
+
+def test_load_script_sixteen_clients_twenty_seconds(cache_dir, log_dir, tmp_path):
+    server = Server("load", [], cache_dir, log_dir)
+    report_path = tmp_path / "load.json"
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts" / "load_test.py"),
+                "--base-url", server.base,
+                "--clients", "16",
+                "--duration-s", "20",
+                "--max-tokens", "48",
+                "--disconnect-fraction", "0.1",
+                "--server-pid", str(server.proc.pid),
+                "--json", str(report_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert server.proc.poll() is None, f"the server died under load:\n{server.log_text()[-3000:]}"
+    finally:
+        server.stop()
+    assert report_path.exists(), f"no report; exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    report = json.loads(report_path.read_text())
+    summary = f"{proc.stdout}\n{proc.stderr}"
+    assert report["requests_failed"] == 0, summary
+    assert report["requests_ok"] >= 16, summary
+    assert report["server_idle_after"], summary
+    assert report["rss_kib"]["back_to_baseline"] is True, summary
+    assert report["server_after"]["lily_engine_running"] == 0, summary
+    assert report["server_metrics_delta"]["lily_engine_failures_total"] == 0, summary
+    assert proc.returncode == 0, summary
+    assert "panicked" not in server.log_path.read_text(errors="replace")
