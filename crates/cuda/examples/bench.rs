@@ -2,8 +2,9 @@
 //! load a checkpoint (or write a full-width synthetic one into RAM first),
 //! then for each prompt length an untimed warm-up at the exact shape, one
 //! timed greedy prefill and `--steps` timed greedy decode steps, one JSON line
-//! per length; `--profile` adds the GPU time of each kernel group of a decode
-//! step (CUDA events inside a graph of the step).
+//! per length; `--profile` adds the GPU time of each kernel group of a
+//! prefill (CUDA events between the groups). Decode steps are profiled per
+//! kernel with Nsight Compute (scripts/h200.sh, stage `ncu`).
 //!
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32]
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
@@ -114,17 +115,7 @@ fn run() -> Result<(), String> {
         println!("{line}");
         table.push((len, r.prefill_tok_s(), r.decode_tok_s()));
         if args.profile {
-            let nsplit = lily_cuda::attention::splits_for(len + 1, be.model().mem.scratch.max_splits);
-            let seq = lily_model::Backend::alloc(&mut be).map_err(|e| e.to_string())?;
-            lily_model::Backend::prefill_greedy(&mut be, seq, &prompt).map_err(|e| e.to_string())?;
             let m = be.model_mut();
-            let slot = m.mem.seq(seq).map_err(|e| e.to_string())?.slot as i32;
-            let s = m.mem.scratch;
-            lily_cuda::device::write_device(&gpu, s.tokens, &[1u32]).map_err(|e| e.to_string())?;
-            lily_cuda::device::write_device(&gpu, s.pos, &[len as i32]).map_err(|e| e.to_string())?;
-            lily_cuda::device::write_device(&gpu, s.slot, &[slot]).map_err(|e| e.to_string())?;
-            m.mem.reserve(seq, len + 1).map_err(|e| e.to_string())?;
-            let prof = m.profile_step(1, nsplit, 20).map_err(|e| e.to_string())?;
             let pseq = m.mem.alloc().map_err(|e| e.to_string())?;
             let pprof = m.profile_prefill(pseq, &prompt).map_err(|e| e.to_string())?;
             m.mem.free(pseq);
@@ -133,12 +124,6 @@ fn run() -> Result<(), String> {
             for (name, us) in &pprof {
                 eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / ptotal);
             }
-            let total: f64 = prof.iter().map(|p| p.1).sum();
-            eprintln!("decode step at context {len}: {total:.1} us of GPU time by kernel group");
-            for (name, us) in &prof {
-                eprintln!("  {name:<22} {us:8.1} us  {:5.1}%", 100.0 * us / total);
-            }
-            lily_model::Backend::free(&mut be, seq);
         }
     }
     for &b in &args.batch {

@@ -30,6 +30,11 @@ for s in $STAGES; do
     kernels) run kernels 140 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
     bench) run bench 110 "$BIN/bench" $BENCH_ARGS ;;
     model) run model 150 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
+    ncu) # per-kernel GPU time of a short run (prefill of 256 + 2x2 decode steps)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo /usr/local/cuda/bin/ncu)
+      run ncu 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
+        "$BIN/bench" --random-layers 40 --lengths 256 --steps 2
+      python3 crates/cuda/scripts/ncu_summary.py "$OUT/ncu.csv" 4 > "$OUT/ncu_summary.txt" 2>&1 ;;
   esac
 done
 echo "---- summary"
@@ -37,4 +42,5 @@ for f in nvrtc kernels model; do
   [ -f "$OUT/$f.log" ] && grep -E "^test result|panicked|FAILED CHECK|^test .* FAILED" "$OUT/$f.log" | head -40
 done
 [ -f "$OUT/bench.log" ] && grep -vE "^upload" "$OUT/bench.log" | tail -45
+[ -f "$OUT/ncu_summary.txt" ] && head -40 "$OUT/ncu_summary.txt"
 cat "$OUT/summary.txt"

@@ -126,11 +126,13 @@ pub struct DecodeScratch {
     pub max_splits: usize,
 }
 
-/// Splits for a context of `len` tokens: about 16 KV blocks per split, at
-/// most `max_splits` (a CUDA graph fixes the count; the kernel adapts the
-/// range of each split to the actual length).
+/// Splits for a context of `len` tokens: about 8 KV blocks per split, but
+/// one block per split for up to 16 blocks, so short contexts still spread
+/// over several multiprocessors; at most `max_splits` (a CUDA graph fixes
+/// the count; the kernel adapts each split's range to the actual length).
 pub fn splits_for(len: usize, max_splits: usize) -> usize {
-    len.div_ceil(KV_BLOCK).div_ceil(16).clamp(1, max_splits)
+    let blocks = len.div_ceil(KV_BLOCK);
+    blocks.div_ceil(8).max(blocks.min(16)).clamp(1, max_splits.max(1))
 }
 
 pub fn scale_log2(dims: &Dims) -> f32 {

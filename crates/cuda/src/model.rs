@@ -84,56 +84,17 @@ impl Model {
     }
 
     /// Records a profiling event named `what` (the time since the previous
-    /// mark is attributed to it); a no-op unless `profile_step` is running.
+    /// mark is attributed to it); a no-op unless `profile_prefill` is running.
+    /// (Decode steps are profiled per kernel with Nsight Compute instead:
+    /// inside a graph, launch gaps are what matters and events cannot see them.)
     fn mark(&self, what: &'static str) -> CudaResult<()> {
         let mut guard = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?;
         if let Some(marks) = guard.as_mut() {
             let ev = self.gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ctx("cuEventCreate")?;
-            // Inside a capture an event is only readable afterwards when it
-            // is recorded as an external event node.
-            // SAFETY: the event and stream are live objects of this context.
-            unsafe {
-                cudarc::driver::sys::cuEventRecordWithFlags(
-                    ev.cu_event(),
-                    self.gpu.cu_stream(),
-                    cudarc::driver::sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-                )
-            }
-            .result()
-            .ctx("cuEventRecordWithFlags")?;
+            ev.record(&self.gpu.stream).ctx("cuEventRecord")?;
             marks.push((what, ev));
         }
         Ok(())
-    }
-
-    /// GPU time of each kernel group of one decode step of `n` tokens,
-    /// summed over layers and averaged over `reps` replays of a graph of the
-    /// step with events between the groups: (group, microseconds).
-    pub fn profile_step(&mut self, n: usize, nsplit: usize, reps: usize) -> CudaResult<Vec<(&'static str, f64)>> {
-        self.gpu.bind()?;
-        *self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))? = Some(Vec::new());
-        let stream = self.gpu.stream.clone();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).ctx("cuStreamBeginCapture")?;
-        let launched = self.mark("start").and_then(|_| self.step_launches(n, nsplit, Head::Logits));
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
-        launched?;
-        let graph = graph.ctx("cuStreamEndCapture")?.ok_or_else(|| CudaError::Driver { what: "graph capture".into(), message: "empty graph".into() })?;
-        let mut totals: Vec<(&'static str, f64)> = Vec::new();
-        graph.launch().ctx("cuGraphLaunch")?;
-        self.gpu.synchronize()?;
-        for _ in 0..reps.max(1) {
-            graph.launch().ctx("cuGraphLaunch")?;
-            self.gpu.synchronize()?;
-            for w in marks.windows(2) {
-                let us = w[0].1.elapsed_ms(&w[1].1).ctx("cuEventElapsedTime")? as f64 * 1000.0 / reps.max(1) as f64;
-                match totals.iter_mut().find(|t| t.0 == w[1].0) {
-                    Some(t) => t.1 += us,
-                    None => totals.push((w[1].0, us)),
-                }
-            }
-        }
-        Ok(totals)
     }
 
     fn kv_view(&self, layer: usize) -> KvView {
@@ -558,8 +519,9 @@ impl Model {
     }
 
     /// One decode step of one sequence, stopping after every stage to read
-    /// the residual stream: ("embed", h), ("layer i mixer", h),
-    /// ("layer i moe", h) for every layer, then ("logits", logits). For
+    /// the residual stream: ("embed", h), then per layer ("layer i in_proj",
+    /// the in-projection row), ("layer i mixer", h), ("layer i moe", h), then
+    /// ("logits", logits). For
     /// locating a divergence from the reference; slow (a sync per stage).
     pub fn trace_decode(&mut self, seq: SeqId, token: u32) -> CudaResult<Vec<(String, Vec<f32>)>> {
         self.gpu.bind()?;
@@ -570,6 +532,8 @@ impl Model {
         out.push(("embed".to_string(), read_device(&self.gpu, s.h, d.hidden)?));
         for i in 0..d.layers {
             self.mixer_decode_gemv(i, 1, nsplit)?;
+            let width = self.in_projections(&self.weights.layers[i]).iter().map(|(m, _)| m.rows).sum::<usize>();
+            out.push((format!("layer {i} in_proj"), read_device(&self.gpu, s.proj, width)?));
             out.push((format!("layer {i} mixer"), read_device(&self.gpu, s.h, d.hidden)?));
             self.moe_decode_gemv(i, 1)?;
             out.push((format!("layer {i} moe"), read_device(&self.gpu, s.h, d.hidden)?));
