@@ -126,13 +126,13 @@ pub struct DecodeScratch {
     pub max_splits: usize,
 }
 
-/// Splits for a context of `len` tokens: about 8 KV blocks per split, but
+/// Splits for a context of `len` tokens: about 4 KV blocks per split, but
 /// one block per split for up to 16 blocks, so short contexts still spread
 /// over several multiprocessors; at most `max_splits` (a CUDA graph fixes
 /// the count; the kernel adapts each split's range to the actual length).
 pub fn splits_for(len: usize, max_splits: usize) -> usize {
     let blocks = len.div_ceil(KV_BLOCK);
-    blocks.div_ceil(8).max(blocks.min(16)).clamp(1, max_splits.max(1))
+    blocks.div_ceil(4).max(blocks.min(16)).clamp(1, max_splits.max(1))
 }
 
 pub fn scale_log2(dims: &Dims) -> f32 {

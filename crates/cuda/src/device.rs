@@ -109,8 +109,12 @@ impl DeviceBuffer {
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
             CudaError::Capacity(format!("allocating {what} ({:.2} GiB) on {}: {e}", bytes as f64 / (1u64 << 30) as f64, gpu.name))
         })?;
+        // On the backend's own (non-blocking) stream and waited for: a memset
+        // on the legacy stream is not ordered with that stream's copies and
+        // could land after them.
         // SAFETY: ptr is a fresh allocation of `bytes` bytes.
-        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.ctx("cuMemsetD8")?;
+        unsafe { result::memset_d8_async(ptr, 0, bytes, gpu.cu_stream()) }.ctx("cuMemsetD8Async")?;
+        gpu.synchronize()?;
         let now = gpu.allocated.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
         gpu.peak.fetch_max(now, Ordering::Relaxed);
         Ok(DeviceBuffer { ptr, bytes, gpu: gpu.clone() })
@@ -144,7 +148,8 @@ impl DeviceBuffer {
         unsafe { result::memcpy_htod_async(self.ptr + offset as u64, data, self.gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync")
     }
 
-    /// Synchronous copy of host data (the slice may be dropped right after).
+    /// Copy of host data that has landed when this returns (the slice may be
+    /// dropped right after).
     pub fn upload_sync_at<T: Copy>(&self, offset: usize, data: &[T]) -> CudaResult<()> {
         self.upload_at(offset, data)?;
         self.gpu.synchronize()
@@ -157,10 +162,7 @@ impl DeviceBuffer {
         if offset + n > self.bytes {
             return Err(CudaError::Capacity(format!("download of {n} bytes at {offset} past a {}-byte buffer", self.bytes)));
         }
-        self.gpu.synchronize()?;
-        // SAFETY: the source range is inside this allocation (checked) and the
-        // stream has finished writing it.
-        unsafe { result::memcpy_dtoh_sync(out, self.ptr + offset as u64) }.ctx("cuMemcpyDtoH")
+        read_into(&self.gpu, self.ptr + offset as u64, out)
     }
 }
 
@@ -176,22 +178,36 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Reads `n` elements of type `T` at device address `ptr` (tests, dumps).
+// Every copy goes through the backend's own stream and is waited for there:
+// the synchronous cuMemcpy* calls use the legacy stream, which is not ordered
+// with a non-blocking stream, and a host-to-device one may return before its
+// data has landed.
+
+fn read_into<T: Copy>(gpu: &Gpu, ptr: u64, out: &mut [T]) -> CudaResult<()> {
+    gpu.bind()?;
+    // SAFETY: the caller names a device range of out.len() elements that it
+    // owns; `out` outlives the copy because the stream is synchronised before
+    // returning.
+    unsafe { result::memcpy_dtoh_async(out, ptr, gpu.cu_stream()) }.ctx("cuMemcpyDtoHAsync")?;
+    gpu.synchronize()
+}
+
+/// Reads `n` elements of type `T` at device address `ptr` after the work
+/// queued on the stream.
 pub fn read_device<T: Copy + Default>(gpu: &Gpu, ptr: u64, n: usize) -> CudaResult<Vec<T>> {
     let mut out = vec![T::default(); n];
-    gpu.synchronize()?;
-    // SAFETY: the caller names a device range of n elements that it owns;
-    // the stream is idle.
-    unsafe { result::memcpy_dtoh_sync(&mut out, ptr) }.ctx("cuMemcpyDtoH")?;
+    read_into(gpu, ptr, &mut out)?;
     Ok(out)
 }
 
-/// Writes host data to device address `ptr`, synchronously.
+/// Writes host data to device address `ptr`, ordered after the work queued
+/// on the stream; the data has landed when this returns.
 pub fn write_device<T: Copy>(gpu: &Gpu, ptr: u64, data: &[T]) -> CudaResult<()> {
     gpu.bind()?;
-    gpu.synchronize()?;
-    // SAFETY: the caller names a device range it owns of data.len() elements.
-    unsafe { result::memcpy_htod_sync(ptr, data) }.ctx("cuMemcpyHtoD")
+    // SAFETY: the caller names a device range it owns of data.len()
+    // elements; `data` outlives the copy (synchronised below).
+    unsafe { result::memcpy_htod_async(ptr, data, gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync")?;
+    gpu.synchronize()
 }
 
 /// Asynchronous device-to-device copy on the GPU's stream.

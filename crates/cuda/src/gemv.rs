@@ -123,6 +123,14 @@ pub fn gemv(gpu: &Gpu, k: &Kernels, segs: &[GemvSeg], input: GemvInput, argmax_k
     p.ntasks = tasks as i32;
     let padded = cols + cols / 32 * 4;
     let smem = (input.ntok * padded + input.ntok * cols / 16 + 32) * 4 + GEMV_WARPS * GEMV_MAX_TOK * 8;
-    let grid = persistent_grid(gpu, tasks, GEMV_WARPS, 2);
-    launch(gpu, k, NAME, (grid, 1, 1), (GEMV_WARPS * 32) as u32, smem, &p)
+    // One entry point per token count (register budget); as many resident
+    // blocks per multiprocessor as the kernel's registers allow.
+    let (name, per_sm) = match input.ntok {
+        1 => ("gemv_q1", 2),
+        2 => ("gemv_q2", 1),
+        3 => ("gemv_q3", 1),
+        _ => ("gemv_q4", 1),
+    };
+    let grid = persistent_grid(gpu, tasks, GEMV_WARPS, per_sm);
+    launch(gpu, k, name, (grid, 1, 1), (GEMV_WARPS * 32) as u32, smem, &p)
 }

@@ -29,7 +29,7 @@ pub const COMMON: &str = include_str!("kernels/common.cuh");
 
 pub const FAMILIES: &[Family] = &[
     Family { name: "embed", source: include_str!("kernels/embed.cu"), kernels: &["embed_q4"] },
-    Family { name: "gemv", source: include_str!("kernels/gemv.cu"), kernels: &["gemv_q"] },
+    Family { name: "gemv", source: include_str!("kernels/gemv.cu"), kernels: &["gemv_q1", "gemv_q2", "gemv_q3", "gemv_q4"] },
     Family {
         name: "moe",
         source: include_str!("kernels/moe.cu"),

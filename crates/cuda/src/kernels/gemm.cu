@@ -233,8 +233,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GM_THREADS) gemm_q4(const __grid_constant__ GemmParams p) { gemm_body<4>(p); }
-extern "C" __global__ void __launch_bounds__(GM_THREADS) gemm_q8(const __grid_constant__ GemmParams p) { gemm_body<8>(p); }
+extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) gemm_q4(const __grid_constant__ GemmParams p) { gemm_body<4>(p); }
+extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) gemm_q8(const __grid_constant__ GemmParams p) { gemm_body<8>(p); }
 
 // grid (T), block 256: out[t][c] = f16(x[t][c] * rsqrt(mean(x[t]^2) + eps) * gain[c]).
 // The normalised activations that feed the GEMMs.

@@ -102,10 +102,70 @@ struct MoeUpParams {
     float eps;
 };
 
+// One item of a fused expert kernel: the lane's 16-byte chunk of 4 rows.
+struct MoeLoad {
+    uint4 w[4];
+    float sc[4];
+    float bi[4];
+};
+
+__device__ __forceinline__ void moe_fetch_rows(const u32* c0, const u32* c1, const u32* c2, const u32* c3,
+                                               const bf16* s0, const bf16* s1, const bf16* s2, const bf16* s3,
+                                               const bf16* b0, const bf16* b1, const bf16* b2, const bf16* b3, int ch,
+                                               int g, MoeLoad& L) {
+    L.w[0] = ld_stream_u4(c0 + ch * 4);
+    L.w[1] = ld_stream_u4(c1 + ch * 4);
+    L.w[2] = ld_stream_u4(c2 + ch * 4);
+    L.w[3] = ld_stream_u4(c3 + ch * 4);
+    L.sc[0] = bf16_to_f32(ld_nc_u16(s0 + g));
+    L.sc[1] = bf16_to_f32(ld_nc_u16(s1 + g));
+    L.sc[2] = bf16_to_f32(ld_nc_u16(s2 + g));
+    L.sc[3] = bf16_to_f32(ld_nc_u16(s3 + g));
+    L.bi[0] = bf16_to_f32(ld_nc_u16(b0 + g));
+    L.bi[1] = bf16_to_f32(ld_nc_u16(b1 + g));
+    L.bi[2] = bf16_to_f32(ld_nc_u16(b2 + g));
+    L.bi[3] = bf16_to_f32(ld_nc_u16(b3 + g));
+}
+
+// gate_up task (token t, slot s, row pair i0): rows 0, 1 = gate i0, i0+1 and
+// 2, 3 = up i0, i0+1 of the slot's expert; step `it` covers chunk lane + 32 it.
+__device__ __forceinline__ void moe_up_task(const MoeUpParams& p, const int* sel_idx, int task, int& t, int& s, int& i0) {
+    const int pairs = MOE_INTER / 2;
+    t = task / (MOE_SLOTS * pairs);
+    const int rem = task - t * (MOE_SLOTS * pairs);
+    s = rem / pairs;
+    i0 = (rem - s * pairs) * 2;
+}
+
+__device__ __forceinline__ void moe_up_fetch(const MoeUpParams& p, const int* sel_idx, int t, int s, int i0, int ch, MoeLoad& L) {
+    const int wpr = HIDDEN / 8, gpr = HIDDEN / GROUP_SIZE;
+    const u32 *cg, *cu;
+    const bf16 *sgp, *bgp, *sup, *bup;
+    if (s < TOPK) {
+        const size_t rbase = (size_t)sel_idx[t * TOPK + s] * MOE_INTER + i0;
+        cg = p.gate.codes + rbase * wpr;
+        cu = p.up.codes + rbase * wpr;
+        sgp = p.gate.scales + rbase * gpr;
+        bgp = p.gate.biases + rbase * gpr;
+        sup = p.up.scales + rbase * gpr;
+        bup = p.up.biases + rbase * gpr;
+    } else {
+        cg = p.sh_gate.codes + (size_t)i0 * wpr;
+        cu = p.sh_up.codes + (size_t)i0 * wpr;
+        sgp = p.sh_gate.scales + (size_t)i0 * gpr;
+        bgp = p.sh_gate.biases + (size_t)i0 * gpr;
+        sup = p.sh_up.scales + (size_t)i0 * gpr;
+        bup = p.sh_up.biases + (size_t)i0 * gpr;
+    }
+    moe_fetch_rows(cg, cg + wpr, cu, cu + wpr, sgp, sgp + gpr, sup, sup + gpr, bgp, bgp + gpr, bup, bup + gpr, ch, ch >> 1, L);
+}
+
 // grid: persistent (host-sized), block MOE_THREADS. Warp task = (token,
 // slot, pair of intermediate rows): it reads gate rows i, i+1 and up rows
 // i, i+1 of the slot's expert (4 rows, each HIDDEN 4-bit codes) and writes
-// act for the two rows. Dynamic smem: staged xn + chunk sums + selection.
+// act for the two rows. The next chunk's loads are issued before the current
+// chunk's arithmetic, the first ones before xn is staged. Dynamic smem:
+// staged xn + chunk sums + selection.
 extern "C" __global__ void __launch_bounds__(MOE_THREADS)
 moe_gate_up(const __grid_constant__ MoeUpParams p) {
     extern __shared__ float smem[];
@@ -119,71 +179,53 @@ moe_gate_up(const __grid_constant__ MoeUpParams p) {
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (warp < ntok) warp_topk(p.router_logits + (size_t)warp * N_EXPERTS, sel_idx + warp * TOPK, sel_w + warp * TOPK);
+    __syncthreads();
+
+    const int ntasks = ntok * MOE_SLOTS * (MOE_INTER / 2);
+    const int stride = gridDim.x * (MOE_THREADS / 32);
+    const int nch = HIDDEN / 32, nc16 = HIDDEN / 16;
+    const int its = (nch + 31) / 32;
+    int task = blockIdx.x * (MOE_THREADS / 32) + warp;
+    int t = 0, s = 0, i0 = 0;
+    MoeLoad cur, nxt;
+    if (task < ntasks) {
+        moe_up_task(p, sel_idx, task, t, s, i0);
+        if (lane < nch) moe_up_fetch(p, sel_idx, t, s, i0, lane, cur);
+    }
     stage_activations(sx, csum, red, p.x, p.x_stride, p.gain, ntok, HIDDEN, p.eps);  // ends with __syncthreads
 
     if (blockIdx.x == 0) {
         for (int i = threadIdx.x; i < ntok * MOE_SLOTS; i += blockDim.x) {
-            const int t = i / MOE_SLOTS, s = i - t * MOE_SLOTS;
-            if (s < TOPK) {
-                p.topk_idx[t * TOPK + s] = sel_idx[t * TOPK + s];
-                p.topk_w[i] = sel_w[t * TOPK + s];
+            const int tt = i / MOE_SLOTS, ss = i - tt * MOE_SLOTS;
+            if (ss < TOPK) {
+                p.topk_idx[tt * TOPK + ss] = sel_idx[tt * TOPK + ss];
+                p.topk_w[i] = sel_w[tt * TOPK + ss];
             } else {
-                p.topk_w[i] = sigmoidf_(p.sg_logits[t]);
+                p.topk_w[i] = sigmoidf_(p.sg_logits[tt]);
             }
         }
     }
 
-    const int pairs = MOE_INTER / 2;
-    const int ntasks = ntok * MOE_SLOTS * pairs;
-    const int nch = HIDDEN / 32, wpr = HIDDEN / 8, gpr = HIDDEN / GROUP_SIZE, nc16 = HIDDEN / 16;
-    for (int task = blockIdx.x * (MOE_THREADS / 32) + warp; task < ntasks; task += gridDim.x * (MOE_THREADS / 32)) {
-        const int t = task / (MOE_SLOTS * pairs);
-        const int rem = task - t * (MOE_SLOTS * pairs);
-        const int s = rem / pairs;
-        const int i0 = (rem - s * pairs) * 2;
-        const u32* cg;
-        const u32* cu;
-        const bf16 *sgp, *bgp, *sup, *bup;
-        if (s < TOPK) {
-            const size_t e = (size_t)sel_idx[t * TOPK + s];
-            const size_t rbase = e * MOE_INTER + i0;
-            cg = p.gate.codes + rbase * wpr;
-            cu = p.up.codes + rbase * wpr;
-            sgp = p.gate.scales + rbase * gpr;
-            bgp = p.gate.biases + rbase * gpr;
-            sup = p.up.scales + rbase * gpr;
-            bup = p.up.biases + rbase * gpr;
-        } else {
-            cg = p.sh_gate.codes + (size_t)i0 * wpr;
-            cu = p.sh_up.codes + (size_t)i0 * wpr;
-            sgp = p.sh_gate.scales + (size_t)i0 * gpr;
-            bgp = p.sh_gate.biases + (size_t)i0 * gpr;
-            sup = p.sh_up.scales + (size_t)i0 * gpr;
-            bup = p.sh_up.biases + (size_t)i0 * gpr;
-        }
-        // rows: 0, 1 = gate i0, i0+1; 2, 3 = up i0, i0+1
+    while (task < ntasks) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int ch = lane; ch < nch; ch += 32) {
-            uint4 w[4];
-            float sc[4], bi[4];
-            w[0] = ld_stream_u4(cg + ch * 4);
-            w[1] = ld_stream_u4(cg + wpr + ch * 4);
-            w[2] = ld_stream_u4(cu + ch * 4);
-            w[3] = ld_stream_u4(cu + wpr + ch * 4);
-            const int g = ch >> 1;
-            sc[0] = bf16_to_f32(ld_nc_u16(sgp + g));
-            sc[1] = bf16_to_f32(ld_nc_u16(sgp + gpr + g));
-            sc[2] = bf16_to_f32(ld_nc_u16(sup + g));
-            sc[3] = bf16_to_f32(ld_nc_u16(sup + gpr + g));
-            bi[0] = bf16_to_f32(ld_nc_u16(bgp + g));
-            bi[1] = bf16_to_f32(ld_nc_u16(bgp + gpr + g));
-            bi[2] = bf16_to_f32(ld_nc_u16(bup + g));
-            bi[3] = bf16_to_f32(ld_nc_u16(bup + gpr + g));
-            float xv[32];
-            load_x32(sx + t * P + ch * 36, xv);
-            const float cs = csum[t * nc16 + 2 * ch] + csum[t * nc16 + 2 * ch + 1];
+        const int next = task + stride;
+        int nt_ = t, ns = s, ni = i0;
+        for (int it = 0; it < its; ++it) {
+            const int ch = lane + 32 * it;
+            if (it + 1 < its) {
+                if (ch + 32 < nch) moe_up_fetch(p, sel_idx, t, s, i0, ch + 32, nxt);
+            } else if (next < ntasks) {
+                moe_up_task(p, sel_idx, next, nt_, ns, ni);
+                if (lane < nch) moe_up_fetch(p, sel_idx, nt_, ns, ni, lane, nxt);
+            }
+            if (ch < nch) {
+                float xv[32];
+                load_x32(sx + t * P + ch * 36, xv);
+                const float cs = csum[t * nc16 + 2 * ch] + csum[t * nc16 + 2 * ch + 1];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) acc[r] += fmaf(sc[r], dot32_q4(w[r], xv), bi[r] * cs);
+                for (int r = 0; r < 4; ++r) acc[r] += fmaf(cur.sc[r], dot32_q4(cur.w[r], xv), cur.bi[r] * cs);
+            }
+            cur = nxt;
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[r] = warp_sum(acc[r]);
@@ -192,6 +234,10 @@ moe_gate_up(const __grid_constant__ MoeUpParams p) {
             o[0] = siluf_(acc[0]) * acc[2];
             o[1] = siluf_(acc[1]) * acc[3];
         }
+        task = next;
+        t = nt_;
+        s = ns;
+        i0 = ni;
     }
 }
 
@@ -206,10 +252,32 @@ struct MoeDownParams {
     int ntok;
 };
 
+// down item (token t, rows r0..r0+3, step `it`): lane handles the (slot,
+// chunk) pair pc = lane + 32 it of the MOE_SLOTS x (MOE_INTER / 32) pairs.
+__device__ __forceinline__ void moe_down_fetch(const MoeDownParams& p, const int* se, int t, int r0, int pc, MoeLoad& L) {
+    const int nch = MOE_INTER / 32, wpr = MOE_INTER / 8, gpr = MOE_INTER / GROUP_SIZE;
+    const int s = pc / nch, ch = pc - s * nch;
+    const u32* cp;
+    const bf16 *sp, *bp;
+    if (s < TOPK) {
+        const size_t rb = (size_t)se[t * TOPK + s] * HIDDEN + r0;
+        cp = p.down.codes + rb * wpr;
+        sp = p.down.scales + rb * gpr;
+        bp = p.down.biases + rb * gpr;
+    } else {
+        cp = p.sh_down.codes + (size_t)r0 * wpr;
+        sp = p.sh_down.scales + (size_t)r0 * gpr;
+        bp = p.sh_down.biases + (size_t)r0 * gpr;
+    }
+    moe_fetch_rows(cp, cp + wpr, cp + 2 * wpr, cp + 3 * wpr, sp, sp + gpr, sp + 2 * gpr, sp + 3 * gpr, bp, bp + gpr,
+                   bp + 2 * gpr, bp + 3 * gpr, ch, ch >> 1, L);
+}
+
 // grid: persistent, block MOE_THREADS. Warp task = (token, 4 output rows):
 // for each of the MOE_SLOTS slots it reads the 4 rows of that slot's down
 // matrix (MOE_INTER 4-bit codes each); lanes stride over (slot, chunk)
-// pairs. Dynamic smem: act staged in PAD32 layout plus chunk sums.
+// pairs, the next pair's loads issued before the current pair's arithmetic.
+// Dynamic smem: act staged in PAD32 layout plus chunk sums.
 extern "C" __global__ void __launch_bounds__(MOE_THREADS)
 moe_down(const __grid_constant__ MoeDownParams p) {
     extern __shared__ float smem[];
@@ -221,13 +289,30 @@ moe_down(const __grid_constant__ MoeDownParams p) {
     float* sw = csum + nrows * (MOE_INTER / 16);   // [ntok][MOE_SLOTS]
     int* se = reinterpret_cast<int*>(sw + 8 * MOE_SLOTS);  // [ntok][TOPK]
 
+    for (int i = threadIdx.x; i < ntok * MOE_SLOTS; i += blockDim.x) sw[i] = p.topk_w[i];
+    for (int i = threadIdx.x; i < ntok * TOPK; i += blockDim.x) se[i] = p.topk_idx[i];
+    __syncthreads();
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int quads = HIDDEN / 4;
+    const int ntasks = ntok * quads;
+    const int nch = MOE_INTER / 32, npairs = MOE_SLOTS * nch;
+    const int its = (npairs + 31) / 32;
+    const int stride = gridDim.x * (MOE_THREADS / 32);
+    int task = blockIdx.x * (MOE_THREADS / 32) + warp;
+    int t = 0, r0 = 0;
+    MoeLoad cur, nxt;
+    if (task < ntasks) {
+        t = task / quads;
+        r0 = (task - t * quads) * 4;
+        if (lane < npairs) moe_down_fetch(p, se, t, r0, lane, cur);
+    }
+
     for (int i = threadIdx.x; i < nrows * (MOE_INTER / 4); i += blockDim.x) {
         const int r = i / (MOE_INTER / 4), c = (i - r * (MOE_INTER / 4)) * 4;
         *reinterpret_cast<float4*>(sa + r * P + PAD32(c)) =
             *reinterpret_cast<const float4*>(p.act + (size_t)r * MOE_INTER + c);
     }
-    for (int i = threadIdx.x; i < ntok * MOE_SLOTS; i += blockDim.x) sw[i] = p.topk_w[i];
-    for (int i = threadIdx.x; i < ntok * TOPK; i += blockDim.x) se[i] = p.topk_idx[i];
     __syncthreads();
     const int nc16 = MOE_INTER / 16;
     for (int i = threadIdx.x; i < nrows * nc16; i += blockDim.x) {
@@ -240,43 +325,28 @@ moe_down(const __grid_constant__ MoeDownParams p) {
     }
     __syncthreads();
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int quads = HIDDEN / 4;
-    const int ntasks = ntok * quads;
-    const int nch = MOE_INTER / 32, wpr = MOE_INTER / 8, gpr = MOE_INTER / GROUP_SIZE;
-    for (int task = blockIdx.x * (MOE_THREADS / 32) + warp; task < ntasks; task += gridDim.x * (MOE_THREADS / 32)) {
-        const int t = task / quads;
-        const int r0 = (task - t * quads) * 4;
+    while (task < ntasks) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int pc = lane; pc < MOE_SLOTS * nch; pc += 32) {
-            const int s = pc / nch, ch = pc - s * nch;
-            const u32* cp;
-            const bf16 *sp, *bp;
-            if (s < TOPK) {
-                const size_t rb = (size_t)se[t * TOPK + s] * HIDDEN + r0;
-                cp = p.down.codes + rb * wpr;
-                sp = p.down.scales + rb * gpr;
-                bp = p.down.biases + rb * gpr;
-            } else {
-                cp = p.sh_down.codes + (size_t)r0 * wpr;
-                sp = p.sh_down.scales + (size_t)r0 * gpr;
-                bp = p.sh_down.biases + (size_t)r0 * gpr;
+        const int next = task + stride;
+        const int nt_ = next / quads, nr0 = (next - nt_ * quads) * 4;
+        for (int it = 0; it < its; ++it) {
+            const int pc = lane + 32 * it;
+            if (it + 1 < its) {
+                if (pc + 32 < npairs) moe_down_fetch(p, se, t, r0, pc + 32, nxt);
+            } else if (next < ntasks) {
+                if (lane < npairs) moe_down_fetch(p, se, nt_, nr0, lane, nxt);
             }
-            uint4 w[4];
-            float sc[4], bi[4];
+            if (pc < npairs) {
+                const int s = pc / nch, ch = pc - s * nch;
+                const int arow = t * MOE_SLOTS + s;
+                float xv[32];
+                load_x32(sa + arow * P + ch * 36, xv);
+                const float cs = csum[arow * nc16 + 2 * ch] + csum[arow * nc16 + 2 * ch + 1];
+                const float ws = sw[arow];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                w[r] = ld_stream_u4(cp + (size_t)r * wpr + ch * 4);
-                sc[r] = bf16_to_f32(ld_nc_u16(sp + (size_t)r * gpr + (ch >> 1)));
-                bi[r] = bf16_to_f32(ld_nc_u16(bp + (size_t)r * gpr + (ch >> 1)));
+                for (int r = 0; r < 4; ++r) acc[r] += ws * fmaf(cur.sc[r], dot32_q4(cur.w[r], xv), cur.bi[r] * cs);
             }
-            const int arow = t * MOE_SLOTS + s;
-            float xv[32];
-            load_x32(sa + arow * P + ch * 36, xv);
-            const float cs = csum[arow * nc16 + 2 * ch] + csum[arow * nc16 + 2 * ch + 1];
-            const float ws = sw[arow];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[r] += ws * fmaf(sc[r], dot32_q4(w[r], xv), bi[r] * cs);
+            cur = nxt;
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[r] = warp_sum(acc[r]);
@@ -285,6 +355,9 @@ moe_down(const __grid_constant__ MoeDownParams p) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) o[r] += acc[r];
         }
+        task = next;
+        t = nt_;
+        r0 = nr0;
     }
 }
 
