@@ -416,10 +416,19 @@ impl Model {
     }
 
     /// One decode step for a batch of distinct sequences; returns logits.
+    /// Batches of at least `gemm_decode_min_batch` sequences go through the
+    /// GEMM path (up to `max_batch` at a time), others through the fused
+    /// GEMV path in groups of up to `GEMV_MAX_TOK` (sequences are
+    /// independent, so the grouping does not change any result).
     pub fn decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
+        for (i, (id, _)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|b| b.0 == *id) {
+                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
+            }
+        }
         let mut out = Vec::with_capacity(batch.len());
-        let max = self.mem.opts.max_batch;
-        for part in batch.chunks(max) {
+        let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
+        for part in batch.chunks(group) {
             out.extend(self.decode_part(part)?);
         }
         Ok(out)

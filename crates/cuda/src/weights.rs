@@ -380,8 +380,20 @@ fn rebase_layers(layers: &mut [LayerDev], base: u64) {
 /// (speed probes at the real shape without a 20 GB checkpoint): uniform
 /// codes, per-group scales and biases that put each weight in about
 /// +-sqrt(3 / fan_in), unit norm gains, small conv taps and gates.
-pub fn synthetic(gpu: &Arc<Gpu>, k: &crate::kernels::Kernels, dims: &Dims, seed: u64) -> CudaResult<DeviceWeights> {
-    use crate::synth::{fill, Fill};
+/// The layout of the real model's weights for `dims` (offsets relative to
+/// one buffer), with what each piece is filled with when synthetic.
+struct ShapePlan {
+    size: usize,
+    embed: QMat,
+    lm_head: QMat,
+    final_norm: u64,
+    inv_freq: u64,
+    layers: Vec<LayerDev>,
+    mats: Vec<QMat>,
+    vecs: Vec<(u64, usize, f32, f32)>,
+}
+
+fn shape_plan(dims: &Dims) -> ShapePlan {
     let d = dims;
     let mut pl = Planner { size: 0, linears: Vec::new(), vectors: Vec::new() };
     let (h, v) = (d.hidden, d.vocab);
@@ -398,8 +410,8 @@ pub fn synthetic(gpu: &Arc<Gpu>, k: &crate::kernels::Kernels, dims: &Dims, seed:
         mats.push(m);
         m
     };
-    let mut embed = mat(&mut pl, v, h, 1, 4);
-    let mut lm_head = mat(&mut pl, v, h, 1, 4);
+    let embed = mat(&mut pl, v, h, 1, 4);
+    let lm_head = mat(&mut pl, v, h, 1, 4);
     let final_norm = vector(&mut pl, h, 1.0, 1.0);
     let inv_freq = pl.size as u64;
     pl.size += align(d.rot_dim / 2 * 4);
@@ -440,7 +452,19 @@ pub fn synthetic(gpu: &Arc<Gpu>, k: &crate::kernels::Kernels, dims: &Dims, seed:
         };
         layers.push(LayerDev { input_norm: vector(&mut pl, h, 1.0, 1.0), post_norm: vector(&mut pl, h, 1.0, 1.0), mixer, moe });
     }
-    let total = pl.size;
+    ShapePlan { size: pl.size, embed, lm_head, final_norm, inv_freq, layers, mats, vecs }
+}
+
+/// Bytes the packed weights of the model of shape `dims` take on the GPU
+/// (the same layout `upload` produces for an MLX checkpoint of that shape).
+pub fn planned_bytes(dims: &Dims) -> usize {
+    shape_plan(dims).size
+}
+
+pub fn synthetic(gpu: &Arc<Gpu>, k: &crate::kernels::Kernels, dims: &Dims, seed: u64) -> CudaResult<DeviceWeights> {
+    use crate::synth::{fill, Fill};
+    let ShapePlan { size, mut embed, mut lm_head, final_norm, inv_freq, mut layers, mats, vecs } = shape_plan(dims);
+    let total = size;
     let buffer = DeviceBuffer::zeroed(gpu, total, "synthetic weights")?;
     let base = buffer.ptr();
     for (i, m) in mats.iter().enumerate() {

@@ -322,8 +322,14 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
     st.add("split vs long", &got[70..], &want[70..]);
     st.gate(&mut checks, "tiny preset: decode path vs prefill path", 0.9, 3e-2, 3e-1);
 
-    // A batch equals its sequences decoded alone: 3 (fused GEMV path) and 6 (GEMM path).
-    for n in [3usize, 6] {
+    // A batch equals its sequences decoded alone: 3 and 6 through the fused
+    // GEMV path (6 = groups of 4 + 2), 6 through the GEMM path on a backend
+    // told to use it from 5 sequences on: both sides of the route.
+    let mut gemm_opts = small_opts(1024);
+    gemm_opts.gemm_decode_min_batch = 5;
+    let mut be_gemm = CudaBackend::from_weights(&gpu, &w, gemm_opts, &mut |_, _| {}).expect("gemm-decode backend");
+    for (n, gemm_path) in [(3usize, false), (6, false), (6, true)] {
+        let be: &mut CudaBackend = if gemm_path { &mut be_gemm } else { &mut be };
         let seqs: Vec<SeqId> = (0..n).map(|_| be.alloc().expect("alloc")).collect();
         let solo: Vec<SeqId> = (0..n).map(|_| be.alloc().expect("alloc")).collect();
         for (i, (a, b)) in seqs.iter().zip(&solo).enumerate() {
@@ -340,11 +346,12 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
         }
         let mut st = Stats::default();
         st.add(&format!("batch of {n}"), &got, &want);
-        // n = 3 runs the same kernels; n = 6 runs the fp16 GEMM path against fp32 GEMVs.
-        if n <= 4 {
-            st.gate(&mut checks, "batch of 3 vs singles", 1.0, 1e-5, 1e-4);
+        // The GEMV path runs the same kernels for a batch as alone; the GEMM
+        // path (fp16 operands) measured mean 2.3e-4, p99 7.7e-4 against fp32 GEMVs.
+        if gemm_path {
+            st.gate(&mut checks, "batch of 6 (GEMM path) vs singles", 1.0, 2e-3, 1e-2);
         } else {
-            st.gate(&mut checks, "batch of 6 (GEMM path) vs singles", 0.8, 3e-2, 3e-1);
+            st.gate(&mut checks, &format!("batch of {n} (GEMV path) vs singles"), 1.0, 1e-5, 1e-4);
         }
         for x in seqs.into_iter().chain(solo) {
             be.free(x);
