@@ -60,7 +60,10 @@ fn run() -> Result<(), String> {
     let args = parse()?;
     let max_len = args.lengths.iter().copied().max().unwrap_or(256);
     let mut opts = Options::for_context(max_len + args.steps + 64);
-    opts.max_sequences = 4.max(args.batch.iter().copied().max().unwrap_or(1) * 2 + 2);
+    let max_batch = args.batch.iter().copied().max().unwrap_or(1);
+    opts.max_sequences = 4.max(max_batch * 2 + 2);
+    // The batch runs prefill 256 tokens and decode a few more per sequence.
+    opts.kv_tokens = opts.kv_tokens.max((256 + 64 + 64) * opts.max_sequences);
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {

@@ -82,18 +82,18 @@ impl Dims {
                 Err(CudaError::Unsupported(format!("{field} = {got}: the CUDA kernels need {want}")))
             }
         };
-        rule(self.hidden % 64 == 0 && self.hidden >= 64, "hidden_size", "a multiple of 64", self.hidden)?;
+        rule(self.hidden.is_multiple_of(64) && self.hidden >= 64, "hidden_size", "a multiple of 64", self.hidden)?;
         rule(self.gk_dim == self.gv_dim, "linear_value_head_dim", "linear_key_head_dim", self.gv_dim)?;
-        rule(self.gk_dim % 32 == 0 && self.gk_dim <= 128, "linear_key_head_dim", "a multiple of 32, at most 128", self.gk_dim)?;
+        rule(self.gk_dim.is_multiple_of(32) && self.gk_dim <= 128, "linear_key_head_dim", "a multiple of 32, at most 128", self.gk_dim)?;
         rule(self.gk_heads <= 32 && self.gk_heads >= 1, "linear_num_key_heads", "1 to 32", self.gk_heads)?;
-        rule(self.gv_heads % self.gk_heads == 0, "linear_num_value_heads", "a multiple of the key heads", self.gv_heads)?;
+        rule(self.gv_heads.is_multiple_of(self.gk_heads), "linear_num_value_heads", "a multiple of the key heads", self.gv_heads)?;
         rule(self.conv_k == 4, "linear_conv_kernel_dim", "4", self.conv_k)?;
-        rule(self.a_head_dim % 32 == 0 && self.a_head_dim <= 256, "head_dim", "a multiple of 32, at most 256", self.a_head_dim)?;
+        rule(self.a_head_dim.is_multiple_of(32) && self.a_head_dim <= 256, "head_dim", "a multiple of 32, at most 256", self.a_head_dim)?;
         rule(self.a_heads == 8 * self.a_kv_heads, "num_attention_heads", "8 x num_key_value_heads", self.a_heads)?;
-        rule(self.rot_dim % 2 == 0 && self.rot_dim <= self.a_head_dim, "rotary dim", "even, at most head_dim", self.rot_dim)?;
+        rule(self.rot_dim.is_multiple_of(2) && self.rot_dim <= self.a_head_dim, "rotary dim", "even, at most head_dim", self.rot_dim)?;
         rule(self.n_experts >= 1 && self.n_experts <= 1024, "num_experts", "1 to 1024", self.n_experts)?;
         rule(self.topk >= 1 && self.topk <= 32 && self.topk <= self.n_experts, "num_experts_per_tok", "1 to 32", self.topk)?;
-        rule(self.moe_inter % 64 == 0, "moe_intermediate_size", "a multiple of 64", self.moe_inter)?;
+        rule(self.moe_inter.is_multiple_of(64), "moe_intermediate_size", "a multiple of 64", self.moe_inter)?;
         Ok(())
     }
 

@@ -25,6 +25,7 @@ unsafe impl DeviceRepr for EmbedParams {}
 
 /// h[t] = dequant(embed[tokens[t]]) for `ntok` tokens (u32 ids on the
 /// device); also zeroes `argmax_keys[t]` when given (0 = none).
+#[allow(clippy::too_many_arguments)]
 pub fn embed(gpu: &Gpu, k: &Kernels, dims: &Dims, table: &QMat, tokens: u64, h: u64, argmax_keys: u64, ntok: usize) -> CudaResult<()> {
     if table.bits != 4 || table.rows != dims.vocab || table.cols != dims.hidden {
         return Err(CudaError::shape(

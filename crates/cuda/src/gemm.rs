@@ -65,7 +65,7 @@ pub struct Grouping {
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: &QMat, up: Option<&QMat>, out: GemmOut, ldc: usize, group: Option<&Grouping>) -> CudaResult<()> {
     const NAME: &str = "gemm";
-    if w.cols % 64 != 0 || lda < w.cols || lda % 8 != 0 {
+    if !w.cols.is_multiple_of(64) || lda < w.cols || !lda.is_multiple_of(8) {
         return Err(CudaError::shape(NAME, format!("K = {} (multiple of 64), lda = {lda} (multiple of 8, >= K)", w.cols)));
     }
     if group.is_none() && w.experts != 1 {
@@ -139,6 +139,7 @@ struct RmsnormParams {
 unsafe impl DeviceRepr for RmsnormParams {}
 
 /// out (fp16 [rows][cols]) = RMSNorm(x (f32 [rows][cols])) * gain.
+#[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_f16(gpu: &Gpu, k: &Kernels, x: u64, gain: u64, out: u64, rows: usize, cols: usize, eps: f32) -> CudaResult<()> {
     if rows == 0 {
         return Ok(());

@@ -80,7 +80,7 @@ pub fn gemv(gpu: &Gpu, k: &Kernels, segs: &[GemvSeg], input: GemvInput, argmax_k
         return Err(CudaError::shape(NAME, format!("{} tokens, expected 1..={GEMV_MAX_TOK}", input.ntok)));
     }
     let cols = segs[0].w.cols;
-    if cols % 64 != 0 || input.stride < cols || input.stride % 4 != 0 {
+    if !cols.is_multiple_of(64) || input.stride < cols || !input.stride.is_multiple_of(4) {
         return Err(CudaError::shape(NAME, format!("cols {cols} (multiple of 64), input stride {}", input.stride)));
     }
     let mut p = GemvParamsC {

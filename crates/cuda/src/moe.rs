@@ -88,6 +88,7 @@ fn check_moe(dims: &Dims, m: &MoeDev, name: &'static str) -> CudaResult<()> {
 
 /// act = silu(gate x) * (up x) for the chosen experts and the shared one;
 /// x = RMSNorm(h) with `gain`.
+#[allow(clippy::too_many_arguments)]
 pub fn gate_up(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, h: u64, h_stride: usize, gain: u64, ntok: usize, b: &MoeDecodeBufs) -> CudaResult<()> {
     const NAME: &str = "moe_gate_up";
     check_moe(dims, m, NAME)?;
@@ -118,6 +119,7 @@ pub fn gate_up(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, h: u64, h_stride
 }
 
 /// h += sum over slots of w_slot * down_slot(act_slot).
+#[allow(clippy::too_many_arguments)]
 pub fn down(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, h: u64, h_stride: usize, ntok: usize, b: &MoeDecodeBufs) -> CudaResult<()> {
     const NAME: &str = "moe_down";
     check_moe(dims, m, NAME)?;
@@ -232,6 +234,7 @@ pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, ntok: usize, bm
 }
 
 /// h[t] += sum_k w[t][k] y[inv[t][k]] + sigmoid(sg[t]) ys[t].
+#[allow(clippy::too_many_arguments)]
 pub fn combine(gpu: &Gpu, k: &Kernels, h: u64, y: u64, ys: u64, sg_logits: u64, b: &RouteBufs, ntok: usize) -> CudaResult<()> {
     if ntok == 0 {
         return Ok(());

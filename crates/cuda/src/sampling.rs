@@ -24,6 +24,7 @@ unsafe impl DeviceRepr for ArgmaxFinishParams {}
 
 /// tokens[t] = argmax; out_ids[*step][t] = argmax (when out_ids != 0);
 /// positions[t] += 1; *step += 1.
+#[allow(clippy::too_many_arguments)]
 pub fn argmax_finish(gpu: &Gpu, k: &Kernels, keys: u64, tokens: u64, out_ids: u64, positions: u64, step: u64, ntok: usize) -> CudaResult<()> {
     if ntok == 0 || ntok > 1024 {
         return Err(CudaError::shape("argmax_finish", format!("{ntok} tokens, expected 1..=1024")));

@@ -83,7 +83,7 @@ impl Options {
         if self.max_batch == 0 || self.max_batch > 64 {
             return Err(CudaError::Unsupported(format!("max_batch {} (1..=64)", self.max_batch)));
         }
-        if self.prefill_chunk == 0 || self.prefill_chunk % GDN_CHUNK != 0 || self.prefill_chunk > 16384 {
+        if self.prefill_chunk == 0 || !self.prefill_chunk.is_multiple_of(GDN_CHUNK) || self.prefill_chunk > 16384 {
             return Err(CudaError::Unsupported(format!("prefill_chunk {} (a multiple of 64, at most 16384)", self.prefill_chunk)));
         }
         if self.max_sequences == 0 || self.kv_tokens < KV_BLOCK {

@@ -158,7 +158,8 @@ fn quantize_dense(linear: &Linear, bits: u32) -> CudaResult<[Vec<u8>; 3]> {
     let rows = linear.rows();
     let cols = linear.cols();
     let experts = linear.experts();
-    let parts: Vec<CudaResult<(Vec<u32>, Vec<f32>, Vec<f32>)>> = (0..experts)
+    type Quantised = (Vec<u32>, Vec<f32>, Vec<f32>);
+    let parts: Vec<CudaResult<Quantised>> = (0..experts)
         .into_par_iter()
         .map(|e| {
             let m = linear.to_f32(e);

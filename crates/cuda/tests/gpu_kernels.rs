@@ -77,6 +77,7 @@ struct SegCase {
     accumulate: bool,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn gemv_case(gpu: &Arc<Gpu>, k: &Kernels, label: &str, cols: usize, segs: &[SegCase], ntok: usize, norm: bool, seed: u64) {
     let mut rng = Rng::new(seed);
     let x = rng.vec(ntok * cols, -2.0, 2.0);
@@ -541,10 +542,10 @@ fn deltanet_decode_step_matches_recurrence() {
         let mut rng = Rng::new(901);
         let ps = d.proj_stride();
         // Two sequences in slots 2 and 0, stepped together for 6 positions.
-        for step in 0..6 {
+        for step in 0..6i32 {
             let proj = gdn_proj_rows(&mut rng, &d, 2);
             let pb = upload(&gpu, &proj);
-            let pos = upload(&gpu, &[step as i32, step as i32]);
+            let pos = upload(&gpu, &[step, step]);
             let slot = upload(&gpu, &[2i32, 0]);
             let mix = upload(&gpu, &vec![NAN; 2 * d.gdn_val_dim()]);
             gdn::decode(&gpu, &k, &d, &dev, &st, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 2).expect("launch");

@@ -114,9 +114,12 @@ fn small_opts(max_seq: usize) -> Options {
     o
 }
 
+/// Logits of each prompt's positions.
+type PerPrompt = Vec<Vec<Vec<f32>>>;
+
 /// The golden protocol on one backend: full prefill logits of each prompt
 /// and the teacher-forced decode tail.
-fn golden_logits(be: &mut dyn Backend, g: &TensorStore) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>) {
+fn golden_logits(be: &mut dyn Backend, g: &TensorStore) -> (PerPrompt, PerPrompt) {
     let prompts = (0..).take_while(|k| g.contains(&format!("prompt{k}.tokens"))).count();
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
     for k in 0..prompts {
