@@ -11,23 +11,7 @@ use crate::backend::CudaBackend;
 use crate::error::{CudaError, CudaResult};
 use crate::state::Options;
 
-/// The synthetic prompt of the contract: token i is
-/// `((i * 2654435761) mod 2^32) mod vocab`.
-pub fn prompt_tokens(len: usize, vocab: usize) -> Vec<u32> {
-    (0..len).map(|i| (((i as u64).wrapping_mul(2_654_435_761) % (1u64 << 32)) % vocab as u64) as u32).collect()
-}
-
-/// FNV-1a (64-bit) over the little-endian bytes of the ids.
-pub fn fnv1a_digest(ids: &[u32]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for id in ids {
-        for b in id.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
-}
+pub use lily_model::contract::{fnv1a_digest, prompt_tokens};
 
 /// Opens `dir` on GPU 0 sized for one sequence of `max_seq` tokens.
 pub fn load(dir: &Path, max_seq: usize, progress: &mut dyn FnMut(u64, u64)) -> CudaResult<CudaBackend> {

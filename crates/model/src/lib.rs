@@ -6,6 +6,8 @@
 //! logits; how a backend fuses the layer sequence is its own business, and
 //! every backend is tested against the CPU reference and the goldens.
 
+pub mod contract;
+
 use lily_core::ModelConfig;
 
 /// Handle of one sequence's state inside a backend.

@@ -15,6 +15,8 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use lily_model::contract::{fnv1a_digest, prompt_tokens};
+
 use crate::backend::{open_backend, Device};
 
 pub const LENGTHS: [usize; 10] = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072];
@@ -43,25 +45,6 @@ pub struct Args {
     /// Run one length in this process and print one JSON line (used by the runner).
     #[arg(long)]
     single: Option<usize>,
-}
-
-/// The synthetic prompt of the contract: token i is `((i * 2654435761) mod 2^32) mod vocab`.
-pub fn prompt_tokens(len: usize, vocab: usize) -> Vec<u32> {
-    (0..len)
-        .map(|i| (((i as u64).wrapping_mul(2_654_435_761) % (1u64 << 32)) % vocab as u64) as u32)
-        .collect()
-}
-
-/// FNV-1a (64-bit) over the little-endian bytes of the ids.
-pub fn fnv1a_digest(ids: &[u32]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for id in ids {
-        for b in id.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -219,22 +202,6 @@ fn run_rounds(args: &Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prompt_follows_the_contract_formula() {
-        let p = prompt_tokens(4, 248_320);
-        assert_eq!(p[0], 0);
-        assert_eq!(p[1], (2_654_435_761u64 % 248_320) as u32);
-        assert_eq!(p[2], ((2 * 2_654_435_761u64) % (1 << 32) % 248_320) as u32);
-        assert!(p.iter().all(|&t| (t as usize) < 248_320));
-    }
-
-    #[test]
-    fn fnv1a_matches_the_published_vector() {
-        // FNV-1a 64 of the empty input is the offset basis; of "a" (0x61) it is af63dc4c8601ec8c.
-        assert_eq!(fnv1a_digest(&[]), "cbf29ce484222325");
-        assert_ne!(fnv1a_digest(&[1, 2]), fnv1a_digest(&[2, 1]));
-    }
 
     #[test]
     fn median_of_two_is_their_mean() {
