@@ -7,6 +7,9 @@
 //! every backend is tested against the CPU reference and the goldens.
 
 pub mod contract;
+pub mod sample;
+
+pub use sample::{SampleParams, SampleState, Sampled};
 
 use lily_core::ModelConfig;
 
@@ -87,6 +90,20 @@ pub trait Backend: Send {
             out.push(token);
         }
         Ok(out)
+    }
+
+    /// One decode step for a batch (as `decode`) that also chooses each
+    /// sequence's next token with its `SampleState` (same order, one per
+    /// entry) and advances that state (`SampleState::record_draw`). The
+    /// chosen tokens are not fed; the next call feeds them. Backends that
+    /// sample on the device override this to avoid copying logits; this
+    /// default samples on the host with the same math (sample.rs).
+    fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
+        }
+        let logits = self.decode(batch)?;
+        Ok(logits.iter().zip(states.iter_mut()).map(|(l, s)| sample::sample_host(l, s)).collect())
     }
 
     /// Bytes of device memory in use (weights + state), if the backend knows.
