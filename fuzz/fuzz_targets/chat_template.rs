@@ -33,7 +33,11 @@ fn call(u: &mut Unstructured<'_>) -> arbitrary::Result<ToolCall> {
     };
     Ok(ToolCall {
         id: u.arbitrary::<Hostile>()?.0,
-        name: if u.arbitrary()? { "get_weather".into() } else { u.arbitrary::<Hostile>()?.0 },
+        name: if u.arbitrary()? {
+            "get_weather".into()
+        } else {
+            u.arbitrary::<Hostile>()?.0
+        },
         arguments_json,
     })
 }
@@ -47,14 +51,30 @@ fn message(u: &mut Unstructured<'_>) -> arbitrary::Result<ChatMessage> {
         _ => u.arbitrary::<Hostile>()?.0,
     };
     let opt = |u: &mut Unstructured<'_>| -> arbitrary::Result<Option<String>> {
-        Ok(if u.ratio(3, 4)? { Some(u.arbitrary::<Hostile>()?.0) } else { None })
+        Ok(if u.ratio(3, 4)? {
+            Some(u.arbitrary::<Hostile>()?.0)
+        } else {
+            None
+        })
     };
     let content = opt(u)?;
     let reasoning_content = if role == "assistant" { opt(u)? } else { None };
     let tool_call_id = if role == "tool" { opt(u)? } else { None };
-    let n_calls = if role == "assistant" { u.int_in_range(0..=2)? } else { 0 };
-    let tool_calls = (0..n_calls).map(|_| call(u)).collect::<arbitrary::Result<_>>()?;
-    Ok(ChatMessage { role, content, tool_calls, tool_call_id, reasoning_content })
+    let n_calls = if role == "assistant" {
+        u.int_in_range(0..=2)?
+    } else {
+        0
+    };
+    let tool_calls = (0..n_calls)
+        .map(|_| call(u))
+        .collect::<arbitrary::Result<_>>()?;
+    Ok(ChatMessage {
+        role,
+        content,
+        tool_calls,
+        tool_call_id,
+        reasoning_content,
+    })
 }
 
 fn tool(u: &mut Unstructured<'_>) -> arbitrary::Result<Value> {
@@ -64,11 +84,17 @@ fn tool(u: &mut Unstructured<'_>) -> arbitrary::Result<Value> {
     let mut f = serde_json::Map::new();
     f.insert("name".into(), Value::String(u.arbitrary::<Hostile>()?.0));
     if u.arbitrary()? {
-        f.insert("description".into(), Value::String(u.arbitrary::<Hostile>()?.0));
+        f.insert(
+            "description".into(),
+            Value::String(u.arbitrary::<Hostile>()?.0),
+        );
     }
     if u.arbitrary()? {
         let props = json_object(u, 3)?;
-        f.insert("parameters".into(), json!({"type": "object", "properties": props}));
+        f.insert(
+            "parameters".into(),
+            json!({"type": "object", "properties": props}),
+        );
     }
     Ok(json!({"type": "function", "function": f}))
 }
@@ -76,7 +102,9 @@ fn tool(u: &mut Unstructured<'_>) -> arbitrary::Result<Value> {
 impl<'a> Arbitrary<'a> for Input {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
         let n = u.int_in_range(0..=6)?;
-        let messages = (0..n).map(|_| message(u)).collect::<arbitrary::Result<_>>()?;
+        let messages = (0..n)
+            .map(|_| message(u))
+            .collect::<arbitrary::Result<_>>()?;
         let tools = if u.arbitrary()? {
             let k = u.int_in_range(0..=3)?;
             Some((0..k).map(|_| tool(u)).collect::<arbitrary::Result<_>>()?)
@@ -102,7 +130,9 @@ fn defang_json(v: &Value) -> Value {
     match v {
         Value::String(s) => Value::String(defang(s)),
         Value::Array(a) => Value::Array(a.iter().map(defang_json).collect()),
-        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (defang(k), defang_json(x))).collect()),
+        Value::Object(m) => {
+            Value::Object(m.iter().map(|(k, x)| (defang(k), defang_json(x))).collect())
+        }
         other => other.clone(),
     }
 }
@@ -122,11 +152,22 @@ fn defanged(req: &ChatRenderRequest) -> ChatRenderRequest {
             tool_calls: m
                 .tool_calls
                 .iter()
-                .map(|c| ToolCall { id: defang(&c.id), name: defang(&c.name), arguments_json: defang(&c.arguments_json) })
+                .map(|c| ToolCall {
+                    id: defang(&c.id),
+                    name: defang(&c.name),
+                    arguments_json: defang(&c.arguments_json),
+                })
                 .collect(),
         })
         .collect();
-    ChatRenderRequest { messages, tools: req.tools.as_ref().map(|t| t.iter().map(defang_json).collect()), ..req.clone() }
+    ChatRenderRequest {
+        messages,
+        tools: req
+            .tools
+            .as_ref()
+            .map(|t| t.iter().map(defang_json).collect()),
+        ..req.clone()
+    }
 }
 
 /// The template splits an assistant message's `content` at `</think>` when
@@ -139,7 +180,11 @@ fn pre_split(req: &ChatRenderRequest) -> ChatRenderRequest {
             if let Some(c) = &m.content {
                 if let Some(end) = c.find("</think>") {
                     let before = &c[..end];
-                    let thought = before.rsplit("<think>").next().unwrap_or(before).to_string();
+                    let thought = before
+                        .rsplit("<think>")
+                        .next()
+                        .unwrap_or(before)
+                        .to_string();
                     let after = c.rsplit("</think>").next().unwrap_or("").to_string();
                     m.reasoning_content = Some(thought);
                     m.content = Some(after);
@@ -151,7 +196,10 @@ fn pre_split(req: &ChatRenderRequest) -> ChatRenderRequest {
 }
 
 fn specials(ids: &[u32]) -> Vec<u32> {
-    ids.iter().copied().filter(|&id| tokenizer().is_special(id)).collect()
+    ids.iter()
+        .copied()
+        .filter(|&id| tokenizer().is_special(id))
+        .collect()
 }
 
 fuzz_target!(|input: Input| {
@@ -165,16 +213,25 @@ fuzz_target!(|input: Input| {
         (Err(_), Err(_)) => return,
         // render_tokens may refuse a template that edits text in a way it
         // cannot trace; Lily's own template never does that.
-        (p, i) => panic!("render and render_tokens disagree: {:?} vs {:?}", p.map(|_| ()), i.map(|_| ())),
+        (p, i) => panic!(
+            "render and render_tokens disagree: {:?} vs {:?}",
+            p.map(|_| ()),
+            i.map(|_| ())
+        ),
     };
     let decoded = tok.decode(&ids).unwrap_or_else(|e| panic!("decode: {e}"));
     let nfc: String = plain.nfc().collect();
     if nfc == plain {
-        assert_eq!(decoded, plain, "tokens do not decode to the rendered prompt");
+        assert_eq!(
+            decoded, plain,
+            "tokens do not decode to the rendered prompt"
+        );
     }
 
     let split = pre_split(req);
-    let ids = tmpl.render_tokens(&split, tok).unwrap_or_else(|e| panic!("pre-split request: {e}"));
+    let ids = tmpl
+        .render_tokens(&split, tok)
+        .unwrap_or_else(|e| panic!("pre-split request: {e}"));
     let twin = defanged(&split);
     let twin_ids = match tmpl.render_tokens(&twin, tok) {
         Ok(i) => i,

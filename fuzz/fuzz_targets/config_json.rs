@@ -78,7 +78,20 @@ impl<'a> Arbitrary<'a> for Input {
             let value = match u.int_in_range(0..=3)? {
                 0 => Value::from(u.arbitrary::<u64>()?),
                 1 => Value::from(u.int_in_range(0u64..=4096)?),
-                2 => Value::from(u.choose(&[4u64, 8, 64, 248_320, 262_144, 1 << 31, 1 << 32, 1 << 62, u64::MAX])?.to_owned()),
+                2 => Value::from(
+                    u.choose(&[
+                        4u64,
+                        8,
+                        64,
+                        248_320,
+                        262_144,
+                        1 << 31,
+                        1 << 32,
+                        1 << 62,
+                        u64::MAX,
+                    ])?
+                    .to_owned(),
+                ),
                 _ => json_value(u, 4)?,
             };
             edits.push((field, value));
@@ -91,12 +104,16 @@ fn set_path(root: &mut Value, path: &str, value: Value) {
     let mut cur = root;
     let parts: Vec<&str> = path.split('/').collect();
     for (i, part) in parts.iter().enumerate() {
-        let Some(obj) = cur.as_object_mut() else { return };
+        let Some(obj) = cur.as_object_mut() else {
+            return;
+        };
         if i + 1 == parts.len() {
             obj.insert(part.to_string(), value);
             return;
         }
-        cur = obj.entry(part.to_string()).or_insert_with(|| Value::Object(Default::default()));
+        cur = obj
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(Default::default()));
     }
 }
 
@@ -112,7 +129,11 @@ fn text_of(input: &Input) -> Option<String> {
                 serde_json::from_str(TINY).ok()?
             };
             for (field, value) in edits {
-                set_path(&mut root, FIELDS[*field as usize % FIELDS.len()], value.clone());
+                set_path(
+                    &mut root,
+                    FIELDS[*field as usize % FIELDS.len()],
+                    value.clone(),
+                );
             }
             Some(root.to_string())
         }
@@ -130,22 +151,51 @@ fn head(text: &str) -> &str {
 
 fuzz_target!(|input: Input| {
     let Some(text) = text_of(&input) else { return };
-    let Ok(cfg) = ModelConfig::from_json_str(&text) else { return };
-    let _ = (cfg.q_proj_dim(), cfg.kv_dim(), cfg.attn_out_dim(), cfg.rotary_dim());
-    let _ = (cfg.linear_key_dim(), cfg.linear_value_dim(), cfg.linear_conv_dim());
-    let _ = (cfg.num_attention_layers(), cfg.num_deltanet_layers(), cfg.format());
+    let Ok(cfg) = ModelConfig::from_json_str(&text) else {
+        return;
+    };
+    let _ = (
+        cfg.q_proj_dim(),
+        cfg.kv_dim(),
+        cfg.attn_out_dim(),
+        cfg.rotary_dim(),
+    );
+    let _ = (
+        cfg.linear_key_dim(),
+        cfg.linear_value_dim(),
+        cfg.linear_conv_dim(),
+    );
+    let _ = (
+        cfg.num_attention_layers(),
+        cfg.num_deltanet_layers(),
+        cfg.format(),
+    );
     assert!(!cfg.eos_token_ids.is_empty());
     let tensors = expected_tensors(&cfg);
     assert!(!tensors.is_empty());
-    let back = ModelConfig::from_json_str(&to_config_json(&cfg).to_string())
-        .unwrap_or_else(|e| panic!("written config does not read back: {e}\nfrom {}", head(&text)));
+    let back = ModelConfig::from_json_str(&to_config_json(&cfg).to_string()).unwrap_or_else(|e| {
+        panic!(
+            "written config does not read back: {e}\nfrom {}",
+            head(&text)
+        )
+    });
     assert_eq!(back.eos_token_ids.first(), cfg.eos_token_ids.first());
     let mut a = back.clone();
     a.eos_token_ids = cfg.eos_token_ids.clone();
     // serde_json parses floats best-effort (its `float_roundtrip` feature is
     // off), so a written rope_theta may come back an ulp away.
     let rel = ((a.rope_theta - cfg.rope_theta) / cfg.rope_theta).abs();
-    assert!(rel < 1e-14, "rope_theta {} came back as {}", cfg.rope_theta, a.rope_theta);
+    assert!(
+        rel < 1e-14,
+        "rope_theta {} came back as {}",
+        cfg.rope_theta,
+        a.rope_theta
+    );
     a.rope_theta = cfg.rope_theta;
-    assert_eq!(a, cfg, "config changed through to_config_json\nfrom {}", head(&text));
+    assert_eq!(
+        a,
+        cfg,
+        "config changed through to_config_json\nfrom {}",
+        head(&text)
+    );
 });

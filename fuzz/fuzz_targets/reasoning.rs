@@ -75,7 +75,11 @@ fuzz_target!(|input: Input| {
     let want = expected(text, input.thinking);
     assert_eq!(split(&[text], input.thinking), want, "{text:?} whole");
     let pieces = cut(text, &input.cuts);
-    assert_eq!(split(&pieces, input.thinking), want, "{text:?} cut into {pieces:?}");
+    assert_eq!(
+        split(&pieces, input.thinking),
+        want,
+        "{text:?} cut into {pieces:?}"
+    );
     let chars: Vec<String> = text.chars().map(String::from).collect();
     let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
     assert_eq!(split(&chars, input.thinking), want, "{text:?} char by char");

@@ -17,7 +17,11 @@ use lily_server::validate::{chat_plan, completion_plan, parse_json, Limits, Prom
 use lily_server::ApiError;
 
 fn check_refusal(e: &ApiError) {
-    assert_eq!(e.status.as_u16(), 400, "validation must refuse with 400: {e:?}");
+    assert_eq!(
+        e.status.as_u16(),
+        400,
+        "validation must refuse with 400: {e:?}"
+    );
     assert!(!e.message.is_empty(), "{e:?}");
     let body = serde_json::to_string(&e.body()).unwrap_or_else(|err| panic!("error body: {err}"));
     assert!(body.contains("invalid_request_error"), "{body}");
@@ -32,7 +36,11 @@ fn chat(data: &[u8]) {
         Ok(p) => p,
         Err(e) => return check_refusal(&e),
     };
-    assert!(plan.gen.sampling.validate().is_ok(), "{:?}", plan.gen.sampling);
+    assert!(
+        plan.gen.sampling.validate().is_ok(),
+        "{:?}",
+        plan.gen.sampling
+    );
     assert!(!plan.render.messages.is_empty());
     assert!(plan.gen.max_tokens != Some(0));
     // The template may refuse (e.g. tool arguments that are not an object);
@@ -63,11 +71,17 @@ fn completion(data: &[u8]) {
         Ok(p) => p,
         Err(e) => return check_refusal(&e),
     };
-    assert!(plan.gen.sampling.validate().is_ok(), "{:?}", plan.gen.sampling);
+    assert!(
+        plan.gen.sampling.validate().is_ok(),
+        "{:?}",
+        plan.gen.sampling
+    );
     match &plan.prompt {
         PromptPlan::Text(s) => {
             assert!(!s.is_empty());
-            let ids = tokenizer().encode_with_specials(s).unwrap_or_else(|e| panic!("encode: {e}"));
+            let ids = tokenizer()
+                .encode_with_specials(s)
+                .unwrap_or_else(|e| panic!("encode: {e}"));
             assert!(!ids.is_empty());
         }
         PromptPlan::Tokens(ids) => {

@@ -17,7 +17,10 @@ fuzz_target!(|data: &[u8]| {
         Ok(store) => check_store(&store, data.len()),
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains("model.safetensors"), "error does not name the file: {msg}");
+            assert!(
+                msg.contains("model.safetensors"),
+                "error does not name the file: {msg}"
+            );
         }
     }
 });

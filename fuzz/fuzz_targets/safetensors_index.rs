@@ -33,8 +33,17 @@ const FILES: &[&str] = &[
     "nul\0.safetensors",
     "./model.safetensors",
 ];
-const NAMES: &[&str] = &["model.embed_tokens.weight", "lm_head.weight", "a", "", "b.scales", "é"];
-const DTYPES: &[&str] = &["BF16", "F16", "F32", "U32", "U8", "I64", "F8_E4M3", "BOOL", "bf16"];
+const NAMES: &[&str] = &[
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    "a",
+    "",
+    "b.scales",
+    "é",
+];
+const DTYPES: &[&str] = &[
+    "BF16", "F16", "F32", "U32", "U8", "I64", "F8_E4M3", "BOOL", "bf16",
+];
 
 #[derive(Debug)]
 struct Tensor {
@@ -46,13 +55,27 @@ struct Tensor {
 
 impl<'a> Arbitrary<'a> for Tensor {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
-        let name = if u.ratio(3, 4)? { u.choose(NAMES)?.to_string() } else { u.arbitrary::<Hostile>()?.0 };
+        let name = if u.ratio(3, 4)? {
+            u.choose(NAMES)?.to_string()
+        } else {
+            u.arbitrary::<Hostile>()?.0
+        };
         let dtype = u.choose(DTYPES)?.to_string();
         let rank = u.int_in_range(0..=3)?;
         let shape: Vec<usize> = (0..rank)
-            .map(|_| if u.ratio(1, 16)? { u.arbitrary() } else { u.int_in_range(0..=4) })
+            .map(|_| {
+                if u.ratio(1, 16)? {
+                    u.arbitrary()
+                } else {
+                    u.int_in_range(0..=4)
+                }
+            })
             .collect::<arbitrary::Result<_>>()?;
-        let numel: usize = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).unwrap_or(0).min(64);
+        let numel: usize = shape
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .unwrap_or(0)
+            .min(64);
         let size = match dtype.as_str() {
             "BF16" | "F16" | "bf16" => 2,
             "F32" | "U32" => 4,
@@ -60,9 +83,20 @@ impl<'a> Arbitrary<'a> for Tensor {
             _ => 1,
         };
         // Mostly the right length; sometimes off, to test the size check.
-        let len = if u.ratio(7, 8)? { numel * size } else { u.int_in_range(0..=64)? };
-        let data = (0..len).map(|_| u.arbitrary()).collect::<arbitrary::Result<_>>()?;
-        Ok(Tensor { name, dtype, shape, data })
+        let len = if u.ratio(7, 8)? {
+            numel * size
+        } else {
+            u.int_in_range(0..=64)?
+        };
+        let data = (0..len)
+            .map(|_| u.arbitrary())
+            .collect::<arbitrary::Result<_>>()?;
+        Ok(Tensor {
+            name,
+            dtype,
+            shape,
+            data,
+        })
     }
 }
 
@@ -87,11 +121,23 @@ impl<'a> Arbitrary<'a> for Index {
         let n = u.int_in_range(0..=6)?;
         let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
-            let name = if u.ratio(3, 4)? { u.choose(NAMES)?.to_string() } else { u.arbitrary::<Hostile>()?.0 };
-            let file = if u.ratio(7, 8)? { u.choose(FILES)?.to_string() } else { u.arbitrary::<Hostile>()?.0 };
+            let name = if u.ratio(3, 4)? {
+                u.choose(NAMES)?.to_string()
+            } else {
+                u.arbitrary::<Hostile>()?.0
+            };
+            let file = if u.ratio(7, 8)? {
+                u.choose(FILES)?.to_string()
+            } else {
+                u.arbitrary::<Hostile>()?.0
+            };
             entries.push((name, file));
         }
-        let meta = if u.arbitrary()? { Some(json_value(u, 3)?) } else { None };
+        let meta = if u.arbitrary()? {
+            Some(json_value(u, 3)?)
+        } else {
+            None
+        };
         Ok(Index::Map(entries, meta))
     }
 }
@@ -114,7 +160,17 @@ fuzz_target!(|input: Input| {
             None => continue,
             Some(Shard::Raw(b)) => b.clone(),
             Some(Shard::Built(ts)) => {
-                let ts: Vec<_> = ts.iter().map(|t| (t.name.clone(), t.dtype.clone(), t.shape.clone(), t.data.clone())).collect();
+                let ts: Vec<_> = ts
+                    .iter()
+                    .map(|t| {
+                        (
+                            t.name.clone(),
+                            t.dtype.clone(),
+                            t.shape.clone(),
+                            t.data.clone(),
+                        )
+                    })
+                    .collect();
                 safetensors_bytes(&ts, None)
             }
         };
@@ -141,11 +197,19 @@ fuzz_target!(|input: Input| {
         }
     };
     let index_path = dir.join("model.safetensors.index.json");
-    std::fs::write(&index_path, &index_text).unwrap_or_else(|e| panic!("{}: {e}", index_path.display()));
+    std::fs::write(&index_path, &index_text)
+        .unwrap_or_else(|e| panic!("{}: {e}", index_path.display()));
 
-    let Ok(store) = TensorStore::open_dir(&dir) else { return };
+    let Ok(store) = TensorStore::open_dir(&dir) else {
+        return;
+    };
     for f in store.files() {
-        assert_eq!(f.parent(), Some(dir.as_path()), "mapped {} outside the checkpoint", f.display());
+        assert_eq!(
+            f.parent(),
+            Some(dir.as_path()),
+            "mapped {} outside the checkpoint",
+            f.display()
+        );
         assert!(f.is_file(), "mapped {} which is not a file", f.display());
     }
     check_store(&store, total);
@@ -153,7 +217,10 @@ fuzz_target!(|input: Input| {
         if let Some(Value::Object(map)) = root.get("weight_map") {
             let listed: BTreeSet<&str> = map.keys().map(String::as_str).collect();
             let held: BTreeSet<&str> = store.names().collect();
-            assert_eq!(listed, held, "the store must hold exactly the tensors the index lists");
+            assert_eq!(
+                listed, held,
+                "the store must hold exactly the tensors the index lists"
+            );
         }
     }
 });

@@ -48,13 +48,20 @@ fuzz_target!(|input: Input| {
                     Ok(None) => {}
                     Err(e) => panic!("stream decoder refused id {id} that decode accepted: {e}"),
                 }
-                assert!(dec.pending_bytes() <= 3, "held {} bytes", dec.pending_bytes());
+                assert!(
+                    dec.pending_bytes() <= 3,
+                    "held {} bytes",
+                    dec.pending_bytes()
+                );
             }
             if let Some(s) = dec.flush() {
                 streamed.push_str(&s);
             }
             assert_eq!(dec.pending_bytes(), 0);
-            assert_eq!(streamed, text, "streamed text differs from decode for {ids:?}");
+            assert_eq!(
+                streamed, text,
+                "streamed text differs from decode for {ids:?}"
+            );
         }
         Err(_) => assert!(!all_valid, "decode refused valid ids {ids:?}"),
     }
@@ -64,12 +71,23 @@ fuzz_target!(|input: Input| {
 
     let text = input.text.0.as_str();
     let nfc: String = text.nfc().collect();
-    let plain = tok.encode(text).unwrap_or_else(|e| panic!("encode {text:?}: {e}"));
-    assert!(plain.iter().all(|&id| !tok.is_special(id)), "plain encoding of {text:?} has a special id");
-    let back = tok.decode(&plain).unwrap_or_else(|e| panic!("decode of encode: {e}"));
+    let plain = tok
+        .encode(text)
+        .unwrap_or_else(|e| panic!("encode {text:?}: {e}"));
+    assert!(
+        plain.iter().all(|&id| !tok.is_special(id)),
+        "plain encoding of {text:?} has a special id"
+    );
+    let back = tok
+        .decode(&plain)
+        .unwrap_or_else(|e| panic!("decode of encode: {e}"));
     assert_eq!(back, nfc, "encode/decode round trip of {text:?}");
-    let with = tok.encode_with_specials(text).unwrap_or_else(|e| panic!("encode_with_specials {text:?}: {e}"));
-    let back = tok.decode(&with).unwrap_or_else(|e| panic!("decode of encode_with_specials: {e}"));
+    let with = tok
+        .encode_with_specials(text)
+        .unwrap_or_else(|e| panic!("encode_with_specials {text:?}: {e}"));
+    let back = tok
+        .decode(&with)
+        .unwrap_or_else(|e| panic!("decode of encode_with_specials: {e}"));
     if nfc == text {
         assert_eq!(back, text, "encode_with_specials/decode round trip");
     }

@@ -41,7 +41,11 @@ fn schemas() -> ToolSchemas {
         "detail": {"type": "boolean"},
     }});
     let noop = json!({"type": "object", "properties": {}});
-    ToolSchemas::from_functions([("get_weather", Some(&weather)), ("noop", Some(&noop)), ("f", None)])
+    ToolSchemas::from_functions([
+        ("get_weather", Some(&weather)),
+        ("noop", Some(&noop)),
+        ("f", None),
+    ])
 }
 
 fn parser(in_call: bool) -> ToolParser {
@@ -79,8 +83,12 @@ fn check_events(events: &[ToolEvent], collected: &Collected, text: &str) {
         }
     }
     for call in &collected.calls {
-        let v: Value = serde_json::from_str(&call.arguments)
-            .unwrap_or_else(|e| panic!("arguments {:?} of {text:?} are not JSON: {e}", call.arguments));
+        let v: Value = serde_json::from_str(&call.arguments).unwrap_or_else(|e| {
+            panic!(
+                "arguments {:?} of {text:?} are not JSON: {e}",
+                call.arguments
+            )
+        });
         assert!(v.is_object(), "arguments {:?} of {text:?}", call.arguments);
     }
 }
@@ -107,7 +115,11 @@ fn assemble(pieces: &[&str], thinking: bool) -> Folded {
         }
     }
     f.absorb(last);
-    assert_eq!(f.logprobs.len(), pieces.len(), "one logprob entry per token");
+    assert_eq!(
+        f.logprobs.len(),
+        pieces.len(),
+        "one logprob entry per token"
+    );
     assert_eq!(a.calls(), f.calls.calls.len());
     // Tool-call ids are random in the assembler; compare everything else.
     for c in &mut f.calls.calls {

@@ -18,8 +18,9 @@ use serde_json::Value;
 
 static TOKENIZER: LazyLock<Tokenizer> =
     LazyLock::new(|| Tokenizer::embedded().unwrap_or_else(|e| panic!("embedded tokenizer: {e}")));
-static TEMPLATE: LazyLock<ChatTemplate> =
-    LazyLock::new(|| ChatTemplate::default_template().unwrap_or_else(|e| panic!("default chat template: {e}")));
+static TEMPLATE: LazyLock<ChatTemplate> = LazyLock::new(|| {
+    ChatTemplate::default_template().unwrap_or_else(|e| panic!("default chat template: {e}"))
+});
 
 /// The embedded Qwen tokenizer, built on first use (about a second).
 pub fn tokenizer() -> &'static Tokenizer {
@@ -49,7 +50,10 @@ pub fn scratch_dir() -> &'static Path {
 /// header, data. `tensors`: (name, dtype name, shape, data bytes); offsets
 /// are assigned in order, so the file is valid exactly when every data
 /// length matches its shape and dtype.
-pub fn safetensors_bytes(tensors: &[(String, String, Vec<usize>, Vec<u8>)], metadata: Option<&Value>) -> Vec<u8> {
+pub fn safetensors_bytes(
+    tensors: &[(String, String, Vec<usize>, Vec<u8>)],
+    metadata: Option<&Value>,
+) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     if let Some(m) = metadata {
         header.insert("__metadata__".into(), m.clone());
@@ -74,10 +78,16 @@ pub fn safetensors_bytes(tensors: &[(String, String, Vec<usize>, Vec<u8>)], meta
 /// What an opened store promises about every tensor: its byte range holds
 /// exactly shape x dtype bytes, and every accessor works on it.
 pub fn check_store(store: &TensorStore, file_bytes: usize) {
-    assert!(store.data_bytes() <= file_bytes, "{} data bytes from {file_bytes} file bytes", store.data_bytes());
+    assert!(
+        store.data_bytes() <= file_bytes,
+        "{} data bytes from {file_bytes} file bytes",
+        store.data_bytes()
+    );
     let names: Vec<String> = store.names().map(str::to_string).collect();
     for name in &names {
-        let t = store.peek(name).unwrap_or_else(|| panic!("listed tensor {name:?} cannot be peeked"));
+        let t = store
+            .peek(name)
+            .unwrap_or_else(|| panic!("listed tensor {name:?} cannot be peeked"));
         let numel = t.numel();
         if t.dtype != DType::Other {
             assert_eq!(t.bytes().len(), numel * t.dtype.size(), "{t:?}");
@@ -101,7 +111,11 @@ pub fn cut<'a>(text: &'a str, cuts: &[u16]) -> Vec<&'a str> {
     let mut points: Vec<usize> = cuts
         .iter()
         .map(|&c| {
-            let mut p = if text.is_empty() { 0 } else { c as usize % (text.len() + 1) };
+            let mut p = if text.is_empty() {
+                0
+            } else {
+                c as usize % (text.len() + 1)
+            };
             while !text.is_char_boundary(p) {
                 p += 1;
             }
@@ -213,14 +227,21 @@ pub fn json_value(u: &mut Unstructured<'_>, depth: usize) -> ArbResult<Value> {
         4 => Value::String(u.arbitrary::<Hostile>()?.0),
         5 => {
             let n = u.int_in_range(0..=4)?;
-            Value::Array((0..n).map(|_| json_value(u, depth - 1)).collect::<ArbResult<_>>()?)
+            Value::Array(
+                (0..n)
+                    .map(|_| json_value(u, depth - 1))
+                    .collect::<ArbResult<_>>()?,
+            )
         }
         _ => Value::Object(json_object(u, depth - 1)?),
     })
 }
 
 /// A JSON object with hostile keys.
-pub fn json_object(u: &mut Unstructured<'_>, depth: usize) -> ArbResult<serde_json::Map<String, Value>> {
+pub fn json_object(
+    u: &mut Unstructured<'_>,
+    depth: usize,
+) -> ArbResult<serde_json::Map<String, Value>> {
     let n = u.int_in_range(0..=4)?;
     let mut map = serde_json::Map::new();
     for _ in 0..n {
