@@ -1,21 +1,31 @@
 //! `CudaBackend`: the model on an NVIDIA Hopper GPU behind
 //! `lily_model::Backend`, so the engine and the server use it unchanged.
+//! Also owns the device side of `decode_sample`: the per-sequence penalty
+//! count tables (u32 [vocab], made on a sequence's first penalised draw and
+//! freed with it) and the small per-call buffers of the sampling kernel.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use lily_core::weights::Weights;
 use lily_core::ModelConfig;
-use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SeqId};
+use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId};
 
-use crate::device::Gpu;
+use crate::device::{read_device, DeviceBuffer, Gpu};
 use crate::error::CudaResult;
 use crate::model::Model;
+use crate::sampling::{self, SampleRow};
 use crate::state::Options;
 
 pub struct CudaBackend {
     model: Model,
     config: ModelConfig,
+    /// Penalty count tables of the sequences sampled with penalties.
+    counts: HashMap<SeqId, DeviceBuffer>,
+    /// SampleRow [max_batch], tokens u32 [max_batch], logprobs f32
+    /// [max_batch]; made on the first `decode_sample`.
+    sample_io: Option<DeviceBuffer>,
 }
 
 impl CudaBackend {
@@ -31,13 +41,13 @@ impl CudaBackend {
     /// CPU reference and the GPU).
     pub fn from_weights(gpu: &Arc<Gpu>, weights: &Weights, opts: Options, progress: &mut dyn FnMut(u64, u64)) -> CudaResult<Self> {
         let model = Model::new(gpu, weights, opts, progress)?;
-        Ok(CudaBackend { model, config: weights.config.clone() })
+        Ok(CudaBackend { model, config: weights.config.clone(), counts: HashMap::new(), sample_io: None })
     }
 
     /// A backend of shape `cfg` with random weights made on the GPU (speed
     /// probes at the real shape without a checkpoint; outputs are noise).
     pub fn synthetic(gpu: &Arc<Gpu>, cfg: &ModelConfig, opts: Options, seed: u64) -> CudaResult<Self> {
-        Ok(CudaBackend { model: Model::synthetic(gpu, cfg, opts, seed)?, config: cfg.clone() })
+        Ok(CudaBackend { model: Model::synthetic(gpu, cfg, opts, seed)?, config: cfg.clone(), counts: HashMap::new(), sample_io: None })
     }
 
     pub fn model(&self) -> &Model {
@@ -45,6 +55,64 @@ impl CudaBackend {
     }
     pub fn model_mut(&mut self) -> &mut Model {
         &mut self.model
+    }
+
+    /// `decode_sample` on the device: the decode step, then `sample_rows`
+    /// on the logits it left in scratch; only tokens and logprobs are read.
+    fn sample_on_device(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> CudaResult<Vec<Sampled>> {
+        let gpu = self.model.gpu.clone();
+        gpu.bind()?;
+        let vocab = self.model.dims.vocab;
+        let n = batch.len();
+        let mut rows = Vec::with_capacity(n);
+        for ((seq, _), st) in batch.iter().zip(states.iter_mut()) {
+            let counts = if st.params.has_penalties() {
+                if st.device_copy() != Some(*seq) || !self.counts.contains_key(seq) {
+                    if !self.counts.contains_key(seq) {
+                        self.counts.insert(*seq, DeviceBuffer::zeroed(&gpu, vocab * 4, "sampling count table")?);
+                    }
+                    if let Some(buf) = self.counts.get(seq) {
+                        buf.upload_sync_at(0, &st.dense_counts(vocab))?;
+                    }
+                    st.set_device_copy(Some(*seq));
+                }
+                self.counts.get(seq).map_or(0, |b| b.ptr())
+            } else {
+                // No table passed: the device copy (if any) misses this draw.
+                st.set_device_copy(None);
+                0
+            };
+            rows.push(SampleRow::new(&st.params, st.step, counts));
+        }
+        let row_bytes = std::mem::size_of::<SampleRow>();
+        let need = n * (row_bytes + 8);
+        if self.sample_io.as_ref().is_none_or(|b| b.bytes() < need) {
+            let cap = n.max(self.model.mem.opts.max_batch);
+            self.sample_io = Some(DeviceBuffer::zeroed(&gpu, cap * (row_bytes + 8), "sampling io")?);
+        }
+        let io = self.sample_io.as_ref().ok_or_else(|| crate::error::CudaError::Invalid("sampling buffers missing".into()))?;
+        io.upload_sync_at(0, &rows)?;
+        let (rows_at, tok_at, lp_at) = (io.ptr(), io.at(n * row_bytes)?, io.at(n * row_bytes + n * 4)?);
+        self.model.decode_on_device(batch, &mut |m, first, cnt, logits| {
+            sampling::sample_rows(
+                &m.gpu,
+                &m.kernels,
+                logits,
+                rows_at + (first * row_bytes) as u64,
+                tok_at + (first * 4) as u64,
+                lp_at + (first * 4) as u64,
+                cnt,
+                vocab,
+            )
+        })?;
+        let tokens: Vec<u32> = read_device(&gpu, tok_at, n)?;
+        let logprobs: Vec<f32> = read_device(&gpu, lp_at, n)?;
+        let mut out = Vec::with_capacity(n);
+        for ((st, token), logprob) in states.iter_mut().zip(tokens).zip(logprobs) {
+            st.record_draw(token);
+            out.push(Sampled { token, logprob });
+        }
+        Ok(out)
     }
 }
 
@@ -68,6 +136,7 @@ impl Backend for CudaBackend {
     fn free(&mut self, seq: SeqId) {
         if self.model.gpu.bind().is_ok() {
             self.model.mem.free(seq);
+            self.counts.remove(&seq);
         }
     }
     fn fork(&mut self, seq: SeqId) -> ModelResult<SeqId> {
@@ -106,6 +175,17 @@ impl Backend for CudaBackend {
             return Err(ModelError::UnknownSequence(seq));
         }
         Ok(self.model.decode_greedy(seq, first, steps)?)
+    }
+    fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
+        }
+        for (s, _) in batch {
+            if !self.model.mem.seqs.contains_key(s) {
+                return Err(ModelError::UnknownSequence(*s));
+            }
+        }
+        Ok(self.sample_on_device(batch, states)?)
     }
     fn memory_in_use(&self) -> Option<u64> {
         Some(self.model.gpu.allocated())

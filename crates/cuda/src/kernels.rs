@@ -46,7 +46,7 @@ pub const FAMILIES: &[Family] = &[
         kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"],
     },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: &["gemm_q4", "gemm_q8", "rmsnorm_f16"] },
-    Family { name: "sampling", source: include_str!("kernels/sampling.cu"), kernels: &["argmax_finish", "argmax_rows"] },
+    Family { name: "sampling", source: include_str!("kernels/sampling.cu"), kernels: &["argmax_finish", "argmax_rows", "sample_rows"] },
     Family { name: "synth", source: include_str!("kernels/synth.cu"), kernels: &["fill_random"] },
 ];
 

@@ -434,6 +434,31 @@ impl Model {
         Ok(out)
     }
 
+    /// `decode` with the logits left on the device: after each group's step,
+    /// `head(model, first, n, logits)` queues its work on the stream (`first`
+    /// = index in `batch` of the group's first sequence, `logits` = f32
+    /// [n][vocab]), before the next group's step reuses the scratch.
+    pub fn decode_on_device(&mut self, batch: &[(SeqId, u32)], head: &mut dyn FnMut(&Model, usize, usize, u64) -> CudaResult<()>) -> CudaResult<()> {
+        for (i, (id, _)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|b| b.0 == *id) {
+                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
+            }
+        }
+        let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
+        for (gi, part) in batch.chunks(group).enumerate() {
+            self.gpu.bind()?;
+            let nsplit = self.stage_batch(part)?;
+            self.run_step(part.len(), nsplit, Head::Logits)?;
+            head(self, gi * group, part.len(), self.mem.scratch.logits)?;
+            for (id, _) in part {
+                if let Some(s) = self.mem.seqs.get_mut(id) {
+                    s.len += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn stage_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<usize> {
         let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&toks)?;

@@ -68,3 +68,382 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const __grid_const
         p.keys[blockIdx.x] = b;
     }
 }
+
+// ---- sample_rows: penalties, temperature, top-k / top-p / min-p, one draw ----
+//
+// One block of 512 threads (16 warps; 1024 would cap registers at 64 and spill) per row of logits; the row (248,320
+// floats at the real shape) is re-read from global memory (L2) in every
+// pass rather than staged, and each pass recomputes the penalised logit and
+// the weight of a token with the same expression, so every pass sees the
+// same values. Semantics are the engine's host sampler
+// (crates/engine/src/sampling.rs):
+//   l_i  = logit, then repetition penalty for tokens seen (prompt or output),
+//          then l_i -= presence + frequency * generated_count_i;
+//   logprob = l_tok - M - ln sum exp(l - M)   (penalised, before temperature);
+//   T == 0 (or no finite logit): argmax of l (ties: lowest id);
+//   else w_i = exp((l_i - M) / T) in [0, 1] (the top token has 1);
+//   candidates C = { w_i > 0, w_i >= min_p, among the top_k by (w desc, id asc) };
+//   top-p keeps the shortest prefix of C in (w desc, id asc) order whose mass
+//   reaches top_p * mass(C); one draw by inverse CDF in id order with a
+//   uniform from Philox4x32-10 keyed by the sequence's seed, counter = step.
+//
+// Selection is exact (no bisection tolerance): w >= 0, so its float bits
+// order like the values; a 4-pass radix select (8 bits a pass, 256-bin
+// shared histograms of counts or of f64 mass) finds the boundary weight,
+// and ties at the boundary are split by id with one scan in id order. The
+// only inexactness is f64 summation order against the host's sorted sum.
+//
+// Count table (optional, per row): u32 [vocab], bit 31 = seen in the
+// prompt, bits 0..30 = times generated. The kernel adds 1 for the chosen
+// token, so consecutive steps need no host update.
+
+struct SampleRow {
+    float temperature;
+    float top_p;
+    float min_p;
+    float presence;
+    float frequency;
+    float repetition;
+    u32 top_k;          // 0 = off
+    u32 pad;
+    u64 seed;
+    u64 step;
+    u32* counts;        // [vocab] or null (no penalties)
+};
+
+struct SampleParams {
+    const float* logits;     // row r at logits + r * row_stride
+    const SampleRow* rows;   // [n]
+    u32* out_tokens;         // [n]
+    float* out_logprobs;     // [n]
+    int vocab;
+    int row_stride;          // floats between rows (vocab; 0 = one shared row)
+};
+
+#define SAMPLE_THREADS 512
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+
+__device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
+    const u32 m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
+    const u32 hi0 = __umulhi(m0, c0), lo0 = m0 * c0;
+    const u32 hi1 = __umulhi(m1, c2), lo1 = m1 * c2;
+    const u32 n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+}
+
+// Uniform in [0, 1) with 53 random bits: Philox4x32-10(key = seed,
+// counter = (step, 0)).
+__device__ double philox_uniform(u64 seed, u64 step) {
+    u32 c0 = (u32)step, c1 = (u32)(step >> 32), c2 = 0u, c3 = 0u;
+    u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        philox_round(c0, c1, c2, c3, k0, k1);
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    const u64 bits = (((u64)c0 << 32) | (u64)c1) >> 11;
+    return (double)bits * (1.0 / 9007199254740992.0);
+}
+
+__device__ __forceinline__ float penalised(const float* row, const SampleRow& sp, int i) {
+    float l = row[i];
+    if (sp.counts != nullptr) {
+        const u32 c = sp.counts[i];
+        const u32 gen = c & 0x7fffffffu;
+        if (sp.repetition != 1.0f && c != 0u) l = l > 0.0f ? l / sp.repetition : l * sp.repetition;
+        // Explicit roundings: no FMA contraction, the same value in every pass
+        // and as the host computes it.
+        if (gen != 0u && (sp.presence != 0.0f || sp.frequency != 0.0f))
+            l = __fsub_rn(l, __fadd_rn(sp.presence, __fmul_rn(sp.frequency, (float)gen)));
+    }
+    return l;
+}
+
+__device__ __forceinline__ float weight_of(float l, float m, float inv_t) {
+    const float e = expf((l - m) * inv_t);
+    return e == e ? e : 0.0f;
+}
+
+// Composite order key: weight bits high, then the smaller id.
+__device__ __forceinline__ u64 order_key(float w, int i) {
+    return ((u64)__float_as_uint(w) << 32) | (u64)(0xffffffffu - (u32)i);
+}
+
+template <typename T>
+__device__ T block_sum(T v, T* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    T s = (T)0;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) s += red[w];   // fixed order: same on every thread
+    return s;
+}
+
+__device__ u64 block_max_u64(u64 v, u64* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 x = __shfl_xor_sync(FULL_MASK, v, o);
+        v = x > v ? x : v;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    u64 b = 0ull;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) b = red[w] > b ? red[w] : b;
+    return b;
+}
+
+struct SampleSmem {
+    u32 hist[256];
+    double mass[256];
+    double red_d[SAMPLE_WARPS];
+    u64 red_u[SAMPLE_WARPS];
+    u32 sel_bin;
+    double sel_above;      // mass (or count) strictly above the chosen bin
+    int tie_id;
+    int pick;      // the warp whose id range holds the draw
+    int token;     // the drawn token (-1: none)
+};
+
+// Token membership in the candidate set: eligible (w > 0, w >= min_p) and
+// at or above the top-k cut (composite key >= kcut).
+__device__ __forceinline__ bool in_cand(float w, int i, float min_p, u64 kcut) {
+    return w > 0.0f && w >= min_p && order_key(w, i) >= kcut;
+}
+
+// Radix select over the weight bits of the tokens with in_cand (cut
+// `kcut`). by_mass = false: the bits of the `need`-th largest weight;
+// by_mass = true: the bits of the weight at which the mass counted from the
+// top first reaches `target`. Returns the bits; *above = count (or mass) of
+// candidates strictly above them; *reached = false when the target mass is
+// never reached (rounding), in which case nothing should be cut.
+__device__ u32 radix_select(const float* row, const SampleRow& sp, int vocab, float m, float inv_t, u64 kcut,
+                            bool by_mass, double need, double* above, bool* reached, SampleSmem& sm) {
+    u32 prefix = 0u, mask = 0u;
+    double acc = 0.0;
+    bool ok = true;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) { sm.hist[b] = 0u; sm.mass[b] = 0.0; }
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const float w = weight_of(penalised(row, sp, i), m, inv_t);
+            if (!in_cand(w, i, sp.min_p, kcut)) continue;
+            const u32 bits = __float_as_uint(w);
+            if ((bits & mask) != prefix) continue;
+            const u32 bin = (bits >> shift) & 0xffu;
+            if (by_mass) atomicAdd(&sm.mass[bin], (double)w);
+            else atomicAdd(&sm.hist[bin], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int chosen = -1;
+            double a = acc;
+            for (int b = 255; b >= 0; --b) {
+                const double v = by_mass ? sm.mass[b] : (double)sm.hist[b];
+                if (v > 0.0 && a + v >= need) { chosen = b; break; }
+                a += v;
+            }
+            if (chosen < 0) {
+                // Rounding left the target unreached: keep everything.
+                sm.sel_bin = 0xffffffffu;
+            } else {
+                sm.sel_bin = (u32)chosen;
+                sm.sel_above = a;
+            }
+        }
+        __syncthreads();
+        if (sm.sel_bin == 0xffffffffu) { ok = false; break; }
+        prefix |= sm.sel_bin << shift;
+        mask |= 0xffu << shift;
+        acc = sm.sel_above;
+        __syncthreads();
+    }
+    *above = acc;
+    *reached = ok;
+    return prefix;
+}
+
+// The id of the `rank`-th (1-based) candidate, in id order, whose weight bits
+// equal `bits`: one pass in tiles of blockDim ids.
+__device__ int tie_id(const float* row, const SampleRow& sp, int vocab, float m, float inv_t, u64 kcut, u32 bits,
+                      u32 rank, SampleSmem& sm) {
+    u32 seen = 0u;
+    if (threadIdx.x == 0) sm.tie_id = vocab - 1;
+    __syncthreads();
+    for (int base = 0; base < vocab; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        bool tie = false;
+        if (i < vocab) {
+            const float w = weight_of(penalised(row, sp, i), m, inv_t);
+            tie = in_cand(w, i, sp.min_p, kcut) && __float_as_uint(w) == bits;
+        }
+        const u32 in_tile = (u32)__syncthreads_count(tie);
+        if (seen + in_tile >= rank) {
+            // Exclusive rank of each tie inside the tile: warp ballots, then
+            // the warps before this one.
+            const u32 ballot = __ballot_sync(FULL_MASK, tie);
+            if ((threadIdx.x & 31) == 0) sm.hist[threadIdx.x >> 5] = __popc(ballot);
+            __syncthreads();
+            u32 before = seen;
+            for (int w = 0; w < (int)(threadIdx.x >> 5); ++w) before += sm.hist[w];
+            before += __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u));
+            if (tie && before + 1u == rank) sm.tie_id = i;
+            __syncthreads();
+            break;
+        }
+        seen += in_tile;
+    }
+    __syncthreads();
+    return sm.tie_id;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const __grid_constant__ SampleParams p) {
+    __shared__ SampleSmem sm;
+    const int vocab = p.vocab;
+    const float* row = p.logits + (size_t)blockIdx.x * (size_t)p.row_stride;
+    const SampleRow sp = p.rows[blockIdx.x];
+
+    // Pass 1: max (and argmax) of the penalised logits; NaN never wins.
+    u64 best = 0ull;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float l = penalised(row, sp, i);
+        if (l != l) l = __int_as_float(0xff800000);
+        const u64 k = argmax_key(l, (u32)i);
+        best = k > best ? k : best;
+    }
+    best = block_max_u64(best, sm.red_u);
+    const int amax = (int)argmax_key_index(best);
+    const float m = penalised(row, sp, amax);
+
+    // Pass 2: log-sum-exp (logprob, before temperature) and the candidate
+    // count and mass before any cut.
+    const bool sampling = sp.temperature > 0.0f && fabsf(m) <= 3.402823466e38f;
+    const float inv_t = sampling ? 1.0f / sp.temperature : 1.0f;
+    double se = 0.0;
+    u32 nel = 0u;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float l = penalised(row, sp, i);
+        se += (double)expf(l - m);
+        if (sampling && in_cand(weight_of(l, m, inv_t), i, sp.min_p, 0ull)) ++nel;
+    }
+    se = block_sum<double>(se, sm.red_d);
+    const u32 eligible = block_sum<u32>(nel, (u32*)sm.red_d);
+
+    int token = amax;
+    if (sampling && eligible > 0u) {
+        // Top-k cut as a composite key (0 = no cut).
+        u64 kcut = 0ull;
+        if (sp.top_k > 0u && sp.top_k < eligible) {
+            double above;
+            bool reached;
+            const u32 bits = radix_select(row, sp, vocab, m, inv_t, 0ull, false, (double)sp.top_k, &above, &reached, sm);
+            if (reached) {
+                const u32 rank = sp.top_k - (u32)above;
+                const int id = tie_id(row, sp, vocab, m, inv_t, 0ull, bits, rank, sm);
+                kcut = order_key(__uint_as_float(bits), id);
+            }
+        }
+        // Top-p cut on what top-k and min-p kept.
+        u64 pcut = kcut;
+        if (sp.top_p < 1.0f) {
+            double mass = 0.0;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                const float w = weight_of(penalised(row, sp, i), m, inv_t);
+                if (in_cand(w, i, sp.min_p, kcut)) mass += (double)w;
+            }
+            mass = block_sum<double>(mass, sm.red_d);
+            const double target = (double)sp.top_p * mass;
+            double above;
+            bool reached;
+            const u32 bits = radix_select(row, sp, vocab, m, inv_t, kcut, true, target, &above, &reached, sm);
+            if (reached) {
+                const double w = (double)__uint_as_float(bits);
+                double need = ceil((target - above) / w);
+                if (!(need >= 1.0)) need = 1.0;
+                // Clamp to the number of ties (tie_id returns the last id
+                // when fewer exist, which keeps them all).
+                const u32 rank = need > 4294967295.0 ? 0xffffffffu : (u32)need;
+                const int id = tie_id(row, sp, vocab, m, inv_t, kcut, bits, rank, sm);
+                const u64 cut = order_key(__uint_as_float(bits), id);
+                pcut = cut > pcut ? cut : pcut;
+            }
+        }
+        // The draw: per-warp masses over contiguous id ranges (coalesced),
+        // then one warp scans the range that holds the target.
+        const int span = (vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        const int lo = warp * span, hi = min(vocab, lo + span);
+        double wm = 0.0;
+        for (int i = lo + lane; i < hi; i += 32) {
+            const float w = weight_of(penalised(row, sp, i), m, inv_t);
+            if (in_cand(w, i, sp.min_p, pcut)) wm += (double)w;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) wm += __shfl_xor_sync(FULL_MASK, wm, o);
+        __syncthreads();
+        if (lane == 0) sm.red_d[warp] = wm;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double total = 0.0;
+            for (int w = 0; w < SAMPLE_WARPS; ++w) total += sm.red_d[w];
+            const double target = philox_uniform(sp.seed, sp.step) * total;
+            int pick = -1, last = -1;
+            double acc = 0.0;
+            for (int w = 0; w < SAMPLE_WARPS; ++w) {
+                if (sm.red_d[w] <= 0.0) continue;
+                last = w;
+                if (acc + sm.red_d[w] > target) { pick = w; break; }
+                acc += sm.red_d[w];
+            }
+            if (pick < 0) {
+                // Rounding left the target unreached: the last positive
+                // token of the last non-empty range, as the host does.
+                pick = last;
+                sm.sel_above = __longlong_as_double(0x7ff0000000000000ll);
+            } else {
+                sm.sel_above = target - acc;   // target inside the picked range
+            }
+            sm.pick = pick;
+            sm.token = -1;
+        }
+        __syncthreads();
+        const int pick = sm.pick;
+        if (pick >= 0 && warp == pick) {
+            const double t = sm.sel_above;
+            double acc = 0.0;
+            int chosen = -1, last_pos = -1;
+            for (int base = lo; base < hi && chosen < 0; base += 32) {
+                const int i = base + lane;
+                double w = 0.0;
+                if (i < hi) {
+                    const float wf = weight_of(penalised(row, sp, i), m, inv_t);
+                    if (in_cand(wf, i, sp.min_p, pcut)) w = (double)wf;
+                }
+                double incl = w;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const double x = __shfl_up_sync(FULL_MASK, incl, o);
+                    if (lane >= o) incl += x;
+                }
+                const u32 pos = __ballot_sync(FULL_MASK, w > 0.0);
+                if (pos != 0u) last_pos = base + 31 - __clz(pos);
+                const u32 hit = __ballot_sync(FULL_MASK, w > 0.0 && acc + incl > t);
+                if (hit != 0u) chosen = base + __ffs(hit) - 1;
+                acc += __shfl_sync(FULL_MASK, incl, 31);
+            }
+            if (lane == 0) sm.token = chosen >= 0 ? chosen : last_pos;
+        }
+        __syncthreads();
+        if (pick >= 0 && sm.token >= 0) token = sm.token;
+    }
+
+    if (threadIdx.x == 0) {
+        const float lt = penalised(row, sp, token);
+        p.out_tokens[blockIdx.x] = (u32)token;
+        p.out_logprobs[blockIdx.x] = (float)((double)lt - (double)m - log(se));
+        if (sp.counts != nullptr) sp.counts[token] += 1u;
+    }
+}
