@@ -11,6 +11,10 @@ to within max(64 MiB, 10%) of the baseline taken after 5 s of the same
 load (load_test.py's docstring says why the baseline is a warm one). The full
 version is `python3 scripts/load_test.py --clients 64 --duration-s 120
 --server-pid PID` against a release build.
+
+It also runs scripts/serve_bench.py briefly (1 and 4 clients, a few short
+requests) so the serving benchmark keeps working; its figures mean nothing
+on a shared CI machine and are not checked, only its completeness checks.
 """
 
 import json
@@ -18,6 +22,40 @@ import subprocess
 import sys
 
 from conftest import REPO, Server
+
+
+def test_serve_bench_script_runs(main_server, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "serve_bench.py"),
+            "--base-url", main_server.base,
+            "--clients", "1,4",
+            "--requests-per-client", "2",
+            "--max-tokens", "8",
+            "--prompt-tokens", "64",
+            "--json", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    assert [p["clients"] for p in report["phases"]] == [1, 4]
+    for p in report["phases"]:
+        assert p["errors"] == 0 and p["requests"] == 2 * p["clients"], p
+        assert 0 < p["completion_tokens"] <= 8 * p["requests"], p
+        assert p["ttft_s"]["p50"] is not None and p["agg_output_tok_s"] > 0, p
+    # Loopback only: any other host is refused before a request is sent.
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "serve_bench.py"), "--base-url", "http://192.0.2.1:80"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "loopback" in refused.stderr, refused.stderr
 
 
 def test_load_script_sixteen_clients_twenty_seconds(cache_dir, log_dir, tmp_path):
