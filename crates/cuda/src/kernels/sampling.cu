@@ -228,14 +228,36 @@ __device__ u32 radix_select(const float* row, const SampleRow& sp, int vocab, fl
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += blockDim.x) { sm.hist[b] = 0u; sm.mass[b] = 0.0; }
         __syncthreads();
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            const float w = weight_of(penalised(row, sp, i), m, inv_t);
-            if (!in_cand(w, i, sp.min_p, kcut)) continue;
-            const u32 bits = __float_as_uint(w);
-            if ((bits & mask) != prefix) continue;
-            const u32 bin = (bits >> shift) & 0xffu;
-            if (by_mass) atomicAdd(&sm.mass[bin], (double)w);
-            else atomicAdd(&sm.hist[bin], 1u);
+        // Warp-aggregated updates: most tokens share a few bins (the
+        // exponent byte), so one atomic per distinct bin per warp instead of
+        // one per token. Every lane runs every iteration (uniform bound) for
+        // the *_sync intrinsics.
+        const int lane = threadIdx.x & 31;
+        for (int base = 0; base < vocab; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            int key = -1;
+            float w = 0.0f;
+            if (i < vocab) {
+                w = weight_of(penalised(row, sp, i), m, inv_t);
+                const u32 bits = __float_as_uint(w);
+                if (in_cand(w, i, sp.min_p, kcut) && (bits & mask) == prefix) key = (int)((bits >> shift) & 0xffu);
+            }
+            if (by_mass) {
+                u32 todo = __ballot_sync(FULL_MASK, key >= 0);
+                while (todo != 0u) {
+                    const int leader = __ffs(todo) - 1;
+                    const int k = __shfl_sync(FULL_MASK, key, leader);
+                    const bool mine = key == k;
+                    double v = mine ? (double)w : 0.0;
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+                    if (lane == leader) atomicAdd(&sm.mass[k], v);
+                    todo &= ~__ballot_sync(FULL_MASK, mine);
+                }
+            } else {
+                const u32 peers = __match_any_sync(FULL_MASK, key);
+                if (key >= 0 && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[key], (u32)__popc(peers));
+            }
         }
         __syncthreads();
         if (threadIdx.x == 0) {
