@@ -25,7 +25,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FUZZ="$ROOT/fuzz"
 SECONDS_PER="${1:-60}"
 shift || true
-ALL_TARGETS=(request_json tool_parser reasoning safetensors_file safetensors_index config_json chat_template tokenizer)
+ALL_TARGETS=(request_json tool_parser reasoning safetensors_file safetensors_index config_json chat_template tokenizer stop_strings)
 if [ "$#" -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 SANITIZER="${LILY_FUZZ_SANITIZER:-address}"
 RSS_MB="${LILY_FUZZ_RSS_MB:-4096}"
