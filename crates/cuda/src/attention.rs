@@ -96,7 +96,7 @@ struct AttnDecodeParams {
     part_o: u64,
     part_ml: u64,
     bt_stride: i32,
-    nsplit: i32,
+    max_splits: i32,
     scale_log2: f32,
 }
 // SAFETY: plain-old-data mirroring `AttnDecodeParams` in attention.cu.
@@ -110,7 +110,8 @@ struct AttnCombineParams {
     proj: u64,
     mix_f32: u64,
     mix_f16: u64,
-    nsplit: i32,
+    pos: u64,
+    max_splits: i32,
     proj_stride: i32,
 }
 // SAFETY: plain-old-data mirroring `AttnCombineParams` in attention.cu.
@@ -128,22 +129,34 @@ pub struct DecodeScratch {
 
 /// Splits for a context of `len` tokens: about 4 KV blocks per split, but
 /// one block per split for up to 16 blocks, so short contexts still spread
-/// over several multiprocessors; at most `max_splits` (a CUDA graph fixes
-/// the count; the kernel adapts each split's range to the actual length).
+/// over several multiprocessors; at most `max_splits`. The kernels compute
+/// the same count on the device from each token's own length
+/// (`decode_splits` in attention.cu); here it sizes the scratch.
 pub fn splits_for(len: usize, max_splits: usize) -> usize {
     let blocks = len.div_ceil(KV_BLOCK);
     blocks.div_ceil(4).max(blocks.min(16)).clamp(1, max_splits.max(1))
+}
+
+/// CTAs per (KV head, token) of the decode attention for a batch of `ntok`:
+/// enough for one split each at one token (up to `max_splits`), fewer as the
+/// batch grows (each CTA then loops over several splits), so the grid stays
+/// near 512 CTAs whatever the context lengths. It depends on the batch size
+/// only, so one captured graph per batch size serves every length.
+pub fn grid_splits(ntok: usize, max_splits: usize) -> usize {
+    (512 / ntok.max(1)).clamp(1, max_splits.max(1))
 }
 
 pub fn scale_log2(dims: &Dims) -> f32 {
     (1.0 / (dims.a_head_dim as f64).sqrt() * std::f64::consts::LOG2_E) as f32
 }
 
-/// Decode attention for `ntok` tokens then the combine with the gates.
+/// Decode attention for `ntok` tokens then the combine with the gates. Each
+/// token's split count follows its own length (read from `pos` on the
+/// device), so nothing here depends on the context lengths.
 #[allow(clippy::too_many_arguments)]
-pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64, slot: u64, s: &DecodeScratch, nsplit: usize, proj: u64, proj_stride: usize, mix: MixOut, ntok: usize) -> CudaResult<()> {
-    if nsplit == 0 || nsplit > s.max_splits {
-        return Err(CudaError::shape("attn_decode", format!("{nsplit} splits, scratch holds {}", s.max_splits)));
+pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64, slot: u64, s: &DecodeScratch, proj: u64, proj_stride: usize, mix: MixOut, ntok: usize) -> CudaResult<()> {
+    if s.max_splits == 0 {
+        return Err(CudaError::shape("attn_decode", "scratch holds no splits"));
     }
     if ntok == 0 {
         return Ok(());
@@ -158,15 +171,16 @@ pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64
         part_o: s.part_o,
         part_ml: s.part_ml,
         bt_stride: kv.bt_stride as i32,
-        nsplit: nsplit as i32,
+        max_splits: s.max_splits as i32,
         scale_log2: scale_log2(dims),
     };
-    launch(gpu, k, "attn_decode", (dims.a_kv_heads as u32, nsplit as u32, ntok as u32), 256, 0, &p)?;
+    let grid_y = grid_splits(ntok, s.max_splits) as u32;
+    launch(gpu, k, "attn_decode", (dims.a_kv_heads as u32, grid_y, ntok as u32), 256, 0, &p)?;
     let (mix_f32, mix_f16) = match mix {
         MixOut::F32(p) => (p, 0),
         MixOut::F16(p) => (0, p),
     };
-    let c = AttnCombineParams { part_o: s.part_o, part_ml: s.part_ml, proj, mix_f32, mix_f16, nsplit: nsplit as i32, proj_stride: proj_stride as i32 };
+    let c = AttnCombineParams { part_o: s.part_o, part_ml: s.part_ml, proj, mix_f32, mix_f16, pos, max_splits: s.max_splits as i32, proj_stride: proj_stride as i32 };
     launch(gpu, k, "attn_combine", (dims.a_heads as u32, ntok as u32, 1), dims.a_head_dim as u32, 0, &c)
 }
 

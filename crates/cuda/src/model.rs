@@ -58,7 +58,10 @@ pub struct Model {
     pub dims: Dims,
     pub weights: DeviceWeights,
     pub mem: Memory,
-    graphs: HashMap<(usize, usize, Head), Graph>,
+    /// One graph per (batch size, head): nothing in a step depends on the
+    /// context lengths (attention reads them on the device), so the cache is
+    /// bounded by 2 x `max_batch` graphs and stops growing once warm.
+    graphs: HashMap<(usize, Head), Graph>,
     /// When profiling, an event recorded after every kernel group.
     marks: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
 }
@@ -135,13 +138,13 @@ impl Model {
 
     // ---- decode, GEMV path ---------------------------------------------------
 
-    fn layer_decode_gemv(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
-        self.mixer_decode_gemv(i, n, nsplit)?;
+    fn layer_decode_gemv(&self, i: usize, n: usize) -> CudaResult<()> {
+        self.mixer_decode_gemv(i, n)?;
         self.moe_decode_gemv(i, n)
     }
 
     /// h += Mixer(RMSNorm(h)) for the decode tokens (GEMV path).
-    fn mixer_decode_gemv(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
+    fn mixer_decode_gemv(&self, i: usize, n: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
@@ -164,7 +167,7 @@ impl Model {
                 let kv = self.kv_view(i);
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
                 self.mark("attn prep")?;
-                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), nsplit, s.proj, ps, mix, n)?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, mix, n)?;
                 self.mark("attn decode+combine")?;
             }
         }
@@ -231,7 +234,7 @@ impl Model {
         self.mark("moe combine")
     }
 
-    fn layer_decode_gemm(&self, i: usize, n: usize, nsplit: usize) -> CudaResult<()> {
+    fn layer_decode_gemm(&self, i: usize, n: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
@@ -242,7 +245,7 @@ impl Model {
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
-                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), nsplit, s.proj, ps, mix, n)?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, mix, n)?;
             }
         }
         let out = Self::out_projection(l);
@@ -252,15 +255,15 @@ impl Model {
 
     /// Every launch of one decode step for `n` tokens staged in
     /// scratch.tokens / pos / slot. No host synchronisation inside.
-    pub fn step_launches(&self, n: usize, nsplit: usize, head: Head) -> CudaResult<()> {
+    pub fn step_launches(&self, n: usize, head: Head) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         embed::embed(g, k, d, &self.weights.embed, s.tokens, s.h, s.argmax, n)?;
         self.mark("embed")?;
         for i in 0..d.layers {
             if n <= GEMV_MAX_TOK {
-                self.layer_decode_gemv(i, n, nsplit)?;
+                self.layer_decode_gemv(i, n)?;
             } else {
-                self.layer_decode_gemm(i, n, nsplit)?;
+                self.layer_decode_gemm(i, n)?;
             }
         }
         if n <= GEMV_MAX_TOK {
@@ -280,16 +283,16 @@ impl Model {
     }
 
     /// Runs one decode step, through a cached CUDA graph when enabled.
-    pub fn run_step(&mut self, n: usize, nsplit: usize, head: Head) -> CudaResult<()> {
+    pub fn run_step(&mut self, n: usize, head: Head) -> CudaResult<()> {
         self.gpu.bind()?;
         if !self.mem.opts.use_graphs {
-            return self.step_launches(n, nsplit, head);
+            return self.step_launches(n, head);
         }
-        let key = (n, nsplit, head);
+        let key = (n, head);
         if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream.clone();
             stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).ctx("cuStreamBeginCapture")?;
-            let launched = self.step_launches(n, nsplit, head);
+            let launched = self.step_launches(n, head);
             let graph = stream.end_capture(CUgraphInstantiate_flags(0));
             launched?;
             let graph = graph.ctx("cuStreamEndCapture")?.ok_or_else(|| CudaError::Driver { what: "graph capture".into(), message: "empty graph".into() })?;
@@ -447,8 +450,8 @@ impl Model {
         let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
         for (gi, part) in batch.chunks(group).enumerate() {
             self.gpu.bind()?;
-            let nsplit = self.stage_batch(part)?;
-            self.run_step(part.len(), nsplit, Head::Logits)?;
+            self.stage_batch(part)?;
+            self.run_step(part.len(), Head::Logits)?;
             head(self, gi * group, part.len(), self.mem.scratch.logits)?;
             for (id, _) in part {
                 if let Some(s) = self.mem.seqs.get_mut(id) {
@@ -459,7 +462,7 @@ impl Model {
         Ok(())
     }
 
-    fn stage_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<usize> {
+    fn stage_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<()> {
         let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&toks)?;
         for (i, (id, _)) in batch.iter().enumerate() {
@@ -469,26 +472,24 @@ impl Model {
         }
         let mut pos = Vec::with_capacity(batch.len());
         let mut slots = Vec::with_capacity(batch.len());
-        let mut max_len = 0;
         for (id, _) in batch {
             let len = self.mem.seq(*id)?.len;
             self.mem.reserve(*id, len + 1)?;
             pos.push(len as i32);
             slots.push(self.mem.seq(*id)?.slot as i32);
-            max_len = max_len.max(len + 1);
         }
         let s = self.mem.scratch;
         write_device(&self.gpu, s.tokens, &toks)?;
         write_device(&self.gpu, s.pos, &pos)?;
         write_device(&self.gpu, s.slot, &slots)?;
-        Ok(attention::splits_for(max_len, s.max_splits))
+        Ok(())
     }
 
     fn decode_part(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
         self.gpu.bind()?;
-        let nsplit = self.stage_batch(batch)?;
+        self.stage_batch(batch)?;
         let n = batch.len();
-        self.run_step(n, nsplit, Head::Logits)?;
+        self.run_step(n, Head::Logits)?;
         let v = self.dims.vocab;
         let flat: Vec<f32> = read_device(&self.gpu, self.mem.scratch.logits, n * v)?;
         for (id, _) in batch {
@@ -517,9 +518,8 @@ impl Model {
             write_device(&self.gpu, s.pos, &[len as i32])?;
             write_device(&self.gpu, s.slot, &[slot])?;
             write_device(&self.gpu, s.step, &[0i32])?;
-            let nsplit = attention::splits_for(len + m, s.max_splits);
             for _ in 0..m {
-                self.run_step(1, nsplit, Head::Greedy)?;
+                self.run_step(1, Head::Greedy)?;
             }
             let ids: Vec<u32> = read_device(&self.gpu, s.out_ids, m)?;
             if let Some(sq) = self.mem.seqs.get_mut(&seq) {
@@ -559,13 +559,13 @@ impl Model {
     /// locating a divergence from the reference; slow (a sync per stage).
     pub fn trace_decode(&mut self, seq: SeqId, token: u32) -> CudaResult<Vec<(String, Vec<f32>)>> {
         self.gpu.bind()?;
-        let nsplit = self.stage_batch(&[(seq, token)])?;
+        self.stage_batch(&[(seq, token)])?;
         let (d, s) = (self.dims.clone(), self.mem.scratch);
         let mut out = Vec::new();
         embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, 1)?;
         out.push(("embed".to_string(), read_device(&self.gpu, s.h, d.hidden)?));
         for i in 0..d.layers {
-            self.mixer_decode_gemv(i, 1, nsplit)?;
+            self.mixer_decode_gemv(i, 1)?;
             let width = self.in_projections(&self.weights.layers[i]).iter().map(|(m, _)| m.rows).sum::<usize>();
             out.push((format!("layer {i} in_proj"), read_device(&self.gpu, s.proj, width)?));
             out.push((format!("layer {i} mixer"), read_device(&self.gpu, s.h, d.hidden)?));

@@ -672,38 +672,44 @@ fn attend(d: &Dims, c: &Cache, q: &[f32], head: usize, last: usize, gate: &[f32]
 #[test]
 fn decode_attention_matches_reference_across_splits() {
     let Some(gpu) = gpu("decode_attention_matches_reference_across_splits") else { return };
+    // Six tokens of very different lengths (one CTA per split), and 64
+    // tokens (the grid is then 8 CTAs per head and token, so each CTA loops
+    // over several splits), each under split limits 1, 7 and 64.
+    let mut rng_lens = Rng::new(1002);
+    let many: Vec<usize> = (0..64).map(|_| 1 + rng_lens.below(5000)).collect();
+    let cases: [(&str, Vec<usize>); 2] = [("6 tokens", vec![1, 63, 64, 65, 1000, 20000]), ("64 tokens", many)];
     for (label, d) in both() {
         let k = Kernels::load(&gpu, &d).expect("kernels");
-        let lens = [1usize, 63, 64, 65, 1000, 20000];
-        let maxlen = *lens.iter().max().unwrap_or(&1);
-        let c = Cache::random(&gpu, &d, maxlen, 1000);
-        let max_splits = 64;
-        let ntok = lens.len();
-        let part_o = zeros(&gpu, ntok * d.a_heads * max_splits * d.a_head_dim * 4);
-        let part_ml = zeros(&gpu, ntok * d.a_heads * max_splits * 2 * 4);
-        let sc = DecodeScratch { part_o: part_o.ptr(), part_ml: part_ml.ptr(), max_splits };
-        let mut rng = Rng::new(1001);
-        let q = rng.vec(ntok * d.attn_out_dim(), -1.0, 1.0);
-        let ps = d.proj_stride();
-        let proj = rng.vec(ntok * ps, -2.0, 2.0);
-        let (qb, pb) = (upload(&gpu, &q), upload(&gpu, &proj));
-        let pos: Vec<i32> = lens.iter().map(|l| (*l - 1) as i32).collect();
-        let posb = upload(&gpu, &pos);
-        let slotb = upload(&gpu, &vec![1i32; ntok]);
-        let want: Vec<f64> = (0..ntok * d.a_heads)
-            .into_par_iter()
-            .flat_map_iter(|th| {
-                let (t, h) = (th / d.a_heads, th % d.a_heads);
-                let qh = &q[(t * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
-                let gate = &proj[t * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
-                attend(&d, &c, qh, h, lens[t] - 1, gate)
-            })
-            .collect();
-        for nsplit in [1usize, 7, 64] {
-            let mix = upload(&gpu, &vec![NAN; ntok * d.attn_out_dim()]);
-            attention::decode(&gpu, &k, &d, qb.ptr(), &c.view(), posb.ptr(), slotb.ptr(), &sc, nsplit, pb.ptr(), ps, MixOut::F32(mix.ptr()), ntok).expect("launch");
-            let got: Vec<f32> = download(&gpu, mix.ptr(), ntok * d.attn_out_dim());
-            assert_close(&format!("decode attention {label} nsplit {nsplit}"), &got, &want, 2e-5);
+        for (case, lens) in &cases {
+            let maxlen = *lens.iter().max().unwrap_or(&1);
+            let c = Cache::random(&gpu, &d, maxlen, 1000);
+            let ntok = lens.len();
+            let mut rng = Rng::new(1001);
+            let q = rng.vec(ntok * d.attn_out_dim(), -1.0, 1.0);
+            let ps = d.proj_stride();
+            let proj = rng.vec(ntok * ps, -2.0, 2.0);
+            let (qb, pb) = (upload(&gpu, &q), upload(&gpu, &proj));
+            let pos: Vec<i32> = lens.iter().map(|l| (*l - 1) as i32).collect();
+            let posb = upload(&gpu, &pos);
+            let slotb = upload(&gpu, &vec![1i32; ntok]);
+            let want: Vec<f64> = (0..ntok * d.a_heads)
+                .into_par_iter()
+                .flat_map_iter(|th| {
+                    let (t, h) = (th / d.a_heads, th % d.a_heads);
+                    let qh = &q[(t * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
+                    let gate = &proj[t * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
+                    attend(&d, &c, qh, h, lens[t] - 1, gate)
+                })
+                .collect();
+            for max_splits in [1usize, 7, 64] {
+                let part_o = zeros(&gpu, ntok * d.a_heads * max_splits * d.a_head_dim * 4);
+                let part_ml = zeros(&gpu, ntok * d.a_heads * max_splits * 2 * 4);
+                let sc = DecodeScratch { part_o: part_o.ptr(), part_ml: part_ml.ptr(), max_splits };
+                let mix = upload(&gpu, &vec![NAN; ntok * d.attn_out_dim()]);
+                attention::decode(&gpu, &k, &d, qb.ptr(), &c.view(), posb.ptr(), slotb.ptr(), &sc, pb.ptr(), ps, MixOut::F32(mix.ptr()), ntok).expect("launch");
+                let got: Vec<f32> = download(&gpu, mix.ptr(), ntok * d.attn_out_dim());
+                assert_close(&format!("decode attention {label} {case} max_splits {max_splits}"), &got, &want, 2e-5);
+            }
         }
     }
     finish();

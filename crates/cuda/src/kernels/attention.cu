@@ -103,10 +103,10 @@ struct AttnDecodeParams {
     const int* block_table;
     const int* pos;
     const int* slot;
-    float* part_o;           // [ntok][A_HEADS][nsplit][HD]
-    float* part_ml;          // [ntok][A_HEADS][nsplit][2]  (max, sum) in the log2 domain
+    float* part_o;           // [ntok][A_HEADS][max_splits][HD]
+    float* part_ml;          // [ntok][A_HEADS][max_splits][2]  (max, sum) in the log2 domain
     int bt_stride;
-    int nsplit;
+    int max_splits;
     float scale_log2;
 };
 
@@ -157,22 +157,38 @@ __device__ __forceinline__ float warp_reduce8(const float* v) {
     return c;
 }
 
-// grid (A_KV_HEADS, nsplit, ntok), block ATT_THREADS. Split s of a sequence
-// of n KV blocks covers blocks [s * ceil(n / nsplit), ...). Scores: warp w
-// takes tokens w, w + 8, ... of a KV block, lane l holds dims l * DPL .. of
-// the 8 queries (pre-scaled) and of the key row. Softmax update: warp h for
-// head h. P V: thread (hg, d0) accumulates dims d0, d0 + 1 of heads
+// How many splits the KV blocks of a context of `len` tokens are cut into:
+// about 4 blocks per split, but one block per split for up to 16 blocks, so
+// short contexts still spread over several multiprocessors; at most
+// `max_splits`. Mirrors attention::splits_for in Rust (the scratch sizing).
+// Each token of a batch decides its own count from its own length, on the
+// device, so a captured decode graph serves every context length.
+__device__ __forceinline__ int decode_splits(int len, int max_splits) {
+    const int blocks = (len + KV_BLOCK - 1) / KV_BLOCK;
+    const int s = max((blocks + 3) / 4, min(blocks, 16));
+    return min(max(s, 1), max_splits);
+}
+
+// grid (A_KV_HEADS, G, ntok), block ATT_THREADS, with G <= max_splits fixed
+// by the host for the batch size. A CTA computes splits blockIdx.y,
+// blockIdx.y + G, ... of its token; split s of a context of n KV blocks cut
+// into S splits covers blocks [s * ceil(n / S), ...). Scores: warp w takes
+// tokens w, w + 8, ... of a KV block, lane l holds dims l * DPL .. of the 8
+// queries (pre-scaled) and of the key row. Softmax update: warp h for head
+// h. P V: thread (hg, d0) accumulates dims d0, d0 + 1 of heads
 // hg * HPT .. + HPT.
 extern "C" __global__ void __launch_bounds__(ATT_THREADS, 1)
 attn_decode(const __grid_constant__ AttnDecodeParams p) {
     __shared__ float s_p[AG][KV_BLOCK];
     __shared__ float s_alpha[AG], s_m[AG], s_l[AG];
-    const int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+    const int g = blockIdx.x, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int len = p.pos[t] + 1;
+    const int nsplit = decode_splits(len, p.max_splits);
+    // Uniform over the CTA, so no thread skips a barrier.
+    if ((int)blockIdx.y >= nsplit) return;
     const int nblk = (len + KV_BLOCK - 1) / KV_BLOCK;
-    const int per = (nblk + p.nsplit - 1) / p.nsplit;
-    const int b0 = split * per, b1 = min(nblk, b0 + per);
+    const int per = (nblk + nsplit - 1) / nsplit;
     const int* table = p.block_table + (size_t)p.slot[t] * p.bt_stride;
 
     float qr[AG][DPL];
@@ -185,105 +201,110 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
 #pragma unroll
         for (int j = 0; j < DPL; ++j) qr[h][j] = tmp[j] * p.scale_log2;
     }
-    if (tid < AG) {
-        s_m[tid] = NEG_INF;
-        s_l[tid] = 0.f;
-    }
     const int d0 = (tid % (HD / 2)) * 2, hg = tid / (HD / 2);
     const bool active = hg < NHG;
-    float acc[HPT][2];
+    for (int split = blockIdx.y; split < nsplit; split += gridDim.y) {
+        const int b0 = split * per, b1 = min(nblk, b0 + per);
+        // The previous split's results were written by the same threads that
+        // reset them here, and its last block ended with a barrier.
+        if (tid < AG) {
+            s_m[tid] = NEG_INF;
+            s_l[tid] = 0.f;
+        }
+        float acc[HPT][2];
 #pragma unroll
-    for (int hh = 0; hh < HPT; ++hh) acc[hh][0] = acc[hh][1] = 0.f;
-    __syncthreads();
+        for (int hh = 0; hh < HPT; ++hh) acc[hh][0] = acc[hh][1] = 0.f;
+        __syncthreads();
 
-    for (int blk = b0; blk < b1; ++blk) {
-        const int phys = table[blk];
-        const f16* kb = p.kcache + ((size_t)phys * A_KV_HEADS + g) * KV_BLOCK * HD;
-        const f16* vb = p.vcache + ((size_t)phys * A_KV_HEADS + g) * KV_BLOCK * HD;
-        const int nt = min(KV_BLOCK, len - blk * KV_BLOCK);
-        for (int j = warp; j < KV_BLOCK; j += ATT_THREADS / 32) {
-            float part[AG];
-            if (j < nt) {
-                float kf[DPL];
-                load_f16_row<DPL>(kb + (size_t)j * HD + lane * DPL, kf);
+        for (int blk = b0; blk < b1; ++blk) {
+            const int phys = table[blk];
+            const f16* kb = p.kcache + ((size_t)phys * A_KV_HEADS + g) * KV_BLOCK * HD;
+            const f16* vb = p.vcache + ((size_t)phys * A_KV_HEADS + g) * KV_BLOCK * HD;
+            const int nt = min(KV_BLOCK, len - blk * KV_BLOCK);
+            for (int j = warp; j < KV_BLOCK; j += ATT_THREADS / 32) {
+                float part[AG];
+                if (j < nt) {
+                    float kf[DPL];
+                    load_f16_row<DPL>(kb + (size_t)j * HD + lane * DPL, kf);
 #pragma unroll
-                for (int h = 0; h < AG; ++h) {
-                    float s = 0.f;
+                    for (int h = 0; h < AG; ++h) {
+                        float s = 0.f;
 #pragma unroll
-                    for (int jj = 0; jj < DPL; ++jj) s = fmaf(qr[h][jj], kf[jj], s);
-                    part[h] = s;
+                        for (int jj = 0; jj < DPL; ++jj) s = fmaf(qr[h][jj], kf[jj], s);
+                        part[h] = s;
+                    }
+                } else {
+#pragma unroll
+                    for (int h = 0; h < AG; ++h) part[h] = 0.f;
                 }
-            } else {
+                const float val = warp_reduce8(part);
+                if ((lane & 3) == 0) {
+                    const int hsel = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
+                    s_p[hsel][j] = j < nt ? val : NEG_INF;
+                }
+            }
+            __syncthreads();
+            if (warp < AG) {
+                float x[SPL];
+                float mx = NEG_INF;
 #pragma unroll
-                for (int h = 0; h < AG; ++h) part[h] = 0.f;
+                for (int i = 0; i < SPL; ++i) {
+                    x[i] = s_p[warp][lane + 32 * i];
+                    mx = fmaxf(mx, x[i]);
+                }
+                mx = warp_max(mx);
+                const float m_old = s_m[warp];
+                const float m_new = fmaxf(m_old, mx);
+                const float alpha = exp2f(m_old - m_new);
+                float sum = 0.f;
+#pragma unroll
+                for (int i = 0; i < SPL; ++i) {
+                    const float e = exp2f(x[i] - m_new);
+                    s_p[warp][lane + 32 * i] = e;
+                    sum += e;
+                }
+                sum = warp_sum(sum);
+                if (lane == 0) {
+                    s_alpha[warp] = alpha;
+                    s_m[warp] = m_new;
+                    s_l[warp] = s_l[warp] * alpha + sum;
+                }
             }
-            const float val = warp_reduce8(part);
-            if ((lane & 3) == 0) {
-                const int hsel = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-                s_p[hsel][j] = j < nt ? val : NEG_INF;
+            __syncthreads();
+            if (active) {
+#pragma unroll
+                for (int hh = 0; hh < HPT; ++hh) {
+                    const float al = s_alpha[hg * HPT + hh];
+                    acc[hh][0] *= al;
+                    acc[hh][1] *= al;
+                }
+                for (int j = 0; j < nt; ++j) {
+                    const u32 vv = *reinterpret_cast<const u32*>(vb + (size_t)j * HD + d0);
+                    const float v0 = f16lo(vv), v1 = f16hi(vv);
+#pragma unroll
+                    for (int hh = 0; hh < HPT; ++hh) {
+                        const float pp = s_p[hg * HPT + hh][j];
+                        acc[hh][0] = fmaf(pp, v0, acc[hh][0]);
+                        acc[hh][1] = fmaf(pp, v1, acc[hh][1]);
+                    }
+                }
             }
+            __syncthreads();
         }
-        __syncthreads();
-        if (warp < AG) {
-            float x[SPL];
-            float mx = NEG_INF;
-#pragma unroll
-            for (int i = 0; i < SPL; ++i) {
-                x[i] = s_p[warp][lane + 32 * i];
-                mx = fmaxf(mx, x[i]);
-            }
-            mx = warp_max(mx);
-            const float m_old = s_m[warp];
-            const float m_new = fmaxf(m_old, mx);
-            const float alpha = exp2f(m_old - m_new);
-            float sum = 0.f;
-#pragma unroll
-            for (int i = 0; i < SPL; ++i) {
-                const float e = exp2f(x[i] - m_new);
-                s_p[warp][lane + 32 * i] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                s_alpha[warp] = alpha;
-                s_m[warp] = m_new;
-                s_l[warp] = s_l[warp] * alpha + sum;
-            }
-        }
-        __syncthreads();
         if (active) {
 #pragma unroll
             for (int hh = 0; hh < HPT; ++hh) {
-                const float al = s_alpha[hg * HPT + hh];
-                acc[hh][0] *= al;
-                acc[hh][1] *= al;
-            }
-            for (int j = 0; j < nt; ++j) {
-                const u32 vv = *reinterpret_cast<const u32*>(vb + (size_t)j * HD + d0);
-                const float v0 = f16lo(vv), v1 = f16hi(vv);
-#pragma unroll
-                for (int hh = 0; hh < HPT; ++hh) {
-                    const float pp = s_p[hg * HPT + hh][j];
-                    acc[hh][0] = fmaf(pp, v0, acc[hh][0]);
-                    acc[hh][1] = fmaf(pp, v1, acc[hh][1]);
-                }
+                const int head = g * AG + hg * HPT + hh;
+                float* o = p.part_o + (((size_t)t * A_HEADS + head) * p.max_splits + split) * HD + d0;
+                o[0] = acc[hh][0];
+                o[1] = acc[hh][1];
             }
         }
-        __syncthreads();
-    }
-    if (active) {
-#pragma unroll
-        for (int hh = 0; hh < HPT; ++hh) {
-            const int head = g * AG + hg * HPT + hh;
-            float* o = p.part_o + (((size_t)t * A_HEADS + head) * p.nsplit + split) * HD + d0;
-            o[0] = acc[hh][0];
-            o[1] = acc[hh][1];
+        if (tid < AG) {
+            float* ml = p.part_ml + (((size_t)t * A_HEADS + g * AG + tid) * p.max_splits + split) * 2;
+            ml[0] = s_m[tid];
+            ml[1] = s_l[tid];
         }
-    }
-    if (tid < AG) {
-        float* ml = p.part_ml + (((size_t)t * A_HEADS + g * AG + tid) * p.nsplit + split) * 2;
-        ml[0] = s_m[tid];
-        ml[1] = s_l[tid];
     }
 }
 
@@ -294,7 +315,8 @@ struct AttnCombineParams {
     const float* proj;     // for the gates
     float* mix_f32;
     f16* mix_f16;
-    int nsplit;
+    const int* pos;        // the token's position: its context length - 1
+    int max_splits;        // stride of the partials
     int proj_stride;
 };
 
@@ -304,13 +326,14 @@ extern "C" __global__ void attn_combine(const __grid_constant__ AttnCombineParam
     const float* proj = p.proj;
     float* mix_f32 = p.mix_f32;
     f16* mix_f16 = p.mix_f16;
-    const int nsplit = p.nsplit, proj_stride = p.proj_stride;
+    const int proj_stride = p.proj_stride, ms = p.max_splits;
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
-    const float* ml = part_ml + ((size_t)t * A_HEADS + h) * nsplit * 2;
+    const int nsplit = decode_splits(p.pos[t] + 1, ms);
+    const float* ml = part_ml + ((size_t)t * A_HEADS + h) * ms * 2;
     float M = NEG_INF;
     for (int s = 0; s < nsplit; ++s) M = fmaxf(M, ml[2 * s]);
     float o = 0.f, L = 0.f;
-    const float* po = part_o + ((size_t)t * A_HEADS + h) * nsplit * HD + d;
+    const float* po = part_o + ((size_t)t * A_HEADS + h) * ms * HD + d;
     for (int s = 0; s < nsplit; ++s) {
         const float m = ml[2 * s];
         if (m == NEG_INF) continue;
