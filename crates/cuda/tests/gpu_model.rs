@@ -414,6 +414,103 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
     checks.finish();
 }
 
+/// GPU memory running out inside a request (issue 6): nothing is allocated
+/// on the device per request except KV blocks from the shared pool, so that
+/// is where a request meets "out of memory". A batched decode that needs a
+/// block when none is free is refused with a capacity error naming the KV
+/// cache, leaves every sequence as it was, and the other sequences go on
+/// exactly as if nothing had happened; freeing the loser gives its blocks
+/// back to new sequences.
+#[test]
+fn kv_pool_exhaustion_fails_cleanly_and_spares_other_sequences() {
+    let Some(gpu) = gpu("kv_pool_exhaustion_fails_cleanly_and_spares_other_sequences") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Tiny, 4, 17);
+    let vocab = w.config.vocab_size;
+    let block = lily_cuda::dims::KV_BLOCK;
+    // Five blocks in all: A takes three (150 tokens), B two (120 tokens).
+    let mut tight = small_opts(1024);
+    tight.kv_tokens = 5 * block;
+    let mut be = CudaBackend::from_weights(&gpu, &w, tight, &mut |_, _| {}).expect("tight backend");
+    let mut roomy = CudaBackend::from_weights(&gpu, &w, small_opts(1024), &mut |_, _| {}).expect("roomy backend");
+    let mut checks = Checks::default();
+    let (pa, pb) = (tokens(150, vocab, 90), tokens(120, vocab, 91));
+    let (a, b) = (be.alloc().expect("alloc"), be.alloc().expect("alloc"));
+    be.prefill(a, &pa, LogitsWanted::Last).expect("prefill A");
+    be.prefill(b, &pb, LogitsWanted::Last).expect("prefill B");
+    let ra = roomy.alloc().expect("alloc");
+    roomy.prefill(ra, &pa, LogitsWanted::Last).expect("prefill A (roomy)");
+    // B fills its second block after 8 steps; the 9th needs a sixth block.
+    let steps = tokens(16, vocab, 92);
+    let mut failed_at = None;
+    let mut st = Stats::default();
+    for (i, &t) in steps.iter().enumerate() {
+        match be.decode(&[(a, t), (b, t)]) {
+            Ok(rows) => {
+                let want = roomy.decode(&[(ra, t)]).expect("roomy decode");
+                st.add("A in the batch", &rows[..1], &want);
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                checks.check(matches!(e, lily_model::ModelError::Capacity(_)), format!("a full KV pool is a capacity error: {msg}"));
+                checks.check(msg.contains("KV cache full"), format!("the error names the KV cache: {msg}"));
+                failed_at = Some(i);
+                break;
+            }
+        }
+    }
+    checks.check(failed_at == Some(8), format!("the batch is refused exactly when B needs a sixth block: {failed_at:?}"));
+    let k = failed_at.unwrap_or(0);
+    checks.check(be.seq_len(a).expect("len") == 150 + k && be.seq_len(b).expect("len") == 120 + k, "a refused step changes no sequence's length");
+    // A goes on alone, equal to the backend that never ran short.
+    for &t in &steps[k..] {
+        let got = be.decode(&[(a, t)]).expect("A alone after the refusal");
+        st.add("A alone", &got, &roomy.decode(&[(ra, t)]).expect("roomy"));
+    }
+    st.gate(&mut checks, "A through the refusal vs a backend with room", 1.0, 1e-5, 1e-4);
+    // B is given up; its blocks serve a new sequence.
+    be.free(b);
+    let c = be.alloc().expect("alloc after free");
+    let rc = roomy.alloc().expect("alloc");
+    let pc = tokens(100, vocab, 93);
+    let got = be.prefill(c, &pc, LogitsWanted::Last).expect("prefill into freed blocks");
+    let want = roomy.prefill(rc, &pc, LogitsWanted::Last).expect("roomy");
+    let mut stc = Stats::default();
+    stc.add("C", &got, &want);
+    stc.gate(&mut checks, "a new sequence in the freed blocks", 1.0, 1e-5, 1e-4);
+    checks.finish();
+}
+
+/// A real cuMemAlloc failure: a memory plan larger than the GPU fails to
+/// open with an error naming what could not be allocated and its size, gives
+/// back everything it had allocated, and the GPU serves a backend that fits
+/// right after.
+#[test]
+fn a_plan_larger_than_the_gpu_fails_cleanly() {
+    let Some(gpu) = gpu("a_plan_larger_than_the_gpu_fails_cleanly") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Tiny, 4, 18);
+    let dims = lily_cuda::Dims::from_config(&w.config).expect("dims");
+    let mut huge = small_opts(1024);
+    while lily_cuda::state::Memory::planned_bytes(&dims, &huge) < gpu.total_mem * 3 / 2 {
+        huge.kv_tokens *= 2;
+    }
+    let before = gpu.allocated();
+    let err = match CudaBackend::from_weights(&gpu, &w, huge, &mut |_, _| {}) {
+        Ok(_) => panic!("a plan of 1.5x the GPU's memory was allocated"),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("plan larger than the GPU: {err}");
+    let mut checks = Checks::default();
+    checks.check(err.contains("KV cache") && err.contains("GiB"), format!("the error names the allocation and its size: {err}"));
+    let lower = err.to_lowercase();
+    checks.check(lower.contains("out of memory") || lower.contains("out_of_memory"), format!("the error says the GPU is out of memory: {err}"));
+    checks.check(gpu.allocated() == before, format!("everything allocated before the failure is freed: {} -> {} bytes", before, gpu.allocated()));
+    let mut be = CudaBackend::from_weights(&gpu, &w, small_opts(1024), &mut |_, _| {}).expect("a plan that fits opens after the failure");
+    let s = be.alloc().expect("alloc");
+    let rows = be.prefill(s, &tokens(40, w.config.vocab_size, 94), LogitsWanted::Last).expect("prefill after the failure");
+    checks.check(rows.len() == 1 && rows[0].iter().all(|v| v.is_finite()), "finite logits after the failure");
+    checks.finish();
+}
+
 #[test]
 fn full_width_four_layer_model_matches_lily_cpu() {
     let Some(gpu) = gpu("full_width_four_layer_model_matches_lily_cpu") else { return };
