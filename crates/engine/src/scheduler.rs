@@ -10,6 +10,13 @@
 //! prompt is done. Every accepted request gets exactly one `Finished` or
 //! `Failed`; a backend error fails only the request(s) it concerns.
 //!
+//! Out of memory (`ModelError::Capacity`, the KV pool shared by requests
+//! and prefix snapshots is exhausted) first evicts snapshots, least recently
+//! used first, and retries; only when none is left does a request fail: the
+//! prefilling request that asked (so an oversized prompt takes nobody down),
+//! or, for a decode, the youngest running requests, so older ones keep
+//! their memory and finish (`isolate_decode_failure`).
+//!
 //! This file owns no threading or queue (`engine.rs`), no token choice
 //! (`sampling.rs`), no text handling (`text.rs`) and no cache policy
 //! (`prefix_cache.rs`): it calls them.
@@ -279,24 +286,6 @@ impl Scheduler {
         true
     }
 
-    /// Runs `f` (an alloc); on a capacity error evicts snapshots one by one
-    /// and retries, since snapshots are the only memory the engine can give
-    /// back on its own.
-    fn with_capacity_retry(
-        &mut self,
-        mut f: impl FnMut(&mut dyn Backend) -> Result<SeqId, ModelError>,
-    ) -> Result<SeqId, ModelError> {
-        loop {
-            match f(self.backend.as_mut()) {
-                Err(ModelError::Capacity(m)) => match self.cache.evict_lru() {
-                    Some(seq) => self.backend.free(seq),
-                    None => return Err(ModelError::Capacity(m)),
-                },
-                other => return other,
-            }
-        }
-    }
-
     fn admit(&mut self) {
         while self.running.len() < self.max_batch {
             let Some(sub) = self.waiting.pop_front() else {
@@ -328,11 +317,13 @@ impl Scheduler {
                 Some((snap, len)) => match self.backend.fork(snap) {
                     Ok(seq) => Ok((seq, len)),
                     Err(ModelError::Capacity(_)) => {
-                        self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0))
+                        evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
+                            .map(|s| (s, 0))
                     }
                     Err(e) => Err(e),
                 },
-                None => self.with_capacity_retry(|b| b.alloc()).map(|s| (s, 0)),
+                None => evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
+                    .map(|s| (s, 0)),
             };
             match got {
                 Ok((seq, cached)) => self.start(sub, seq, cached),
@@ -423,7 +414,12 @@ impl Scheduler {
                 )
             })
             .collect();
-        let results: Vec<Result<Vec<f32>, EngineError>> = match self.backend.decode(&batch) {
+        let decoded =
+            evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.decode(&batch));
+        // One result per entry of `idx`, except that the isolation below may
+        // already have retired the youngest entries: `results` then covers
+        // a prefix of `idx`, still valid as indices into `running`.
+        let results: Vec<Result<Vec<f32>, EngineError>> = match decoded {
             Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
             Ok(rows) => {
                 let e = EngineError::Backend(format!(
@@ -462,9 +458,25 @@ impl Scheduler {
         }
     }
 
-    /// A batched decode failed. Sequences the backend left untouched are
-    /// retried one by one so a fault in one request fails only that one;
-    /// a sequence whose length moved (state unknown) fails.
+    /// A batched decode failed (after snapshots were evicted for it, if it
+    /// was out of memory). Sequences the backend left untouched are retried
+    /// one by one in admission order, so a fault in one request fails only
+    /// that one; a sequence whose length moved (state unknown) fails.
+    ///
+    /// Out of memory is settled by age: when an entry still gets no memory
+    /// and no snapshot is left, the youngest running request is failed and
+    /// retired at once, freeing its KV blocks, and the entry is retried; it
+    /// fails itself only when it is the youngest. Older requests are thus
+    /// served first and only as many of the youngest fail as the pool
+    /// requires. Failing just the entries that asked would be worse: with
+    /// the pool exactly full every entry asks and all would fail, although
+    /// one request's memory is enough for the rest; and a younger request
+    /// still prefilling a long prompt would outlive the older ones it
+    /// starves.
+    ///
+    /// Returns results for a prefix of `idx`; the entries past it were
+    /// retired here. Only the youngest (highest index) requests are retired
+    /// here, so the indices of the prefix stay valid.
     fn isolate_decode_failure(
         &mut self,
         idx: &[usize],
@@ -472,27 +484,56 @@ impl Scheduler {
         err: ModelError,
     ) -> Vec<Result<Vec<f32>, EngineError>> {
         tracing::warn!(batch = batch.len(), error = %err, "batched decode failed; retrying sequences one by one");
-        if batch.len() == 1 {
+        // A lone sequence's fault is its own; out of memory may still be
+        // settled by a younger request that is prefilling.
+        if batch.len() == 1 && !matches!(err, ModelError::Capacity(_)) {
             return vec![Err(model_error(err))];
         }
         let mut out = Vec::with_capacity(batch.len());
-        for (&i, &(seq, tok)) in idx.iter().zip(batch) {
-            let expected = self.running[i].fed;
-            let r = match self.backend.seq_len(seq) {
-                Ok(n) if n == expected => match self.backend.decode(&[(seq, tok)]) {
-                    Ok(mut rows) if rows.len() == 1 => Ok(rows.remove(0)),
-                    Ok(rows) => Err(EngineError::Backend(format!(
-                        "decode returned {} rows for one sequence",
-                        rows.len()
-                    ))),
-                    Err(e) => Err(model_error(e)),
-                },
-                Ok(_) => Err(model_error(ModelError::Device(format!(
-                    "batched decode failed part-way: {err}"
+        // Entries `out.len()..end` are still to be decoded.
+        let mut end = batch.len();
+        while out.len() < end {
+            let k = out.len();
+            let (seq, tok) = batch[k];
+            match self.backend.seq_len(seq) {
+                Ok(n) if n == self.running[idx[k]].fed => {}
+                Ok(_) => {
+                    out.push(Err(model_error(ModelError::Device(format!(
+                        "batched decode failed part-way: {err}"
+                    )))));
+                    continue;
+                }
+                Err(e) => {
+                    out.push(Err(model_error(e)));
+                    continue;
+                }
+            }
+            let r = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
+                b.decode(&[(seq, tok)])
+            });
+            match r {
+                Ok(mut rows) if rows.len() == 1 => out.push(Ok(rows.remove(0))),
+                Ok(rows) => out.push(Err(EngineError::Backend(format!(
+                    "decode returned {} rows for one sequence",
+                    rows.len()
                 )))),
-                Err(e) => Err(model_error(e)),
-            };
-            out.push(r);
+                Err(ModelError::Capacity(m)) => {
+                    // The youngest running request gives its memory back:
+                    // a prefilling one, the youngest entry still waiting in
+                    // this batch, or entry `k` itself. Entries already
+                    // decoded are older than `k`, so never chosen.
+                    let youngest = self.running.len() - 1;
+                    if idx[end - 1] == youngest {
+                        end -= 1;
+                    }
+                    let why = format!(
+                        "KV cache full with every prefix-cache snapshot evicted; \
+                         the youngest request gives its memory to older ones ({m})"
+                    );
+                    self.retire(youngest, Outcome::Failed(EngineError::Capacity(why)));
+                }
+                Err(e) => out.push(Err(model_error(e))),
+            }
         }
         out
     }
@@ -509,14 +550,19 @@ impl Scheduler {
             let (start, prompt_len) = (self.running[i].fed, self.running[i].prompt_len);
             let end = self.chunk_end(i, start, prompt_len.min(start + budget));
             let seq = self.running[i].seq;
-            let result =
-                self.backend
-                    .prefill(seq, &self.running[i].tokens[start..end], LogitsWanted::Last);
+            let chunk = &self.running[i].tokens[start..end];
+            // Out of memory even with every snapshot evicted fails this
+            // request alone: it asked for the memory, and it has produced no
+            // output yet (a prompt larger than the whole pool fails here
+            // without taking running requests down with it).
+            let result = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
+                b.prefill(seq, chunk, LogitsWanted::Last)
+            });
             budget -= end - start;
             self.shared
                 .with_stats(|s| s.prefill_tokens += (end - start) as u64);
             let outcome = match result {
-                Err(e) => Some(Outcome::Failed(model_error(e))),
+                Err(e) => Some(Outcome::Failed(work_error(e))),
                 Ok(mut rows) => {
                     self.running[i].fed = end;
                     self.maybe_snapshot(i);
@@ -681,6 +727,46 @@ fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.token_bytes(id)
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default()
+}
+
+/// Runs `f`, a backend call that may need memory (alloc, prefill, decode);
+/// on a capacity error evicts the least recently used snapshot and retries,
+/// until `f` succeeds or no snapshot is left. Snapshots are the only memory
+/// the engine can give back without failing a request. Retrying is sound
+/// because a backend that answers `Capacity` has changed no sequence's
+/// length (the CUDA backend reserves KV blocks before it runs anything).
+///
+/// A free function over the two fields it needs, so a caller can lend `f`
+/// a borrow of a request's tokens (a method on `self` could not).
+fn evicting_snapshots<T>(
+    backend: &mut dyn Backend,
+    cache: &mut PrefixCache,
+    mut f: impl FnMut(&mut dyn Backend) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    loop {
+        match f(backend) {
+            Err(ModelError::Capacity(m)) => match cache.evict_lru() {
+                Some(seq) => {
+                    tracing::debug!("out of backend memory ({m}); evicting a prefix snapshot");
+                    backend.free(seq);
+                }
+                None => return Err(ModelError::Capacity(m)),
+            },
+            other => return other,
+        }
+    }
+}
+
+/// The error for a request whose prefill or decode failed. Out of memory
+/// there means the KV cache is full even with every snapshot evicted.
+fn work_error(e: ModelError) -> EngineError {
+    match e {
+        ModelError::Capacity(m) => EngineError::Capacity(format!(
+            "KV cache full: no memory left for this request after evicting every \
+             prefix-cache snapshot ({m})"
+        )),
+        other => model_error(other),
+    }
 }
 
 fn model_error(e: ModelError) -> EngineError {

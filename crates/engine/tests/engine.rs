@@ -4,13 +4,14 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lily_engine::{
     Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
     SamplingParams, SubmitError,
 };
-use support::{collect, decode, tokenizer, Call, Fake, Mode, A, EOS};
+use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, A, EOS};
 
 fn opts() -> EngineOptions {
     EngineOptions {
@@ -697,4 +698,192 @@ fn long_prompts_snapshot_sparsely_without_cutting_every_chunk() {
         collect(h.submit(greedy(mid, 4)).expect("submit")).cached_tokens,
         256
     );
+}
+
+/// The `EngineError::Capacity` message of a request that ran out of KV
+/// memory, or a panic naming what the request got instead.
+fn out_of_memory_message(c: &support::Collected) -> &str {
+    match &c.failed {
+        Some(EngineError::Capacity(m)) => m,
+        _ => panic!("expected a capacity failure: {c:?}"),
+    }
+}
+
+#[test]
+fn snapshots_give_back_kv_memory_before_a_request_fails() {
+    // A 64-token pool. The first request leaves a 16-token snapshot; the
+    // second needs 53 tokens plus room for its own snapshots, so its
+    // prefill runs out unless snapshots are evicted for it.
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(fake.kv_pool(64), cache_opts(16, 10_000));
+    let first = collect(h.submit(greedy(vec![A; 32], 2)).expect("submit"));
+    assert_eq!(first.finish, Some(FinishReason::Length), "{first:?}");
+    assert!(h.stats().prefix_cache_held_tokens > 0);
+    let refusals_before = probe.lock().expect("probe").pool_refusals;
+
+    let second = collect(h.submit(greedy(vec![A + 100; 50], 4)).expect("submit"));
+    assert_eq!(
+        (second.finish, second.completion_tokens),
+        (Some(FinishReason::Length), 4),
+        "{second:?}"
+    );
+    assert_eq!(second.ids, vec![A + 101, A + 102, A + 103, A + 104]);
+    // The pool really ran out, and snapshots were what gave way.
+    assert!(probe.lock().expect("probe").pool_refusals > refusals_before);
+    let s = h.stats();
+    assert!(s.prefix_cache_evictions > 0, "{s:?}");
+    assert_eq!(s.requests_failed, 0);
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == h.stats().prefix_cache_entries));
+}
+
+#[test]
+fn kv_memory_running_out_mid_generation_fails_only_the_youngest_request() {
+    // Each request grows to 10 + 19 fed tokens; two of them outgrow a
+    // 40-token pool while both generate.
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(fake.kv_pool(40).gate(gate.clone()), opts());
+    let held = gate.lock().expect("gate");
+    let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
+    let started = wait_started(&mut blocker);
+    // The engine now waits at the gate in the blocker's prefill, so both
+    // requests below are admitted in the same step and grow in step: the
+    // pool is then exactly full (40) when both need a token more, and the
+    // older one gets memory only if the younger gives its own back.
+    let older = h.submit(greedy(vec![A; 10], 20)).expect("submit");
+    let younger = h.submit(greedy(vec![A + 100; 10], 20)).expect("submit");
+    drop(held);
+    let blocker = collect_rest(blocker, started);
+    assert_eq!(blocker.finish, Some(FinishReason::Length), "{blocker:?}");
+    let (older, younger) = (
+        std::thread::spawn(move || collect(older)),
+        std::thread::spawn(move || collect(younger)),
+    );
+    let (older, younger) = (
+        older.join().expect("older"),
+        younger.join().expect("younger"),
+    );
+
+    assert_eq!(
+        (older.finish, older.completion_tokens),
+        (Some(FinishReason::Length), 20),
+        "{older:?}"
+    );
+    assert_eq!(older.ids, (1..=20).map(|k| A + k).collect::<Vec<_>>());
+    let m = out_of_memory_message(&younger);
+    assert!(m.contains("KV cache full"), "{m}");
+    // It failed mid-generation, when both held 20 tokens: after its first
+    // 11 tokens, all correct.
+    assert_eq!(
+        younger.ids,
+        (1..=11).map(|k| A + 100 + k).collect::<Vec<_>>()
+    );
+    assert!(probe.lock().expect("probe").pool_refusals > 0);
+
+    assert!(
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
+            == 0),
+        "a sequence was not freed"
+    );
+    // Memory came back: the same request now runs to its end.
+    let after = collect(h.submit(greedy(vec![A + 100; 10], 20)).expect("submit"));
+    assert_eq!(
+        (after.finish, after.completion_tokens),
+        (Some(FinishReason::Length), 20),
+        "{after:?}"
+    );
+    let s = h.stats();
+    assert_eq!((s.requests_failed, s.requests_finished), (1, 3));
+}
+
+#[test]
+fn a_request_larger_than_the_kv_pool_fails_while_others_are_served() {
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(
+        fake.kv_pool(64).delay(Duration::from_millis(1)),
+        cache_opts(16, 10_000),
+    );
+    // A 100-token prompt can never fit; a small request runs meanwhile
+    // (it grows to 33 tokens) and must not be the one that pays.
+    let small = h.submit(greedy(vec![A; 4], 30)).expect("submit");
+    let huge = h.submit(greedy(pseudo_prompt(100, 3), 4)).expect("submit");
+    let (small, huge) = (
+        std::thread::spawn(move || collect(small)),
+        std::thread::spawn(move || collect(huge)),
+    );
+    let (small, huge) = (small.join().expect("small"), huge.join().expect("huge"));
+    assert_eq!(
+        (small.finish, small.completion_tokens),
+        (Some(FinishReason::Length), 30),
+        "{small:?}"
+    );
+    assert!(out_of_memory_message(&huge).contains("KV cache full"));
+    assert!(huge.ids.is_empty(), "{huge:?}");
+
+    // Alone, a request that fits at first but outgrows the pool keeps every
+    // token the pool has room for (every snapshot evicted for it), then
+    // fails: 40 prompt + 24 fed generated tokens = 64, and the 25th token
+    // was sampled from the last logits it got.
+    let grows = collect(h.submit(greedy(vec![A; 40], 40)).expect("submit"));
+    assert!(out_of_memory_message(&grows).contains("KV cache full"));
+    assert_eq!(grows.ids.len(), 25, "{grows:?}");
+    assert_eq!(h.stats().prefix_cache_entries, 0);
+
+    // The engine keeps serving.
+    let c = collect(h.submit(greedy(vec![A; 4], 8)).expect("submit"));
+    assert_eq!(
+        (c.finish, c.completion_tokens),
+        (Some(FinishReason::Length), 8)
+    );
+    assert_eq!(h.stats().requests_failed, 2);
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == h.stats().prefix_cache_entries));
+}
+
+#[test]
+fn a_younger_request_still_prefilling_gives_its_kv_memory_to_an_older_one() {
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(
+        fake.kv_pool(44).gate(gate.clone()),
+        EngineOptions {
+            prefill_chunk: 8,
+            ..opts()
+        },
+    );
+    let held = gate.lock().expect("gate");
+    // Step 1 admits and prefills `older` alone (8 tokens); it then grows
+    // by one token a step, to 8 + 29 = 37 fed tokens at its end.
+    let mut older = h.submit(greedy(vec![A; 8], 30)).expect("submit");
+    let started = wait_started(&mut older);
+    // From step 2 `younger` prefills 8 tokens a step. After step 5 the
+    // pool is exactly full (older 12 + younger 32 = 44), so step 6's decode
+    // of `older` needs memory that only the younger request holds.
+    let younger = h.submit(greedy(vec![A + 100; 48], 4)).expect("submit");
+    drop(held);
+    let older = std::thread::spawn(move || collect_rest(older, started));
+    let younger = collect(younger);
+    let older = older.join().expect("older");
+
+    assert_eq!(
+        (older.finish, older.completion_tokens),
+        (Some(FinishReason::Length), 30),
+        "{older:?}"
+    );
+    assert!(out_of_memory_message(&younger).contains("KV cache full"));
+    assert!(younger.ids.is_empty(), "{younger:?}");
+    assert!(eventually(Duration::from_secs(2), || probe
+        .lock()
+        .expect("probe")
+        .live
+        == 0));
+    let again = collect(h.submit(greedy(vec![A + 100; 20], 4)).expect("submit"));
+    assert_eq!(again.finish, Some(FinishReason::Length), "{again:?}");
 }

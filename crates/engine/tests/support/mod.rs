@@ -4,8 +4,10 @@
 //! logits from them, so a wrongly restored or truncated state changes the
 //! output. It records every call (alloc/fork/free counts, prefill chunk
 //! lengths, decode batch sizes) in a `Probe` the test keeps a handle to, can
-//! sleep per call to make timing visible, and fails any call that touches a
-//! "poison" token, to test fault isolation.
+//! sleep per call to make timing visible, fails any call that touches a
+//! "poison" token, to test fault isolation, and can share one token pool
+//! among all sequences (snapshots included), as the CUDA backend shares its
+//! KV blocks, to test running out of memory.
 
 #![allow(dead_code)]
 
@@ -45,6 +47,8 @@ pub struct Probe {
     pub forks: usize,
     pub frees: usize,
     pub calls: Vec<Call>,
+    /// Calls refused because the token pool was full.
+    pub pool_refusals: usize,
 }
 
 pub struct Fake {
@@ -54,6 +58,8 @@ pub struct Fake {
     max_seqs: usize,
     delay: Duration,
     poison: Option<u32>,
+    pool: Option<usize>,
+    gate: Option<Arc<Mutex<()>>>,
     seqs: HashMap<SeqId, Vec<u32>>,
     next: u64,
     probe: Arc<Mutex<Probe>>,
@@ -72,6 +78,8 @@ impl Fake {
             max_seqs: 64,
             delay: Duration::ZERO,
             poison: None,
+            pool: None,
+            gate: None,
             seqs: HashMap::new(),
             next: 1,
             probe: probe.clone(),
@@ -97,6 +105,44 @@ impl Fake {
     pub fn poison(mut self, t: u32) -> Self {
         self.poison = Some(t);
         self
+    }
+
+    /// At most `n` tokens held by all live sequences together (a fork
+    /// holds a copy of its source's tokens). A prefill, decode or fork that
+    /// would exceed it fails with `Capacity` and changes nothing, as the
+    /// CUDA backend does when its KV blocks run out.
+    pub fn kv_pool(mut self, n: usize) -> Self {
+        self.pool = Some(n);
+        self
+    }
+
+    /// Every prefill and decode first waits until `gate` is free, so a test
+    /// holding it stops the engine inside its current step, e.g. to queue
+    /// several requests that are then admitted in the same step.
+    pub fn gate(mut self, gate: Arc<Mutex<()>>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    fn pass_gate(&self) {
+        if let Some(g) = &self.gate {
+            drop(g.lock().expect("gate lock"));
+        }
+    }
+
+    /// Refuses `extra` more tokens if the pool cannot hold them.
+    fn pool_room(&self, extra: usize) -> ModelResult<()> {
+        let Some(n) = self.pool else {
+            return Ok(());
+        };
+        let used: usize = self.seqs.values().map(Vec::len).sum();
+        if used + extra > n {
+            self.lock().pool_refusals += 1;
+            return Err(ModelError::Capacity(format!(
+                "token pool full: {used} held + {extra} needed > {n}"
+            )));
+        }
+        Ok(())
     }
 
     fn logits(&self, history: &[u32]) -> Vec<f32> {
@@ -192,6 +238,7 @@ impl Backend for Fake {
         if self.seqs.len() >= self.max_seqs {
             return Err(ModelError::Capacity("no free sequence".into()));
         }
+        self.pool_room(h.len())?;
         let id = SeqId(self.next);
         self.next += 1;
         self.seqs.insert(id, h);
@@ -212,11 +259,13 @@ impl Backend for Fake {
         tokens: &[u32],
         wanted: LogitsWanted,
     ) -> ModelResult<Vec<Vec<f32>>> {
+        self.pass_gate();
         std::thread::sleep(self.delay);
         self.check(seq, tokens)?;
         if tokens.is_empty() {
             return Err(ModelError::Invalid("empty prefill".into()));
         }
+        self.pool_room(tokens.len())?;
         self.lock().calls.push(Call::Prefill {
             seq,
             tokens: tokens.len(),
@@ -236,11 +285,13 @@ impl Backend for Fake {
         })
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
+        self.pass_gate();
         std::thread::sleep(self.delay);
         // Check everything first: a failed batch leaves every state as it was.
         for &(seq, t) in batch {
             self.check(seq, &[t])?;
         }
+        self.pool_room(batch.len())?;
         self.lock().calls.push(Call::Decode { batch: batch.len() });
         let mut out = Vec::with_capacity(batch.len());
         for &(seq, t) in batch {
@@ -278,8 +329,27 @@ pub struct Collected {
 
 /// Reads a stream to its end (blocking; call off any runtime), checking
 /// the event order contract on the way.
-pub fn collect(mut s: RequestStream) -> Collected {
-    let mut c = Collected::default();
+pub fn collect(s: RequestStream) -> Collected {
+    collect_rest(s, Collected::default())
+}
+
+/// Waits for a stream's first event, which must be `Started` (the request
+/// was admitted); `collect_rest` reads the rest.
+pub fn wait_started(s: &mut RequestStream) -> Collected {
+    match s.blocking_recv() {
+        Some(Event::Started {
+            prompt_tokens,
+            cached_tokens,
+        }) => Collected {
+            started: Some((prompt_tokens, cached_tokens)),
+            ..Collected::default()
+        },
+        other => panic!("expected Started first, got {other:?}"),
+    }
+}
+
+/// `collect` continued from what was already read into `c`.
+pub fn collect_rest(mut s: RequestStream, mut c: Collected) -> Collected {
     while let Some(ev) = s.blocking_recv() {
         assert!(
             c.finish.is_none() && c.failed.is_none(),
