@@ -27,10 +27,10 @@ run() { # name timeout cmd...
 for s in $STAGES; do
   case $s in
     nvrtc) run nvrtc 60 "$BIN/nvrtc_compile" --test-threads=4 ;;
-    kernels) run kernels 140 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
+    kernels) run kernels 200 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
     sampling) run sampling 90 "$BIN/gpu_sampling" --test-threads=4 --nocapture ;;
     bench) run bench 110 "$BIN/bench" $BENCH_ARGS ;;
-    model) run model 150 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
+    model) run model 240 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
     ncu) # per-kernel GPU time of a short run (prefill of 256 + 2x2 decode steps)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo /usr/local/cuda/bin/ncu)
       run ncu 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
