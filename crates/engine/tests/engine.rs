@@ -11,7 +11,7 @@ use lily_engine::{
     Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
     SamplingParams, SubmitError,
 };
-use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, A, EOS};
+use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS};
 
 fn opts() -> EngineOptions {
     EngineOptions {
@@ -41,6 +41,17 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(5));
     }
     f()
+}
+
+/// Once every request has ended, the only live sequences are the prefix
+/// cache's snapshots (anything more is a sequence some request leaked).
+fn assert_only_snapshots_hold_sequences(probe: &Mutex<Probe>, h: &EngineHandle) {
+    assert!(
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == h.stats().prefix_cache_entries),
+        "live sequences {} != snapshots {}",
+        probe.lock().expect("probe").live,
+        h.stats().prefix_cache_entries
+    );
 }
 
 fn pseudo_prompt(n: usize, salt: u32) -> Vec<u32> {
@@ -532,11 +543,7 @@ fn prefix_cache_evicts_least_recently_used_within_budget() {
         0
     );
     // Only snapshots hold sequences once everything finished.
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == h.stats().prefix_cache_entries));
+    assert_only_snapshots_hold_sequences(&probe, &h);
 }
 
 #[test]
@@ -733,11 +740,7 @@ fn snapshots_give_back_kv_memory_before_a_request_fails() {
     let s = h.stats();
     assert!(s.prefix_cache_evictions > 0, "{s:?}");
     assert_eq!(s.requests_failed, 0);
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == h.stats().prefix_cache_entries));
+    assert_only_snapshots_hold_sequences(&probe, &h);
 }
 
 #[test]
@@ -840,11 +843,7 @@ fn a_request_larger_than_the_kv_pool_fails_while_others_are_served() {
         (Some(FinishReason::Length), 8)
     );
     assert_eq!(h.stats().requests_failed, 2);
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == h.stats().prefix_cache_entries));
+    assert_only_snapshots_hold_sequences(&probe, &h);
 }
 
 #[test]
