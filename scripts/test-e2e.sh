@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --locked -p lily
-LILY_BIN="$PWD/target/debug/lily" python3 -m pytest -q -rs tests/e2e "$@"
+LILY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/lily" python3 -m pytest -q -rs tests/e2e "$@"
