@@ -173,8 +173,11 @@ impl Scheduler {
 
     // ----- ending requests -------------------------------------------------
 
-    fn send_outcome_active(&self, a: &Active, outcome: Outcome) {
-        let event = match outcome {
+    /// Counts `outcome` in the stats and makes the request's final event;
+    /// (prompt, completion, cached) tokens go into a `Finished`.
+    fn final_event(&self, outcome: Outcome, tokens: (usize, usize, usize)) -> Event {
+        let (prompt_tokens, completion_tokens, cached_tokens) = tokens;
+        match outcome {
             Outcome::Finished(reason) => {
                 self.shared.with_stats(|s| {
                     s.requests_finished += 1;
@@ -184,17 +187,23 @@ impl Scheduler {
                 });
                 Event::Finished {
                     reason,
-                    completion_tokens: a.generated(),
-                    prompt_tokens: a.prompt_len,
-                    cached_tokens: a.cached_tokens,
+                    completion_tokens,
+                    prompt_tokens,
+                    cached_tokens,
                 }
             }
             Outcome::Failed(e) => {
-                tracing::warn!(request = a.id, error = %e, "request failed");
                 self.shared.with_stats(|s| s.requests_failed += 1);
                 Event::Failed(e)
             }
-        };
+        }
+    }
+
+    fn send_outcome_active(&self, a: &Active, outcome: Outcome) {
+        if let Outcome::Failed(e) = &outcome {
+            tracing::warn!(request = a.id, error = %e, "request failed");
+        }
+        let event = self.final_event(outcome, (a.prompt_len, a.generated(), a.cached_tokens));
         // The receiver may be gone (cancelled); nothing to tell then.
         let _ = a.events.send(event);
     }
@@ -202,26 +211,7 @@ impl Scheduler {
     /// Ends a waiting request that never got a sequence.
     fn end_waiting(&self, sub: Submission, outcome: Outcome) {
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let event = match outcome {
-            Outcome::Finished(reason) => {
-                self.shared.with_stats(|s| {
-                    s.requests_finished += 1;
-                    if matches!(reason, FinishReason::Cancelled) {
-                        s.requests_cancelled += 1;
-                    }
-                });
-                Event::Finished {
-                    reason,
-                    completion_tokens: 0,
-                    prompt_tokens: sub.req.prompt.len(),
-                    cached_tokens: 0,
-                }
-            }
-            Outcome::Failed(e) => {
-                self.shared.with_stats(|s| s.requests_failed += 1);
-                Event::Failed(e)
-            }
-        };
+        let event = self.final_event(outcome, (sub.req.prompt.len(), 0, 0));
         let _ = sub.events.send(event);
     }
 
