@@ -5,7 +5,9 @@
 #   scripts/h200-reliability.sh [STAGES]     (default: "faults load")
 #
 # - faults: tests/e2e/gpu_faults.py (the KV pool runs out inside one request:
-#   that request fails, the other and the next are served, SIGTERM exits 0);
+#   that request fails, the other and the next are served; then $PRESSURE_S
+#   seconds (default 90) of 16 clients with long prompts keeping the pool
+#   short, where every answer must be complete or that error; SIGTERM exits 0);
 # - load: `lily serve` + scripts/load_test.py, 64 streaming clients for
 #   $LOAD_S seconds (default 120) after a $WARMUP_S s warm-up (default 20),
 #   server memory sampled against the warm baseline; then SIGTERM, which
@@ -30,7 +32,8 @@ status=0
 for s in $STAGES; do
   case $s in
     faults)
-      python3 tests/e2e/gpu_faults.py --bin "$BIN" --model "$MODEL" --log "$OUT/faults_server.log" > "$OUT/faults.json"
+      python3 tests/e2e/gpu_faults.py --bin "$BIN" --model "$MODEL" --pressure-seconds "${PRESSURE_S:-90}" \
+        --log "$OUT/faults_server.log" > "$OUT/faults.json"
       rc=$?; echo "== faults: rc $rc"; [ $rc = 0 ] || status=1 ;;
     load)
       PORT=18201
