@@ -1,24 +1,25 @@
-"""GPU memory running out inside a request, end to end (issue 6, item 5).
+"""GPU memory running out inside requests, end to end (issue 6, item 5).
 
 On the CUDA backend the only device memory a request takes while it runs is
 KV-cache blocks from one pool shared by every sequence (and by the prefix
-cache's snapshots). This script starts `lily serve --device cuda` with a pool
-sized for one context of --max-seq tokens, then runs two streaming requests
-whose contexts together outgrow it:
+cache's snapshots). This script starts `lily serve --device cuda` with a
+context of --max-seq tokens and a pool of --kv-cache-tokens (default half a
+context), then:
 
-- A (older): a long prompt and max_tokens such that A alone fits;
-- B (younger): started once A streams, also fitting alone.
+1. preempt: two streaming requests that each fit the pool but together
+   outgrow it while generating. The younger must pause (its sequence freed)
+   and resume once the older is done; both stream to their full max_tokens,
+   nothing fails, the preemption counter moves.
+2. too big: a request whose prompt + max_tokens fits the context but not the
+   pool, beside a small one. It must fail alone, mid-stream, with an error
+   event saying the KV cache is full; the small one and the next request
+   are answered in full.
+3. pressure (--pressure-seconds): many clients with long prompts, each
+   fitting the pool alone, keep it short: every response must be complete
+   (requests wait or pause, none fails), and afterwards a request needing
+   nearly the whole pool succeeds (no KV block was lost).
 
-Expected: the engine first gives back prefix-cache snapshots, then fails
-exactly B, mid-stream, with an error event saying the KV cache is full; A
-streams to its full max_tokens; a request sent afterwards is answered; the
-server is idle with no sequence left and its failure counter is 1.
-
-With --pressure-seconds, then many clients with long prompts keep the pool
-short: every response must be complete or end with that error, nothing
-else, and afterwards a request needing nearly the whole pool succeeds (no
-KV block was lost). Last, SIGTERM must stop the server with exit status 0.
-
+Last, the server must be idle and SIGTERM must stop it with exit status 0.
 Standard library only, so that it runs on the GPU host:
 
     python3 tests/e2e/gpu_faults.py --bin .carry/lily --model /tmp/full
@@ -109,80 +110,94 @@ def wait_ready(base, proc, timeout):
     raise RuntimeError("server not ready in time")
 
 
-def exhaust(base, model, ms, check, report):
-    """Two requests outgrow the pool: the younger fails, the older finishes,
-    the next request is served."""
-    # About 0.6 and 0.35 of the context in prompt (these words take about
-    # 1.08 tokens each with the template); each alone fits with its
-    # max_tokens, together they outgrow the pool.
+def complete(rec, max_tokens=None):
+    ok = rec.get("finish") in ("length", "stop") and rec.get("done") and rec.get("usage")
+    return bool(ok) and (max_tokens is None or rec["usage"]["completion_tokens"] == max_tokens)
+
+
+def words_for(tokens):
+    """Words of prompt_text for about `tokens` prompt tokens (1.08 tokens a
+    word with the chat template, measured with the Qwen tokenizer)."""
+    return int(tokens / 1.08)
+
+
+def in_parallel(*jobs):
+    threads = [threading.Thread(target=stream_chat, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+        time.sleep(1.0)  # admission order = age
+    for t in threads:
+        t.join(900)
+
+
+def preempt(base, model, pool, check, report):
+    """Each fits the pool alone, together they outgrow it while generating."""
     a, b = {}, {}
-    a_started = threading.Event()
-    ta = threading.Thread(target=stream_chat, args=(base, model, prompt_text(ms * 55 // 100, 1), ms * 3 // 10, a, a_started))
-    ta.start()
-    check(a_started.wait(300), "A streams")
-    tb = threading.Thread(target=stream_chat, args=(base, model, prompt_text(ms * 32 // 100, 2), ms * 3 // 10, b))
-    tb.start()
-    ta.join(600)
-    tb.join(600)
-    report["A"], report["B"] = a, b
-    b_err = json.dumps(b.get("error"))
-    check(a.get("finish") == "length" and a.get("done") and a.get("usage") and a["usage"]["completion_tokens"] == ms * 3 // 10,
-          "A (older) streams to its full max_tokens and ends with [DONE]")
-    check(b.get("status") == 200 and b.get("chunks", 0) > 0, "B was accepted and streamed before memory ran out")
-    check(b.get("error") is not None and "KV cache full" in b_err, "B (younger) ends with an error event naming the KV cache")
-    c = {}
-    stream_chat(base, model, "Say something short.", 16, c)
-    report["C"] = c
-    check(c.get("finish") in ("length", "stop") and c.get("done"), "a request after the failure is answered in full")
-    time.sleep(0.5)
-    report["metrics"] = {k: metric(base, k) for k in (
-        "lily_engine_running", "lily_http_requests_in_flight", "lily_engine_requests_failed_total",
-        "lily_prefix_cache_evictions_total")}
-    check(report["metrics"]["lily_engine_running"] == 0 and report["metrics"]["lily_http_requests_in_flight"] == 0,
-          "idle afterwards: no sequence running, no request in flight")
-    check(report["metrics"]["lily_engine_requests_failed_total"] == 1, "exactly one request failed")
+    before = metric(base, "lily_engine_preemptions_total")
+    max_tokens = pool * 22 // 100
+    in_parallel((base, model, prompt_text(words_for(pool * 40 // 100), 1), max_tokens, a),
+                (base, model, prompt_text(words_for(pool * 32 // 100), 2), max_tokens, b))
+    report["preempt"] = {"A": a, "B": b, "preemptions": metric(base, "lily_engine_preemptions_total") - before}
+    check(complete(a, max_tokens), "preempt: A (older) streams to its full max_tokens")
+    check(complete(b, max_tokens), "preempt: B (younger) also streams to its full max_tokens")
+    check(report["preempt"]["preemptions"] >= 1, "preempt: the younger was paused to give its KV memory to the older")
+    check(metric(base, "lily_engine_requests_failed_total") == 0, "preempt: nothing failed")
 
 
-def pressure(base, model, ms, seconds, clients, check, report):
-    """Many clients with long prompts keep the pool short for `seconds`:
-    every response must be complete or end with the out-of-memory error,
-    nothing else; afterwards one request needing nearly the whole pool must
-    succeed (no KV block was lost)."""
+def too_big(base, model, pool, ms, check, report):
+    """Fits the context, not the pool: fails alone, mid-stream."""
+    big, small, after = {}, {}, {}
+    in_parallel((base, model, prompt_text(words_for(pool // 2), 3), min(ms - pool // 2 - 64, pool), big),
+                (base, model, "Count slowly.", 200, small))
+    stream_chat(base, model, "Say something short.", 16, after)
+    report["too_big"] = {"big": big, "small": small, "after": after}
+    check(big.get("status") == 200 and big.get("chunks", 0) > 0, "too big: accepted and streamed until the pool ran out")
+    check(big.get("error") is not None and "KV cache full" in json.dumps(big.get("error")),
+          "too big: ends with an error event naming the KV cache")
+    check(complete(small, 200), "too big: the small request beside it is answered in full")
+    check(complete(after, 16), "too big: the next request is answered in full")
+    check(metric(base, "lily_engine_requests_failed_total") == 1, "too big: exactly one request failed")
+
+
+def pressure(base, model, pool, seconds, clients, check, report):
+    """Many clients, each fitting the pool alone, keep it short for
+    `seconds`: every response complete; afterwards a request needing nearly
+    the whole pool succeeds (no KV block was lost)."""
     stop_at = time.time() + seconds
     lock = threading.Lock()
-    tally = {"complete": 0, "out_of_memory": 0, "other": 0, "samples": []}
+    tally = {"complete": 0, "other": 0, "samples": []}
+    before = metric(base, "lily_engine_preemptions_total")
 
     def worker(i):
         rng = random.Random(100 + i)
         while time.time() < stop_at:
             rec = {}
-            words = rng.randint(ms // 40, ms * 35 // 100)
-            stream_chat(base, model, prompt_text(words, rng.randrange(10**9)), rng.randint(32, ms // 16), rec)
-            complete = rec.get("finish") in ("length", "stop") and rec.get("done") and rec.get("usage")
-            oom = rec.get("error") is not None and "KV cache full" in json.dumps(rec.get("error"))
-            kind = "complete" if complete else "out_of_memory" if oom else "other"
+            words = rng.randint(words_for(pool // 40), words_for(pool * 30 // 100))
+            stream_chat(base, model, prompt_text(words, rng.randrange(10**9)), rng.randint(32, pool // 8), rec)
             with lock:
-                tally[kind] += 1
-                if kind == "other" and len(tally["samples"]) < 5:
-                    tally["samples"].append(rec)
+                if complete(rec):
+                    tally["complete"] += 1
+                else:
+                    tally["other"] += 1
+                    if len(tally["samples"]) < 5:
+                        tally["samples"].append(rec)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(seconds + 600)
+        t.join(seconds + 900)
+    tally["preemptions"] = metric(base, "lily_engine_preemptions_total") - before
     report["pressure"] = tally
-    check(tally["complete"] > 0 and tally["out_of_memory"] > 0,
-          f"under pressure both complete answers and out-of-memory failures occur ({tally['complete']} / {tally['out_of_memory']})")
-    check(tally["other"] == 0, f"no other outcome (transport error, truncation, other error): {tally['other']}")
+    check(tally["complete"] > 0 and tally["other"] == 0,
+          f"pressure: every response complete ({tally['complete']} complete, {tally['other']} not)")
     time.sleep(0.5)
     check(metric(base, "lily_engine_running") == 0 and metric(base, "lily_http_requests_in_flight") == 0,
-          "idle after the pressure run")
+          "pressure: idle afterwards")
     big = {}
-    stream_chat(base, model, prompt_text(ms * 85 // 100, 7), ms // 20, big)
+    stream_chat(base, model, prompt_text(words_for(pool * 80 // 100), 7), pool // 16, big)
     report["big_after_pressure"] = {k: big.get(k) for k in ("status", "finish", "usage", "error")}
-    check(big.get("finish") == "length" and big.get("done"),
-          "afterwards a request needing nearly the whole pool succeeds (every KV block came back)")
+    check(complete(big, pool // 16), "pressure: then a request needing nearly the whole pool succeeds (every KV block came back)")
 
 
 def main():
@@ -191,15 +206,17 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--max-seq", type=int, default=8192)
+    ap.add_argument("--kv-cache-tokens", type=int, help="KV pool (default: half of --max-seq)")
     ap.add_argument("--pressure-seconds", type=float, default=0, help="then the pressure scenario for this long (0: skip)")
     ap.add_argument("--pressure-clients", type=int, default=16)
     ap.add_argument("--log", default="gpu_faults_server.log")
     args = ap.parse_args()
     base = f"http://127.0.0.1:{args.port}"
     model = "lily-faults"
+    pool = args.kv_cache_tokens or args.max_seq // 2
     cmd = [args.bin, "serve", "--model", args.model, "--device", "cuda", "--bind", f"127.0.0.1:{args.port}",
-           "--max-seq", str(args.max_seq), "--max-concurrent", str(max(4, args.pressure_clients)),
-           "--served-model-name", model]
+           "--max-seq", str(args.max_seq), "--kv-cache-tokens", str(pool),
+           "--max-concurrent", str(max(4, args.pressure_clients)), "--served-model-name", model]
     log = open(args.log, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     report = {"command": " ".join(cmd)}
@@ -210,9 +227,14 @@ def main():
 
     try:
         wait_ready(base, proc, 600)
-        exhaust(base, model, args.max_seq, check, report)
+        preempt(base, model, pool, check, report)
+        too_big(base, model, pool, args.max_seq, check, report)
         if args.pressure_seconds > 0:
-            pressure(base, model, args.max_seq, args.pressure_seconds, args.pressure_clients, check, report)
+            pressure(base, model, pool, args.pressure_seconds, args.pressure_clients, check, report)
+        report["metrics"] = {k: metric(base, k) for k in (
+            "lily_engine_running", "lily_http_requests_in_flight", "lily_engine_requests_failed_total",
+            "lily_engine_preemptions_total", "lily_prefix_cache_evictions_total",
+            "lily_kv_cache_free_tokens", "lily_kv_cache_total_tokens")}
     except Exception as e:
         check(False, f"scenario raised {e!r}")
     finally:

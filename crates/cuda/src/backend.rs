@@ -13,6 +13,7 @@ use lily_core::ModelConfig;
 use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId};
 
 use crate::device::{read_device, DeviceBuffer, Gpu};
+use crate::dims::KV_BLOCK;
 use crate::error::CudaResult;
 use crate::model::Model;
 use crate::sampling::{self, SampleRow};
@@ -189,5 +190,13 @@ impl Backend for CudaBackend {
     }
     fn memory_in_use(&self) -> Option<u64> {
         Some(self.model.gpu.allocated())
+    }
+    fn kv_room(&self) -> Option<lily_model::KvRoom> {
+        let mem = &self.model.mem;
+        Some(lily_model::KvRoom {
+            free_tokens: mem.free_block_count() * KV_BLOCK,
+            total_tokens: mem.num_blocks * KV_BLOCK,
+            block_tokens: KV_BLOCK,
+        })
     }
 }

@@ -282,7 +282,8 @@ pub enum SubmitError {
 /// since start; gauges are the state at the time of the snapshot.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EngineStats {
-    /// Gauge: requests holding a sequence (prefilling or decoding).
+    /// Gauge: admitted requests (prefilling, decoding, or preempted and
+    /// waiting to be recomputed).
     pub running: usize,
     /// Gauge: requests accepted but not admitted yet.
     pub waiting: usize,
@@ -310,6 +311,11 @@ pub struct EngineStats {
     pub decode_steps: u64,
     /// `decode_batch_sizes[b]` = number of decode steps run with batch size b.
     pub decode_batch_sizes: Vec<u64>,
+    /// Times a running request gave its KV memory back to older ones and
+    /// waited to be recomputed (out of KV memory).
+    pub preemptions: u64,
+    /// Gauge: (free, total) tokens of the backend's KV pool, when it has one.
+    pub kv_tokens: Option<(usize, usize)>,
 }
 
 /// What is being served.

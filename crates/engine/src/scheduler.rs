@@ -10,12 +10,15 @@
 //! prompt is done. Every accepted request gets exactly one `Finished` or
 //! `Failed`; a backend error fails only the request(s) it concerns.
 //!
-//! Out of memory (`ModelError::Capacity`, the KV pool shared by requests
-//! and prefix snapshots is exhausted) first evicts snapshots, least recently
-//! used first, and retries; only when none is left does a request fail: the
-//! prefilling request that asked (so an oversized prompt takes nobody down),
-//! or, for a decode, the youngest running requests, so older ones keep
-//! their memory and finish (`isolate_decode_failure`).
+//! KV memory (backends with a fixed pool, `Backend::kv_room`): a request
+//! is admitted only when its prompt fits beside what admitted requests still
+//! have to prefill, plus a block to grow into; otherwise it waits (snapshots
+//! are evicted first). When decoding outgrows the pool anyway, snapshots go
+//! first, then the youngest running request is preempted: its sequence is
+//! freed and it waits, keeping its tokens and sampler, to be recomputed
+//! (prefilled again up to its last token) when memory is back, so the
+//! client sees a pause, not an error. Only a request that could never fit
+//! the whole pool fails.
 //!
 //! This file owns no threading or queue (`engine.rs`), no token choice
 //! (`sampling.rs`), no text handling (`text.rs`) and no cache policy
@@ -44,6 +47,24 @@ enum Outcome {
     Failed(EngineError),
 }
 
+/// Whether a request's KV memory fits the backend's pool.
+enum KvFit {
+    Fits,
+    /// Not beside what is held now.
+    NotNow,
+    /// Not even in the empty pool (which holds this many tokens).
+    Never(usize),
+}
+
+/// What admission got for a request.
+enum Acquired {
+    /// A sequence holding `cached` tokens of the request's prefix.
+    Go(SeqId, usize),
+    /// Running requests hold what it needs: try again when one ends.
+    Wait,
+    Fail(EngineError),
+}
+
 /// A request that holds a backend sequence.
 struct Active {
     id: u64,
@@ -56,19 +77,36 @@ struct Active {
     stop_ids: Vec<u32>,
     sampler: Sampler,
     text: TextStream,
-    seq: SeqId,
+    /// The backend sequence; `None` while preempted (waiting for KV memory
+    /// to be recomputed).
+    seq: Option<SeqId>,
     /// The prompt followed by the generated tokens.
     tokens: Vec<u32>,
     /// How many of `tokens` the backend sequence has consumed. While
-    /// prefilling, `fed < prompt_len`; while generating, `fed ==
+    /// prefilling, `fed < target()`; while generating, `fed ==
     /// tokens.len() - 1` (the last sampled token is fed by the next decode).
     fed: usize,
     cached_tokens: usize,
 }
 
 impl Active {
+    /// Tokens the sequence holds before its next decode: the prompt for a
+    /// new request; after a preemption, everything but the last sampled
+    /// token (which the next decode feeds).
+    fn target(&self) -> usize {
+        if self.generated() == 0 {
+            self.prompt_len
+        } else {
+            self.tokens.len() - 1
+        }
+    }
+
     fn generating(&self) -> bool {
-        self.fed >= self.prompt_len
+        self.seq.is_some() && self.fed >= self.target()
+    }
+
+    fn prefilling(&self) -> bool {
+        self.seq.is_some() && self.fed < self.target()
     }
 
     fn generated(&self) -> usize {
@@ -139,7 +177,9 @@ impl Scheduler {
     /// unknown) and drops the cache; the engine then carries on.
     pub(crate) fn fail_all(&mut self, why: &str) {
         for a in std::mem::take(&mut self.running) {
-            self.backend.free(a.seq);
+            if let Some(seq) = a.seq {
+                self.backend.free(seq);
+            }
             self.send_outcome_active(&a, Outcome::Failed(EngineError::Backend(why.to_string())));
         }
         for seq in self.cache.clear() {
@@ -163,8 +203,10 @@ impl Scheduler {
             self.cache.held_tokens(),
             self.cache.evictions(),
         );
+        let kv = self.backend.kv_room().map(|r| (r.free_tokens, r.total_tokens));
         self.shared.with_stats(|s| {
             s.running = running;
+            s.kv_tokens = kv;
             s.prefix_cache_entries = entries;
             s.prefix_cache_held_tokens = held;
             s.prefix_cache_evictions = evictions;
@@ -219,7 +261,9 @@ impl Scheduler {
     /// prefill queue relies on), frees its sequence and sends its end.
     fn retire(&mut self, i: usize, outcome: Outcome) {
         let a = self.running.remove(i);
-        self.backend.free(a.seq);
+        if let Some(seq) = a.seq {
+            self.backend.free(seq);
+        }
         // Gauges first, so a caller that reads stats after the final event
         // sees this request gone.
         self.publish_gauges();
@@ -260,9 +304,14 @@ impl Scheduler {
 
     // ----- admission -------------------------------------------------------
 
+    /// Running requests that hold a backend sequence (not preempted).
+    fn holders(&self) -> usize {
+        self.running.iter().filter(|a| a.seq.is_some()).count()
+    }
+
     /// Backend sequences in use: running requests plus cache snapshots.
     fn slots_used(&self) -> usize {
-        self.running.len() + self.cache.len()
+        self.holders() + self.cache.len()
     }
 
     /// Evicts snapshots until one more sequence fits; false if it cannot.
@@ -276,54 +325,138 @@ impl Scheduler {
         true
     }
 
+    /// KV blocks the admitted requests still have to take to finish their
+    /// prefill.
+    fn pending_prefill_blocks(&self, block: usize) -> usize {
+        self.running
+            .iter()
+            .filter(|a| a.prefilling())
+            .map(|a| a.target().div_ceil(block) - a.fed.div_ceil(block))
+            .sum()
+    }
+
+    /// Whether a request that prefills up to `target` tokens, `cached` of
+    /// them restored from a snapshot, fits the KV pool now, beside what the
+    /// admitted requests still have to prefill and with one block to grow
+    /// into. Backends without a fixed pool always have room.
+    fn kv_fits(&self, target: usize, cached: usize) -> KvFit {
+        let Some(room) = self.backend.kv_room() else {
+            return KvFit::Fits;
+        };
+        let b = room.block_tokens.max(1);
+        // A fork shares the snapshot's full blocks and copies the last one.
+        let need = target.div_ceil(b) - cached / b + 1;
+        if target.div_ceil(b) + 1 > room.total_tokens / b {
+            return KvFit::Never(room.total_tokens);
+        }
+        let free = (room.free_tokens / b).saturating_sub(self.pending_prefill_blocks(b));
+        if free >= need {
+            KvFit::Fits
+        } else {
+            KvFit::NotNow
+        }
+    }
+
+    /// A sequence for a request about to prefill `tokens[..target]`: a fork
+    /// of the longest cached prefix, or a fresh one. Snapshots are evicted
+    /// for a free slot or KV memory; the request waits (`Wait`) while
+    /// running requests hold what it needs, and fails only when it could
+    /// never be served.
+    fn acquire(&mut self, tokens: &[u32], target: usize) -> Acquired {
+        if !self.make_room_for_one() {
+            if self.holders() == 0 {
+                // No slot will ever free up (a backend with no sequences).
+                return Acquired::Fail(EngineError::Capacity(format!(
+                    "the backend holds at most {} sequences",
+                    self.backend.max_sequences()
+                )));
+            }
+            return Acquired::Wait;
+        }
+        let hit = loop {
+            let hit = self.cache.lookup(&tokens[..target]);
+            match self.kv_fits(target, hit.map_or(0, |h| h.1)) {
+                KvFit::Fits => break hit,
+                KvFit::Never(total) => {
+                    return Acquired::Fail(EngineError::Capacity(format!(
+                        "KV cache full: this request needs {target} tokens of KV cache \
+                         and some room to grow; the whole pool holds {total}"
+                    )))
+                }
+                KvFit::NotNow => match self.cache.evict_lru() {
+                    Some(seq) => self.backend.free(seq),
+                    // Memory comes back as running requests end.
+                    None if self.holders() > 0 => return Acquired::Wait,
+                    None => break hit,
+                },
+            }
+        };
+        let got = match hit {
+            // Restore from the snapshot. If the backend has no memory for
+            // the copy, fall back to a fresh sequence (whose retry loop may
+            // evict snapshots, the hit included) rather than fail.
+            Some((snap, len)) => match self.backend.fork(snap) {
+                Ok(seq) => Ok((seq, len)),
+                Err(ModelError::Capacity(_)) => {
+                    evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
+                        .map(|s| (s, 0))
+                }
+                Err(e) => Err(e),
+            },
+            None => evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
+                .map(|s| (s, 0)),
+        };
+        match got {
+            Ok((seq, cached)) => Acquired::Go(seq, cached),
+            Err(ModelError::Capacity(m)) if self.holders() > 0 => {
+                tracing::debug!("admission deferred: {m}");
+                Acquired::Wait
+            }
+            Err(e) => Acquired::Fail(model_error(e)),
+        }
+    }
+
     fn admit(&mut self) {
+        // Preempted requests first, oldest first: they were admitted before
+        // anything that is waiting, and nothing overtakes them.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].seq.is_some() {
+                i += 1;
+                continue;
+            }
+            // Lend the tokens to `acquire` (which needs `&mut self`).
+            let target = self.running[i].target();
+            let tokens = std::mem::take(&mut self.running[i].tokens);
+            let got = self.acquire(&tokens, target);
+            self.running[i].tokens = tokens;
+            match got {
+                Acquired::Go(seq, cached) => {
+                    tracing::debug!(request = self.running[i].id, cached, "resumed after preemption");
+                    self.running[i].seq = Some(seq);
+                    self.running[i].fed = cached;
+                    i += 1;
+                }
+                Acquired::Wait => return,
+                Acquired::Fail(e) => self.retire(i, Outcome::Failed(e)),
+            }
+        }
         while self.running.len() < self.max_batch {
             let Some(sub) = self.waiting.pop_front() else {
                 break;
             };
-            if !self.make_room_for_one() {
-                if self.running.is_empty() {
-                    // No slot will ever free up (a backend with no sequences).
-                    let why = format!(
-                        "the backend holds at most {} sequences",
-                        self.backend.max_sequences()
-                    );
-                    self.end_waiting(sub, Outcome::Failed(EngineError::Capacity(why)));
-                    continue;
-                }
-                // Every slot holds a running request: wait for one to end.
+            let target = sub.req.prompt.len();
+            let got = self.acquire(&sub.req.prompt, target);
+            if matches!(got, Acquired::Wait) {
                 self.waiting.push_front(sub);
                 break;
             }
-            let prompt = &sub.req.prompt;
-            let hit = self.cache.lookup(prompt);
             self.shared
                 .with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
-            let got = match hit {
-                // Restore from the snapshot. If the backend has no memory
-                // for the copy, fall back to a fresh sequence (whose retry
-                // loop may evict snapshots, the hit included) rather than
-                // fail the request.
-                Some((snap, len)) => match self.backend.fork(snap) {
-                    Ok(seq) => Ok((seq, len)),
-                    Err(ModelError::Capacity(_)) => {
-                        evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
-                            .map(|s| (s, 0))
-                    }
-                    Err(e) => Err(e),
-                },
-                None => evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
-                    .map(|s| (s, 0)),
-            };
             match got {
-                Ok((seq, cached)) => self.start(sub, seq, cached),
-                Err(ModelError::Capacity(m)) if !self.running.is_empty() => {
-                    // Memory will come back when a running request ends.
-                    tracing::debug!("admission deferred: {m}");
-                    self.waiting.push_front(sub);
-                    break;
-                }
-                Err(e) => self.end_waiting(sub, Outcome::Failed(model_error(e))),
+                Acquired::Go(seq, cached) => self.start(sub, seq, cached),
+                Acquired::Fail(e) => self.end_waiting(sub, Outcome::Failed(e)),
+                Acquired::Wait => {}
             }
         }
     }
@@ -358,7 +491,7 @@ impl Scheduler {
             stop_ids,
             sampler: Sampler::new(sampling, &prompt),
             text: TextStream::new(self.tokenizer.stream_decoder(), stop_strings),
-            seq,
+            seq: Some(seq),
             tokens: prompt,
             fed: cached,
             cached_tokens: cached,
@@ -389,26 +522,21 @@ impl Scheduler {
     // ----- work ------------------------------------------------------------
 
     fn decode_step(&mut self) {
-        let idx: Vec<usize> = (0..self.running.len())
-            .filter(|&i| self.running[i].generating())
-            .collect();
+        let (idx, batch): (Vec<usize>, Vec<(SeqId, u32)>) = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.generating())
+            .filter_map(|(i, a)| Some((i, (a.seq?, a.tokens[a.fed]))))
+            .unzip();
         if idx.is_empty() {
             return;
         }
-        let batch: Vec<(SeqId, u32)> = idx
-            .iter()
-            .map(|&i| {
-                (
-                    self.running[i].seq,
-                    self.running[i].tokens[self.running[i].fed],
-                )
-            })
-            .collect();
         let decoded =
             evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.decode(&batch));
         // One result per entry of `idx`, except that the isolation below may
-        // already have retired the youngest entries: `results` then covers
-        // a prefix of `idx`, still valid as indices into `running`.
+        // have preempted or failed the youngest entries: `results` then
+        // covers a prefix of `idx`, still valid as indices into `running`.
         let results: Vec<Result<Vec<f32>, EngineError>> = match decoded {
             Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
             Ok(rows) => {
@@ -454,19 +582,19 @@ impl Scheduler {
     /// that one; a sequence whose length moved (state unknown) fails.
     ///
     /// Out of memory is settled by age: when an entry still gets no memory
-    /// and no snapshot is left, the youngest running request is failed and
-    /// retired at once, freeing its KV blocks, and the entry is retried; it
-    /// fails itself only when it is the youngest. Older requests are thus
-    /// served first and only as many of the youngest fail as the pool
-    /// requires. Failing just the entries that asked would be worse: with
-    /// the pool exactly full every entry asks and all would fail, although
-    /// one request's memory is enough for the rest; and a younger request
-    /// still prefilling a long prompt would outlive the older ones it
-    /// starves.
+    /// and no snapshot is left, the youngest request holding a sequence is
+    /// preempted (`release_youngest`), freeing its KV blocks, and the entry
+    /// is retried; it is preempted itself only when it is the youngest.
+    /// Older requests are thus served first and only as many of the
+    /// youngest pause as the pool requires. Pausing just the entries that
+    /// asked would be worse: with the pool exactly full every entry asks,
+    /// although one request's memory is enough for the rest; and a younger
+    /// request still prefilling a long prompt would hold on to memory the
+    /// older ones need.
     ///
     /// Returns results for a prefix of `idx`; the entries past it were
-    /// retired here. Only the youngest (highest index) requests are retired
-    /// here, so the indices of the prefix stay valid.
+    /// preempted (or failed) here. Only the youngest holders are touched,
+    /// so the indices of the prefix stay valid.
     fn isolate_decode_failure(
         &mut self,
         idx: &[usize],
@@ -508,19 +636,17 @@ impl Scheduler {
                     rows.len()
                 )))),
                 Err(ModelError::Capacity(m)) => {
-                    // The youngest running request gives its memory back:
-                    // a prefilling one, the youngest entry still waiting in
+                    // The youngest holder gives its memory back: a
+                    // prefilling one, the youngest entry still waiting in
                     // this batch, or entry `k` itself. Entries already
                     // decoded are older than `k`, so never chosen.
-                    let youngest = self.running.len() - 1;
+                    let Some(youngest) = self.release_youngest(&m) else {
+                        out.push(Err(work_error(ModelError::Capacity(m))));
+                        continue;
+                    };
                     if idx[end - 1] == youngest {
                         end -= 1;
                     }
-                    let why = format!(
-                        "KV cache full with every prefix-cache snapshot evicted; \
-                         the youngest request gives its memory to older ones ({m})"
-                    );
-                    self.retire(youngest, Outcome::Failed(EngineError::Capacity(why)));
                 }
                 Err(e) => out.push(Err(model_error(e))),
             }
@@ -528,35 +654,76 @@ impl Scheduler {
         out
     }
 
+    /// Frees the KV memory of the youngest request holding a sequence and
+    /// returns its index: it is preempted (waits, tokens and sampler kept,
+    /// to be recomputed when memory is back), or failed when even the empty
+    /// pool could not hold it. `None` when no request holds a sequence.
+    fn release_youngest(&mut self, why: &str) -> Option<usize> {
+        let v = self.running.iter().rposition(|a| a.seq.is_some())?;
+        let target = self.running[v].target();
+        let never = matches!(self.kv_fits(target, 0), KvFit::Never(_));
+        if never || self.holders() == 1 {
+            // Nobody else holds memory to give back: it cannot fit at all.
+            let e = EngineError::Capacity(format!(
+                "KV cache full: this request needs more KV memory than the whole pool ({why})"
+            ));
+            self.retire(v, Outcome::Failed(e));
+            return Some(v);
+        }
+        let a = &mut self.running[v];
+        if let Some(seq) = a.seq.take() {
+            self.backend.free(seq);
+        }
+        a.fed = 0;
+        tracing::info!(request = a.id, tokens = a.tokens.len(), "out of KV memory: preempted, will be recomputed");
+        self.shared.with_stats(|s| s.preemptions += 1);
+        Some(v)
+    }
+
     fn prefill_step(&mut self) {
         let mut budget = self.prefill_chunk;
         let mut i = 0;
         // Oldest admitted first (`running` is in admission order).
         while budget > 0 && i < self.running.len() {
-            if self.running[i].generating() {
+            let Some(seq) = self.running[i].seq.filter(|_| self.running[i].prefilling()) else {
                 i += 1;
                 continue;
-            }
-            let (start, prompt_len) = (self.running[i].fed, self.running[i].prompt_len);
-            let end = self.chunk_end(i, start, prompt_len.min(start + budget));
-            let seq = self.running[i].seq;
+            };
+            let (start, target) = (self.running[i].fed, self.running[i].target());
+            let end = self.chunk_end(i, start, target.min(start + budget));
             let chunk = &self.running[i].tokens[start..end];
-            // Out of memory even with every snapshot evicted fails this
-            // request alone: it asked for the memory, and it has produced no
-            // output yet (a prompt larger than the whole pool fails here
-            // without taking running requests down with it).
             let result = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
                 b.prefill(seq, chunk, LogitsWanted::Last)
             });
-            budget -= end - start;
-            self.shared
-                .with_stats(|s| s.prefill_tokens += (end - start) as u64);
             let outcome = match result {
+                // Out of memory with every snapshot evicted: the youngest
+                // holder gives its memory back (this request, or a younger
+                // one; then this chunk is tried again).
+                Err(ModelError::Capacity(m)) => {
+                    let id = self.running[i].id;
+                    match self.release_youngest(&m) {
+                        // This one paused: on to the next.
+                        Some(v) if v == i && self.running.get(i).is_some_and(|a| a.id == id) => i += 1,
+                        // This one failed (and left `running`), or a younger
+                        // one gave way and this chunk is tried again.
+                        Some(_) => {}
+                        None => self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m)))),
+                    }
+                    continue;
+                }
                 Err(e) => Some(Outcome::Failed(work_error(e))),
                 Ok(mut rows) => {
+                    budget -= end - start;
+                    self.shared
+                        .with_stats(|s| s.prefill_tokens += (end - start) as u64);
                     self.running[i].fed = end;
                     self.maybe_snapshot(i);
-                    if end < prompt_len {
+                    if end < target {
+                        None
+                    } else if self.running[i].generated() > 0 {
+                        // Recomputed after a preemption up to its last
+                        // token: it goes on decoding; these logits were
+                        // sampled from already.
                         None
                     } else {
                         match rows.pop() {
@@ -619,7 +786,10 @@ impl Scheduler {
         if !self.make_room_for_one() {
             return;
         }
-        match self.backend.fork(self.running[i].seq) {
+        let Some(seq) = self.running[i].seq else {
+            return;
+        };
+        match self.backend.fork(seq) {
             Ok(copy) => {
                 for seq in self.cache.insert(&self.running[i].tokens[..fed], copy) {
                     self.backend.free(seq);

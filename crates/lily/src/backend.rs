@@ -37,18 +37,30 @@ pub fn open_backend(
     max_seq: Option<usize>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<Box<dyn Backend>> {
-    open_backend_with(dir, device, max_seq, COMMAND_SEQUENCES, progress)
+    open_backend_with(dir, device, Sizing { max_seq, max_sequences: COMMAND_SEQUENCES, kv_tokens: None }, progress)
 }
 
-/// Like `open_backend`, with room for `max_sequences` sequences at once
-/// (running requests plus prefix-cache snapshots, for the server).
+/// How much a backend holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizing {
+    /// Longest sequence (the backend's own limit when `None`).
+    pub max_seq: Option<usize>,
+    /// Sequences at once (running requests plus prefix-cache snapshots).
+    pub max_sequences: usize,
+    /// Tokens in the KV pool all sequences share (GPU); `None`: one
+    /// full-length context plus the backend's slack blocks. The CPU
+    /// backend grows its caches on demand and has no pool.
+    pub kv_tokens: Option<usize>,
+}
+
+/// Like `open_backend`, sized by `sizing` (the server).
 pub fn open_backend_with(
     dir: &Path,
     device: Device,
-    max_seq: Option<usize>,
-    max_sequences: usize,
+    sizing: Sizing,
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<Box<dyn Backend>> {
+    let Sizing { max_seq, max_sequences, kv_tokens } = sizing;
     let use_cuda = match device {
         Device::Cuda => true,
         Device::Cpu => false,
@@ -57,7 +69,7 @@ pub fn open_backend_with(
         Device::Auto => lily_cuda::driver_present(),
     };
     if use_cuda {
-        match open_cuda(dir, max_seq, max_sequences, progress) {
+        match open_cuda(dir, max_seq, max_sequences, kv_tokens, progress) {
             Ok(b) => return Ok(b),
             Err(e) if device == Device::Auto => {
                 tracing::warn!("CUDA unavailable ({e:#}); running on the CPU");
@@ -79,6 +91,7 @@ fn open_cuda(
     dir: &Path,
     max_seq: Option<usize>,
     max_sequences: usize,
+    kv_tokens: Option<usize>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<Box<dyn Backend>> {
     let defaults = lily_cuda::Options::default();
@@ -86,9 +99,10 @@ fn open_cuda(
     let opts = lily_cuda::Options {
         max_seq_len,
         max_sequences: max_sequences.max(1),
-        // A KV pool of one full-length context plus the backend's slack
-        // blocks; sequences share it, so many short ones fit as well.
-        kv_tokens: max_seq_len + (defaults.kv_tokens - defaults.max_seq_len),
+        // By default a KV pool of one full-length context plus the
+        // backend's slack blocks; sequences share it, so many short ones
+        // fit as well.
+        kv_tokens: kv_tokens.unwrap_or(max_seq_len + (defaults.kv_tokens - defaults.max_seq_len)),
         ..defaults
     };
     let backend = lily_cuda::CudaBackend::open(dir, opts, progress)

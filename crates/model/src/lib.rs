@@ -110,6 +110,24 @@ pub trait Backend: Send {
     fn memory_in_use(&self) -> Option<u64> {
         None
     }
+
+    /// Room left in the KV memory all sequences share, for backends whose
+    /// KV cache is a fixed pool (the CUDA backend); `None` where memory
+    /// grows on demand (the CPU backend). The engine admits work only when
+    /// it fits, so requests wait rather than fail.
+    fn kv_room(&self) -> Option<KvRoom> {
+        None
+    }
+}
+
+/// A fixed KV pool's state, in tokens. Memory is handed out in blocks of
+/// `block_tokens`: a sequence of `n` tokens holds `ceil(n / block_tokens)`
+/// blocks (forks share their full blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvRoom {
+    pub free_tokens: usize,
+    pub total_tokens: usize,
+    pub block_tokens: usize,
 }
 
 /// Index of the largest value (the first one on ties); 0 for an empty slice.

@@ -191,7 +191,7 @@ impl Metrics {
             "Time from request arrival to the end of the response.",
         );
 
-        gauge(&mut out, "lily_engine_running", "Requests holding a sequence.", stats.running as i64);
+        gauge(&mut out, "lily_engine_running", "Requests admitted (prefilling, generating, or paused for KV memory).", stats.running as i64);
         gauge(&mut out, "lily_engine_waiting", "Requests waiting for admission.", stats.waiting as i64);
         counter(&mut out, "lily_engine_requests_submitted_total", "Requests accepted by the engine.", stats.requests_submitted);
         counter(&mut out, "lily_engine_requests_finished_total", "Requests the engine finished.", stats.requests_finished);
@@ -207,6 +207,11 @@ impl Metrics {
         gauge(&mut out, "lily_prefix_cache_entries", "Snapshots held by the prefix cache.", stats.prefix_cache_entries as i64);
         gauge(&mut out, "lily_prefix_cache_held_tokens", "Tokens covered by held snapshots.", stats.prefix_cache_held_tokens as i64);
         counter(&mut out, "lily_decode_steps_total", "Decode steps run.", stats.decode_steps);
+        counter(&mut out, "lily_engine_preemptions_total", "Requests paused to give KV memory to older ones (recomputed later).", stats.preemptions);
+        if let Some((free, total)) = stats.kv_tokens {
+            gauge(&mut out, "lily_kv_cache_free_tokens", "Free tokens in the KV pool.", free as i64);
+            gauge(&mut out, "lily_kv_cache_total_tokens", "Tokens the KV pool holds.", total as i64);
+        }
 
         let name = "lily_decode_batch_size";
         let _ = writeln!(out, "# HELP {name} Sequences per decode step.\n# TYPE {name} histogram");

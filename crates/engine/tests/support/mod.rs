@@ -18,7 +18,7 @@ use std::time::Duration;
 use lily_core::tokenizer::Tokenizer;
 use lily_core::ModelConfig;
 use lily_engine::{Event, FinishReason, RequestStream};
-use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SeqId};
+use lily_model::{Backend, KvRoom, LogitsWanted, ModelError, ModelResult, SeqId};
 
 pub const VOCAB: usize = 256;
 pub const EOS: u32 = 255;
@@ -200,6 +200,15 @@ impl Fake {
 impl Backend for Fake {
     fn name(&self) -> String {
         "fake".into()
+    }
+    fn kv_room(&self) -> Option<KvRoom> {
+        let n = self.pool?;
+        let used: usize = self.seqs.values().map(Vec::len).sum();
+        Some(KvRoom {
+            free_tokens: n.saturating_sub(used),
+            total_tokens: n,
+            block_tokens: 1,
+        })
     }
     fn config(&self) -> &ModelConfig {
         &self.config

@@ -21,7 +21,7 @@ use lily_engine::{Engine, EngineOptions, SamplingParams};
 use lily_server::validate::Limits;
 use lily_server::{AppState, Generator, ServerConfig};
 
-use crate::backend::{open_backend_with, Device};
+use crate::backend::{open_backend_with, Device, Sizing};
 
 /// Model id of the built-in demo checkpoint.
 const DEMO_NAME: &str = "lily-demo";
@@ -47,6 +47,12 @@ pub struct Args {
     max_seq: Option<usize>,
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
+    /// Tokens of KV cache all requests share on the GPU (default: one
+    /// full-length context plus 256). Smaller saves GPU memory: requests
+    /// then wait for room, the youngest pause when generation outgrows it,
+    /// and one that could never fit fails alone. Ignored on the CPU.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(64..))]
+    kv_cache_tokens: Option<u64>,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health.
     /// Also read from the LILY_API_KEY environment variable.
     #[arg(long)]
@@ -240,7 +246,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.set_length(total);
         progress.set_position(done);
     };
-    let backend = match open_backend_with(&dir, args.device, args.max_seq, sequences, &mut on_progress) {
+    let sizing = Sizing {
+        max_seq: args.max_seq,
+        max_sequences: sequences,
+        kv_tokens: args.kv_cache_tokens.map(|n| n as usize),
+    };
+    let backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
         Ok(b) => b,
         Err(e) if demo && args.device != Device::Cuda => {
             // A demo cache written by an older build: make it again, once.
@@ -248,7 +259,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             progress.finish_and_clear();
             eprintln!("the cached demo checkpoint does not load ({e:#}); making it again");
             make_demo(&dir)?;
-            open_backend_with(&dir, args.device, args.max_seq, sequences, &mut |_, _| {})?
+            open_backend_with(&dir, args.device, sizing, &mut |_, _| {})?
         }
         Err(e) => return Err(e),
     };
@@ -256,6 +267,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let backend_name = backend.name();
     let backend_memory = backend.memory_in_use();
     let max_sequences = backend.max_sequences();
+    let kv_room = backend.kv_room();
 
     let handle = Engine::start(backend, tokenizer.clone(), opts).context("starting the engine thread")?;
     let mut engine: Arc<dyn Generator> = Arc::new(handle.clone());
@@ -312,6 +324,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             mem.push_str(&format!(", process resident {}", human(b)));
         }
         eprintln!("  memory:   {mem}");
+        if let Some(r) = kv_room {
+            eprintln!("  kv cache: {} tokens shared by all requests (--kv-cache-tokens)", r.total_tokens);
+        }
         eprintln!(
             "  context:  {} tokens per sequence; {} generating at once (backend holds {} sequences), queue {}",
             info.context_length, args.max_concurrent, max_sequences, args.max_queue
