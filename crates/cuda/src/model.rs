@@ -424,11 +424,7 @@ impl Model {
     /// GEMV path in groups of up to `GEMV_MAX_TOK` (sequences are
     /// independent, so the grouping does not change any result).
     pub fn decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
-        for (i, (id, _)) in batch.iter().enumerate() {
-            if batch[..i].iter().any(|b| b.0 == *id) {
-                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
-            }
-        }
+        self.reserve_batch(batch)?;
         let mut out = Vec::with_capacity(batch.len());
         let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
         for part in batch.chunks(group) {
@@ -442,11 +438,7 @@ impl Model {
     /// = index in `batch` of the group's first sequence, `logits` = f32
     /// [n][vocab]), before the next group's step reuses the scratch.
     pub fn decode_on_device(&mut self, batch: &[(SeqId, u32)], head: &mut dyn FnMut(&Model, usize, usize, u64) -> CudaResult<()>) -> CudaResult<()> {
-        for (i, (id, _)) in batch.iter().enumerate() {
-            if batch[..i].iter().any(|b| b.0 == *id) {
-                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
-            }
-        }
+        self.reserve_batch(batch)?;
         let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
         for (gi, part) in batch.chunks(group).enumerate() {
             self.gpu.bind()?;
@@ -458,6 +450,24 @@ impl Model {
                     s.len += 1;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Checks a whole batch and reserves a KV slot for each sequence's next
+    /// token before any group of it runs, so that a batch refused for lack
+    /// of memory (or a bad entry) has changed no sequence's length: the
+    /// caller may retry any subset. (Blocks reserved for the entries before
+    /// a refused one stay with their sequences; their next token uses them.)
+    fn reserve_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<()> {
+        let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
+        self.check_tokens(&toks)?;
+        for (i, (id, _)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|b| b.0 == *id) {
+                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
+            }
+            let len = self.mem.seq(*id)?.len;
+            self.mem.reserve(*id, len + 1)?;
         }
         Ok(())
     }

@@ -477,6 +477,24 @@ fn kv_pool_exhaustion_fails_cleanly_and_spares_other_sequences() {
     let mut stc = Stats::default();
     stc.add("C", &got, &want);
     stc.gate(&mut checks, "a new sequence in the freed blocks", 1.0, 1e-5, 1e-4);
+
+    // A batch of five runs as two groups (4 + 1); when only the last entry
+    // lacks a block, the refusal comes before the first group runs, so no
+    // sequence of the batch has moved and any of them can be retried.
+    let mut five = small_opts(1024);
+    five.kv_tokens = 5 * block;
+    let mut be5 = CudaBackend::from_weights(&gpu, &w, five, &mut |_, _| {}).expect("five-block backend");
+    let seqs: Vec<SeqId> = (0..5).map(|_| be5.alloc().expect("alloc")).collect();
+    for (i, s) in seqs.iter().enumerate() {
+        let n = if i < 4 { 10 } else { block };
+        be5.prefill(*s, &tokens(n, vocab, 100 + i as u64), LogitsWanted::Last).expect("prefill");
+    }
+    let batch: Vec<(SeqId, u32)> = seqs.iter().map(|s| (*s, 7)).collect();
+    let err = be5.decode(&batch).map(|_| ()).unwrap_err();
+    checks.check(matches!(err, lily_model::ModelError::Capacity(_)), format!("a batch whose last entry lacks a block is refused: {err}"));
+    let lens: Vec<usize> = seqs.iter().map(|s| be5.seq_len(*s).expect("len")).collect();
+    checks.check(lens == vec![10, 10, 10, 10, block], format!("no sequence of the refused batch moved: {lens:?}"));
+    checks.check(be5.decode(&batch[..4]).map(|r| r.len()).ok() == Some(4), "the entries that have room decode afterwards");
     checks.finish();
 }
 
