@@ -472,19 +472,16 @@ impl Model {
         Ok(())
     }
 
+    /// Writes one decode step's inputs (token, position, state slot per
+    /// entry) to the scratch, after `reserve_batch` (a no-op for a group of
+    /// a batch already reserved whole).
     fn stage_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<()> {
+        self.reserve_batch(batch)?;
         let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
-        self.check_tokens(&toks)?;
-        for (i, (id, _)) in batch.iter().enumerate() {
-            if batch[..i].iter().any(|b| b.0 == *id) {
-                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
-            }
-        }
         let mut pos = Vec::with_capacity(batch.len());
         let mut slots = Vec::with_capacity(batch.len());
         for (id, _) in batch {
             let len = self.mem.seq(*id)?.len;
-            self.mem.reserve(*id, len + 1)?;
             pos.push(len as i32);
             slots.push(self.mem.seq(*id)?.slot as i32);
         }
