@@ -3,19 +3,20 @@
 # HTTP through the real server; aggregate output tok/s, time to first token
 # and inter-token latency p50/p99 per N. Meant for the GPU host.
 #
-#   scripts/bench-serve.sh [MODEL_DIR] [COUNTS] [SECONDS] [MAX_TOKENS]
+#   scripts/bench-serve.sh [MODEL_DIR] [COUNTS] [REQUESTS_PER_CLIENT] [MAX_TOKENS]
 #
 # Without MODEL_DIR a full-shape synthetic checkpoint is written once into
 # ${LILY_BENCH_DIR:-/tmp/lily-full} (`lily synth --preset full`, ~20 GB).
 # The binary is $LILY_BIN (default target/release/lily); the device is
-# $LILY_DEVICE (default cuda). Prints the JSON report (tests/e2e/load.py
-# --bench, standard library Python only) and the server's start-up summary.
+# $LILY_DEVICE (default cuda). Prints the report of scripts/serve_bench.py
+# (standard library Python only; --json to $BENCH_JSON when set) and the
+# server's start-up summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${LILY_BIN:-target/release/lily}
 MODEL=${1:-}
 COUNTS=${2:-1,8,32,64}
-SECONDS_EACH=${3:-30}
+PER_CLIENT=${3:-4}
 MAX_TOKENS=${4:-128}
 DEVICE=${LILY_DEVICE:-cuda}
 if [ -z "$MODEL" ]; then
@@ -38,8 +39,8 @@ for _ in $(seq 1 1200); do
 done
 sed -n '/^lily serve/,/listening/p' "$LOG" >&2
 rc=0
-python3 tests/e2e/load.py --base "http://127.0.0.1:$PORT" --pid $PID \
-  --bench "$COUNTS" --seconds "$SECONDS_EACH" --max-tokens "$MAX_TOKENS" --warmup 5 || rc=$?
+python3 scripts/serve_bench.py --base-url "http://127.0.0.1:$PORT" --clients "$COUNTS" \
+  --requests-per-client "$PER_CLIENT" --max-tokens "$MAX_TOKENS" ${BENCH_JSON:+--json "$BENCH_JSON"} || rc=$?
 # How the engine batched (decode batch-size histogram, prefix cache), to stderr.
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
   | grep -E '^lily_(decode|engine|prefix)' >&2 || true

@@ -28,6 +28,7 @@ Prints one JSON report; exit status 0 when every expectation held.
 """
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -38,8 +39,13 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load import _conn, http_get, metric  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import load_test  # noqa: E402  (the /metrics reader)
+import serve_bench  # noqa: E402  (loopback-only HTTP target)
+
+
+def metric(base, name):
+    return load_test.metrics(serve_bench.Target(base))[name]
 
 WORDS = "river stone cloud maple harbor lantern copper meadow violet thunder orbit canyon".split()
 
@@ -61,7 +67,7 @@ def stream_chat(base, model, text, max_tokens, record, started=None):
         "chat_template_kwargs": {"enable_thinking": False},
     }
     record.update(chunks=0, finish=None, usage=None, error=None, done=False)
-    conn = _conn(base, 600)
+    conn = serve_bench.Target(base, timeout=600).connect()
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -102,9 +108,9 @@ def wait_ready(base, proc, timeout):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
         try:
-            if http_get(base, "/health", timeout=2)[0] == 200:
+            if serve_bench.Target(base, timeout=2).get_text("/health")[0] == 200:
                 return
-        except OSError:
+        except (OSError, http.client.HTTPException):
             pass
         time.sleep(0.5)
     raise RuntimeError("server not ready in time")

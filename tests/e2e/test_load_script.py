@@ -1,8 +1,7 @@
 """CI run of scripts/load_test.py against the real `lily serve` (issue 6, item 6).
 
-test_load.py covers the same promise with tests/e2e/load.py; this one keeps
-the standalone script (the one used for the full and the H200 runs) working,
-and adds clients that hang up mid-stream. Its own server on the demo checkpoint
+The same script makes the full and the H200 runs; here it also has clients
+that hang up mid-stream. Its own server on the demo checkpoint
 (so earlier tests do not move its memory baseline), 16 streaming clients for
 20 seconds, one request in ten hung up on purpose after a few tokens. Every
 other response must be complete (finish_reason chunk, usage, [DONE]), none

@@ -456,6 +456,14 @@ def test_full_server_says_429_with_retry_after(strict_server):
     # third is refused. The first two end at the 1 s deadline.
     headers = {"Authorization": f"Bearer {STRICT_KEY}"}
     body = {"model": MODEL, "messages": user("busy"), "max_tokens": 400, "stream": True, **NO_THINK}
+    # Start from an idle server: a request of an earlier test that ended at
+    # its deadline may hold the one slot until the engine's next step.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        h = requests.get(strict_server.base + "/health", timeout=5).json()
+        if h["running"] + h["waiting"] == 0:
+            break
+        time.sleep(0.05)
     held = []
     try:
         for _ in range(2):
