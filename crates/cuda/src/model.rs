@@ -473,17 +473,16 @@ impl Model {
     }
 
     /// Writes one decode step's inputs (token, position, state slot per
-    /// entry) to the scratch, after `reserve_batch` (a no-op for a group of
-    /// a batch already reserved whole).
+    /// entry) to the scratch. The caller has run `reserve_batch` (on the
+    /// whole batch, of which this may be one group).
     fn stage_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<()> {
-        self.reserve_batch(batch)?;
         let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
         let mut pos = Vec::with_capacity(batch.len());
         let mut slots = Vec::with_capacity(batch.len());
         for (id, _) in batch {
-            let len = self.mem.seq(*id)?.len;
-            pos.push(len as i32);
-            slots.push(self.mem.seq(*id)?.slot as i32);
+            let sq = self.mem.seq(*id)?;
+            pos.push(sq.len as i32);
+            slots.push(sq.slot as i32);
         }
         let s = self.mem.scratch;
         write_device(&self.gpu, s.tokens, &toks)?;
@@ -566,6 +565,7 @@ impl Model {
     /// locating a divergence from the reference; slow (a sync per stage).
     pub fn trace_decode(&mut self, seq: SeqId, token: u32) -> CudaResult<Vec<(String, Vec<f32>)>> {
         self.gpu.bind()?;
+        self.reserve_batch(&[(seq, token)])?;
         self.stage_batch(&[(seq, token)])?;
         let (d, s) = (self.dims.clone(), self.mem.scratch);
         let mut out = Vec::new();

@@ -56,6 +56,23 @@ enum KvFit {
     Never(usize),
 }
 
+/// Which running request gave its KV memory back, and how.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Released {
+    /// Preempted: still in `running` at this index, without a sequence.
+    Paused(usize),
+    /// Failed and removed from `running` (it was at this index).
+    Failed(usize),
+}
+
+impl Released {
+    fn index(self) -> usize {
+        match self {
+            Released::Paused(i) | Released::Failed(i) => i,
+        }
+    }
+}
+
 /// What admission got for a request.
 enum Acquired {
     /// A sequence holding `cached` tokens of the request's prefix.
@@ -391,21 +408,17 @@ impl Scheduler {
                 },
             }
         };
-        let got = match hit {
-            // Restore from the snapshot. If the backend has no memory for
-            // the copy, fall back to a fresh sequence (whose retry loop may
-            // evict snapshots, the hit included) rather than fail.
-            Some((snap, len)) => match self.backend.fork(snap) {
-                Ok(seq) => Ok((seq, len)),
-                Err(ModelError::Capacity(_)) => {
-                    evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
-                        .map(|s| (s, 0))
-                }
-                Err(e) => Err(e),
-            },
-            None => evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc())
-                .map(|s| (s, 0)),
-        };
+        // Restore from the snapshot. If the backend has no memory for the
+        // copy, fall back to a fresh sequence (whose retry loop may evict
+        // snapshots, the hit included) rather than fail.
+        let forked = hit.and_then(|(snap, len)| match self.backend.fork(snap) {
+            Ok(seq) => Some(Ok((seq, len))),
+            Err(ModelError::Capacity(_)) => None,
+            Err(e) => Some(Err(e)),
+        });
+        let got = forked.unwrap_or_else(|| {
+            evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc()).map(|s| (s, 0))
+        });
         match got {
             Ok((seq, cached)) => Acquired::Go(seq, cached),
             Err(ModelError::Capacity(m)) if self.holders() > 0 => {
@@ -446,17 +459,20 @@ impl Scheduler {
                 break;
             };
             let target = sub.req.prompt.len();
-            let got = self.acquire(&sub.req.prompt, target);
-            if matches!(got, Acquired::Wait) {
-                self.waiting.push_front(sub);
-                break;
-            }
+            let outcome = match self.acquire(&sub.req.prompt, target) {
+                Acquired::Wait => {
+                    self.waiting.push_front(sub);
+                    break;
+                }
+                Acquired::Go(seq, cached) => Ok((seq, cached)),
+                Acquired::Fail(e) => Err(e),
+            };
+            // One lookup per request that got an answer.
             self.shared
                 .with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
-            match got {
-                Acquired::Go(seq, cached) => self.start(sub, seq, cached),
-                Acquired::Fail(e) => self.end_waiting(sub, Outcome::Failed(e)),
-                Acquired::Wait => {}
+            match outcome {
+                Ok((seq, cached)) => self.start(sub, seq, cached),
+                Err(e) => self.end_waiting(sub, Outcome::Failed(e)),
             }
         }
     }
@@ -640,7 +656,7 @@ impl Scheduler {
                     // prefilling one, the youngest entry still waiting in
                     // this batch, or entry `k` itself. Entries already
                     // decoded are older than `k`, so never chosen.
-                    let Some(youngest) = self.release_youngest(&m) else {
+                    let Some(youngest) = self.release_youngest(&m).map(Released::index) else {
                         out.push(Err(work_error(ModelError::Capacity(m))));
                         continue;
                     };
@@ -654,11 +670,11 @@ impl Scheduler {
         out
     }
 
-    /// Frees the KV memory of the youngest request holding a sequence and
-    /// returns its index: it is preempted (waits, tokens and sampler kept,
-    /// to be recomputed when memory is back), or failed when even the empty
-    /// pool could not hold it. `None` when no request holds a sequence.
-    fn release_youngest(&mut self, why: &str) -> Option<usize> {
+    /// Frees the KV memory of the youngest request holding a sequence: it
+    /// is preempted (waits, tokens and sampler kept, to be recomputed when
+    /// memory is back), or failed when even the empty pool could not hold
+    /// it. `None` when no request holds a sequence.
+    fn release_youngest(&mut self, why: &str) -> Option<Released> {
         let v = self.running.iter().rposition(|a| a.seq.is_some())?;
         let target = self.running[v].target();
         let never = matches!(self.kv_fits(target, 0), KvFit::Never(_));
@@ -668,7 +684,7 @@ impl Scheduler {
                 "KV cache full: this request needs more KV memory than the whole pool ({why})"
             ));
             self.retire(v, Outcome::Failed(e));
-            return Some(v);
+            return Some(Released::Failed(v));
         }
         let a = &mut self.running[v];
         if let Some(seq) = a.seq.take() {
@@ -677,7 +693,7 @@ impl Scheduler {
         a.fed = 0;
         tracing::info!(request = a.id, tokens = a.tokens.len(), "out of KV memory: preempted, will be recomputed");
         self.shared.with_stats(|s| s.preemptions += 1);
-        Some(v)
+        Some(Released::Paused(v))
     }
 
     fn prefill_step(&mut self) {
@@ -700,12 +716,12 @@ impl Scheduler {
                 // holder gives its memory back (this request, or a younger
                 // one; then this chunk is tried again).
                 Err(ModelError::Capacity(m)) => {
-                    let id = self.running[i].id;
                     match self.release_youngest(&m) {
                         // This one paused: on to the next.
-                        Some(v) if v == i && self.running.get(i).is_some_and(|a| a.id == id) => i += 1,
-                        // This one failed (and left `running`), or a younger
-                        // one gave way and this chunk is tried again.
+                        Some(Released::Paused(v)) if v == i => i += 1,
+                        // This one failed (and left `running`, so `i` is
+                        // already the next), or a younger one gave way and
+                        // this chunk is tried again.
                         Some(_) => {}
                         None => self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m)))),
                     }

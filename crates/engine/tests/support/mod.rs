@@ -130,12 +130,17 @@ impl Fake {
         }
     }
 
+    /// Tokens held by all live sequences.
+    fn pool_used(&self) -> usize {
+        self.seqs.values().map(Vec::len).sum()
+    }
+
     /// Refuses `extra` more tokens if the pool cannot hold them.
     fn pool_room(&self, extra: usize) -> ModelResult<()> {
         let Some(n) = self.pool else {
             return Ok(());
         };
-        let used: usize = self.seqs.values().map(Vec::len).sum();
+        let used = self.pool_used();
         if used + extra > n {
             self.lock().pool_refusals += 1;
             return Err(ModelError::Capacity(format!(
@@ -203,9 +208,8 @@ impl Backend for Fake {
     }
     fn kv_room(&self) -> Option<KvRoom> {
         let n = self.pool?;
-        let used: usize = self.seqs.values().map(Vec::len).sum();
         Some(KvRoom {
-            free_tokens: n.saturating_sub(used),
+            free_tokens: n.saturating_sub(self.pool_used()),
             total_tokens: n,
             block_tokens: 1,
         })
