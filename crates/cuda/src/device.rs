@@ -221,3 +221,51 @@ pub fn zero_device(gpu: &Gpu, dst: u64, bytes: usize) -> CudaResult<()> {
     // SAFETY: the caller names a device range of `bytes` bytes it owns.
     unsafe { result::memset_d8_async(dst, 0, bytes, gpu.cu_stream()) }.ctx("cuMemsetD8Async")
 }
+
+/// A typed view of `len` elements of device memory (a piece of the memory
+/// plan): launchers take these instead of bare addresses and check that each
+/// holds what the launch will touch.
+#[derive(Debug)]
+pub struct DevSlice<T> {
+    ptr: u64,
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> Clone for DevSlice<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevSlice<T> {}
+
+impl<T> DevSlice<T> {
+    /// A view of `len` elements at `ptr` (the caller owns that range).
+    pub fn new(ptr: u64, len: usize) -> Self {
+        DevSlice { ptr, len, _t: std::marker::PhantomData }
+    }
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The address, after checking that the view holds `n` elements;
+    /// `kernel` and `what` name the launch and the buffer in the error.
+    pub fn need(&self, kernel: &'static str, what: &str, n: usize) -> CudaResult<u64> {
+        if n > self.len {
+            return Err(CudaError::shape(kernel, format!("{what}: {n} elements needed, the buffer holds {}", self.len)));
+        }
+        Ok(self.ptr)
+    }
+    /// The view from element `start` on (checked).
+    pub fn from(&self, start: usize) -> CudaResult<DevSlice<T>> {
+        if start > self.len {
+            return Err(CudaError::Capacity(format!("element {start} past a view of {}", self.len)));
+        }
+        Ok(DevSlice::new(self.ptr + (start * std::mem::size_of::<T>()) as u64, self.len - start))
+    }
+}

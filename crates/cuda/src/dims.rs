@@ -9,9 +9,6 @@ use crate::error::{CudaError, CudaResult};
 
 /// Tokens per paged KV-cache block.
 pub const KV_BLOCK: usize = 64;
-/// Largest token batch the fused GEMV / MoE decode kernels take; larger
-/// batches go through the tensor-core GEMM path.
-pub const GEMV_MAX_TOK: usize = 4;
 /// Chunk length of the chunked DeltaNet prefill.
 pub const GDN_CHUNK: usize = 64;
 /// Rows of a grouped-GEMM tile (MoE prefill plan).
@@ -170,9 +167,9 @@ impl Dims {
             format!("-DTOPK={}", self.topk),
             format!("-DMOE_INTER={}", self.moe_inter),
             format!("-DKV_BLOCK={KV_BLOCK}"),
-            format!("-DGEMV_MAX_TOK={GEMV_MAX_TOK}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
+        v.extend(crate::qmm::defines(self));
         v
     }
 }

@@ -9,7 +9,7 @@ use crate::device::Gpu;
 use crate::dims::{Dims, GDN_CHUNK};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
-use crate::launch::launch;
+use crate::launch::{launch, launch_pdl};
 use crate::weights::DeltaNetDev;
 
 #[repr(C)]
@@ -26,6 +26,7 @@ struct GdnDecodeParams {
     slot: u64,
     mix_f32: u64,
     mix_f16: u64,
+    mix_px: u64,
     conv_slot_stride: i64,
     state_slot_stride: i64,
     proj_stride: i32,
@@ -45,18 +46,22 @@ pub struct GdnState {
     pub state_slot_stride: usize,
 }
 
-/// Where the mixer output goes: f32 (GEMV path) or fp16 (GEMM path).
+/// Where the mixer output goes: f32, fp16 (the prefill GEMM's input), or
+/// packed fp16 hi/lo activations (the decode step's qmm input, see qmm.cu).
 #[derive(Clone, Copy)]
 pub enum MixOut {
     F32(u64),
     F16(u64),
+    Packed(u64),
 }
 
 impl MixOut {
-    fn split(self) -> (u64, u64) {
+    /// (f32, fp16, packed) pointers, 0 for the ones not written.
+    pub fn split(self) -> (u64, u64, u64) {
         match self {
-            MixOut::F32(p) => (p, 0),
-            MixOut::F16(p) => (0, p),
+            MixOut::F32(p) => (p, 0, 0),
+            MixOut::F16(p) => (0, p, 0),
+            MixOut::Packed(p) => (0, 0, p),
         }
     }
 }
@@ -82,7 +87,7 @@ pub fn decode(
     if ntok == 0 {
         return Ok(());
     }
-    let (mix_f32, mix_f16) = mix.split();
+    let (mix_f32, mix_f16, mix_px) = mix.split();
     let p = GdnDecodeParams {
         proj,
         conv: st.conv,
@@ -95,12 +100,13 @@ pub fn decode(
         slot,
         mix_f32,
         mix_f16,
+        mix_px,
         conv_slot_stride: st.conv_slot_stride as i64,
         state_slot_stride: st.state_slot_stride as i64,
         proj_stride: proj_stride as i32,
         eps: dims.rms_eps,
     };
-    launch(gpu, k, "gdn_decode", (dims.gv_heads as u32, ntok as u32, 1), (4 * dims.gv_dim) as u32, 0, &p)
+    launch_pdl(gpu, k, "gdn_decode", (dims.gv_heads as u32, ntok as u32, 1), (4 * dims.gv_dim) as u32, 0, &p)
 }
 
 #[repr(C)]
@@ -271,7 +277,10 @@ pub fn prefill(
     launch(gpu, k, "gdn_chunk_a", (nchunks as u32, dims.gv_heads as u32, 1), 256, chunk_a_smem(dims), &a)?;
     let b = GdnChunkBParams { qn: s.qn, kn: s.kn, u: s.u, w: s.w, aqk: s.aqk, gc: s.gc, state, o: s.o, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_b", (dims.gv_heads as u32, (dims.gv_dim / 32) as u32, 1), 256, chunk_b_smem(dims), &b)?;
-    let (mix_f32, mix_f16) = mix.split();
+    let (mix_f32, mix_f16, mix_px) = mix.split();
+    if mix_px != 0 {
+        return Err(CudaError::shape("gdn_gated_norm", "the prefill writes f32 or fp16 rows, not packed activations"));
+    }
     let n = GdnGatedNormParams { o: s.o, proj, norm_w: w.norm, mix_f32, mix_f16, proj_stride: proj_stride as i32, eps: dims.rms_eps };
     launch(gpu, k, "gdn_gated_norm", (t as u32, dims.gv_heads.div_ceil(8) as u32, 1), 256, 0, &n)
 }

@@ -29,12 +29,8 @@ pub const COMMON: &str = include_str!("kernels/common.cuh");
 
 pub const FAMILIES: &[Family] = &[
     Family { name: "embed", source: include_str!("kernels/embed.cu"), kernels: &["embed_q4"] },
-    Family { name: "gemv", source: include_str!("kernels/gemv.cu"), kernels: &["gemv_q1", "gemv_q2", "gemv_q3", "gemv_q4"] },
-    Family {
-        name: "moe",
-        source: include_str!("kernels/moe.cu"),
-        kernels: &["moe_gate_up", "moe_down", "moe_route", "moe_plan", "moe_scatter", "moe_combine"],
-    },
+    Family { name: "qmm", source: include_str!("kernels/qmm.cu"), kernels: crate::qmm::KERNELS },
+    Family { name: "moe", source: include_str!("kernels/moe.cu"), kernels: &["moe_route", "moe_plan", "moe_scatter", "moe_combine"] },
     Family {
         name: "gdn",
         source: include_str!("kernels/gdn.cu"),

@@ -1,11 +1,11 @@
 //! The layer sequence on the GPU: which kernels run, in which order, on
-//! which buffers. Written once for the three ways tokens arrive:
+//! which buffers. Written once for the two ways tokens arrive:
 //!
-//! - decode, up to `GEMV_MAX_TOK` tokens (one per sequence): fused GEMVs with
-//!   the RMSNorm and residual add inside, the fused MoE that reads only the
-//!   chosen experts, the DeltaNet step and split-K attention;
-//! - decode of a larger batch: the same mixers, linears through the
-//!   tensor-core GEMM and the MoE through the grouped GEMM;
+//! - decode, 1 to `max_batch` tokens (one per sequence) in one step: every
+//!   linear through qmm.cu (tensor cores, each weight read once for the
+//!   whole batch, RMSNorm and the previous MoE's combine folded into the
+//!   packing of its input), the MoE routed and planned on the device and
+//!   run grouped by expert, the DeltaNet step and split-K attention;
 //! - prefill of one sequence, chunk by chunk: GEMMs, the chunked DeltaNet and
 //!   causal flash attention.
 //!
@@ -23,15 +23,15 @@ use lily_core::weights::Weights;
 use lily_model::SeqId;
 
 use crate::attention::{self, KvView, QOut};
-use crate::device::{read_device, write_device, Gpu};
-use crate::dims::{Dims, GEMM_BM, GEMV_MAX_TOK};
+use crate::device::{read_device, write_device, zero_device, Gpu};
+use crate::dims::{Dims, GEMM_BM};
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
 use crate::gemm::{self, GemmOut, Grouping};
-use crate::gemv::{self, GemvInput, GemvSeg};
 use crate::kernels::Kernels;
 use crate::moe;
+use crate::qmm::{self, DenseSeg, Epilogue};
 use crate::sampling;
 use crate::state::{Memory, Options};
 use crate::weights::{self, DeviceWeights, LayerDev, MixerDev, QMat};
@@ -136,66 +136,91 @@ impl Model {
         }
     }
 
-    // ---- decode, GEMV path ---------------------------------------------------
+    // ---- decode ----------------------------------------------------------------
 
-    fn layer_decode_gemv(&self, i: usize, n: usize) -> CudaResult<()> {
-        self.mixer_decode_gemv(i, n)?;
-        self.moe_decode_gemv(i, n)
+    /// The decode-step buffers as typed views.
+    fn moe_bufs(&self) -> qmm::MoeBufs {
+        self.mem.decode.moe()
     }
 
-    /// h += Mixer(RMSNorm(h)) for the decode tokens (GEMV path).
-    fn mixer_decode_gemv(&self, i: usize, n: usize) -> CudaResult<()> {
+    /// One layer of a decode step for `n` tokens (one per sequence):
+    /// h += Mixer(RMSNorm(h)); h += MoE(RMSNorm(h)), every matrix read once
+    /// for the whole batch. The MoE's weighted sum is folded into h by the
+    /// next packing step (`combine_prev` on the next layer, or the final
+    /// norm) unless `combine_now`.
+    fn layer_decode(&self, i: usize, n: usize, combine_prev: bool) -> CudaResult<()> {
+        self.mixer_decode(i, n, combine_prev)?;
+        self.moe_decode(i, n)
+    }
+
+    /// h += Mixer(RMSNorm(h)) (after folding in the previous MoE output
+    /// when `combine_prev`).
+    fn mixer_decode(&self, i: usize, n: usize, combine_prev: bool) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let dec = &self.mem.decode;
         let l = &self.weights.layers[i];
+        let combine = if combine_prev { Some((dec.y, dec.topk_w)) } else { None };
+        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.px_in, n)?;
         let ps = d.proj_stride();
-        let h_in = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((l.input_norm, d.rms_eps)) };
         let projs = self.in_projections(l);
-        let segs: Vec<GemvSeg> = projs
+        let segs: Vec<DenseSeg> = projs
             .iter()
-            .map(|(m, off)| GemvSeg { w: m, out: s.proj + (*off * 4) as u64, out_stride: ps, accumulate: false, argmax: false })
+            .map(|(m, off)| DenseSeg { w: m, out: dec.proj.from(*off).unwrap_or(dec.proj), out_stride: ps, epilogue: Epilogue::Store })
             .collect();
-        gemv::gemv(g, k, &segs, h_in, 0)?;
+        qmm::dense(g, k, &segs, dec.px_in, n, None)?;
         let attn = matches!(l.mixer, MixerDev::Attention(_));
-        self.mark(if attn { "attn in_proj gemv" } else { "gdn in_proj gemv" })?;
-        let mix = MixOut::F32(s.mix_f32);
+        self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;
+        let out = Self::out_projection(l);
         match &l.mixer {
             MixerDev::DeltaNet(w) => {
-                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?;
+                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, MixOut::Packed(dec.px_mix.ptr()), n)?;
                 self.mark("gdn step")?;
             }
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
-                self.mark("attn prep")?;
-                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, mix, n)?;
-                self.mark("attn decode+combine")?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, MixOut::F32(s.mix_f32), n)?;
+                qmm::xnorm(g, k, d, dec.mix_f32, out.cols, None, None, dec.px_mix, n)?;
+                self.mark("attention")?;
             }
         }
-        let out = Self::out_projection(l);
-        // The mixer writes rows as wide as the out-projection's input.
-        let mix_in = GemvInput { x: s.mix_f32, stride: out.cols, ntok: n, norm: None };
-        gemv::gemv(g, k, &[GemvSeg { w: &out, out: s.h, out_stride: d.hidden, accumulate: true, argmax: false }], mix_in, 0)?;
-        self.mark(if attn { "attn out_proj gemv" } else { "gdn out_proj gemv" })
+        qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None)?;
+        self.mark(if attn { "attn out_proj" } else { "gdn out_proj" })
     }
 
-    /// h += MoE(RMSNorm(h)): router + shared-expert gate GEMV, then the fused
-    /// experts.
-    fn moe_decode_gemv(&self, i: usize, n: usize) -> CudaResult<()> {
-        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+    /// The MoE of layer `i`: router, top-k and plan, then the experts; the
+    /// outputs stay in the step's y rows until the next packing step.
+    fn moe_decode(&self, i: usize, n: usize) -> CudaResult<()> {
+        let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
+        let dec = &self.mem.decode;
         let l = &self.weights.layers[i];
         let m = &l.moe;
-        let post = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((l.post_norm, d.rms_eps)) };
-        let segs = [
-            GemvSeg { w: &m.router, out: s.router_logits, out_stride: d.n_experts, accumulate: false, argmax: false },
-            GemvSeg { w: &m.sh_expert_gate, out: s.sg, out_stride: 1, accumulate: false, argmax: false },
-        ];
-        gemv::gemv(g, k, &segs, post, 0)?;
-        self.mark("moe router gemv")?;
-        let bufs = s.moe_decode();
-        moe::gate_up(g, k, d, m, s.h, d.hidden, l.post_norm, n, &bufs)?;
+        let bufs = self.moe_bufs();
+        qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
+        self.mark("moe router")?;
+        qmm::experts(g, k, d, m, true, &bufs, n)?;
         self.mark("moe gate_up")?;
-        moe::down(g, k, d, m, s.h, d.hidden, n, &bufs)?;
+        qmm::experts(g, k, d, m, false, &bufs, n)?;
         self.mark("moe down")
+    }
+
+    /// h += the last layer's MoE output now (instead of inside the next
+    /// packing step); the packed rows it also writes are not used.
+    fn combine_moe_now(&self, n: usize) -> CudaResult<()> {
+        let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
+        let dec = &self.mem.decode;
+        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), None, dec.px_in, n)
+    }
+
+    /// Final norm (with the last MoE's combine) and the lm_head for `n`
+    /// rows of h: logits and the greedy argmax keys (cleared by the embed).
+    fn head_decode(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
+        let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
+        let dec = &self.mem.decode;
+        let combine = if combine_prev { Some((dec.y, dec.topk_w)) } else { None };
+        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(self.weights.final_norm), dec.px_in, n)?;
+        let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
+        qmm::dense(g, k, &[seg], dec.px_in, n, Some(dec.argmax))
     }
 
     // ---- the GEMM path (batch decode, prefill) -------------------------------
@@ -234,47 +259,19 @@ impl Model {
         self.mark("moe combine")
     }
 
-    fn layer_decode_gemm(&self, i: usize, n: usize) -> CudaResult<()> {
-        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
-        let l = &self.weights.layers[i];
-        let ps = d.proj_stride();
-        self.in_proj_gemm(l, n)?;
-        let mix = MixOut::F16(s.mix_f16);
-        match &l.mixer {
-            MixerDev::DeltaNet(w) => gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?,
-            MixerDev::Attention(w) => {
-                let kv = self.kv_view(i);
-                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
-                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, mix, n)?;
-            }
-        }
-        let out = Self::out_projection(l);
-        gemm::gemm(g, k, s.mix_f16, out.cols, n, &out, None, GemmOut::Add(s.h), d.hidden, None)?;
-        self.moe_gemm(l, n)
-    }
-
     /// Every launch of one decode step for `n` tokens staged in
     /// scratch.tokens / pos / slot. No host synchronisation inside.
     pub fn step_launches(&self, n: usize, head: Head) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        if n == 0 || n > self.mem.opts.max_batch {
+            return Err(CudaError::Invalid(format!("decode step of {n} tokens; this backend takes 1..={}", self.mem.opts.max_batch)));
+        }
         embed::embed(g, k, d, &self.weights.embed, s.tokens, s.h, s.argmax, n)?;
         self.mark("embed")?;
         for i in 0..d.layers {
-            if n <= GEMV_MAX_TOK {
-                self.layer_decode_gemv(i, n)?;
-            } else {
-                self.layer_decode_gemm(i, n)?;
-            }
+            self.layer_decode(i, n, i > 0)?;
         }
-        if n <= GEMV_MAX_TOK {
-            let input = GemvInput { x: s.h, stride: d.hidden, ntok: n, norm: Some((self.weights.final_norm, d.rms_eps)) };
-            let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: true };
-            gemv::gemv(g, k, &[seg], input, s.argmax)?;
-        } else {
-            gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.hidden, d.rms_eps)?;
-            gemm::gemm(g, k, s.xn, d.hidden, n, &self.weights.lm_head, None, GemmOut::Store(s.logits), d.vocab, None)?;
-            sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)?;
-        }
+        self.head_decode(n, d.layers > 0)?;
         self.mark("lm_head")?;
         if head == Head::Greedy {
             sampling::argmax_finish(g, k, s.argmax, s.tokens, s.out_ids, s.pos, s.step, n)?;
@@ -376,10 +373,9 @@ impl Model {
             if want_all {
                 all.extend(self.logits_rows(t)?);
             } else if ci + 1 == n_chunks {
-                // The last position only: one GEMV row with the argmax.
-                let input = GemvInput { x: s.h + ((t - 1) * d.hidden * 4) as u64, stride: d.hidden, ntok: 1, norm: Some((self.weights.final_norm, d.rms_eps)) };
-                let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: true };
-                gemv::gemv(&self.gpu, &self.kernels, &[seg], input, s.argmax)?;
+                // The last position only: its row through the decode head
+                // (the embed above cleared the argmax keys).
+                self.logits_of_rows(t - 1, 1)?;
                 let key: Vec<u64> = read_device(&self.gpu, s.argmax, 1)?;
                 last_id = sampling::key_index(key[0]);
                 if want_last_logits {
@@ -399,18 +395,29 @@ impl Model {
         Ok((if want_last_logits { vec![last_logits] } else { Vec::new() }, last_id))
     }
 
-    /// Logits of the first `t` rows of h (final norm + lm_head), fp32 GEMV
-    /// in groups of `GEMV_MAX_TOK` rows.
+    /// Final norm + lm_head of rows `first..first + n` of h (n at most
+    /// the decode batch): logits in scratch rows 0..n, argmax keys folded
+    /// into keys 0..n (the caller clears them).
+    fn logits_of_rows(&self, first: usize, n: usize) -> CudaResult<()> {
+        let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
+        let dec = &self.mem.decode;
+        let rows = dec.h.from(first * d.hidden)?;
+        qmm::xnorm(g, k, d, rows, d.hidden, None, Some(self.weights.final_norm), dec.px_in, n)?;
+        let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
+        qmm::dense(g, k, &[seg], dec.px_in, n, Some(dec.argmax))
+    }
+
+    /// Logits of the first `t` rows of h (final norm + lm_head), in groups
+    /// of the decode batch size.
     fn logits_rows(&self, t: usize) -> CudaResult<Vec<Vec<f32>>> {
         let d = &self.dims;
         let s = &self.mem.scratch;
         let mut out = Vec::with_capacity(t);
         let mut r = 0;
         while r < t {
-            let n = (t - r).min(GEMV_MAX_TOK);
-            let input = GemvInput { x: s.h + (r * d.hidden * 4) as u64, stride: d.hidden, ntok: n, norm: Some((self.weights.final_norm, d.rms_eps)) };
-            let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: false };
-            gemv::gemv(&self.gpu, &self.kernels, &[seg], input, 0)?;
+            let n = (t - r).min(self.mem.opts.max_batch);
+            zero_device(&self.gpu, s.argmax, n * 8)?;
+            self.logits_of_rows(r, n)?;
             let flat: Vec<f32> = read_device(&self.gpu, s.logits, n * d.vocab)?;
             out.extend(flat.chunks_exact(d.vocab).map(|c| c.to_vec()));
             r += n;
@@ -419,15 +426,12 @@ impl Model {
     }
 
     /// One decode step for a batch of distinct sequences; returns logits.
-    /// Batches of at least `gemm_decode_min_batch` sequences go through the
-    /// GEMM path (up to `max_batch` at a time), others through the fused
-    /// GEMV path in groups of up to `GEMV_MAX_TOK` (sequences are
-    /// independent, so the grouping does not change any result).
+    /// The whole batch is one step (every weight read once), in groups of
+    /// `max_batch` if it is larger.
     pub fn decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
         self.reserve_batch(batch)?;
         let mut out = Vec::with_capacity(batch.len());
-        let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
-        for part in batch.chunks(group) {
+        for part in batch.chunks(self.mem.opts.max_batch) {
             out.extend(self.decode_part(part)?);
         }
         Ok(out)
@@ -439,7 +443,7 @@ impl Model {
     /// [n][vocab]), before the next group's step reuses the scratch.
     pub fn decode_on_device(&mut self, batch: &[(SeqId, u32)], head: &mut dyn FnMut(&Model, usize, usize, u64) -> CudaResult<()>) -> CudaResult<()> {
         self.reserve_batch(batch)?;
-        let group = if batch.len() >= self.mem.opts.gemm_decode_min_batch { self.mem.opts.max_batch } else { GEMV_MAX_TOK };
+        let group = self.mem.opts.max_batch;
         for (gi, part) in batch.chunks(group).enumerate() {
             self.gpu.bind()?;
             self.stage_batch(part)?;
@@ -572,16 +576,17 @@ impl Model {
         embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, 1)?;
         out.push(("embed".to_string(), read_device(&self.gpu, s.h, d.hidden)?));
         for i in 0..d.layers {
-            self.mixer_decode_gemv(i, 1)?;
+            // Each layer folds its MoE output into h at once (the step defers
+            // that into the next layer's packing), so every stage is complete.
+            self.mixer_decode(i, 1, false)?;
             let width = self.in_projections(&self.weights.layers[i]).iter().map(|(m, _)| m.rows).sum::<usize>();
             out.push((format!("layer {i} in_proj"), read_device(&self.gpu, s.proj, width)?));
             out.push((format!("layer {i} mixer"), read_device(&self.gpu, s.h, d.hidden)?));
-            self.moe_decode_gemv(i, 1)?;
+            self.moe_decode(i, 1)?;
+            self.combine_moe_now(1)?;
             out.push((format!("layer {i} moe"), read_device(&self.gpu, s.h, d.hidden)?));
         }
-        let input = GemvInput { x: s.h, stride: d.hidden, ntok: 1, norm: Some((self.weights.final_norm, d.rms_eps)) };
-        let seg = GemvSeg { w: &self.weights.lm_head, out: s.logits, out_stride: d.vocab, accumulate: false, argmax: true };
-        gemv::gemv(&self.gpu, &self.kernels, &[seg], input, s.argmax)?;
+        self.head_decode(1, false)?;
         out.push(("logits".to_string(), read_device(&self.gpu, s.logits, d.vocab)?));
         if let Some(sq) = self.mem.seqs.get_mut(&seq) {
             sq.len += 1;

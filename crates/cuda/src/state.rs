@@ -21,11 +21,12 @@ use std::sync::Arc;
 use lily_model::SeqId;
 
 use crate::attention::DecodeScratch;
-use crate::device::{copy_device, write_device, DeviceBuffer, Gpu};
+use crate::device::{copy_device, write_device, DevSlice, DeviceBuffer, Gpu};
 use crate::dims::{Dims, GDN_CHUNK, GEMM_BM, KV_BLOCK};
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::GdnScratch;
-use crate::moe::{max_tiles, MoeDecodeBufs, RouteBufs};
+use crate::moe::{max_tiles, RouteBufs};
+use crate::qmm::{self, MoeBufs, MAX_DECODE_BATCH};
 
 /// Sizes chosen by the caller; `Options::default()` fits the benchmark
 /// contract (one 262,144-token sequence) in the 28 GB budget with the model.
@@ -37,7 +38,7 @@ pub struct Options {
     pub max_sequences: usize,
     /// Tokens of KV cache shared by all sequences.
     pub kv_tokens: usize,
-    /// Largest decode batch (1..=64).
+    /// Largest decode batch (1..=128): one step takes this many sequences.
     pub max_batch: usize,
     /// Tokens per prefill chunk (a multiple of 64).
     pub prefill_chunk: usize,
@@ -45,13 +46,6 @@ pub struct Options {
     pub use_graphs: bool,
     /// Longest run of greedy steps one `decode_greedy` call keeps on the GPU.
     pub max_greedy_steps: usize,
-    /// Decode batches of at least this many sequences run their linears on
-    /// the tensor-core GEMM path; smaller ones run in groups of up to
-    /// `GEMV_MAX_TOK` through the fused GEMV path. Measured on the H200
-    /// (2026-11-30, 40 layers): the GEMM path took 30.7 ms a step for 8
-    /// sequences and 80.9 ms for 32, while one GEMV step of 1 sequence takes
-    /// about 3 ms, so the default never picks the GEMM path for decode.
-    pub gemm_decode_min_batch: usize,
 }
 
 impl Default for Options {
@@ -60,11 +54,10 @@ impl Default for Options {
             max_seq_len: 262_144,
             max_sequences: 8,
             kv_tokens: 262_144 + 4 * KV_BLOCK,
-            max_batch: 64,
+            max_batch: MAX_DECODE_BATCH,
             prefill_chunk: 4096,
             use_graphs: true,
             max_greedy_steps: 1024,
-            gemm_decode_min_batch: usize::MAX,
         }
     }
 }
@@ -80,8 +73,8 @@ impl Options {
     }
 
     fn check(&self) -> CudaResult<()> {
-        if self.max_batch == 0 || self.max_batch > 64 {
-            return Err(CudaError::Unsupported(format!("max_batch {} (1..=64)", self.max_batch)));
+        if self.max_batch == 0 || self.max_batch > MAX_DECODE_BATCH {
+            return Err(CudaError::Unsupported(format!("max_batch {} (1..={MAX_DECODE_BATCH})", self.max_batch)));
         }
         if self.prefill_chunk == 0 || !self.prefill_chunk.is_multiple_of(GDN_CHUNK) || self.prefill_chunk > 16384 {
             return Err(CudaError::Unsupported(format!("prefill_chunk {} (a multiple of 64, at most 16384)", self.prefill_chunk)));
@@ -105,6 +98,60 @@ impl Layout {
         self.size += bytes.div_ceil(256) * 256;
         self.pieces.push((name, off, bytes));
         off
+    }
+
+    /// (offset, bytes) of piece `name`; a name the plan does not hold is an
+    /// error, never a null address.
+    fn piece(&self, name: &str) -> CudaResult<(usize, usize)> {
+        self.pieces
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|p| (p.1, p.2))
+            .ok_or_else(|| CudaError::Invalid(format!("the memory plan has no scratch piece named {name}")))
+    }
+}
+
+/// The decode step's buffers as typed views (lengths in elements), so every
+/// launcher checks what it touches. `h`, `proj`, `mix_f32`, `logits` and
+/// `argmax` are the same memory as the `Scratch` pieces of those names.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeBufs {
+    pub h: DevSlice<f32>,
+    pub proj: DevSlice<f32>,
+    pub mix_f32: DevSlice<f32>,
+    pub logits: DevSlice<f32>,
+    pub argmax: DevSlice<u64>,
+    /// Packed activations (qmm.cu) of the in-projection / expert input.
+    pub px_in: DevSlice<u16>,
+    /// Packed mixer output (the out-projection's input).
+    pub px_mix: DevSlice<u16>,
+    /// Packed SwiGLU activations of every (token, slot) pair.
+    pub px_act: DevSlice<u16>,
+    /// Expert outputs of every (token, slot) pair, f32 [pair][hidden].
+    pub y: DevSlice<f32>,
+    pub router_logits: DevSlice<f32>,
+    pub sg: DevSlice<f32>,
+    pub topk_idx: DevSlice<i32>,
+    pub topk_w: DevSlice<f32>,
+    pub plan: DevSlice<i32>,
+    pub ticket: DevSlice<i32>,
+    pub max_items: usize,
+}
+
+impl DecodeBufs {
+    pub fn moe(&self) -> MoeBufs {
+        MoeBufs {
+            px_in: self.px_in,
+            px_act: self.px_act,
+            y: self.y,
+            logits: self.router_logits,
+            sg: self.sg,
+            topk_idx: self.topk_idx,
+            topk_w: self.topk_w,
+            plan: self.plan,
+            ticket: self.ticket,
+            max_items: self.max_items,
+        }
     }
 }
 
@@ -136,7 +183,6 @@ pub struct Scratch {
     // moe
     pub router_logits: u64,
     pub sg: u64,
-    pub act: u64,
     pub topk_idx: u64,
     pub topk_w: u64,
     pub counts: u64,
@@ -171,9 +217,6 @@ pub struct GdnScratchAddrs {
 }
 
 impl Scratch {
-    pub fn moe_decode(&self) -> MoeDecodeBufs {
-        MoeDecodeBufs { router_logits: self.router_logits, sg_logits: self.sg, act: self.act, topk_idx: self.topk_idx, topk_w: self.topk_w }
-    }
     pub fn route(&self) -> RouteBufs {
         RouteBufs {
             logits: self.router_logits,
@@ -224,6 +267,7 @@ pub struct Memory {
     // scratch
     _scratch_buf: DeviceBuffer,
     pub scratch: Scratch,
+    pub decode: DecodeBufs,
     pub scratch_pieces: Vec<(&'static str, u64, usize)>,
     // sequences
     pub seqs: BTreeMap<SeqId, Seq>,
@@ -276,59 +320,78 @@ impl Memory {
         let layout = scratch_layout(dims, &opts);
         let buf = DeviceBuffer::zeroed(gpu, layout.size, "step scratch")?;
         let base = buf.ptr();
-        let get = |name: &str| -> u64 {
-            layout.pieces.iter().find(|p| p.0 == name).map(|p| base + p.1 as u64).unwrap_or(0)
+        let get = |name: &str| -> CudaResult<u64> { Ok(base + layout.piece(name)?.0 as u64) };
+        fn view<T>(base: u64, layout: &Layout, name: &str) -> CudaResult<DevSlice<T>> {
+            let (off, bytes) = layout.piece(name)?;
+            Ok(DevSlice::new(base + off as u64, bytes / std::mem::size_of::<T>()))
+        }
+        let decode = DecodeBufs {
+            h: view(base, &layout, "h")?,
+            proj: view(base, &layout, "proj")?,
+            mix_f32: view(base, &layout, "mix_f32")?,
+            logits: view(base, &layout, "logits")?,
+            argmax: view(base, &layout, "argmax")?,
+            px_in: view(base, &layout, "px_in")?,
+            px_mix: view(base, &layout, "px_mix")?,
+            px_act: view(base, &layout, "px_act")?,
+            y: view(base, &layout, "moe_y")?,
+            router_logits: view(base, &layout, "router_logits")?,
+            sg: view(base, &layout, "sg")?,
+            topk_idx: view(base, &layout, "topk_idx")?,
+            topk_w: view(base, &layout, "topk_w")?,
+            plan: view(base, &layout, "moe_plan")?,
+            ticket: view(base, &layout, "moe_ticket")?,
+            max_items: qmm::max_plan_items(dims, opts.max_batch),
         };
         let rows = opts.max_batch.max(opts.prefill_chunk);
         let tp = opts.prefill_chunk.div_ceil(GDN_CHUNK) * GDN_CHUNK;
         let scratch = Scratch {
             rows,
-            tokens: get("tokens"),
-            pos: get("pos"),
-            slot: get("slot"),
-            step: get("step"),
-            out_ids: get("out_ids"),
-            h: get("h"),
-            proj: get("proj"),
-            mix_f32: get("mix_f32"),
-            mix_f16: get("mix_f16"),
-            xn: get("xn"),
-            q_f32: get("q_f32"),
-            q_f16: get("q_f16"),
-            logits: get("logits"),
+            tokens: get("tokens")?,
+            pos: get("pos")?,
+            slot: get("slot")?,
+            step: get("step")?,
+            out_ids: get("out_ids")?,
+            h: get("h")?,
+            proj: get("proj")?,
+            mix_f32: get("mix_f32")?,
+            mix_f16: get("mix_f16")?,
+            xn: get("xn")?,
+            q_f32: get("q_f32")?,
+            q_f16: get("q_f16")?,
+            logits: get("logits")?,
             logit_rows: logit_rows(&opts),
-            argmax: get("argmax"),
-            part_o: get("part_o"),
-            part_ml: get("part_ml"),
+            argmax: get("argmax")?,
+            part_o: get("part_o")?,
+            part_ml: get("part_ml")?,
             max_splits: max_splits(&opts),
-            router_logits: get("router_logits"),
-            sg: get("sg"),
-            act: get("act"),
-            topk_idx: get("topk_idx"),
-            topk_w: get("topk_w"),
-            counts: get("counts"),
-            rank: get("rank"),
-            offsets: get("offsets"),
-            tiles: get("tiles"),
-            ntiles: get("ntiles"),
+            router_logits: get("router_logits")?,
+            sg: get("sg")?,
+            topk_idx: get("topk_idx")?,
+            topk_w: get("topk_w")?,
+            counts: get("counts")?,
+            rank: get("rank")?,
+            offsets: get("offsets")?,
+            tiles: get("tiles")?,
+            ntiles: get("ntiles")?,
             max_tiles: max_tiles(dims, rows, GEMM_BM),
-            perm: get("perm"),
-            inv: get("inv"),
-            act_sorted: get("act_sorted"),
-            y_sorted: get("y_sorted"),
-            act_sh: get("act_sh"),
-            ys: get("ys"),
+            perm: get("perm")?,
+            inv: get("inv")?,
+            act_sorted: get("act_sorted")?,
+            y_sorted: get("y_sorted")?,
+            act_sh: get("act_sh")?,
+            ys: get("ys")?,
             gdn: GdnScratchAddrs {
-                qn: get("gdn_qn"),
-                kn: get("gdn_kn"),
-                vv: get("gdn_vv"),
-                gg: get("gdn_gg"),
-                bb: get("gdn_bb"),
-                u: get("gdn_u"),
-                w: get("gdn_w"),
-                aqk: get("gdn_aqk"),
-                gc: get("gdn_gc"),
-                o: get("gdn_o"),
+                qn: get("gdn_qn")?,
+                kn: get("gdn_kn")?,
+                vv: get("gdn_vv")?,
+                gg: get("gdn_gg")?,
+                bb: get("gdn_bb")?,
+                u: get("gdn_u")?,
+                w: get("gdn_w")?,
+                aqk: get("gdn_aqk")?,
+                gc: get("gdn_gc")?,
+                o: get("gdn_o")?,
                 max_tokens: tp,
             },
         };
@@ -347,6 +410,7 @@ impl Memory {
             free_slots: (0..opts.max_sequences).rev().collect(),
             _scratch_buf: buf,
             scratch,
+            decode,
             scratch_pieces,
             seqs: BTreeMap::new(),
             next_id: 1,
@@ -573,7 +637,12 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     let slots = dims.topk + 1;
     l.add("router_logits", rows * dims.n_experts * f);
     l.add("sg", rows * f);
-    l.add("act", b * slots * dims.moe_inter * f);
+    l.add("px_in", qmm::packed_len(b, h) * 2);
+    l.add("px_mix", qmm::packed_len(b, dims.mix_dim()) * 2);
+    l.add("px_act", qmm::packed_len(b * slots, dims.moe_inter) * 2);
+    l.add("moe_y", b * slots * h * f);
+    l.add("moe_plan", qmm::plan_ints(dims, b) * 4);
+    l.add("moe_ticket", 256);
     l.add("topk_idx", rows * dims.topk * 4);
     l.add("topk_w", rows * slots * f);
     l.add("counts", dims.n_experts * 4);

@@ -23,7 +23,6 @@ use lily_cuda::device::Gpu;
 use lily_cuda::dims::{Dims, GEMM_BM, KV_BLOCK};
 use lily_cuda::gdn::{self, GdnScratch, GdnState, MixOut};
 use lily_cuda::gemm::{self, GemmOut, Grouping};
-use lily_cuda::gemv::{self, GemvInput, GemvSeg};
 use lily_cuda::kernels::Kernels;
 use lily_cuda::weights::{AttentionDev, DeltaNetDev, MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
@@ -70,101 +69,6 @@ fn embed_gathers_dequantised_rows() {
 }
 
 // ---- GEMV -----------------------------------------------------------------------
-
-struct SegCase {
-    rows: usize,
-    bits: u32,
-    accumulate: bool,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemv_case(gpu: &Arc<Gpu>, k: &Kernels, label: &str, cols: usize, segs: &[SegCase], ntok: usize, norm: bool, seed: u64) {
-    let mut rng = Rng::new(seed);
-    let x = rng.vec(ntok * cols, -2.0, 2.0);
-    let gain = rng.vec(cols, 0.5, 1.5);
-    let xb = upload(gpu, &x);
-    let gb = upload(gpu, &gain);
-    let mats: Vec<HostQ> = segs.iter().enumerate().map(|(i, s)| HostQ::random(seed * 31 + i as u64, 1, s.rows, cols, s.bits, 0.1)).collect();
-    let dev: Vec<_> = mats.iter().map(|m| m.upload(gpu)).collect();
-    let prev: Vec<Vec<f32>> = segs.iter().map(|s| if s.accumulate { rng.vec(ntok * s.rows, -1.0, 1.0) } else { vec![NAN; ntok * s.rows] }).collect();
-    let outs: Vec<_> = prev.iter().map(|p| upload(gpu, p)).collect();
-    let gs: Vec<GemvSeg> = segs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| GemvSeg { w: &dev[i].1, out: outs[i].ptr(), out_stride: s.rows, accumulate: s.accumulate, argmax: false })
-        .collect();
-    let input = GemvInput { x: xb.ptr(), stride: cols, ntok, norm: norm.then_some((gb.ptr(), 1e-6)) };
-    gemv::gemv(gpu, k, &gs, input, 0).expect("launch");
-    for (i, s) in segs.iter().enumerate() {
-        let got: Vec<f32> = download(gpu, outs[i].ptr(), ntok * s.rows);
-        let mut want = Vec::new();
-        for t in 0..ntok {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let xin = if norm { rmsnorm(xt, &gain, 1e-6) } else { xt.to_vec() };
-            let y = mats[i].matvec(0, &xin);
-            for (r, v) in y.iter().enumerate() {
-                want.push(v + if s.accumulate { prev[i][t * s.rows + r] as f64 } else { 0.0 });
-            }
-        }
-        assert_close(&format!("gemv {label} seg {i} ({}x{cols} {}-bit, {ntok} tok, norm {norm}, acc {})", s.rows, s.bits, s.accumulate), &got, &want, 2e-5);
-    }
-}
-
-#[test]
-fn gemv_matches_reference_on_every_segment_mix() {
-    let Some(gpu) = gpu("gemv_matches_reference_on_every_segment_mix") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        let h = d.hidden;
-        let gdn_in = [
-            SegCase { rows: d.conv_dim, bits: 4, accumulate: false },
-            SegCase { rows: d.gdn_val_dim(), bits: 4, accumulate: false },
-            SegCase { rows: d.gv_heads, bits: 4, accumulate: false },
-            SegCase { rows: d.gv_heads, bits: 4, accumulate: false },
-        ];
-        for ntok in 1..=4 {
-            gemv_case(&gpu, &k, label, h, &gdn_in, ntok, true, 100 + ntok as u64);
-        }
-        let router = [SegCase { rows: d.n_experts, bits: 8, accumulate: false }, SegCase { rows: 1, bits: 8, accumulate: false }];
-        gemv_case(&gpu, &k, label, h, &router, 3, true, 200);
-        let out = [SegCase { rows: h, bits: 4, accumulate: true }];
-        gemv_case(&gpu, &k, label, d.gdn_val_dim(), &out, 2, false, 300);
-        gemv_case(&gpu, &k, label, d.attn_out_dim(), &out, 1, false, 301);
-        let odd = [SegCase { rows: 5, bits: 4, accumulate: false }, SegCase { rows: 3, bits: 8, accumulate: true }];
-        gemv_case(&gpu, &k, label, h, &odd, 4, false, 400);
-    }
-    finish();
-}
-
-#[test]
-fn gemv_lm_head_argmax_is_the_first_maximum() {
-    let Some(gpu) = gpu("gemv_lm_head_argmax_is_the_first_maximum") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        let ntok = 2;
-        let mut rng = Rng::new(500);
-        let x = rng.vec(ntok * d.hidden, -2.0, 2.0);
-        let gain = rng.vec(d.hidden, 0.5, 1.5);
-        let head = HostQ::random(501, 1, d.vocab, d.hidden, 4, 0.1);
-        let (_hb, m) = head.upload(&gpu);
-        let (xb, gb) = (upload(&gpu, &x), upload(&gpu, &gain));
-        let logits = upload(&gpu, &vec![NAN; ntok * d.vocab]);
-        let keys = upload(&gpu, &vec![0u64; ntok]);
-        let seg = GemvSeg { w: &m, out: logits.ptr(), out_stride: d.vocab, accumulate: false, argmax: true };
-        gemv::gemv(&gpu, &k, &[seg], GemvInput { x: xb.ptr(), stride: d.hidden, ntok, norm: Some((gb.ptr(), 1e-6)) }, keys.ptr()).expect("launch");
-        let got: Vec<f32> = download(&gpu, logits.ptr(), ntok * d.vocab);
-        let kk: Vec<u64> = download(&gpu, keys.ptr(), ntok);
-        for t in 0..ntok {
-            let row = &got[t * d.vocab..(t + 1) * d.vocab];
-            let want = head.matvec(0, &rmsnorm(&x[t * d.hidden..(t + 1) * d.hidden], &gain, 1e-6));
-            assert_close(&format!("lm_head {label} token {t}"), row, &want, 2e-5);
-            check(sampling::key_index(kk[t]) as usize == argmax(row), format!("{label}: fused argmax {} equals the argmax {} of the written logits", sampling::key_index(kk[t]), argmax(row)));
-        }
-    }
-    finish();
-}
-
-// ---- GEMM -------------------------------------------------------------------------
 
 fn f16_matrix(rng: &mut Rng, rows: usize, cols: usize, amp: f32) -> (Vec<f32>, Vec<u16>) {
     let v: Vec<f32> = rng.vec(rows * cols, -amp, amp).into_iter().map(f16_round).collect();
@@ -303,44 +207,6 @@ fn moe_dev(gpu: &Arc<Gpu>, m: &HostMoe) -> (Vec<lily_cuda::device::DeviceBuffer>
     let q: Vec<QMat> = parts.iter().map(|p| p.1).collect();
     let dev = MoeDev { router: QMat::default(), gate: q[0], up: q[1], down: q[2], sh_gate: q[3], sh_up: q[4], sh_down: q[5], sh_expert_gate: QMat::default() };
     (parts.into_iter().map(|p| p.0).collect(), dev)
-}
-
-#[test]
-fn fused_decode_moe_matches_reference() {
-    let Some(gpu) = gpu("fused_decode_moe_matches_reference") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        let host = HostMoe::random(&d, 700);
-        let (_bufs, dev) = moe_dev(&gpu, &host);
-        for ntok in [1usize, 3] {
-            let mut rng = Rng::new(710 + ntok as u64);
-            let h0 = rng.vec(ntok * d.hidden, -3.0, 3.0);
-            let gain = rng.vec(d.hidden, 0.5, 1.5);
-            let logits = rng.vec(ntok * d.n_experts, -2.0, 2.0);
-            let sg = rng.vec(ntok, -2.0, 2.0);
-            let (hb, gb, lb, sb) = (upload(&gpu, &h0), upload(&gpu, &gain), upload(&gpu, &logits), upload(&gpu, &sg));
-            let act = upload(&gpu, &vec![NAN; ntok * (d.topk + 1) * d.moe_inter]);
-            let ti = zeros(&gpu, ntok * d.topk * 4);
-            let tw = zeros(&gpu, ntok * (d.topk + 1) * 4);
-            let bufs = moe::MoeDecodeBufs { router_logits: lb.ptr(), sg_logits: sb.ptr(), act: act.ptr(), topk_idx: ti.ptr(), topk_w: tw.ptr() };
-            moe::gate_up(&gpu, &k, &d, &dev, hb.ptr(), d.hidden, gb.ptr(), ntok, &bufs).expect("gate_up");
-            moe::down(&gpu, &k, &d, &dev, hb.ptr(), d.hidden, ntok, &bufs).expect("down");
-            let got: Vec<f32> = download(&gpu, hb.ptr(), ntok * d.hidden);
-            let idx: Vec<i32> = download(&gpu, ti.ptr(), ntok * d.topk);
-            let mut want = Vec::new();
-            for t in 0..ntok {
-                let ht = &h0[t * d.hidden..(t + 1) * d.hidden];
-                let lt = &logits[t * d.n_experts..(t + 1) * d.n_experts];
-                let (ri, _) = topk_ref(lt, d.topk);
-                let gi: Vec<usize> = idx[t * d.topk..(t + 1) * d.topk].iter().map(|v| *v as usize).collect();
-                check(gi == ri, format!("{label}: expert selection {gi:?} vs {ri:?}"));
-                let y = host.forward(&rmsnorm(ht, &gain, d.rms_eps), lt, sg[t], d.topk, false);
-                want.extend(ht.iter().zip(y).map(|(a, b)| *a as f64 + b));
-            }
-            assert_close(&format!("fused moe {label} {ntok} tok"), &got, &want, 2e-5);
-        }
-    }
-    finish();
 }
 
 #[test]

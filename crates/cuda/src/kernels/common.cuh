@@ -22,6 +22,22 @@ typedef u16 bf16;
 
 #define WARP 32
 #define FULL_MASK 0xffffffffu
+
+// Parameter structs passed by value are mirrored by #[repr(C)] structs on
+// the Rust side; the host passes each mirror's size as a define, so a layout
+// that drifts on either side stops the compile (also in CI, without a GPU).
+#define LAYOUT_CHECK(T, SIZE) static_assert(sizeof(T) == (SIZE), #T " differs from its Rust mirror");
+
+// ---- programmatic dependent launch (sm_90) -------------------------------
+//
+// A kernel launched with the programmatic-serialization attribute may start
+// while the kernel before it is still running: pdl_wait() blocks until that
+// kernel has completed and its writes are visible, so nothing before it may
+// read what earlier kernels write or write what they read. pdl_trigger()
+// lets the next kernel start launching (it still waits in its pdl_wait()).
+// Both are no-ops for a kernel launched normally.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 #define POS_INF __int_as_float(0x7f800000)
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -138,6 +154,68 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+// ---- MoE routing ----------------------------------------------------------
+
+#define EXPERTS_PER_LANE ((N_EXPERTS + 31) / 32)
+
+// Top-k of one token's router logits by one warp. Lane l holds experts
+// l, l + 32, ...; TOPK rounds of a warp argmax. Writes idx[TOPK] and the
+// renormalised weights w[TOPK] (lane 0 writes).
+__device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int* idx, float* w) {
+    const int lane = threadIdx.x & 31;
+    float v[EXPERTS_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < N_EXPERTS ? logits[e] : NEG_INF;
+    }
+    float sel_v[TOPK];
+    int sel_i[TOPK];
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) {
+        float bv = NEG_INF;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+            const int e = lane + 32 * i;
+            if (e < N_EXPERTS && (v[i] > bv || (v[i] == bv && e < bi))) {
+                bv = v[i];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        sel_v[k] = bv;
+        sel_i[k] = bi;
+#pragma unroll
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i)
+            if (lane + 32 * i == bi) v[i] = NEG_INF;
+    }
+    if (lane == 0) {
+        // softmax over all experts then renormalising the top k equals a
+        // softmax over the k selected logits; sel_v[0] is their maximum.
+        float tot = 0.f;
+        float e[TOPK];
+#pragma unroll
+        for (int k = 0; k < TOPK; ++k) {
+            e[k] = expf(sel_v[k] - sel_v[0]);
+            tot += e[k];
+        }
+#pragma unroll
+        for (int k = 0; k < TOPK; ++k) {
+            idx[k] = sel_i[k];
+            w[k] = e[k] / tot;
+        }
+    }
+}
 
 // ---- 4-bit / 8-bit dequantisation ---------------------------------------
 

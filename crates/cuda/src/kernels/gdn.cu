@@ -60,6 +60,7 @@ struct GdnDecodeParams {
     const int* slot;        // [ntok]
     float* mix_f32;         // [ntok][GDN_VAL], or null
     f16* mix_f16;          // [ntok][GDN_VAL], or null
+    u16* mix_px;           // packed activations [ntok][2][GDN_VAL] (qmm.cu), or null
     long long conv_slot_stride;   // floats
     long long state_slot_stride;  // floats
     int proj_stride;
@@ -74,6 +75,8 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
     __shared__ float sq[GK_DIM], sk[GK_DIM], sv[GV_DIM], sz[GV_DIM];
     __shared__ float part[GDN_KSPLIT][GV_DIM];
     __shared__ float red[32];
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
     const int ps = p.pos[t], sl = p.slot[t];
     const float* pr = p.proj + (size_t)t * p.proj_stride;
@@ -145,6 +148,14 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
         const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + tid;
         if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
         if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+        if (p.mix_px != nullptr) {
+            // hi/lo halves at the packed position (px_perm in qmm.cu).
+            const int col = h * GV_DIM + tid;
+            const f16 hi = f32_to_f16(y), lo = f32_to_f16(y - f16_to_f32(hi));
+            u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (col & ~7) + (((col & 3) << 1) | ((col & 7) >> 2));
+            r[0] = hi;
+            r[GDN_VAL] = lo;
+        }
     }
 }
 

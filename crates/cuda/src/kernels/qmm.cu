@@ -1,0 +1,863 @@
+// qmm.cu: the decode step's matrix work on tensor cores, for 1 to QMM_MAX_TOK
+// tokens, every weight read once per step.
+//
+// Kernels:
+//   xnorm          h[t] (+= sum_s w[t][s] y[t][s], the previous MoE's combine,
+//                  in slot order) -> RMSNorm(h[t]) * gain (or no norm) ->
+//                  packed activations (below). grid (ntok), block 256.
+//   qmm_dense_N    y[t][r] = W[r] . x[t] for every row r of up to QMM_MAX_SEGS
+//                  4-bit matrices sharing one packed input; epilogue: store,
+//                  residual add, or lm_head logits + greedy argmax keys.
+//   qmm_up_N       the MoE gate/up projections of every (token, slot) pair
+//                  routed to each active expert (the shared expert is expert
+//                  N_EXPERTS, taking every token), SwiGLU fused, packed out.
+//   qmm_down_N     the MoE down projections of the same pairs -> y[pair] f32.
+//   moe_router     RMSNorm(h) (post-attention norm) -> packed x for the
+//                  experts, router logits (8-bit, fp32 math) and the shared
+//                  expert gate; the last block to finish (a ticket) takes the
+//                  top-k of every token and writes the decode plan.
+//   N = NT, the 8-column n-tiles of tokens a warp keeps accumulators for.
+//
+// Packed activations ("px"): an activation row x[K] (f32) is stored as fp16
+// hi = fp16(x) and lo = fp16(x - hi), [row][2][K] halves, and within every 8
+// consecutive columns in the order 0,4,1,5,2,6,3,7 (px_perm). hi + lo keeps
+// about 22 significant bits, so the products below are as exact as the fp32
+// GEMV they replace while running on the tensor cores; the permutation makes
+// the B fragment of one m16n8k16 step one 8-byte word per lane.
+//
+// Matrix tile math (one warp, 16 weight rows x one K range, all tokens):
+// lane (g = lane / 4, c = lane % 4) holds, per quantisation group of 64
+// columns, the 16 codes 16c..16c+15 of row g and of row g+8 (two u32 words
+// each). A 4-bit word w gives the fp16 pairs (n0,n4), (n1,n5), (n2,n6),
+// (n3,n7) exactly with one lop3 (| 0x6400 = 1024.0) and one f16x2 subtract;
+// the pairing is why x is permuted. The B columns of an n-tile are
+// (token 4*nt + col/2, part col%2): hi and lo of 4 tokens, so after the mma
+// lane (g, c) holds hi and lo of token 4*nt + c in c0/c1 (row g) and c2/c3
+// (row g+8). Per group:
+//   y_g = sum_k q_k x_k            (4 mma over the group, codes exact)
+//   cs  = sum_k x_k                (4 mma with an all-ones A)
+//   acc += scale_g * y_g + bias_g * cs
+// which is the affine dequantisation w = scale * q + bias summed exactly.
+//
+// Work split: a task is 16 output rows; QMM_KQ = 4 warps share a task, each
+// taking a fixed quarter of the groups (rounded to stages of 2 groups); their
+// partial sums are added in quarter order in shared memory. The split depends
+// only on K, never on the number of tokens, and every token's column is
+// computed independently, so a token's result is bit-identical whatever the
+// batch it is decoded in. A block runs MTB tasks side by side (4 * MTB
+// warps): more rows share each x load when there are many tokens.
+//
+// Weight streaming: each warp owns a ring of QMM_RING stages in shared memory,
+// filled by cp.async (8-byte pieces arranged in the fragment order, swizzled
+// so the 16-byte fragment reads are conflict-free); it keeps QMM_RING - 1
+// stages in flight across task boundaries. Dense matrices are known before
+// the previous kernel ends: their first stages are requested before
+// griddepcontrol.wait (programmatic dependent launch), so a kernel's weight
+// loads overlap the tail of the kernel before it.
+//
+// Stage layout (QMM_STAGE_BYTES = 1152): codes at g*128 + ((grp ^ (g&1)) << 6)
+// + c*16: {row g words 2c,2c+1 of group grp, row g+8 words 2c,2c+1}; then at
+// 1024 + g*16: {scales of row g (groups 0,1 as bf16x2), scales of row g+8,
+// biases of row g, biases of row g+8}.
+
+#ifndef QMM_RING
+#error "QMM_RING must be defined by the host"
+#endif
+#define QMM_KQ 4
+#define QMM_STAGE_CODES 1024
+#define QMM_STAGE_BYTES (QMM_STAGE_CODES + 128)
+#define MOE_SLOTS (TOPK + 1)
+#define ROUTER_ROWS 8
+#define ROUTER_TOK 8
+#define ROUTER_ITS ((HIDDEN / 16 + 31) / 32)
+
+// ---- packed activations ------------------------------------------------------
+
+__device__ __forceinline__ int px_perm(int j) { return ((j & 3) << 1) | (j >> 2); }
+
+// hi/lo fp16 halves of v (saturated to the fp16 range).
+__device__ __forceinline__ void px_split(float v, u16& hi, u16& lo) {
+    hi = f32_to_f16(v);
+    lo = f32_to_f16(v - f16_to_f32(hi));
+}
+
+// Writes one value at column `col` of packed row `row` (K columns).
+__device__ __forceinline__ void px_store1(u16* px, long long row, int K, int col, float v) {
+    u16 hi, lo;
+    px_split(v, hi, lo);
+    u16* r = px + row * 2 * K + (col & ~7) + px_perm(col & 7);
+    r[0] = hi;
+    r[K] = lo;
+}
+
+// Writes 8 consecutive values starting at column c8 (a multiple of 8).
+__device__ __forceinline__ void px_store8(u16* px, long long row, int K, int c8, const float* v) {
+    u16 hi[8], lo[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) px_split(v[j], hi[px_perm(j)], lo[px_perm(j)]);
+    uint4 H, L;
+    H.x = hi[0] | ((u32)hi[1] << 16);
+    H.y = hi[2] | ((u32)hi[3] << 16);
+    H.z = hi[4] | ((u32)hi[5] << 16);
+    H.w = hi[6] | ((u32)hi[7] << 16);
+    L.x = lo[0] | ((u32)lo[1] << 16);
+    L.y = lo[2] | ((u32)lo[3] << 16);
+    L.z = lo[4] | ((u32)lo[5] << 16);
+    L.w = lo[6] | ((u32)lo[7] << 16);
+    u16* r = px + row * 2 * K + c8;
+    *reinterpret_cast<uint4*>(r) = H;
+    *reinterpret_cast<uint4*>(r + K) = L;
+}
+
+// ---- xnorm -----------------------------------------------------------------
+
+struct XnormParams {
+    float* h;               // [ntok][cols] f32; combined in place when y != null
+    const float* y;         // [ntok * MOE_SLOTS][cols] expert outputs, or null
+    const float* topk_w;    // [ntok][MOE_SLOTS]
+    const float* gain;      // RMSNorm gain [cols], or null: pack x as it is
+    u16* px;                // [ntok][2][cols]
+    int cols;
+    float eps;
+};
+LAYOUT_CHECK(XnormParams, XNORM_PARAMS_SIZE)
+
+#define XN_THREADS 256
+#define XN_ITS ((XN_MAX_COLS / 8 + XN_THREADS - 1) / XN_THREADS)
+
+// grid (ntok), block XN_THREADS; thread i owns the 8-column blocks i, i+256...
+extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_constant__ XnormParams p) {
+    __shared__ float red[32];
+    pdl_trigger();
+    pdl_wait();
+    const int t = blockIdx.x, cols = p.cols;
+    float* hr = p.h + (size_t)t * cols;
+    float v[XN_ITS][8];
+    float w[MOE_SLOTS];
+    if (p.y != nullptr) {
+#pragma unroll
+        for (int s = 0; s < MOE_SLOTS; ++s) w[s] = p.topk_w[t * MOE_SLOTS + s];
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int it = 0; it < XN_ITS; ++it) {
+        const int c8 = (threadIdx.x + it * XN_THREADS) * 8;
+        if (c8 >= cols) break;
+        const float4 a = *reinterpret_cast<const float4*>(hr + c8);
+        const float4 b = *reinterpret_cast<const float4*>(hr + c8 + 4);
+        float* x = v[it];
+        x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
+        x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+        if (p.y != nullptr) {
+            // h += sum_s w_s y_s, the slots in a fixed order (deterministic).
+            float add[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int s = 0; s < MOE_SLOTS; ++s) {
+                const float* yr = p.y + ((size_t)t * MOE_SLOTS + s) * cols + c8;
+                const float4 ya = *reinterpret_cast<const float4*>(yr);
+                const float4 yb = *reinterpret_cast<const float4*>(yr + 4);
+                add[0] = fmaf(w[s], ya.x, add[0]);
+                add[1] = fmaf(w[s], ya.y, add[1]);
+                add[2] = fmaf(w[s], ya.z, add[2]);
+                add[3] = fmaf(w[s], ya.w, add[3]);
+                add[4] = fmaf(w[s], yb.x, add[4]);
+                add[5] = fmaf(w[s], yb.y, add[5]);
+                add[6] = fmaf(w[s], yb.z, add[6]);
+                add[7] = fmaf(w[s], yb.w, add[7]);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] += add[j];
+            *reinterpret_cast<float4*>(hr + c8) = make_float4(x[0], x[1], x[2], x[3]);
+            *reinterpret_cast<float4*>(hr + c8 + 4) = make_float4(x[4], x[5], x[6], x[7]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss = fmaf(x[j], x[j], ss);
+    }
+    float r = 1.f;
+    if (p.gain != nullptr) r = rsqrtf(block_sum(ss, red) / (float)cols + p.eps);
+#pragma unroll
+    for (int it = 0; it < XN_ITS; ++it) {
+        const int c8 = (threadIdx.x + it * XN_THREADS) * 8;
+        if (c8 >= cols) break;
+        float o[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = p.gain != nullptr ? v[it][j] * r * p.gain[c8 + j] : v[it][j];
+        px_store8(p.px, t, cols, c8, o);
+    }
+}
+
+// ---- the tensor-core matrix engine -------------------------------------------
+
+__device__ __forceinline__ u32 deq_pair(u32 w) {
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(0x000F000Fu), "r"(0x64006400u));
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(r), "r"(0x64006400u));
+    return r;
+}
+
+__device__ __forceinline__ uint4 lds128(const void* p) {
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(smem_u32(p)));
+    return r;
+}
+
+__device__ __forceinline__ uint4 ldg128_nc(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
+}
+
+// The weights of one task: mma rows 0-7 come from half 0, rows 8-15 from half
+// 1 (the two halves of a dense 16-row tile, or the gate and up rows of a
+// SwiGLU tile). Pointers are at the half's first row; n = valid rows (0..8).
+struct QTask {
+    const u32* codes[2];
+    const bf16* scales[2];
+    const bf16* biases[2];
+    int n[2];
+};
+
+// Geometry of the K split, from K alone.
+struct KSplit {
+    int K, G, GQ, SQ, wpr;
+    __device__ KSplit(int k) : K(k) {
+        G = k / GROUP_SIZE;
+        GQ = 2 * ((G + 2 * QMM_KQ - 1) / (2 * QMM_KQ));
+        SQ = GQ / 2;
+        wpr = k / 8;
+    }
+};
+
+// Issues the cp.async pieces of stage `s` of quarter `q` of task `tk`
+// (always commits one group, possibly empty).
+__device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, bool valid, const KSplit& ks, int q, int s,
+                                           int lane) {
+    const int G0 = q * ks.GQ + 2 * s;
+    const int gend = min((q + 1) * ks.GQ, ks.G);
+    if (valid && G0 < gend) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pc = lane + 32 * i;
+            const int h = pc & 1, c = (pc >> 1) & 3, grp = (pc >> 3) & 1, g = pc >> 4;
+            // Selects rather than indexes the halves: a run-time index would
+            // put the task in local memory.
+            const int nh = h ? tk.n[1] : tk.n[0];
+            const u32* base = h ? tk.codes[1] : tk.codes[0];
+            const bool ok = g < nh && G0 + grp < gend;
+            const u32* src = ok ? base + (size_t)g * ks.wpr + (G0 + grp) * 8 + 2 * c : tk.codes[0];
+            cp_async8(st + g * 128 + ((grp ^ (g & 1)) << 6) + c * 16 + h * 8, src, ok ? 8 : 0);
+        }
+        {
+            const int kind = lane >> 4, r = lane & 15, h = r >> 3, g = r & 7;
+            const bool ok = g < (h ? tk.n[1] : tk.n[0]);
+            const bf16* base = kind ? (h ? tk.biases[1] : tk.biases[0]) : (h ? tk.scales[1] : tk.scales[0]);
+            const bf16* src = ok ? base + (size_t)g * ks.G + G0 : tk.scales[0];
+            // The second group of the stage may be past the row's end.
+            const int bytes = ok ? (G0 + 1 < ks.G ? 4 : 2) : 0;
+            cp_async4(st + QMM_STAGE_CODES + g * 16 + kind * 8 + h * 4, src, bytes);
+        }
+    }
+    cp_async_commit();
+}
+
+// One stage's math: up to 2 groups, NT n-tiles of tokens.
+template <int NT>
+__device__ __forceinline__ void stage_math(const unsigned char* st, const KSplit& ks, int q, int s, int lane,
+                                           const u16* x, const int* xoff, float (&acc)[NT][2]) {
+    const int g = lane >> 2, c = lane & 3;
+    const int G0 = q * ks.GQ + 2 * s;
+    const int gend = min((q + 1) * ks.GQ, ks.G);
+    const uint4 sb = lds128(st + QMM_STAGE_CODES + g * 16);
+#pragma unroll
+    for (int grp = 0; grp < 2; ++grp) {
+        if (G0 + grp >= gend) break;
+        const uint4 w = lds128(st + g * 128 + ((grp ^ (g & 1)) << 6) + c * 16);
+        const float sA = grp ? bf16hi(sb.x) : bf16lo(sb.x);
+        const float sB = grp ? bf16hi(sb.y) : bf16lo(sb.y);
+        const float bA = grp ? bf16hi(sb.z) : bf16lo(sb.z);
+        const float bB = grp ? bf16hi(sb.w) : bf16lo(sb.w);
+        u32 a[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 wg = j < 2 ? w.x : w.y, wh = j < 2 ? w.z : w.w;
+            const int sh = (j & 1) * 8;
+            a[j][0] = deq_pair(wg >> sh);
+            a[j][1] = deq_pair(wh >> sh);
+            a[j][2] = deq_pair(wg >> (sh + 4));
+            a[j][3] = deq_pair(wh >> (sh + 4));
+        }
+        const int koff = (G0 + grp) * GROUP_SIZE + 16 * c;
+        const u32 ONE2 = 0x3C003C00u;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            uint4 b01 = make_uint4(0, 0, 0, 0), b23 = make_uint4(0, 0, 0, 0);
+            if (xoff[nt] >= 0) {
+                const u16* xp = x + xoff[nt] + koff;
+                b01 = ldg128_nc(xp);
+                b23 = ldg128_nc(xp + 8);
+            }
+            float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_f16(d, a[0][0], a[0][1], a[0][2], a[0][3], b01.x, b01.y);
+            mma_f16(d, a[1][0], a[1][1], a[1][2], a[1][3], b01.z, b01.w);
+            mma_f16(d, a[2][0], a[2][1], a[2][2], a[2][3], b23.x, b23.y);
+            mma_f16(d, a[3][0], a[3][1], a[3][2], a[3][3], b23.z, b23.w);
+            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01.x, b01.y);
+            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01.z, b01.w);
+            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23.x, b23.y);
+            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23.z, b23.w);
+            const float yA = __fadd_rn(d[0], d[1]), yB = __fadd_rn(d[2], d[3]), cs = __fadd_rn(e[0], e[1]);
+            acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
+            acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
+        }
+    }
+}
+
+// Producer side of the ring: stage z of the warp's sequence (block task
+// z / SQ, stage z % SQ of its quarter), or an empty commit past the end.
+template <int MTB, class Job>
+__device__ __forceinline__ void qmm_load_stage(const Job& job, unsigned char* ring, const KSplit& ks, int z, int zmax, int mt,
+                                               int q, int lane, int ntasks) {
+    if (z < zmax) {
+        const int it = z / ks.SQ, s = z - it * ks.SQ;
+        const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * MTB + mt;
+        bool valid = false;
+        const QTask tk = job.task(ti, valid);
+        stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, tk, valid && ti < ntasks, ks, q, s, lane);
+    } else {
+        cp_async_commit();
+    }
+}
+
+// The driver loop shared by every matrix kernel. `Job` provides:
+//   prepare() (after the dependency wait when the tasks need it), ntasks(),
+//   task(i, &valid) -> QTask, count(i) (tokens of task i), xrow(i, j) (the
+//   packed x row of its token j), epilogue(i, nt, lane, v0, v1, count):
+//   called by every lane of the quarter-0 warp for each n-tile with the
+//   finished sums of rows g and g + 8 for token 4 nt + c, and finish().
+// `prefetch_before_wait`: the job's tasks are known before the previous
+// kernel completes (dense weights), so the first stages are requested early.
+template <int NT, int MTB, class Job>
+__device__ __forceinline__ void qmm_run(Job& job, const u16* x, int K, bool prefetch_before_wait) {
+    extern __shared__ __align__(16) unsigned char qsm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int mt = warp / QMM_KQ, q = warp % QMM_KQ;
+    unsigned char* ring = qsm + warp * (QMM_RING * QMM_STAGE_BYTES);
+    float* red = reinterpret_cast<float*>(qsm + MTB * QMM_KQ * QMM_RING * QMM_STAGE_BYTES);  // [MTB][NT][32][2]
+    const KSplit ks(K);
+    const int SQ = ks.SQ;
+
+    pdl_trigger();
+    if (!prefetch_before_wait) pdl_wait();
+    job.prepare();
+    const int ntasks = job.ntasks();
+    const int nbt = (ntasks + MTB - 1) / MTB;
+    const int my_bt = blockIdx.x < nbt ? (nbt - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int zmax = my_bt * SQ;
+
+#pragma unroll 1
+    for (int z = 0; z < QMM_RING - 1; ++z) qmm_load_stage<MTB>(job, ring, ks, z, zmax, mt, q, lane, ntasks);
+    if (prefetch_before_wait) pdl_wait();
+
+    float acc[NT][2];
+    int xoff[NT];
+    int cnt = 0, ti = 0;
+#pragma unroll 1
+    for (int z = 0; z < zmax; ++z) {
+        const int it = z / SQ, s = z - it * SQ;
+        if (s == 0) {
+            ti = ((int)blockIdx.x + it * (int)gridDim.x) * MTB + mt;
+            cnt = ti < ntasks ? job.count(ti) : 0;
+            const int g = lane >> 2;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                acc[nt][0] = 0.f;
+                acc[nt][1] = 0.f;
+                const int j = nt * 4 + (g >> 1);
+                xoff[nt] = j < cnt ? job.xrow(ti, j) * 2 * K + (g & 1) * K : -1;
+            }
+        }
+        cp_async_wait<QMM_RING - 2>();
+        __syncwarp();
+        if (cnt > 0) stage_math<NT>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, ks, q, s, lane, x, xoff, acc);
+        __syncwarp();
+        qmm_load_stage<MTB>(job, ring, ks, z + QMM_RING - 1, zmax, mt, q, lane, ntasks);
+        if (s == SQ - 1) {
+            // Quarters 1..3 hand their partials to quarter 0 in order.
+            float* mine = red + (size_t)mt * NT * 64;
+#pragma unroll 1
+            for (int src = 1; src < QMM_KQ; ++src) {
+                if (q == src) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        *reinterpret_cast<float2*>(mine + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
+                }
+                __syncthreads();
+                if (q == 0) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const float2 o = *reinterpret_cast<const float2*>(mine + (nt * 32 + lane) * 2);
+                        acc[nt][0] = __fadd_rn(acc[nt][0], o.x);
+                        acc[nt][1] = __fadd_rn(acc[nt][1], o.y);
+                    }
+                }
+                __syncthreads();
+            }
+            if (q == 0 && cnt > 0) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) job.epilogue(ti, nt, lane, acc[nt][0], acc[nt][1], cnt);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    job.finish();
+}
+
+// ---- dense matrices ----------------------------------------------------------
+
+#define QMM_STORE 0
+#define QMM_ADD 1
+#define QMM_LOGITS 2
+
+struct QmmSeg {
+    const u32* codes;     // [rows][K / 8]
+    const bf16* scales;   // [rows][K / 64]
+    const bf16* biases;
+    float* out;           // out[t * out_stride + row]
+    int rows;
+    int out_stride;
+    int tile_start;       // first 16-row tile of this segment
+    int mode;             // QMM_STORE / QMM_ADD / QMM_LOGITS
+};
+LAYOUT_CHECK(QmmSeg, QMM_SEG_SIZE)
+
+// Tasks: tile-major within a token chunk: task = chunk * ntiles + tile, a
+// chunk being tok_chunk tokens (the variant's 4 * NT). Tokens beyond one
+// chunk re-read the weights (from L2); per-token arithmetic is the same.
+struct QmmDenseParams {
+    QmmSeg seg[QMM_MAX_SEGS];
+    const u16* x;         // packed [ntok][2][K]
+    u64* argmax_keys;     // [ntok] for QMM_LOGITS, else null
+    int nseg;
+    int ntiles;           // 16-row tiles over all segments
+    int tok_chunk;
+    int K;
+    int ntok;
+};
+LAYOUT_CHECK(QmmDenseParams, QMM_DENSE_PARAMS_SIZE)
+
+struct DenseJob {
+    const QmmDenseParams& p;
+    u64* best;            // shared [QMM_MAX_TOK] argmax keys of this block, or null
+    __device__ DenseJob(const QmmDenseParams& pp, u64* b) : p(pp), best(b) {}
+    __device__ void prepare() {
+        if (best != nullptr) {
+            for (int i = threadIdx.x; i < p.ntok; i += blockDim.x) best[i] = 0ull;
+            __syncthreads();
+        }
+    }
+    __device__ int ntasks() const { return p.ntiles * ((p.ntok + p.tok_chunk - 1) / p.tok_chunk); }
+    __device__ int seg_of(int tile) const {
+        int s = 0;
+#pragma unroll
+        for (int i = 1; i < QMM_MAX_SEGS; ++i)
+            if (i < p.nseg && tile >= p.seg[i].tile_start) s = i;
+        return s;
+    }
+    __device__ QTask task(int ti, bool& valid) const {
+        QTask t;
+        valid = ti < ntasks();
+        const int tile = ti % p.ntiles;
+        const QmmSeg& sg = p.seg[seg_of(tile)];
+        const int r0 = (tile - sg.tile_start) * 16;
+        const int wpr = p.K / 8, gpr = p.K / GROUP_SIZE;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int rh = r0 + 8 * h;
+            t.n[h] = max(0, min(8, sg.rows - rh));
+            const int rc = t.n[h] > 0 ? rh : 0;
+            t.codes[h] = sg.codes + (size_t)rc * wpr;
+            t.scales[h] = sg.scales + (size_t)rc * gpr;
+            t.biases[h] = sg.biases + (size_t)rc * gpr;
+        }
+        return t;
+    }
+    __device__ int count(int ti) const { return min(p.tok_chunk, p.ntok - (ti / p.ntiles) * p.tok_chunk); }
+    __device__ int xrow(int ti, int j) const { return (ti / p.ntiles) * p.tok_chunk + j; }
+    __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
+        const int g = lane >> 2, c = lane & 3;
+        const int tile = ti % p.ntiles;
+        const QmmSeg& sg = p.seg[seg_of(tile)];
+        const int r0 = (tile - sg.tile_start) * 16;
+        const int j = nt * 4 + c;
+        const int t = (ti / p.ntiles) * p.tok_chunk + j;
+        u64 key = 0ull;
+        if (j < cnt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = r0 + g + 8 * h;
+                if (row >= sg.rows) continue;
+                const float v = h ? v1 : v0;
+                float* o = sg.out + (size_t)t * sg.out_stride + row;
+                if (sg.mode == QMM_ADD) *o += v;
+                else *o = v;
+                const u64 k = argmax_key(v, (u32)row);
+                if (k > key) key = k;
+            }
+        }
+        if (sg.mode == QMM_LOGITS && best != nullptr) {
+            // Lanes 4 apart hold the same token: fold the 8 rows, then one
+            // shared atomic per token and tile.
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                const u64 other = __shfl_xor_sync(FULL_MASK, key, o);
+                if (other > key) key = other;
+            }
+            if (g == 0 && j < cnt) atomicMax(best + t, key);
+        }
+    }
+    __device__ void finish() {
+        if (best != nullptr) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < p.ntok; i += blockDim.x)
+                if (best[i] != 0ull) atomicMax(p.argmax_keys + i, best[i]);
+        }
+    }
+};
+
+template <int NT, int MTB>
+__device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
+    __shared__ u64 best[QMM_MAX_TOK];
+    DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
+    qmm_run<NT, MTB>(job, p.x, p.K, true);
+}
+
+#define QMM_DENSE(NT, MTB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MTB * QMM_KQ * 32)                                  \
+        qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) {                                  \
+        qmm_dense_body<NT, MTB>(p);                                                                  \
+    }
+QMM_DENSE(1, 1)
+QMM_DENSE(2, 1)
+QMM_DENSE(4, 2)
+QMM_DENSE(8, 2)
+QMM_DENSE(16, 2)
+
+// ---- MoE decode ----------------------------------------------------------------
+//
+// The plan (written by moe_router): plan[0] = number of items; items at
+// plan + PLAN_HEAD, [max_items][3] = (expert, first pair, pair count <=
+// chunk); the pair list after the items: pair = token * MOE_SLOTS + slot.
+// Items of the shared expert (expert N_EXPERTS, slot TOPK, every token)
+// come first, then the routed experts in expert order, each expert's pairs
+// in token order.
+#define PLAN_HEAD 4
+
+struct QmmMoeParams {
+    const u32* codes;        // [N_EXPERTS][rows][K / 8] (gate for up)
+    const bf16* scales;
+    const bf16* biases;
+    const u32* codes2;       // up: the up projection; down: unused
+    const bf16* scales2;
+    const bf16* biases2;
+    const u32* sh_codes;     // the shared expert's matrices (same shapes, one expert)
+    const bf16* sh_scales;
+    const bf16* sh_biases;
+    const u32* sh_codes2;
+    const bf16* sh_scales2;
+    const bf16* sh_biases2;
+    const u16* x;            // packed: up [ntok][2][HIDDEN], down [ntok * MOE_SLOTS][2][MOE_INTER]
+    const int* plan;
+    u16* act_out;            // up: packed [ntok * MOE_SLOTS][2][MOE_INTER]
+    float* y_out;            // down: [ntok * MOE_SLOTS][HIDDEN]
+    int max_items;
+    int up;                  // 1 = gate/up + SwiGLU, 0 = down
+};
+LAYOUT_CHECK(QmmMoeParams, QMM_MOE_PARAMS_SIZE)
+
+struct MoeJob {
+    const QmmMoeParams& p;
+    int nitems;
+    const int* items;
+    const int* pairs;
+    __device__ MoeJob(const QmmMoeParams& pp) : p(pp), nitems(0), items(nullptr), pairs(nullptr) {}
+    __device__ int tiles() const { return p.up ? MOE_INTER / 8 : HIDDEN / 16; }
+    __device__ void prepare() {
+        nitems = p.plan[0];
+        items = p.plan + PLAN_HEAD;
+        pairs = items + 3 * p.max_items;
+    }
+    __device__ int ntasks() const { return nitems * tiles(); }
+    __device__ QTask task(int ti, bool& valid) const {
+        QTask t;
+        valid = ti < ntasks();
+        const int item = valid ? ti / tiles() : 0;
+        const int tile = ti - item * tiles();
+        const int e = valid ? items[3 * item] : N_EXPERTS;
+        const bool sh = e >= N_EXPERTS;
+        if (p.up) {
+            // rows 0-7: gate rows 8*tile.., rows 8-15: up rows 8*tile..
+            const int wpr = HIDDEN / 8, gpr = HIDDEN / GROUP_SIZE;
+            const size_t r = (sh ? 0 : (size_t)e * MOE_INTER) + (size_t)tile * 8;
+            t.codes[0] = (sh ? p.sh_codes : p.codes) + r * wpr;
+            t.scales[0] = (sh ? p.sh_scales : p.scales) + r * gpr;
+            t.biases[0] = (sh ? p.sh_biases : p.biases) + r * gpr;
+            t.codes[1] = (sh ? p.sh_codes2 : p.codes2) + r * wpr;
+            t.scales[1] = (sh ? p.sh_scales2 : p.scales2) + r * gpr;
+            t.biases[1] = (sh ? p.sh_biases2 : p.biases2) + r * gpr;
+            t.n[0] = t.n[1] = min(8, MOE_INTER - tile * 8);
+        } else {
+            const int wpr = MOE_INTER / 8, gpr = MOE_INTER / GROUP_SIZE;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int rh = tile * 16 + 8 * h;
+                t.n[h] = max(0, min(8, HIDDEN - rh));
+                const size_t r = (sh ? 0 : (size_t)e * HIDDEN) + (t.n[h] > 0 ? rh : 0);
+                t.codes[h] = (sh ? p.sh_codes : p.codes) + r * wpr;
+                t.scales[h] = (sh ? p.sh_scales : p.scales) + r * gpr;
+                t.biases[h] = (sh ? p.sh_biases : p.biases) + r * gpr;
+            }
+        }
+        return t;
+    }
+    __device__ int count(int ti) const { return items[3 * (ti / tiles()) + 2]; }
+    __device__ int pair(int ti, int j) const { return pairs[items[3 * (ti / tiles()) + 1] + j]; }
+    __device__ int xrow(int ti, int j) const { return p.up ? pair(ti, j) / MOE_SLOTS : pair(ti, j); }
+    __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
+        const int g = lane >> 2, j = nt * 4 + (lane & 3);
+        if (j >= cnt) return;
+        const int tile = ti % tiles();
+        const int pr = pair(ti, j);
+        if (p.up) {
+            const int col = tile * 8 + g;
+            if (col < MOE_INTER) px_store1(p.act_out, pr, MOE_INTER, col, siluf_(v0) * v1);
+        } else {
+            const int r0 = tile * 16 + g;
+            float* o = p.y_out + (size_t)pr * HIDDEN;
+            if (r0 < HIDDEN) o[r0] = v0;
+            if (r0 + 8 < HIDDEN) o[r0 + 8] = v1;
+        }
+    }
+    __device__ void finish() {}
+};
+
+#define QMM_MOE(NAME, NT)                                                                           \
+    extern "C" __global__ void __launch_bounds__(QMM_KQ * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
+        MoeJob job(p);                                                                               \
+        qmm_run<NT, 1>(job, p.x, p.up ? HIDDEN : MOE_INTER, false);                                  \
+    }
+QMM_MOE(qmm_moe_1, 1)
+QMM_MOE(qmm_moe_2, 2)
+
+// ---- router, top-k and the decode plan ------------------------------------------
+
+struct RouterParams {
+    const u32* codes;        // router [N_EXPERTS][HIDDEN] 8-bit
+    const bf16* scales;
+    const bf16* biases;
+    const u32* sg_codes;     // shared expert gate [1][HIDDEN] 8-bit
+    const bf16* sg_scales;
+    const bf16* sg_biases;
+    const float* h;          // residual [ntok][HIDDEN]
+    const float* gain;       // post-attention norm gain
+    float* logits;           // [ntok][N_EXPERTS]
+    float* sg;               // [ntok]
+    u16* px;                 // packed RMSNorm(h) [ntok][2][HIDDEN] (block 0 writes)
+    int* topk_idx;           // [ntok][TOPK]
+    float* topk_w;           // [ntok][MOE_SLOTS]
+    int* plan;
+    int* ticket;             // 0 on entry, left 0
+    int ntok;
+    int chunk;               // pairs per plan item
+    int max_items;
+    float eps;
+};
+LAYOUT_CHECK(RouterParams, ROUTER_PARAMS_SIZE)
+
+__device__ __forceinline__ float ldcg_f32(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+}
+
+// Exclusive scan of v over the block (blockDim.x == 256); returns the total.
+__device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += n;
+    }
+    if (lane == 31) tmp[warp] = incl;
+    __syncthreads();
+    int before = 0, tot = 0;
+    for (int w = 0; w < 8; ++w) {
+        if (w < warp) before += tmp[w];
+        tot += tmp[w];
+    }
+    __syncthreads();
+    total = tot;
+    return before + incl - v;
+}
+
+// grid ceil((N_EXPERTS + 1) / ROUTER_ROWS), block 256 (ROUTER_ROWS warps):
+// warp w computes row blockIdx.x * 8 + w (N_EXPERTS = the shared expert
+// gate) for every token, ROUTER_TOK tokens at a time staged (normalised) in
+// shared memory. Dynamic smem: ROUTER_TOK * PADDED_LEN(HIDDEN) floats.
+extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
+    extern __shared__ __align__(16) float rsm[];
+    __shared__ float red[32];
+    __shared__ int s_last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * ROUTER_ROWS + warp;
+    const bool has_row = row <= N_EXPERTS;
+    const bool sgrow = row == N_EXPERTS;
+    const u32* codes = sgrow ? p.sg_codes : p.codes + (size_t)(has_row ? row : 0) * (HIDDEN / 4);
+    const bf16* sc = sgrow ? p.sg_scales : p.scales + (size_t)(has_row ? row : 0) * (HIDDEN / GROUP_SIZE);
+    const bf16* bi = sgrow ? p.sg_biases : p.biases + (size_t)(has_row ? row : 0) * (HIDDEN / GROUP_SIZE);
+    // The row's weights go to registers before the previous kernel ends.
+    uint4 w[ROUTER_ITS];
+    float ws[ROUTER_ITS], wb[ROUTER_ITS];
+#pragma unroll
+    for (int i = 0; i < ROUTER_ITS; ++i) {
+        const int ch = lane + 32 * i;
+        if (has_row && ch < HIDDEN / 16) {
+            w[i] = ld_stream_u4(codes + ch * 4);
+            ws[i] = bf16_to_f32(ld_nc_u16(sc + ch / 4));
+            wb[i] = bf16_to_f32(ld_nc_u16(bi + ch / 4));
+        } else {
+            w[i] = make_uint4(0, 0, 0, 0);
+            ws[i] = wb[i] = 0.f;
+        }
+    }
+    pdl_trigger();
+    pdl_wait();
+    const int P = PADDED_LEN(HIDDEN);
+    for (int t0 = 0; t0 < p.ntok; t0 += ROUTER_TOK) {
+        const int nt = min(ROUTER_TOK, p.ntok - t0);
+        // Warp w normalises token t0 + w into its staging row.
+        if (warp < nt) {
+            const int t = t0 + warp;
+            const float* hr = p.h + (size_t)t * HIDDEN;
+            float* sx = rsm + warp * P;
+            float ss = 0.f;
+            for (int c = lane * 4; c < HIDDEN; c += 128) {
+                const float4 v = *reinterpret_cast<const float4*>(hr + c);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = warp_sum(ss);
+            const float r = rsqrtf(ss / (float)HIDDEN + p.eps);
+            for (int c = lane * 8; c < HIDDEN; c += 256) {
+                float o[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) o[j] = hr[c + j] * r * p.gain[c + j];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) sx[PAD32(c + j)] = o[j];
+                if (blockIdx.x == 0) px_store8(p.px, t, HIDDEN, c, o);
+            }
+        }
+        __syncthreads();
+        if (has_row) {
+            for (int k = 0; k < nt; ++k) {
+                const float* sx = rsm + k * P;
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < ROUTER_ITS; ++i) {
+                    const int ch = lane + 32 * i;
+                    if (ch < HIDDEN / 16) {
+                        const float* xs = sx + PAD32(ch * 16);
+                        float xv[16];
+                        float cs = 0.f;
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const float4 v = reinterpret_cast<const float4*>(xs)[j];
+                            xv[4 * j] = v.x;
+                            xv[4 * j + 1] = v.y;
+                            xv[4 * j + 2] = v.z;
+                            xv[4 * j + 3] = v.w;
+                            cs += (v.x + v.y) + (v.z + v.w);
+                        }
+                        acc += fmaf(ws[i], dot16_q8(w[i], xv), wb[i] * cs);
+                    }
+                }
+                acc = warp_sum(acc);
+                if (lane == 0) {
+                    if (sgrow) p.sg[t0 + k] = acc;
+                    else p.logits[(size_t)(t0 + k) * N_EXPERTS + row] = acc;
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // The last block to finish routes every token and writes the plan.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    int* sel = reinterpret_cast<int*>(rsm);            // [ntok][TOPK]
+    float* selw = reinterpret_cast<float*>(sel + QMM_MAX_TOK * TOPK);
+    float* lg = selw + QMM_MAX_TOK * TOPK;              // [8 warps][N_EXPERTS]
+    for (int t = warp; t < p.ntok; t += ROUTER_ROWS) {
+        float* l = lg + warp * N_EXPERTS;
+        for (int e = lane; e < N_EXPERTS; e += 32) l[e] = ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e);
+        __syncwarp();
+        warp_topk(l, sel + t * TOPK, selw + t * TOPK);
+        __syncwarp();
+        if (lane < TOPK) {
+            p.topk_idx[t * TOPK + lane] = sel[t * TOPK + lane];
+            p.topk_w[t * MOE_SLOTS + lane] = selw[t * TOPK + lane];
+        }
+        if (lane == 0) p.topk_w[t * MOE_SLOTS + TOPK] = sigmoidf_(ldcg_f32(p.sg + t));
+        __syncwarp();
+    }
+    __syncthreads();
+    int* items = p.plan + PLAN_HEAD;
+    int* pairs = items + 3 * p.max_items;
+    const int n = p.ntok, ch = p.chunk;
+    const int n_sh = (n + ch - 1) / ch;
+    // Shared expert: pairs n*TOPK.. in token order, items 0..n_sh-1.
+    for (int t = threadIdx.x; t < n; t += blockDim.x) pairs[n * TOPK + t] = t * MOE_SLOTS + TOPK;
+    for (int i = threadIdx.x; i < n_sh; i += blockDim.x) {
+        items[3 * i] = N_EXPERTS;
+        items[3 * i + 1] = n * TOPK + i * ch;
+        items[3 * i + 2] = min(ch, n - i * ch);
+    }
+    __shared__ int scan_tmp[8];
+    int item_base = n_sh, pair_base = 0;
+    for (int e0 = 0; e0 < N_EXPERTS; e0 += 256) {
+        const int e = e0 + threadIdx.x;
+        int c = 0;
+        if (e < N_EXPERTS)
+            for (int i = 0; i < n * TOPK; ++i) c += sel[i] == e;
+        int tot_pairs, tot_items;
+        const int poff = pair_base + block_scan_excl(c, scan_tmp, tot_pairs);
+        const int ni = (c + ch - 1) / ch;
+        const int ioff = item_base + block_scan_excl(ni, scan_tmp, tot_items);
+        if (c > 0) {
+            int pos = poff;
+            for (int i = 0; i < n * TOPK; ++i)
+                if (sel[i] == e) pairs[pos++] = (i / TOPK) * MOE_SLOTS + (i % TOPK);
+            for (int j = 0; j < ni; ++j) {
+                items[3 * (ioff + j)] = e;
+                items[3 * (ioff + j) + 1] = poff + j * ch;
+                items[3 * (ioff + j) + 2] = min(ch, c - j * ch);
+            }
+        }
+        pair_base += tot_pairs;
+        item_base += tot_items;
+    }
+    if (threadIdx.x == 0) {
+        p.plan[0] = item_base;
+        *p.ticket = 0;
+    }
+}

@@ -1,0 +1,466 @@
+//! Launchers of kernels/qmm.cu: the decode step's matrix work on tensor
+//! cores for 1 to `MAX_DECODE_BATCH` tokens (dense projections and the
+//! lm_head, the MoE experts grouped by expert), the activation packer
+//! (`xnorm`) and the MoE router with its device-side plan.
+//!
+//! Every constant both sides use is defined here once and handed to NVRTC as
+//! a define (`defines`), with the size of every mirrored parameter struct, so
+//! the kernel refuses to compile against a drifted layout. Launchers take
+//! typed views of the memory plan (`DevSlice`) and check each one holds what
+//! the launch touches.
+
+use std::mem::size_of;
+
+use cudarc::driver::DeviceRepr;
+
+use crate::device::{DevSlice, Gpu};
+use crate::dims::Dims;
+use crate::error::{CudaError, CudaResult, DriverContext};
+use crate::kernels::Kernels;
+use crate::launch::launch_pdl;
+use crate::weights::{MoeDev, QMat};
+
+/// Most tokens one decode step takes (the largest decode batch).
+pub const MAX_DECODE_BATCH: usize = 128;
+/// Weight stages (2 quantisation groups x 16 rows) in flight per warp.
+pub const QMM_RING: usize = 8;
+/// Bytes of one stage: 16 rows x 2 groups x 32 bytes of codes, then scales
+/// and biases (qmm.cu, "Stage layout").
+pub const QMM_STAGE_BYTES: usize = 1152;
+/// Warps sharing one 16-row task, each a fixed quarter of K.
+pub const QMM_KQ: usize = 4;
+/// Matrices one dense launch may compute from the same input.
+pub const QMM_MAX_SEGS: usize = 4;
+/// Ints before the item list in the MoE plan.
+pub const PLAN_HEAD: usize = 4;
+const ROUTER_ROWS: usize = 8;
+const ROUTER_TOK: usize = 8;
+const XN_THREADS: u32 = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct QmmSegC {
+    codes: u64,
+    scales: u64,
+    biases: u64,
+    out: u64,
+    rows: i32,
+    out_stride: i32,
+    tile_start: i32,
+    mode: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct QmmDenseParamsC {
+    seg: [QmmSegC; QMM_MAX_SEGS],
+    x: u64,
+    argmax_keys: u64,
+    nseg: i32,
+    ntiles: i32,
+    tok_chunk: i32,
+    k: i32,
+    ntok: i32,
+}
+// SAFETY: plain-old-data mirroring `QmmDenseParams` in qmm.cu (size checked
+// at compile time through QMM_DENSE_PARAMS_SIZE).
+unsafe impl DeviceRepr for QmmDenseParamsC {}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct QmmMoeParamsC {
+    codes: u64,
+    scales: u64,
+    biases: u64,
+    codes2: u64,
+    scales2: u64,
+    biases2: u64,
+    sh_codes: u64,
+    sh_scales: u64,
+    sh_biases: u64,
+    sh_codes2: u64,
+    sh_scales2: u64,
+    sh_biases2: u64,
+    x: u64,
+    plan: u64,
+    act_out: u64,
+    y_out: u64,
+    max_items: i32,
+    up: i32,
+}
+// SAFETY: plain-old-data mirroring `QmmMoeParams` in qmm.cu (size checked).
+unsafe impl DeviceRepr for QmmMoeParamsC {}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct XnormParamsC {
+    h: u64,
+    y: u64,
+    topk_w: u64,
+    gain: u64,
+    px: u64,
+    cols: i32,
+    eps: f32,
+}
+// SAFETY: plain-old-data mirroring `XnormParams` in qmm.cu (size checked).
+unsafe impl DeviceRepr for XnormParamsC {}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RouterParamsC {
+    codes: u64,
+    scales: u64,
+    biases: u64,
+    sg_codes: u64,
+    sg_scales: u64,
+    sg_biases: u64,
+    h: u64,
+    gain: u64,
+    logits: u64,
+    sg: u64,
+    px: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    plan: u64,
+    ticket: u64,
+    ntok: i32,
+    chunk: i32,
+    max_items: i32,
+    eps: f32,
+}
+// SAFETY: plain-old-data mirroring `RouterParams` in qmm.cu (size checked).
+unsafe impl DeviceRepr for RouterParamsC {}
+
+/// The defines qmm.cu needs beyond the model dimensions.
+pub fn defines(dims: &Dims) -> Vec<String> {
+    vec![
+        format!("-DQMM_RING={QMM_RING}"),
+        format!("-DQMM_MAX_TOK={MAX_DECODE_BATCH}"),
+        format!("-DQMM_MAX_SEGS={QMM_MAX_SEGS}"),
+        format!("-DXN_MAX_COLS={}", xnorm_max_cols(dims)),
+        format!("-DQMM_SEG_SIZE={}", size_of::<QmmSegC>()),
+        format!("-DQMM_DENSE_PARAMS_SIZE={}", size_of::<QmmDenseParamsC>()),
+        format!("-DQMM_MOE_PARAMS_SIZE={}", size_of::<QmmMoeParamsC>()),
+        format!("-DXNORM_PARAMS_SIZE={}", size_of::<XnormParamsC>()),
+        format!("-DROUTER_PARAMS_SIZE={}", size_of::<RouterParamsC>()),
+    ]
+}
+
+/// Widest row `xnorm` packs: the hidden state or a mixer output.
+fn xnorm_max_cols(dims: &Dims) -> usize {
+    dims.hidden.max(dims.mix_dim())
+}
+
+/// The entry points, for kernels.rs.
+pub const KERNELS: &[&str] =
+    &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_dense_4", "qmm_dense_8", "qmm_dense_16", "qmm_moe_1", "qmm_moe_2", "moe_router"];
+
+/// (n-tiles a warp keeps, m-tiles per block) of the dense variant for
+/// `ntok` tokens; more tokens than 4 * 16 run in chunks of 64.
+fn dense_variant(ntok: usize) -> (&'static str, usize, usize) {
+    match ntok {
+        0..=4 => ("qmm_dense_1", 1, 1),
+        5..=8 => ("qmm_dense_2", 2, 1),
+        9..=16 => ("qmm_dense_4", 4, 2),
+        17..=32 => ("qmm_dense_8", 8, 2),
+        _ => ("qmm_dense_16", 16, 2),
+    }
+}
+
+/// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
+/// are cut into plan items of `moe_chunk(ntok)` pairs.
+fn moe_nt(ntok: usize) -> usize {
+    if ntok <= 8 {
+        1
+    } else {
+        2
+    }
+}
+
+/// Pairs per plan item for a step of `ntok` tokens (what the router's plan
+/// and the MoE launch must agree on).
+pub fn moe_chunk(ntok: usize) -> usize {
+    4 * moe_nt(ntok)
+}
+
+/// Plan items a step of up to `max_batch` tokens may need: the shared
+/// expert's chunks plus at most one item per routed pair.
+pub fn max_plan_items(dims: &Dims, max_batch: usize) -> usize {
+    max_batch.div_ceil(4) + max_batch * dims.topk
+}
+
+/// Ints of the plan buffer for `max_batch` tokens.
+pub fn plan_ints(dims: &Dims, max_batch: usize) -> usize {
+    PLAN_HEAD + 3 * max_plan_items(dims, max_batch) + max_batch * (dims.topk + 1)
+}
+
+fn smem_bytes(nt: usize, mtb: usize) -> usize {
+    mtb * QMM_KQ * QMM_RING * QMM_STAGE_BYTES + mtb * nt * 64 * 4
+}
+
+/// Blocks of a persistent grid: as many as fit on the GPU at once, at most
+/// `tasks` (0 = unknown until the kernel runs).
+fn grid(gpu: &Gpu, k: &Kernels, name: &'static str, threads: u32, smem: usize, tasks: usize) -> CudaResult<u32> {
+    let per_sm = k.get(name)?.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None).ctx(name)?.max(1);
+    let full = gpu.sm_count as usize * per_sm as usize;
+    Ok(if tasks == 0 { full } else { full.min(tasks) }.max(1) as u32)
+}
+
+/// What a dense launch does with a matrix's rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    /// out[t * stride + r] = y
+    Store,
+    /// out[t * stride + r] += y (the residual add)
+    Add,
+    /// Store, and fold every row into the per-token greedy argmax keys.
+    Logits,
+}
+
+/// One matrix of a dense launch.
+#[derive(Clone, Copy)]
+pub struct DenseSeg<'a> {
+    pub w: &'a QMat,
+    pub out: DevSlice<f32>,
+    pub out_stride: usize,
+    pub epilogue: Epilogue,
+}
+
+/// Packed activations: `rows` x [hi | lo] x `cols` halves (qmm.cu).
+pub fn packed_len(rows: usize, cols: usize) -> usize {
+    rows * 2 * cols
+}
+
+/// y = W x for every matrix of `segs` (same input width) and the first
+/// `ntok` rows of the packed input `x`.
+pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: DevSlice<u16>, ntok: usize, argmax_keys: Option<DevSlice<u64>>) -> CudaResult<()> {
+    const NAME: &str = "qmm_dense";
+    if segs.is_empty() || segs.len() > QMM_MAX_SEGS {
+        return Err(CudaError::shape(NAME, format!("{} matrices, expected 1..={QMM_MAX_SEGS}", segs.len())));
+    }
+    if ntok == 0 || ntok > MAX_DECODE_BATCH {
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
+    }
+    let kdim = segs[0].w.cols;
+    if !kdim.is_multiple_of(64) {
+        return Err(CudaError::shape(NAME, format!("input width {kdim} is not a multiple of 64")));
+    }
+    let mut p = QmmDenseParamsC {
+        seg: [QmmSegC::default(); QMM_MAX_SEGS],
+        x: x.need(NAME, "packed input", packed_len(ntok, kdim))?,
+        argmax_keys: 0,
+        nseg: segs.len() as i32,
+        ntiles: 0,
+        tok_chunk: 0,
+        k: kdim as i32,
+        ntok: ntok as i32,
+    };
+    let mut tiles = 0usize;
+    let mut logits = false;
+    for (i, s) in segs.iter().enumerate() {
+        let w = s.w;
+        if w.cols != kdim || w.bits != 4 || w.experts != 1 {
+            return Err(CudaError::shape(
+                NAME,
+                format!("matrix {i}: {}x{} {}-bit, {} experts; expected {kdim} columns, 4-bit, one expert", w.rows, w.cols, w.bits, w.experts),
+            ));
+        }
+        if s.out_stride < w.rows {
+            return Err(CudaError::shape(NAME, format!("matrix {i}: output stride {} < {} rows", s.out_stride, w.rows)));
+        }
+        let out = s.out.need(NAME, "output", (ntok - 1) * s.out_stride + w.rows)?;
+        logits |= s.epilogue == Epilogue::Logits;
+        p.seg[i] = QmmSegC {
+            codes: w.codes,
+            scales: w.scales,
+            biases: w.biases,
+            out,
+            rows: w.rows as i32,
+            out_stride: s.out_stride as i32,
+            tile_start: tiles as i32,
+            mode: match s.epilogue {
+                Epilogue::Store => 0,
+                Epilogue::Add => 1,
+                Epilogue::Logits => 2,
+            },
+        };
+        tiles += w.rows.div_ceil(16);
+    }
+    if logits {
+        let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
+        p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
+    }
+    let (name, nt, mtb) = dense_variant(ntok);
+    p.ntiles = tiles as i32;
+    p.tok_chunk = (4 * nt) as i32;
+    let tasks = tiles * ntok.div_ceil(4 * nt);
+    let threads = (mtb * QMM_KQ * 32) as u32;
+    let smem = smem_bytes(nt, mtb);
+    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(mtb))?;
+    launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
+}
+
+/// The packed-input rows of one step's MoE, and where its outputs go.
+#[derive(Clone, Copy)]
+pub struct MoeBufs {
+    /// Packed RMSNorm(h) (post-attention norm) [ntok][2][hidden], written by
+    /// `router`.
+    pub px_in: DevSlice<u16>,
+    /// Packed SwiGLU activations [ntok * slots][2][moe_inter].
+    pub px_act: DevSlice<u16>,
+    /// Expert outputs [ntok * slots][hidden] (slot topk = the shared expert).
+    pub y: DevSlice<f32>,
+    pub logits: DevSlice<f32>,
+    pub sg: DevSlice<f32>,
+    pub topk_idx: DevSlice<i32>,
+    /// [ntok][slots]: the routing weights, then sigmoid(shared gate).
+    pub topk_w: DevSlice<f32>,
+    pub plan: DevSlice<i32>,
+    /// One int, zero between launches.
+    pub ticket: DevSlice<i32>,
+    /// Plan capacity (`max_plan_items` of the plan's batch size).
+    pub max_items: usize,
+}
+
+/// Router logits, shared-expert gate, top-k and the step's expert plan for
+/// `ntok` tokens whose residual stream is `h`; also packs RMSNorm(h) for the
+/// experts.
+#[allow(clippy::too_many_arguments)]
+pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+    const NAME: &str = "moe_router";
+    if ntok == 0 || ntok > MAX_DECODE_BATCH {
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
+    }
+    let (e, hd) = (dims.n_experts, dims.hidden);
+    if m.router.rows != e || m.router.cols != hd || m.router.bits != 8 || m.sh_expert_gate.rows != 1 || m.sh_expert_gate.bits != 8 {
+        return Err(CudaError::shape(
+            NAME,
+            format!("router {}x{} {}-bit, shared gate {} rows {}-bit; expected {e}x{hd} and 1 row, 8-bit", m.router.rows, m.router.cols, m.router.bits, m.sh_expert_gate.rows, m.sh_expert_gate.bits),
+        ));
+    }
+    if b.max_items < max_plan_items(dims, ntok) {
+        return Err(CudaError::shape(NAME, format!("plan holds {} items, {} tokens may need {}", b.max_items, ntok, max_plan_items(dims, ntok))));
+    }
+    let slots = dims.topk + 1;
+    let p = RouterParamsC {
+        codes: m.router.codes,
+        scales: m.router.scales,
+        biases: m.router.biases,
+        sg_codes: m.sh_expert_gate.codes,
+        sg_scales: m.sh_expert_gate.scales,
+        sg_biases: m.sh_expert_gate.biases,
+        h: h.need(NAME, "residual", ntok * hd)?,
+        gain: post_norm,
+        logits: b.logits.need(NAME, "router logits", ntok * e)?,
+        sg: b.sg.need(NAME, "shared gate", ntok)?,
+        px: b.px_in.need(NAME, "packed input", packed_len(ntok, hd))?,
+        topk_idx: b.topk_idx.need(NAME, "top-k ids", ntok * dims.topk)?,
+        topk_w: b.topk_w.need(NAME, "top-k weights", ntok * slots)?,
+        plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + ntok * slots)?,
+        ticket: b.ticket.need(NAME, "ticket", 1)?,
+        ntok: ntok as i32,
+        chunk: moe_chunk(ntok) as i32,
+        max_items: b.max_items as i32,
+        eps: dims.rms_eps,
+    };
+    let smem = router_smem(dims);
+    let blocks = (e + 1).div_ceil(ROUTER_ROWS) as u32;
+    launch_pdl(gpu, k, NAME, (blocks, 1, 1), 256, smem, &p)
+}
+
+/// Dynamic shared memory of `moe_router`: the staged tokens, or the top-k
+/// and plan tables of the last block.
+pub fn router_smem(dims: &Dims) -> usize {
+    let padded = dims.hidden + dims.hidden / 32 * 4;
+    let stage = ROUTER_TOK * padded * 4;
+    let plan = (2 * MAX_DECODE_BATCH * dims.topk + ROUTER_ROWS * dims.n_experts) * 4;
+    stage.max(plan)
+}
+
+/// The experts of one step as planned by `router`: `up` = the gate/up
+/// projections with SwiGLU (packed into `px_act`), else the down projections
+/// (into `y`). The shared expert runs as one more expert taking every token.
+pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+    const NAME: &str = "qmm_moe";
+    if ntok == 0 || ntok > MAX_DECODE_BATCH {
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
+    }
+    let (hd, inter, e) = (dims.hidden, dims.moe_inter, dims.n_experts);
+    let expect = |w: &QMat, rows: usize, cols: usize, experts: usize| w.rows == rows && w.cols == cols && w.experts == experts && w.bits == 4;
+    let ok = if up {
+        expect(&m.gate, inter, hd, e) && expect(&m.up, inter, hd, e) && expect(&m.sh_gate, inter, hd, 1) && expect(&m.sh_up, inter, hd, 1)
+    } else {
+        expect(&m.down, hd, inter, e) && expect(&m.sh_down, hd, inter, 1)
+    };
+    if !ok {
+        return Err(CudaError::shape(NAME, format!("expert matrices do not match {e} experts of {inter}x{hd} (4-bit) and a shared expert")));
+    }
+    let slots = dims.topk + 1;
+    let pairs = ntok * slots;
+    let (a, a2, s, s2) = if up { (&m.gate, &m.up, &m.sh_gate, &m.sh_up) } else { (&m.down, &m.down, &m.sh_down, &m.sh_down) };
+    let p = QmmMoeParamsC {
+        codes: a.codes,
+        scales: a.scales,
+        biases: a.biases,
+        codes2: a2.codes,
+        scales2: a2.scales,
+        biases2: a2.biases,
+        sh_codes: s.codes,
+        sh_scales: s.scales,
+        sh_biases: s.biases,
+        sh_codes2: s2.codes,
+        sh_scales2: s2.scales,
+        sh_biases2: s2.biases,
+        x: if up { b.px_in.need(NAME, "packed input", packed_len(ntok, hd))? } else { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? },
+        plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + pairs)?,
+        act_out: if up { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? } else { 0 },
+        y_out: if up { 0 } else { b.y.need(NAME, "expert outputs", pairs * hd)? },
+        max_items: b.max_items as i32,
+        up: up as i32,
+    };
+    let nt = moe_nt(ntok);
+    let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
+    let threads = (QMM_KQ * 32) as u32;
+    let smem = smem_bytes(nt, 1);
+    let g = grid(gpu, k, name, threads, smem, 0)?;
+    launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
+}
+
+/// Packs the first `ntok` rows of `h` (`cols` wide) for a qmm input:
+/// optionally first h += sum_s w[t][s] y[t][s] (the previous MoE, written
+/// back to h), then RMSNorm with `gain` (None: no norm).
+#[allow(clippy::too_many_arguments)]
+pub fn xnorm(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    h: DevSlice<f32>,
+    cols: usize,
+    combine: Option<(DevSlice<f32>, DevSlice<f32>)>,
+    gain: Option<u64>,
+    px: DevSlice<u16>,
+    ntok: usize,
+) -> CudaResult<()> {
+    const NAME: &str = "xnorm";
+    if ntok == 0 {
+        return Ok(());
+    }
+    if !cols.is_multiple_of(8) || cols > xnorm_max_cols(dims) {
+        return Err(CudaError::shape(NAME, format!("{cols} columns (a multiple of 8, at most {})", xnorm_max_cols(dims))));
+    }
+    let slots = dims.topk + 1;
+    let (y, w) = match combine {
+        Some((y, w)) => (y.need(NAME, "expert outputs", ntok * slots * cols)?, w.need(NAME, "slot weights", ntok * slots)?),
+        None => (0, 0),
+    };
+    let p = XnormParamsC {
+        h: h.need(NAME, "rows", ntok * cols)?,
+        y,
+        topk_w: w,
+        gain: gain.unwrap_or(0),
+        px: px.need(NAME, "packed output", packed_len(ntok, cols))?,
+        cols: cols as i32,
+        eps: dims.rms_eps,
+    };
+    launch_pdl(gpu, k, NAME, (ntok as u32, 1, 1), XN_THREADS, 0, &p)
+}
