@@ -177,6 +177,14 @@ impl Backend for CudaBackend {
         }
         Ok(self.model.decode_greedy(seq, first, steps)?)
     }
+    fn decode_greedy_batch(&mut self, batch: &[(SeqId, u32)], steps: usize) -> ModelResult<Vec<Vec<u32>>> {
+        for (s, _) in batch {
+            if !self.model.mem.seqs.contains_key(s) {
+                return Err(ModelError::UnknownSequence(*s));
+            }
+        }
+        Ok(self.model.decode_greedy_batch(batch, steps)?)
+    }
     fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
         if states.len() != batch.len() {
             return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));

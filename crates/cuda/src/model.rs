@@ -513,30 +513,61 @@ impl Model {
     /// `steps` greedy steps of one sequence from `first` (not yet fed): every
     /// step runs on the GPU back to back; the ids are read once at the end.
     pub fn decode_greedy(&mut self, seq: SeqId, first: u32, steps: usize) -> CudaResult<Vec<u32>> {
-        self.check_tokens(&[first])?;
+        Ok(self.decode_greedy_batch(&[(seq, first)], steps)?.pop().unwrap_or_default())
+    }
+
+    /// `steps` greedy steps of every sequence of `batch` (each from its
+    /// given first token, not yet fed), as one batch: the steps run back to
+    /// back on the GPU (ids fed back on the device); the ids are read at the
+    /// end of each run of `max_greedy_steps`. Returns each sequence's ids.
+    pub fn decode_greedy_batch(&mut self, batch: &[(SeqId, u32)], steps: usize) -> CudaResult<Vec<Vec<u32>>> {
+        let n = batch.len();
+        if n == 0 || n > self.mem.opts.max_batch {
+            return Err(CudaError::Invalid(format!("greedy batch of {n} sequences; this backend takes 1..={}", self.mem.opts.max_batch)));
+        }
+        let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
+        self.check_tokens(&toks)?;
+        for (i, (id, _)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|b| b.0 == *id) {
+                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
+            }
+        }
         self.gpu.bind()?;
-        let mut out = Vec::with_capacity(steps);
-        let mut token = first;
+        let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(steps); n];
+        let mut tokens = toks;
         let run = self.mem.opts.max_greedy_steps;
-        while out.len() < steps {
-            let m = (steps - out.len()).min(run);
-            let len = self.mem.seq(seq)?.len;
-            self.mem.reserve(seq, len + m)?;
-            let slot = self.mem.seq(seq)?.slot as i32;
+        let mut done = 0;
+        while done < steps {
+            let m = (steps - done).min(run);
+            let mut pos = Vec::with_capacity(n);
+            let mut slots = Vec::with_capacity(n);
+            for (id, _) in batch {
+                let len = self.mem.seq(*id)?.len;
+                self.mem.reserve(*id, len + m)?;
+                pos.push(len as i32);
+                slots.push(self.mem.seq(*id)?.slot as i32);
+            }
             let s = self.mem.scratch;
-            write_device(&self.gpu, s.tokens, &[token])?;
-            write_device(&self.gpu, s.pos, &[len as i32])?;
-            write_device(&self.gpu, s.slot, &[slot])?;
+            write_device(&self.gpu, s.tokens, &tokens)?;
+            write_device(&self.gpu, s.pos, &pos)?;
+            write_device(&self.gpu, s.slot, &slots)?;
             write_device(&self.gpu, s.step, &[0i32])?;
             for _ in 0..m {
-                self.run_step(1, Head::Greedy)?;
+                self.run_step(n, Head::Greedy)?;
             }
-            let ids: Vec<u32> = read_device(&self.gpu, s.out_ids, m)?;
-            if let Some(sq) = self.mem.seqs.get_mut(&seq) {
-                sq.len += m;
+            let ids: Vec<u32> = read_device(&self.gpu, s.out_ids, m * n)?;
+            for (id, _) in batch {
+                if let Some(sq) = self.mem.seqs.get_mut(id) {
+                    sq.len += m;
+                }
             }
-            token = *ids.last().unwrap_or(&token);
-            out.extend(ids);
+            for step in ids.chunks_exact(n) {
+                for (o, &t) in out.iter_mut().zip(step) {
+                    o.push(t);
+                }
+            }
+            tokens = out.iter().map(|o| *o.last().unwrap_or(&0)).collect();
+            done += m;
         }
         Ok(out)
     }

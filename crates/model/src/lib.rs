@@ -92,6 +92,24 @@ pub trait Backend: Send {
         Ok(out)
     }
 
+    /// `steps` greedy steps of every sequence of `batch` decoded together
+    /// (each from its first token, already chosen, not yet fed); returns
+    /// each sequence's `steps` tokens. The same tokens as decoding each
+    /// sequence alone. Backends override this with a loop that stays on the
+    /// device (the batch throughput probe of `lily bench --batch`).
+    fn decode_greedy_batch(&mut self, batch: &[(SeqId, u32)], steps: usize) -> ModelResult<Vec<Vec<u32>>> {
+        let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(steps); batch.len()];
+        let mut feed: Vec<(SeqId, u32)> = batch.to_vec();
+        for _ in 0..steps {
+            let logits = self.decode(&feed)?;
+            for ((o, f), l) in out.iter_mut().zip(feed.iter_mut()).zip(&logits) {
+                f.1 = argmax(l);
+                o.push(f.1);
+            }
+        }
+        Ok(out)
+    }
+
     /// One decode step for a batch (as `decode`) that also chooses each
     /// sequence's next token with its `SampleState` (same order, one per
     /// entry) and advances that state (`SampleState::record_draw`). The

@@ -6,6 +6,10 @@
 //! an untimed warm-up at the exact shape, then one timed prefill (until the
 //! first generated token is on the host) and exactly 64 timed greedy decode
 //! steps, and prints the digest of the 64 generated ids.
+//!
+//! `--batch 1,2,...` measures the backend alone decoding many sequences at
+//! once (one process, the batch sweep of the serving work), so the backend
+//! and the server can be told apart.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,7 +21,7 @@ use serde_json::{json, Value};
 
 use lily_model::contract::{fnv1a_digest, prompt_tokens};
 
-use crate::backend::{open_backend, Device};
+use crate::backend::{open_backend, open_backend_with, Device, Sizing};
 
 pub const LENGTHS: [usize; 10] = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072];
 pub const DECODE_STEPS: usize = 64;
@@ -45,13 +49,110 @@ pub struct Args {
     /// Run one length in this process and print one JSON line (used by the runner).
     #[arg(long)]
     single: Option<usize>,
+    /// Comma-separated batch sizes: instead of the contract, greedy decode
+    /// throughput of that many sequences decoded together on the backend
+    /// alone (aggregate tok/s and ms per step), e.g. 1,2,4,8,16,32,64,128.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Prompt tokens of every sequence of a `--batch` run.
+    #[arg(long, default_value_t = 256)]
+    batch_prompt: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if !args.batch.is_empty() {
+        return run_batches(&args);
+    }
     match args.single {
         Some(len) => run_single(&args.model, args.device, len),
         None => run_rounds(&args),
     }
+}
+
+/// Prompt of sequence `i` of a batch run: the contract's token formula from
+/// position 131 i on, so the sequences differ (and route to different
+/// experts, as real users do).
+fn batch_prompt(i: usize, len: usize, vocab: usize) -> Vec<u32> {
+    prompt_tokens(len + 131 * i, vocab).split_off(131 * i)
+}
+
+/// `lily bench --batch`: for each batch size, that many sequences prefilled
+/// with `--batch-prompt` tokens each, a short untimed warm-up, then per
+/// round 64 timed greedy steps of the whole batch (the ids stay on the
+/// device until the end); aggregate tok/s = batch * 64 / time.
+fn run_batches(args: &Args) -> anyhow::Result<()> {
+    let max_b = args.batch.iter().copied().max().unwrap_or(1);
+    let warm_steps = 4;
+    let max_seq = args.batch_prompt + warm_steps + DECODE_STEPS * args.rounds + 64;
+    let sizing = Sizing { max_seq: Some(max_seq), max_sequences: max_b, kv_tokens: Some(max_b * (max_seq + 64)) };
+    let mut backend = open_backend_with(&args.model, args.device, sizing, &mut |_, _| {})?;
+    let vocab = backend.config().vocab_size;
+    let mut rows = Vec::new();
+    for &b in &args.batch {
+        if b == 0 || b > max_b {
+            bail!("batch size {b} out of range");
+        }
+        let mut batch = Vec::with_capacity(b);
+        for i in 0..b {
+            let s = backend.alloc()?;
+            let first = backend.prefill_greedy(s, &batch_prompt(i, args.batch_prompt, vocab))?;
+            batch.push((s, first));
+        }
+        let warm = backend.decode_greedy_batch(&batch, warm_steps)?;
+        for (e, ids) in batch.iter_mut().zip(&warm) {
+            e.1 = *ids.last().unwrap_or(&e.1);
+        }
+        let mut rounds = Vec::new();
+        let mut digest = String::new();
+        for r in 0..args.rounds {
+            let t = Instant::now();
+            let ids = backend.decode_greedy_batch(&batch, DECODE_STEPS)?;
+            let secs = t.elapsed().as_secs_f64();
+            if ids.len() != b || ids.iter().any(|v| v.len() != DECODE_STEPS) {
+                bail!("batch {b}: the backend returned the wrong number of tokens");
+            }
+            if r == 0 {
+                digest = fnv1a_digest(&ids[0]);
+            }
+            for (e, v) in batch.iter_mut().zip(&ids) {
+                e.1 = *v.last().unwrap_or(&e.1);
+            }
+            rounds.push(json!({ "seconds": secs, "tok_s": (b * DECODE_STEPS) as f64 / secs, "ms_per_step": secs * 1e3 / DECODE_STEPS as f64 }));
+        }
+        for (s, _) in &batch {
+            backend.free(*s);
+        }
+        let tok_s = median(rounds.iter().filter_map(|r| r["tok_s"].as_f64()).collect());
+        let ms = median(rounds.iter().filter_map(|r| r["ms_per_step"].as_f64()).collect());
+        eprintln!("bench: batch {b:>3}: {tok_s:>9.1} tok/s aggregate, {ms:.3} ms per step");
+        rows.push(json!({ "batch": b, "tok_s": tok_s, "ms_per_step": ms, "seq0_digest": digest, "rounds": rounds }));
+    }
+    let summary = json!({
+        "schema_version": SCHEMA_VERSION,
+        "kind": "batch_decode",
+        "git_revision": env!("LILY_GIT_REV"),
+        "backend": backend.name(),
+        "checkpoint": checkpoint_identity(&args.model)?,
+        "prompt_tokens": args.batch_prompt,
+        "decode_steps": DECODE_STEPS,
+        "rounds": args.rounds,
+        "memory_bytes": backend.memory_in_use(),
+        "batches": rows,
+    });
+    let text = serde_json::to_string_pretty(&summary)?;
+    match &args.out {
+        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    if let Some(p) = &args.markdown {
+        let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
+        writeln!(f, "| batch | aggregate tok/s | ms per step |")?;
+        writeln!(f, "|---:|---:|---:|")?;
+        for r in summary["batches"].as_array().into_iter().flatten() {
+            writeln!(f, "| {} | {:.1} | {:.3} |", r["batch"], r["tok_s"].as_f64().unwrap_or(0.0), r["ms_per_step"].as_f64().unwrap_or(0.0))?;
+        }
+    }
+    Ok(())
 }
 
 fn run_single(model: &Path, device: Device, len: usize) -> anyhow::Result<()> {

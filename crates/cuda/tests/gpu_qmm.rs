@@ -1,0 +1,309 @@
+//! qmm.cu (the decode step's matrix work) against lily-cpu's reference, on
+//! the real shapes of a synthetic full-width checkpoint: the dense
+//! projections, the lm_head with its greedy argmax, the packer with the
+//! RMSNorm and the MoE combine, and the MoE (router, top-k, device plan,
+//! grouped experts) for batch sizes crossing every kernel variant. Also: a
+//! token's result is bit-identical whatever the batch it is computed in.
+//!
+//! Runs on the H200 (`LILY_REQUIRE_GPU=1`); elsewhere each test prints
+//! "skipped: no CUDA device" and returns.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{check, finish, gpu, Rng};
+use lily_core::weights::{Mixer, Weights};
+use lily_cpu::reference::{moe, ops};
+use lily_cuda::device::{read_device, write_device, DevSlice};
+use lily_cuda::qmm::{self, DenseSeg, Epilogue, PLAN_HEAD};
+use lily_cuda::weights::MixerDev;
+use lily_cuda::{CudaBackend, Options};
+
+/// Batch sizes crossing the variants: 1-4, 5-8, 9-16, 17-32, 33-64, and
+/// token chunks of 64 beyond.
+const SIZES: &[usize] = &[1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 100, 128];
+
+fn setup() -> (tempfile::TempDir, Arc<Weights>, CudaBackend) {
+    let g = gpu("qmm setup").expect("gpu");
+    let base = if std::path::Path::new("/dev/shm").is_dir() { std::path::PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let dir = tempfile::tempdir_in(base).expect("tempdir");
+    let mut o = lily_synth::SynthOptions::new(lily_synth::Preset::Full, dir.path());
+    o.layers = Some(4);
+    o.seed = 21;
+    lily_synth::synth(&o).expect("synth");
+    let w = Arc::new(Weights::load(dir.path()).expect("load"));
+    let mut opts = Options::for_context(256);
+    opts.max_sequences = 2;
+    let be = CudaBackend::from_weights(&g, &w, opts, &mut |_, _| {}).expect("backend");
+    (dir, w, be)
+}
+
+/// ‖got − want‖ / ‖want‖ with the reference in f64.
+fn rel(got: &[f32], want: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Tokens whose outputs are compared with the reference (all of a small
+/// batch; first, middle and last of a large one).
+fn probes(n: usize) -> Vec<usize> {
+    if n <= 3 {
+        (0..n).collect()
+    } else {
+        vec![0, n / 2, n - 1]
+    }
+}
+
+#[test]
+fn dense_projections_match_the_reference_at_every_batch_size() {
+    let Some(_) = gpu("dense_projections_match_the_reference_at_every_batch_size") else { return };
+    let (_dir, w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let (MixerDev::DeltaNet(gd), Mixer::DeltaNet(gh)) = (&m.weights.layers[0].mixer, &w.layers[0].mixer) else { panic!("layer 0 is DeltaNet") };
+    let mut rng = Rng::new(5);
+    let width = d.gdn_proj();
+    let ps = d.proj_stride();
+    let mut solo: Vec<Vec<f32>> = Vec::new();
+    for &n in SIZES {
+        let x = rng.vec(n * d.hidden, -2.0, 2.0);
+        write_device(g, dec.h.ptr(), &x).expect("upload x");
+        qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.px_in, n).expect("pack");
+        let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];
+        let mats = [&gd.in_qkv, &gd.in_z, &gd.in_a, &gd.in_b];
+        let segs: Vec<DenseSeg> = mats
+            .iter()
+            .zip(offs)
+            .map(|(q, off)| DenseSeg { w: q, out: dec.proj.from(off).expect("view"), out_stride: ps, epilogue: Epilogue::Store })
+            .collect();
+        qmm::dense(g, k, &segs, dec.px_in, n, None).expect("dense");
+        let out: Vec<f32> = read_device(g, dec.proj.ptr(), n * ps).expect("read");
+        for t in probes(n) {
+            let xt = &x[t * d.hidden..(t + 1) * d.hidden];
+            let mut want = Vec::with_capacity(width);
+            for lin in [&gh.in_qkv, &gh.in_z, &gh.in_a, &gh.in_b] {
+                want.extend(ops::linear(lin, 0, xt));
+            }
+            let got = &out[t * ps..t * ps + width];
+            let e = rel(got, &want);
+            check(e < 1e-5, format!("in-projections, batch {n}, token {t}: relative error {e:.2e}"));
+        }
+        // Batch invariance: token 0 (same x every size) against batch 1.
+        let row0 = out[..width].to_vec();
+        if n == 1 {
+            solo.push(row0);
+        } else {
+            write_device(g, dec.h.ptr(), &x[..d.hidden]).expect("upload");
+            qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.px_in, 1).expect("pack");
+            qmm::dense(g, k, &segs, dec.px_in, 1, None).expect("dense 1");
+            let one: Vec<f32> = read_device(g, dec.proj.ptr(), width).expect("read");
+            check(bits_equal(&one, &row0), format!("batch {n}: token 0 bit-identical to the same token alone"));
+        }
+    }
+    check(!solo.is_empty(), "batch 1 ran");
+
+    // The out-projection (K = 4096) adds into the residual.
+    for &n in &[1usize, 7, 40] {
+        let mix = rng.vec(n * d.gdn_val_dim(), -1.0, 1.0);
+        let h0 = rng.vec(n * d.hidden, -1.0, 1.0);
+        write_device(g, dec.mix_f32.ptr(), &mix).expect("upload");
+        write_device(g, dec.h.ptr(), &h0).expect("upload");
+        qmm::xnorm(g, k, d, dec.mix_f32, d.gdn_val_dim(), None, None, dec.px_mix, n).expect("pack");
+        qmm::dense(g, k, &[DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None).expect("out");
+        let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("read");
+        for t in probes(n) {
+            let y = ops::linear(&gh.out, 0, &mix[t * d.gdn_val_dim()..(t + 1) * d.gdn_val_dim()]);
+            let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h0[t * d.hidden + c]).collect();
+            let e = rel(&got, &y);
+            check(e < 1e-5, format!("out-projection (add), batch {n}, token {t}: relative error {e:.2e}"));
+        }
+    }
+    finish();
+}
+
+#[test]
+fn lm_head_logits_and_argmax_match_the_reference() {
+    let Some(_) = gpu("lm_head_logits_and_argmax_match_the_reference") else { return };
+    let (_dir, w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let mut rng = Rng::new(9);
+    for &n in &[1usize, 5, 37] {
+        let x = rng.vec(n * d.hidden, -2.0, 2.0);
+        write_device(g, dec.h.ptr(), &x).expect("upload");
+        write_device(g, dec.argmax.ptr(), &vec![0u64; n]).expect("clear keys");
+        qmm::xnorm(g, k, d, dec.h, d.hidden, None, Some(m.weights.final_norm), dec.px_in, n).expect("pack");
+        let seg = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
+        qmm::dense(g, k, &[seg], dec.px_in, n, Some(dec.argmax)).expect("lm_head");
+        let logits: Vec<f32> = read_device(g, dec.logits.ptr(), n * d.vocab).expect("logits");
+        let keys: Vec<u64> = read_device(g, dec.argmax.ptr(), n).expect("keys");
+        for t in 0..n {
+            let row = &logits[t * d.vocab..(t + 1) * d.vocab];
+            let first_max = lily_model::argmax(row);
+            let id = lily_cuda::sampling::key_index(keys[t]);
+            check(id == first_max, format!("batch {n}, token {t}: argmax key {id} vs first maximum {first_max}"));
+        }
+        for t in probes(n) {
+            let xn = ops::rms_norm_vec(&x[t * d.hidden..(t + 1) * d.hidden], &w.final_norm, d.rms_eps);
+            let want = ops::linear(&w.lm_head, 0, &xn);
+            let e = rel(&logits[t * d.vocab..(t + 1) * d.vocab], &want);
+            check(e < 1e-5, format!("lm_head, batch {n}, token {t}: relative error {e:.2e}"));
+        }
+    }
+    finish();
+}
+
+#[test]
+fn xnorm_packs_the_norm_and_the_moe_combine_exactly() {
+    let Some(_) = gpu("xnorm_packs_the_norm_and_the_moe_combine_exactly") else { return };
+    let (_dir, w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let slots = d.topk + 1;
+    let mut rng = Rng::new(13);
+    let n = 6;
+    let h = rng.vec(n * d.hidden, -3.0, 3.0);
+    let y = rng.vec(n * slots * d.hidden, -1.0, 1.0);
+    let wt = rng.vec(n * slots, 0.0, 1.0);
+    write_device(g, dec.h.ptr(), &h).expect("h");
+    write_device(g, dec.y.ptr(), &y).expect("y");
+    write_device(g, dec.topk_w.ptr(), &wt).expect("w");
+    qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), Some(m.weights.layers[0].input_norm), dec.px_in, n).expect("xnorm");
+    let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
+    let px: Vec<u16> = read_device(g, dec.px_in.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+    for t in 0..n {
+        // h + sum_s w_s y_s in slot order (what the kernel promises).
+        let want_h: Vec<f32> = (0..d.hidden)
+            .map(|c| {
+                let mut add = 0f32;
+                for s in 0..slots {
+                    add = wt[t * slots + s].mul_add(y[(t * slots + s) * d.hidden + c], add);
+                }
+                h[t * d.hidden + c] + add
+            })
+            .collect();
+        let hr = &h1[t * d.hidden..(t + 1) * d.hidden];
+        check(rel(hr, &want_h) < 1e-6, format!("combine, token {t}: relative error {:.2e}", rel(hr, &want_h)));
+        let normed = ops::rms_norm_vec(hr, &w.layers[0].input_norm, d.rms_eps);
+        // Unpack hi + lo through the permutation.
+        let row = &px[t * 2 * d.hidden..(t + 1) * 2 * d.hidden];
+        let unpacked: Vec<f32> = (0..d.hidden)
+            .map(|c| {
+                let pos = (c & !7) + (((c & 3) << 1) | ((c & 7) >> 2));
+                half::f16::from_bits(row[pos]).to_f32() + half::f16::from_bits(row[d.hidden + pos]).to_f32()
+            })
+            .collect();
+        let e = rel(&unpacked, &normed);
+        check(e < 1e-6, format!("packed RMSNorm, token {t}: hi + lo vs the reference, relative error {e:.2e}"));
+    }
+    finish();
+}
+
+#[test]
+fn moe_router_plan_and_experts_match_the_reference() {
+    let Some(_) = gpu("moe_router_plan_and_experts_match_the_reference") else { return };
+    let (_dir, w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let bufs = dec.moe();
+    let l = &m.weights.layers[0];
+    let lw = &w.layers[0];
+    let slots = d.topk + 1;
+    let mut rng = Rng::new(17);
+    let mut first_token: Option<Vec<f32>> = None;
+    let h_first = rng.vec(d.hidden, -2.0, 2.0);
+    for &n in &[1usize, 4, 8, 9, 33, 64, 128] {
+        let mut h = h_first.clone();
+        h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
+        write_device(g, dec.h.ptr(), &h).expect("h");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("router");
+        qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
+        qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
+        // The plan: shared expert first, then experts ascending, each
+        // expert's pairs in token order, every (token, slot) exactly once.
+        let plan: Vec<i32> = read_device(g, dec.plan.ptr(), PLAN_HEAD + 3 * dec.max_items + n * slots).expect("plan");
+        let idx: Vec<i32> = read_device(g, dec.topk_idx.ptr(), n * d.topk).expect("topk");
+        let nitems = plan[0] as usize;
+        let items = &plan[PLAN_HEAD..PLAN_HEAD + 3 * nitems];
+        let pairs = &plan[PLAN_HEAD + 3 * dec.max_items..];
+        let mut seen = vec![0u32; n * slots];
+        let mut last_expert = -1i32;
+        for it in items.chunks_exact(3) {
+            let (e, start, cnt) = (it[0], it[1] as usize, it[2] as usize);
+            check(cnt >= 1 && cnt <= qmm::moe_chunk(n), format!("batch {n}: item of {cnt} pairs"));
+            if e as usize != d.n_experts {
+                check(e >= last_expert, format!("batch {n}: experts in ascending order"));
+                last_expert = e;
+            } else {
+                check(last_expert < 0, format!("batch {n}: shared-expert items come first"));
+            }
+            let ps = &pairs[start..start + cnt];
+            check(ps.windows(2).all(|p| p[0] < p[1]), format!("batch {n}: expert {e}'s pairs in token order"));
+            for &p in ps {
+                let (t, s) = (p as usize / slots, p as usize % slots);
+                let routed = if s == d.topk { e as usize == d.n_experts } else { idx[t * d.topk + s] == e };
+                check(routed, format!("batch {n}: pair (token {t}, slot {s}) filed under expert {e}"));
+                seen[p as usize] += 1;
+            }
+        }
+        check(seen.iter().all(|&c| c == 1), format!("batch {n}: every (token, slot) pair planned exactly once"));
+
+        // Fold the outputs into h (what the next layer's packer does).
+        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), None, dec.px_in, n).expect("combine");
+        let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
+        for t in probes(n) {
+            let xt = ops::rms_norm_vec(&h[t * d.hidden..(t + 1) * d.hidden], &lw.post_norm, d.rms_eps);
+            let logits = ops::linear(&lw.moe.router, 0, &xt);
+            let want_route: Vec<i32> = moe::route(&logits, d.topk).into_iter().map(|(e, _)| e as i32).collect();
+            check(idx[t * d.topk..(t + 1) * d.topk] == want_route[..], format!("batch {n}, token {t}: top-k {:?} vs {want_route:?}", &idx[t * d.topk..(t + 1) * d.topk]));
+            let want = moe::moe(&lw.moe, d.topk, &xt);
+            let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h[t * d.hidden + c]).collect();
+            let e = rel(&got, &want);
+            check(e < 1e-5, format!("MoE, batch {n}, token {t}: relative error {e:.2e}"));
+        }
+        let t0: Vec<f32> = h1[..d.hidden].to_vec();
+        match &first_token {
+            None => first_token = Some(t0),
+            Some(f) => check(bits_equal(f, &t0), format!("MoE, batch {n}: token 0 bit-identical to batch 1")),
+        }
+    }
+    finish();
+}
+
+#[test]
+fn launchers_refuse_what_the_kernels_cannot_run() {
+    let Some(_) = gpu("launchers_refuse_what_the_kernels_cannot_run") else { return };
+    let (_dir, _w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let l = &m.weights.layers[0];
+    let MixerDev::DeltaNet(gd) = &l.mixer else { panic!("layer 0 is DeltaNet") };
+    let seg = |w| DenseSeg { w, out: dec.proj, out_stride: d.proj_stride(), epilogue: Epilogue::Store };
+    let too_many = qmm::dense(g, k, &[seg(&gd.in_qkv)], dec.px_in, qmm::MAX_DECODE_BATCH + 1, None).unwrap_err().to_string();
+    check(too_many.contains("tokens"), too_many);
+    let mixed = qmm::dense(g, k, &[seg(&gd.in_qkv), seg(&gd.out)], dec.px_in, 1, None).unwrap_err().to_string();
+    check(mixed.contains("columns"), mixed);
+    let eight_bit = qmm::dense(g, k, &[seg(&l.moe.router)], dec.px_in, 1, None).unwrap_err().to_string();
+    check(eight_bit.contains("4-bit"), eight_bit);
+    let short = DevSlice::<u16>::new(dec.px_in.ptr(), 10);
+    let small = qmm::dense(g, k, &[seg(&gd.in_qkv)], short, 1, None).unwrap_err().to_string();
+    check(small.contains("holds 10"), small);
+    let logits = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
+    let nokeys = qmm::dense(g, k, &[logits], dec.px_in, 1, None).unwrap_err().to_string();
+    check(nokeys.contains("argmax"), nokeys);
+    finish();
+}
