@@ -173,6 +173,8 @@ impl Dims {
             format!("-DGEMV_MAX_TOK={GEMV_MAX_TOK}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
+        // The sampler's block size, top-logprob stride and struct layouts.
+        v.extend(crate::sampling::defines());
         v
     }
 }
