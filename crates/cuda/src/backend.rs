@@ -14,9 +14,9 @@ use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SampleState, Sa
 
 use crate::device::{read_device, DeviceBuffer, Gpu};
 use crate::dims::KV_BLOCK;
-use crate::error::CudaResult;
+use crate::error::{CudaError, CudaResult};
 use crate::model::Model;
-use crate::sampling::{self, SampleRow};
+use crate::sampling::{self, SampleOut, SampleRow, SAMPLE_TOP_MAX};
 use crate::state::Options;
 
 pub struct CudaBackend {
@@ -24,8 +24,9 @@ pub struct CudaBackend {
     config: ModelConfig,
     /// Penalty count tables of the sequences sampled with penalties.
     counts: HashMap<SeqId, DeviceBuffer>,
-    /// SampleRow [max_batch], tokens u32 [max_batch], logprobs f32
-    /// [max_batch]; made on the first `decode_sample`.
+    /// SampleRow [max_batch], then tokens u32, logprobs f32, top ids u32
+    /// [SAMPLE_TOP_MAX] and top logprobs f32 [SAMPLE_TOP_MAX] per row;
+    /// made on the first `decode_sample`.
     sample_io: Option<DeviceBuffer>,
 }
 
@@ -59,12 +60,16 @@ impl CudaBackend {
     }
 
     /// `decode_sample` on the device: the decode step, then `sample_rows`
-    /// on the logits it left in scratch; only tokens and logprobs are read.
+    /// on the logits it left in scratch. One download brings the tokens and
+    /// logprobs back, and the top logprobs too when any row asked for them.
     fn sample_on_device(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> CudaResult<Vec<Sampled>> {
         let gpu = self.model.gpu.clone();
         gpu.bind()?;
         let vocab = self.model.dims.vocab;
         let n = batch.len();
+        if let Some(st) = states.iter().find(|st| st.params.top_logprobs as usize > SAMPLE_TOP_MAX) {
+            return Err(CudaError::Invalid(format!("top_logprobs {}: the device sampler reports at most {SAMPLE_TOP_MAX}", st.params.top_logprobs)));
+        }
         let mut rows = Vec::with_capacity(n);
         for ((seq, _), st) in batch.iter().zip(states.iter_mut()) {
             let counts = if st.params.has_penalties() {
@@ -85,35 +90,46 @@ impl CudaBackend {
             };
             rows.push(SampleRow::new(&st.params, st.step, counts));
         }
+        // Layout of the io buffer for this call: SampleRow [n], then the
+        // outputs read back, contiguous: tokens u32 [n], logprobs f32 [n],
+        // top ids u32 [n][SAMPLE_TOP_MAX], top logprobs f32 [n][SAMPLE_TOP_MAX].
         let row_bytes = std::mem::size_of::<SampleRow>();
-        let need = n * (row_bytes + 8);
-        if self.sample_io.as_ref().is_none_or(|b| b.bytes() < need) {
+        let per_row = row_bytes + 8 + 8 * SAMPLE_TOP_MAX;
+        if self.sample_io.as_ref().is_none_or(|b| b.bytes() < n * per_row) {
             let cap = n.max(self.model.mem.opts.max_batch);
-            self.sample_io = Some(DeviceBuffer::zeroed(&gpu, cap * (row_bytes + 8), "sampling io")?);
+            self.sample_io = Some(DeviceBuffer::zeroed(&gpu, cap * per_row, "sampling io")?);
         }
-        let io = self.sample_io.as_ref().ok_or_else(|| crate::error::CudaError::Invalid("sampling buffers missing".into()))?;
+        let io = self.sample_io.as_ref().ok_or_else(|| CudaError::Invalid("sampling buffers missing".into()))?;
         io.upload_sync_at(0, &rows)?;
-        let (rows_at, tok_at, lp_at) = (io.ptr(), io.at(n * row_bytes)?, io.at(n * row_bytes + n * 4)?);
+        let outputs = io.at(n * row_bytes)?;
+        let out = SampleOut {
+            tokens: outputs,
+            logprobs: outputs + (n * 4) as u64,
+            top_ids: outputs + (n * 8) as u64,
+            top_logprobs: outputs + (n * (8 + 4 * SAMPLE_TOP_MAX)) as u64,
+        };
+        let rows_at = io.ptr();
         self.model.decode_on_device(batch, &mut |m, first, cnt, logits| {
-            sampling::sample_rows(
-                &m.gpu,
-                &m.kernels,
-                logits,
-                rows_at + (first * row_bytes) as u64,
-                tok_at + (first * 4) as u64,
-                lp_at + (first * 4) as u64,
-                cnt,
-                vocab,
-            )
+            sampling::sample_rows(&m.gpu, &m.kernels, logits, rows_at + (first * row_bytes) as u64, &out.from_row(first), cnt, vocab)
         })?;
-        let tokens: Vec<u32> = read_device(&gpu, tok_at, n)?;
-        let logprobs: Vec<f32> = read_device(&gpu, lp_at, n)?;
-        let mut out = Vec::with_capacity(n);
-        for ((st, token), logprob) in states.iter_mut().zip(tokens).zip(logprobs) {
+        // Words: tokens, logprob bits, and (only when asked) the top arrays.
+        let tops = states.iter().any(|st| st.params.top_logprobs > 0);
+        let words: Vec<u32> = read_device(&gpu, outputs, if tops { n * (2 + 2 * SAMPLE_TOP_MAX) } else { 2 * n })?;
+        let mut result = Vec::with_capacity(n);
+        for (r, st) in states.iter_mut().enumerate() {
+            let token = words[r];
+            let logprob = f32::from_bits(words[n + r]);
+            let mut top = Vec::new();
+            if tops {
+                let ids = &words[2 * n + r * SAMPLE_TOP_MAX..][..st.params.top_logprobs as usize];
+                let lps = &words[2 * n + n * SAMPLE_TOP_MAX + r * SAMPLE_TOP_MAX..][..st.params.top_logprobs as usize];
+                // u32::MAX marks slots beyond a row shorter than the ask.
+                top = ids.iter().zip(lps).take_while(|(&id, _)| id != u32::MAX).map(|(&id, &lp)| (id, f32::from_bits(lp))).collect();
+            }
             st.record_draw(token);
-            out.push(Sampled { token, logprob });
+            result.push(Sampled { token, logprob, top });
         }
-        Ok(out)
+        Ok(result)
     }
 }
 

@@ -169,7 +169,10 @@ impl Dims {
             format!("-DKV_BLOCK={KV_BLOCK}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
+        // The decode matrix kernels' and the sampler's constants and
+        // struct layouts.
         v.extend(crate::qmm::defines(self));
+        v.extend(crate::sampling::defines());
         v
     }
 }

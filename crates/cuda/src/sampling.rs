@@ -62,8 +62,16 @@ pub fn key_index(key: u64) -> u32 {
     0xffff_ffffu32 - (key & 0xffff_ffff) as u32
 }
 
+/// Threads of a `sample_rows` block (SAMPLE_THREADS in sampling.cu).
+pub const SAMPLE_THREADS: u32 = 512;
+/// Most top logprobs a row reports (OpenAI's limit for `top_logprobs`);
+/// the row stride of the top-logprob outputs.
+pub const SAMPLE_TOP_MAX: usize = 20;
+
 /// One row's sampling parameters, mirroring `SampleRow` in sampling.cu
-/// (56 bytes: six f32, top_k, padding, seed, step, count-table pointer).
+/// (64 bytes: six f32 at 0..24, top_k 24, top_logprobs 28, vocab_limit 32,
+/// padding 36, seed 40, step 48, count-table pointer 56; `defines` hands
+/// these offsets to the kernel, which asserts them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SampleRow {
@@ -74,6 +82,11 @@ pub struct SampleRow {
     pub frequency: f32,
     pub repetition: f32,
     pub top_k: u32,
+    /// 0 = none; the kernel reads more than `SAMPLE_TOP_MAX` as
+    /// `SAMPLE_TOP_MAX` (`CudaBackend::decode_sample` refuses them).
+    pub top_logprobs: u32,
+    /// 0 = the whole row; ids at or beyond it are never drawn nor reported.
+    pub vocab_limit: u32,
     pad: u32,
     pub seed: u64,
     pub step: u64,
@@ -94,6 +107,8 @@ impl SampleRow {
             frequency: p.frequency_penalty,
             repetition: p.repetition_penalty,
             top_k: p.top_k,
+            top_logprobs: p.top_logprobs,
+            vocab_limit: p.vocab_limit,
             pad: 0,
             seed: p.seed,
             step,
@@ -109,39 +124,98 @@ struct SampleRowsParams {
     rows: u64,
     out_tokens: u64,
     out_logprobs: u64,
+    out_top_ids: u64,
+    out_top_logprobs: u64,
     vocab: i32,
     row_stride: i32,
 }
 // SAFETY: plain-old-data mirroring `SampleParams` in sampling.cu.
 unsafe impl DeviceRepr for SampleRowsParams {}
 
-/// Threads of a `sample_rows` block (SAMPLE_THREADS in sampling.cu).
-pub const SAMPLE_THREADS: u32 = 512;
+/// `-D<PREFIX>_BYTES=size` and `-D<PREFIX>_AT_<FIELD>=offset` for the
+/// listed fields of a mirrored struct.
+macro_rules! layout_defines {
+    ($ty:ty, $prefix:literal, $($field:ident),+ $(,)?) => {
+        vec![
+            format!("-D{}_BYTES={}", $prefix, std::mem::size_of::<$ty>()),
+            $(format!("-D{}_AT_{}={}", $prefix, stringify!($field).to_uppercase(), std::mem::offset_of!($ty, $field)),)+
+        ]
+    };
+}
+
+/// The constants and struct layouts sampling.cu shares with this file, as
+/// NVRTC defines (every family is compiled with them, see `Dims::defines`):
+/// the block size, the top-logprob stride, and the size and every field
+/// offset of `SampleRow` and of the parameter struct, which the kernel
+/// checks with static_asserts.
+pub fn defines() -> Vec<String> {
+    let mut v = vec![format!("-DSAMPLE_THREADS={SAMPLE_THREADS}"), format!("-DSAMPLE_TOP_MAX={SAMPLE_TOP_MAX}")];
+    v.extend(layout_defines!(
+        SampleRow,
+        "SAMPLE_ROW",
+        temperature,
+        top_p,
+        min_p,
+        presence,
+        frequency,
+        repetition,
+        top_k,
+        top_logprobs,
+        vocab_limit,
+        pad,
+        seed,
+        step,
+        counts,
+    ));
+    v.extend(layout_defines!(SampleRowsParams, "SAMPLE_PARAMS", logits, rows, out_tokens, out_logprobs, out_top_ids, out_top_logprobs, vocab, row_stride,));
+    v
+}
+
+/// Where `sample_rows` writes (device addresses, row 0 of the launch).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleOut {
+    /// u32 [n]: the chosen tokens.
+    pub tokens: u64,
+    /// f32 [n]: their logprobs (penalised, before temperature).
+    pub logprobs: u64,
+    /// u32 [n][SAMPLE_TOP_MAX]: the top ids of the rows that ask, or 0
+    /// (with `top_logprobs`) when no row's are wanted.
+    pub top_ids: u64,
+    /// f32 [n][SAMPLE_TOP_MAX]: their logprobs, or 0.
+    pub top_logprobs: u64,
+}
+
+impl SampleOut {
+    /// The same outputs seen from row `first` on (one launch per group of
+    /// rows into one set of arrays).
+    pub fn from_row(&self, first: usize) -> SampleOut {
+        let at = |base: u64, bytes_per_row: usize| if base == 0 { 0 } else { base + (first * bytes_per_row) as u64 };
+        SampleOut {
+            tokens: at(self.tokens, 4),
+            logprobs: at(self.logprobs, 4),
+            top_ids: at(self.top_ids, 4 * SAMPLE_TOP_MAX),
+            top_logprobs: at(self.top_logprobs, 4 * SAMPLE_TOP_MAX),
+        }
+    }
+}
 
 /// For each of `n` rows of `logits` (f32 [n][vocab]) with parameters
-/// `rows` (SampleRow [n]): out_tokens[r] = the chosen token, out_logprobs[r]
-/// = its logprob (penalised, before temperature); the chosen token's count
-/// in the row's table (if any) is incremented. One block per row.
-#[allow(clippy::too_many_arguments)]
-pub fn sample_rows(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out_tokens: u64, out_logprobs: u64, n: usize, vocab: usize) -> CudaResult<()> {
-    sample_rows_strided(gpu, k, logits, vocab, rows, out_tokens, out_logprobs, n, vocab)
+/// `rows` (SampleRow [n]): out.tokens[r] = the chosen token,
+/// out.logprobs[r] = its logprob (penalised, before temperature), and for
+/// a row with top_logprobs = N > 0 (when out.top_ids is set) its N most
+/// likely ids and their logprobs in out.top_ids / out.top_logprobs
+/// [r][0..N] (ties: lower id first; a slot beyond the row's vocab_limit
+/// holds id u32::MAX); the chosen token's count in the row's table (if
+/// any) is incremented. One block per row.
+pub fn sample_rows(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out: &SampleOut, n: usize, vocab: usize) -> CudaResult<()> {
+    sample_rows_strided(gpu, k, logits, vocab, rows, out, n, vocab)
 }
 
 /// `sample_rows` with row r of the logits at `logits + r * row_stride`
 /// floats; `row_stride` 0 makes every row read the same logits (many draws
 /// of one distribution, e.g. `n` beams or the tests' histograms).
 #[allow(clippy::too_many_arguments)]
-pub fn sample_rows_strided(
-    gpu: &Gpu,
-    k: &Kernels,
-    logits: u64,
-    row_stride: usize,
-    rows: u64,
-    out_tokens: u64,
-    out_logprobs: u64,
-    n: usize,
-    vocab: usize,
-) -> CudaResult<()> {
+pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usize, rows: u64, out: &SampleOut, n: usize, vocab: usize) -> CudaResult<()> {
     if n == 0 {
         return Ok(());
     }
@@ -151,6 +225,169 @@ pub fn sample_rows_strided(
     if n > i32::MAX as usize {
         return Err(CudaError::shape("sample_rows", format!("{n} rows")));
     }
-    let p = SampleRowsParams { logits, rows, out_tokens, out_logprobs, vocab: vocab as i32, row_stride: row_stride as i32 };
+    if logits == 0 || rows == 0 || out.tokens == 0 || out.logprobs == 0 {
+        return Err(CudaError::shape("sample_rows", "null logits, rows, tokens or logprobs address"));
+    }
+    if (out.top_ids == 0) != (out.top_logprobs == 0) {
+        return Err(CudaError::shape("sample_rows", "top ids and top logprobs: give both addresses or neither"));
+    }
+    let p = SampleRowsParams {
+        logits,
+        rows,
+        out_tokens: out.tokens,
+        out_logprobs: out.logprobs,
+        out_top_ids: out.top_ids,
+        out_top_logprobs: out.top_logprobs,
+        vocab: vocab as i32,
+        row_stride: row_stride as i32,
+    };
     launch(gpu, k, "sample_rows", (n as u32, 1, 1), SAMPLE_THREADS, 0, &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE: &str = include_str!("kernels/sampling.cu");
+
+    #[test]
+    fn every_mirrored_field_is_asserted_by_the_kernel() {
+        let defs = defines();
+        let mut fields = 0;
+        for d in &defs {
+            let name = d.trim_start_matches("-D").split('=').next().unwrap_or("");
+            if name.contains("_AT_") {
+                fields += 1;
+                assert!(SOURCE.contains(&format!("{name});")), "sampling.cu does not assert {name}");
+            } else if name.ends_with("_BYTES") {
+                assert!(SOURCE.contains(&format!("== {name},")), "sampling.cu does not assert the size {name}");
+            }
+        }
+        assert_eq!(fields, 13 + 8);
+        assert!(defs.contains(&"-DSAMPLE_ROW_BYTES=64".to_string()), "{defs:?}");
+        for (f, at) in [("TOP_K", 24), ("TOP_LOGPROBS", 28), ("VOCAB_LIMIT", 32), ("SEED", 40), ("STEP", 48), ("COUNTS", 56)] {
+            assert!(defs.contains(&format!("-DSAMPLE_ROW_AT_{f}={at}")), "{f} not at {at}: {defs:?}");
+        }
+        assert!(defs.contains(&"-DSAMPLE_PARAMS_BYTES=56".to_string()), "{defs:?}");
+        // The kernel takes its block size and top stride from here only.
+        assert!(!SOURCE.contains("#define SAMPLE_THREADS") && !SOURCE.contains("#define SAMPLE_TOP_MAX"));
+    }
+
+    #[test]
+    fn out_addresses_advance_by_row() {
+        let out = SampleOut { tokens: 1000, logprobs: 2000, top_ids: 3000, top_logprobs: 9000 };
+        let o = out.from_row(3);
+        assert_eq!((o.tokens, o.logprobs), (1012, 2012));
+        assert_eq!((o.top_ids, o.top_logprobs), (3000 + 3 * 80, 9000 + 3 * 80));
+        let none = SampleOut { top_ids: 0, top_logprobs: 0, ..out }.from_row(5);
+        assert_eq!((none.top_ids, none.top_logprobs), (0, 0));
+    }
+
+    // A model of `top_pass` in sampling.cu, lane by lane, for its index
+    // math: the keys (logit_key / key_logit), the warp lists with their
+    // tile-wise insertion, and the rank merge.
+
+    fn logit_key(l: f32, i: u32) -> u64 {
+        let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        let u = l.to_bits();
+        let u = if u & 0x8000_0000 != 0 { !u } else { u | 0x8000_0000 };
+        (u as u64) << 32 | (0xffff_ffff - i) as u64
+    }
+
+    fn key_logit(k: u64) -> f32 {
+        let u = (k >> 32) as u32;
+        f32::from_bits(if u & 0x8000_0000 != 0 { u & 0x7fff_ffff } else { !u })
+    }
+
+    fn top_pass(row: &[f32], threads: usize, ntop: usize) -> Vec<u64> {
+        let warps = threads / 32;
+        let mut lists = vec![[0u64; 32]; warps];
+        for base in (0..row.len()).step_by(threads) {
+            for (w, list) in lists.iter_mut().enumerate() {
+                let key: Vec<u64> = (0..32).map(|l| base + w * 32 + l).map(|i| if i < row.len() { logit_key(row[i], i as u32) } else { 0 }).collect();
+                let last = list[ntop - 1];
+                for src in (0..32).filter(|&l| key[l] > last) {
+                    let k = key[src];
+                    let old = *list;
+                    for lane in 0..32 {
+                        let up = if lane == 0 { old[0] } else { old[lane - 1] };
+                        let c = if lane == 0 { k } else { up.min(k) };
+                        if lane < ntop && c > old[lane] {
+                            list[lane] = c;
+                        }
+                    }
+                }
+            }
+        }
+        let all: Vec<u64> = lists.iter().flat_map(|l| l[..SAMPLE_TOP_MAX].to_vec()).collect();
+        let mut top = vec![0u64; SAMPLE_TOP_MAX];
+        for &k in all.iter().filter(|&&k| k != 0) {
+            let rank = all.iter().filter(|&&q| q > k).count();
+            if rank < ntop {
+                top[rank] = k;
+            }
+        }
+        top
+    }
+
+    /// The host order of lily_model::sample: logit descending (NaN as
+    /// -inf), then id.
+    fn reference(row: &[f32], ntop: usize) -> Vec<(u32, f32)> {
+        let mut idx: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })).collect();
+        idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        idx.truncate(ntop);
+        idx
+    }
+
+    #[test]
+    fn the_top_pass_model_finds_the_host_top_ids() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut rows: Vec<(&str, Vec<f32>)> = vec![
+            ("flat", vec![0.0; 3000]),
+            ("ascending", (0..3000).map(|i| i as f32).collect()),
+            ("descending", (0..3000).map(|i| -(i as f32)).collect()),
+            ("short", vec![1.0, 3.0, f32::NAN, -0.0, 0.0, f32::NEG_INFINITY, 3.0]),
+        ];
+        // Random logits with many exact ties (a few distinct values).
+        rows.push(("ties", (0..5000).map(|_| (next() % 7) as f32 - 3.0).collect()));
+        rows.push(("random", (0..10_000).map(|_| (next() % 1_000_000) as f32 / 1e5 - 5.0).collect()));
+        for (label, row) in &rows {
+            for ntop in [1, 2, 7, SAMPLE_TOP_MAX] {
+                for threads in [64usize, SAMPLE_THREADS as usize] {
+                    let got = top_pass(row, threads, ntop);
+                    let want = reference(row, ntop);
+                    for (j, &k) in got.iter().enumerate() {
+                        if j < want.len() {
+                            let (id, l) = want[j];
+                            assert_ne!(k, 0, "{label} ntop {ntop} threads {threads}: slot {j} empty");
+                            assert_eq!(key_index(k), id, "{label} ntop {ntop} threads {threads}: slot {j}");
+                            assert_eq!(key_logit(k).to_bits(), l.to_bits(), "{label}: slot {j} logit");
+                        } else {
+                            assert_eq!(k, 0, "{label} ntop {ntop}: slot {j} beyond the row filled");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keys_order_like_the_host_and_decode_exactly() {
+        let vals = [f32::NEG_INFINITY, -3.5, -0.0, 0.0, 1e-30, 2.0, f32::INFINITY];
+        for w in vals.windows(2) {
+            assert!(logit_key(w[0], 5) < logit_key(w[1], 5), "{} vs {}", w[0], w[1]);
+        }
+        for &v in &vals {
+            assert_eq!(key_logit(logit_key(v, 9)).to_bits(), v.to_bits());
+            assert!(logit_key(v, 1) > logit_key(v, 2), "a tie goes to the lower id");
+            assert_ne!(logit_key(v, u32::MAX), 0, "0 must mean an empty slot");
+        }
+        assert_eq!(logit_key(f32::NAN, 3), logit_key(f32::NEG_INFINITY, 3));
+    }
 }

@@ -13,7 +13,11 @@
 //! f32 `expf` against Rust's `exp` (1 ulp) or f64 summation order moves an
 //! inverse-CDF boundary, so at most 1% of draws may differ (none expected);
 //! histograms of 20,000 draws pass a chi-square bound of df + 6·sqrt(2·df)
-//! and a max |frequency - probability| of 0.012 (sigma <= 0.0036).
+//! and a max |frequency - probability| of 0.012 (sigma <= 0.0036). Top
+//! logprobs: the ids (and their order, ties by id) equal the host's
+//! exactly; their logprobs within 1e-4 (the log-sum-exp differs only by
+//! f32 `expf` and f64 summation order, ~1e-6 measured on the host side).
+//! `vocab_limit`: no id at or beyond it is ever drawn or reported.
 
 mod common;
 
@@ -25,7 +29,7 @@ use lily_core::weights::Weights;
 use lily_cuda::device::{DeviceBuffer, Gpu};
 use lily_cuda::dims::Dims;
 use lily_cuda::kernels::Kernels;
-use lily_cuda::sampling::{self, SampleRow};
+use lily_cuda::sampling::{self, SampleOut, SampleRow, SAMPLE_TOP_MAX};
 use lily_cuda::{CudaBackend, Options};
 use lily_model::sample::{philox_uniform, Distribution};
 use lily_model::{Backend, LogitsWanted, SampleParams, SampleState};
@@ -47,15 +51,72 @@ fn logits(rng: &mut Rng, vocab: usize, hot: usize) -> Vec<f32> {
     l
 }
 
+/// What one `sample_rows` launch wrote: tokens, logprobs, and the top
+/// arrays [n][SAMPLE_TOP_MAX] (slots it did not write keep u32::MAX - 1 and
+/// NaN).
+struct Out {
+    tok: Vec<u32>,
+    lp: Vec<f32>,
+    top_ids: Vec<u32>,
+    top_lps: Vec<f32>,
+}
+
+/// Marks a top slot the kernel did not write.
+const UNTOUCHED: u32 = u32::MAX - 1;
+
 /// Runs `sample_rows` on `rows` over logits at `logits` (row stride
-/// `stride` floats, 0 = shared) and returns (tokens, logprobs).
+/// `stride` floats, 0 = shared) with the top outputs attached.
+fn run_out(gpu: &Arc<Gpu>, k: &Kernels, logits: &DeviceBuffer, stride: usize, rows: &[SampleRow], vocab: usize) -> Out {
+    let n = rows.len();
+    let rb = upload(gpu, rows);
+    let tok = upload(gpu, &vec![u32::MAX; n]);
+    let lp = upload(gpu, &vec![f32::NAN; n]);
+    let top_ids = upload(gpu, &vec![UNTOUCHED; n * SAMPLE_TOP_MAX]);
+    let top_lps = upload(gpu, &vec![f32::NAN; n * SAMPLE_TOP_MAX]);
+    let out = SampleOut { tokens: tok.ptr(), logprobs: lp.ptr(), top_ids: top_ids.ptr(), top_logprobs: top_lps.ptr() };
+    sampling::sample_rows_strided(gpu, k, logits.ptr(), stride, rb.ptr(), &out, n, vocab).expect("launch");
+    Out {
+        tok: download(gpu, tok.ptr(), n),
+        lp: download(gpu, lp.ptr(), n),
+        top_ids: download(gpu, top_ids.ptr(), n * SAMPLE_TOP_MAX),
+        top_lps: download(gpu, top_lps.ptr(), n * SAMPLE_TOP_MAX),
+    }
+}
+
+/// `run_out` with no top outputs (the kernel must not need them);
+/// returns (tokens, logprobs).
 fn run(gpu: &Arc<Gpu>, k: &Kernels, logits: &DeviceBuffer, stride: usize, rows: &[SampleRow], vocab: usize) -> (Vec<u32>, Vec<f32>) {
     let n = rows.len();
     let rb = upload(gpu, rows);
     let tok = upload(gpu, &vec![u32::MAX; n]);
     let lp = upload(gpu, &vec![f32::NAN; n]);
-    sampling::sample_rows_strided(gpu, k, logits.ptr(), stride, rb.ptr(), tok.ptr(), lp.ptr(), n, vocab).expect("launch");
+    let out = SampleOut { tokens: tok.ptr(), logprobs: lp.ptr(), top_ids: 0, top_logprobs: 0 };
+    sampling::sample_rows_strided(gpu, k, logits.ptr(), stride, rb.ptr(), &out, n, vocab).expect("launch");
     (download(gpu, tok.ptr(), n), download(gpu, lp.ptr(), n))
+}
+
+/// Row `r`'s top report against the host's `want` (ids exact, in order;
+/// logprobs within 1e-4); slots past the ask untouched; a row asking more
+/// than its vocabulary holds gets u32::MAX / -inf in the extra slots.
+fn check_top(label: &str, out: &Out, r: usize, asked: usize, want: &[(u32, f32)]) {
+    let ids = &out.top_ids[r * SAMPLE_TOP_MAX..(r + 1) * SAMPLE_TOP_MAX];
+    let lps = &out.top_lps[r * SAMPLE_TOP_MAX..(r + 1) * SAMPLE_TOP_MAX];
+    let got: Vec<u32> = ids[..want.len()].to_vec();
+    let want_ids: Vec<u32> = want.iter().map(|w| w.0).collect();
+    check(got == want_ids, format!("{label} row {r}: top ids {got:?}, host {want_ids:?}"));
+    for (j, &(_, wl)) in want.iter().enumerate() {
+        let ok = if wl == f32::NEG_INFINITY { lps[j] == wl } else { (lps[j] - wl).abs() < 1e-4 };
+        check(ok, format!("{label} row {r} slot {j}: top logprob {} host {wl}", lps[j]));
+    }
+    for j in want.len()..asked {
+        check(
+            ids[j] == u32::MAX && lps[j] == f32::NEG_INFINITY,
+            format!("{label} row {r} slot {j}: ({}, {}) beyond the row, want (u32::MAX, -inf)", ids[j], lps[j]),
+        );
+    }
+    for j in asked..SAMPLE_TOP_MAX {
+        check(ids[j] == UNTOUCHED && lps[j].is_nan(), format!("{label} row {r} slot {j}: written, but only {asked} were asked"));
+    }
 }
 
 fn allowed(d: &Distribution, vocab: usize) -> Vec<bool> {
@@ -102,11 +163,8 @@ fn greedy_is_the_first_argmax_with_the_host_logprob() {
         }
         let lb = upload(&gpu, &host);
         let tables: Vec<DeviceBuffer> = states.iter().map(|s| upload(&gpu, &s.dense_counts(vocab))).collect();
-        let rows: Vec<SampleRow> = states
-            .iter()
-            .zip(&tables)
-            .map(|(s, t)| SampleRow::new(&s.params, 0, if s.params.has_penalties() { t.ptr() } else { 0 }))
-            .collect();
+        let rows: Vec<SampleRow> =
+            states.iter().zip(&tables).map(|(s, t)| SampleRow::new(&s.params, 0, if s.params.has_penalties() { t.ptr() } else { 0 })).collect();
         let (tok, lp) = run(&gpu, &k, &lb, vocab, &rows, vocab);
         for r in 0..n {
             let d = Distribution::new(&host[r * vocab..(r + 1) * vocab], &states[r]);
@@ -145,16 +203,17 @@ fn sampled_tokens_stay_in_the_host_allowed_set() {
         let lb = upload(&gpu, &l);
         for (ci, (label, base)) in configs.iter().enumerate() {
             let n = 512;
-            let rows: Vec<SampleRow> = (0..n)
-                .map(|r| SampleRow::new(&SampleParams { seed: (ci * 100_003 + r) as u64, ..*base }, (r % 7) as u64, 0))
-                .collect();
+            let rows: Vec<SampleRow> = (0..n).map(|r| SampleRow::new(&SampleParams { seed: (ci * 100_003 + r) as u64, ..*base }, (r % 7) as u64, 0)).collect();
             let (tok, _) = run(&gpu, &k, &lb, 0, &rows, vocab);
             let st = SampleState::new(*base, &[]);
             let d = Distribution::new(&l, &st);
             let ok = allowed(&d, vocab);
             let outside: Vec<u32> = tok.iter().copied().filter(|&t| (t as usize) >= vocab || !ok[t as usize]).collect();
             let size = ok.iter().filter(|&&a| a).count();
-            check(outside.is_empty(), format!("vocab {vocab} {label}: {} of {n} draws outside the host's set of {size}: {:?}", outside.len(), &outside[..outside.len().min(8)]));
+            check(
+                outside.is_empty(),
+                format!("vocab {vocab} {label}: {} of {n} draws outside the host's set of {size}: {:?}", outside.len(), &outside[..outside.len().min(8)]),
+            );
             let same = rows.iter().zip(&tok).filter(|(r, &t)| d.draw(philox_uniform(r.seed, r.step)).token == t).count();
             eprintln!("vocab {vocab} {label}: allowed {size}, {same}/{n} draws equal the host's for the same uniform");
             check(same * 100 >= n * 99, format!("vocab {vocab} {label}: only {same}/{n} draws equal the host's"));
@@ -163,10 +222,9 @@ fn sampled_tokens_stay_in_the_host_allowed_set() {
     // Exact ties at the cuts go to the lower ids, as on the host.
     let flat = vec![0.0f32; 1000];
     let lb = upload(&gpu, &flat);
-    for (label, p, keep) in [
-        ("flat top_k 5", SampleParams { top_k: 5, ..Default::default() }, 5usize),
-        ("flat top_p 0.5", SampleParams { top_p: 0.5, ..Default::default() }, 500),
-    ] {
+    for (label, p, keep) in
+        [("flat top_k 5", SampleParams { top_k: 5, ..Default::default() }, 5usize), ("flat top_p 0.5", SampleParams { top_p: 0.5, ..Default::default() }, 500)]
+    {
         let rows: Vec<SampleRow> = (0..2000).map(|r| SampleRow::new(&SampleParams { seed: r, ..p }, 0, 0)).collect();
         let (tok, _) = run(&gpu, &k, &lb, 0, &rows, 1000);
         let max = tok.iter().copied().max().unwrap_or(0) as usize;
@@ -284,10 +342,8 @@ fn penalties_shift_the_distribution_like_the_host() {
     let same = (0..n).filter(|&r| d.draw(philox_uniform(p.seed, r as u64)).token == tok[r]).count();
     eprintln!("penalties: {same}/{n} draws equal the host's for the same uniform");
     check(same * 100 >= n * 99, format!("penalties: only {same}/{n} draws equal the host's"));
-    let lp_err = (0..n)
-        .filter(|&r| (tok[r] as usize) < vocab)
-        .map(|r| (lp[r] as f64 - (d.penalised[tok[r] as usize] as f64 - d.lse)).abs())
-        .fold(0.0, f64::max);
+    let lp_err =
+        (0..n).filter(|&r| (tok[r] as usize) < vocab).map(|r| (lp[r] as f64 - (d.penalised[tok[r] as usize] as f64 - d.lse)).abs()).fold(0.0, f64::max);
     check(lp_err < 1e-4, format!("penalised logprob error {lp_err:.2e}"));
     let after: Vec<u32> = download(&gpu, tables.ptr(), n * vocab);
     let bad = (0..n)
@@ -300,9 +356,10 @@ fn penalties_shift_the_distribution_like_the_host() {
     finish();
 }
 
-/// `decode_sample` on the tiny fixture: the same token and logprob as
-/// `decode` followed by the host sampler on a fork of the sequence, greedy
-/// and sampled, with penalties, for a batch of two.
+/// `decode_sample` on the tiny fixture: the same token, logprob and top
+/// logprobs as `decode` followed by the host sampler on a fork of the
+/// sequence, greedy (under a vocab_limit) and sampled, with penalties, for
+/// a batch of two; more top logprobs than the device reports is an error.
 #[test]
 fn backend_decode_sample_equals_decode_then_host_sampling() {
     let Some(gpu) = gpu("backend_decode_sample_equals_decode_then_host_sampling") else { return };
@@ -314,9 +371,20 @@ fn backend_decode_sample_equals_decode_then_host_sampling() {
     let mut be = CudaBackend::from_weights(&gpu, &w, o, &mut |_, _| {}).expect("cuda backend");
     let vocab = be.config().vocab_size;
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let limit = vocab - 3;
     let params = [
-        SampleParams::greedy(),
-        SampleParams { temperature: 0.9, top_k: 30, top_p: 0.9, repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.2, seed: 42, ..Default::default() },
+        SampleParams { top_logprobs: 5, vocab_limit: limit as u32, ..SampleParams::greedy() },
+        SampleParams {
+            temperature: 0.9,
+            top_k: 30,
+            top_p: 0.9,
+            repetition_penalty: 1.3,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.2,
+            seed: 42,
+            top_logprobs: SAMPLE_TOP_MAX as u32,
+            ..Default::default()
+        },
     ];
     let mut dev_seqs = Vec::new();
     let mut host_seqs = Vec::new();
@@ -338,6 +406,7 @@ fn backend_decode_sample_equals_decode_then_host_sampling() {
         let got = be.decode_sample(&dev_batch, &mut dev_states).expect("decode_sample");
         let logits = be.decode(&host_batch).expect("decode");
         for i in 0..2 {
+            let d = Distribution::new(&logits[i], &host_states[i]);
             let want = lily_model::sample::sample_host(&logits[i], &mut host_states[i]);
             if got[i].token != want.token {
                 mismatches += 1;
@@ -345,8 +414,23 @@ fn backend_decode_sample_equals_decode_then_host_sampling() {
             } else {
                 check((got[i].logprob - want.logprob).abs() < 1e-4, format!("step {step} seq {i}: logprob {} vs {}", got[i].logprob, want.logprob));
             }
+            // The two sides' logits come from two runs of the step, so an id
+            // may differ only where the host's own logprobs tie within 1e-5;
+            // every reported logprob is the host's for that id and rank.
+            check(got[i].top.len() == want.top.len(), format!("step {step} seq {i}: {} top logprobs, host {}", got[i].top.len(), want.top.len()));
+            for (j, (g, w)) in got[i].top.iter().zip(&want.top).enumerate() {
+                let host_lp = d.penalised.get(g.0 as usize).map_or(f64::NAN, |&l| l as f64 - d.lse);
+                check(
+                    g.0 == w.0 || (host_lp - w.1 as f64).abs() < 1e-5,
+                    format!("step {step} seq {i} slot {j}: top id {} host {} (host logprobs {host_lp} vs {})", g.0, w.0, w.1),
+                );
+                check(
+                    (g.1 as f64 - host_lp).abs() < 1e-4 && (g.1 - w.1).abs() < 1e-4,
+                    format!("step {step} seq {i} slot {j}: top logprob {} host {}", g.1, w.1),
+                );
+            }
             if i == 0 {
-                check(got[0].token == lily_model::argmax(&logits[0]), format!("step {step}: greedy token is not the argmax"));
+                check(got[0].token == lily_model::argmax(&logits[0][..limit]), format!("step {step}: greedy token is not the argmax below the limit"));
             }
             // Both sides continue from the device's token.
             if got[i].token != want.token {
@@ -358,6 +442,10 @@ fn backend_decode_sample_equals_decode_then_host_sampling() {
     }
     check(mismatches == 0, format!("{mismatches} of 32 device draws differ from the host's"));
     check(dev_states[1].step == 16, format!("state step {} after 16 draws", dev_states[1].step));
+    let mut too_many = [SampleState::new(SampleParams { top_logprobs: SAMPLE_TOP_MAX as u32 + 1, ..Default::default() }, &prompt)];
+    let err = be.decode_sample(&[(dev_seqs[0], next[0])], &mut too_many);
+    check(err.is_err(), format!("top_logprobs {} accepted", SAMPLE_TOP_MAX + 1));
+    check(too_many[0].step == 0, "a refused draw advanced the state");
     for s in dev_seqs.iter().chain(&host_seqs) {
         be.free(*s);
     }
@@ -369,7 +457,185 @@ fn sample_rows_rejects_bad_shapes() {
     let Some(gpu) = gpu("sample_rows_rejects_bad_shapes") else { return };
     let k = kernels(&gpu);
     let z = zeros(&gpu, 64);
-    check(sampling::sample_rows_strided(&gpu, &k, z.ptr(), 10, z.ptr(), z.ptr(), z.ptr(), 1, 20).is_err(), "stride below vocab accepted");
-    check(sampling::sample_rows(&gpu, &k, z.ptr(), z.ptr(), z.ptr(), z.ptr(), 1, 0).is_err(), "empty vocab accepted");
+    let out = SampleOut { tokens: z.ptr(), logprobs: z.ptr(), top_ids: 0, top_logprobs: 0 };
+    check(sampling::sample_rows_strided(&gpu, &k, z.ptr(), 10, z.ptr(), &out, 1, 20).is_err(), "stride below vocab accepted");
+    check(sampling::sample_rows(&gpu, &k, z.ptr(), z.ptr(), &out, 1, 0).is_err(), "empty vocab accepted");
+    let half = SampleOut { top_ids: z.ptr(), ..out };
+    check(sampling::sample_rows(&gpu, &k, z.ptr(), z.ptr(), &half, 1, 16).is_err(), "top ids without top logprobs accepted");
+    let no_tokens = SampleOut { tokens: 0, ..out };
+    check(sampling::sample_rows(&gpu, &k, z.ptr(), z.ptr(), &no_tokens, 1, 16).is_err(), "null token output accepted");
+    finish();
+}
+
+#[test]
+fn top_logprobs_equal_the_host_reference() {
+    let Some(gpu) = gpu("top_logprobs_equal_the_host_reference") else { return };
+    let k = kernels(&gpu);
+    let mut rng = Rng::new(6);
+    for vocab in [BIG, 1000] {
+        // Per row: parameters, prompt, generated tokens; the logits get exact
+        // ties across the 20th place.
+        let n = 8;
+        let mut host = Vec::with_capacity(n * vocab);
+        let mut states = Vec::new();
+        for r in 0..n {
+            let mut l = logits(&mut rng, vocab, 30);
+            // Five equal maxima and twenty equal runners-up at scattered ids:
+            // the top 20 ends inside the tie, which only ids can order.
+            for _ in 0..5 {
+                l[rng.below(vocab)] = 12.0;
+            }
+            for _ in 0..20 {
+                l[rng.below(vocab)] = 11.0;
+            }
+            l[rng.below(vocab)] = f32::NEG_INFINITY;
+            let mut order: Vec<u32> = (0..vocab as u32).collect();
+            order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]));
+            let top_logprobs = [1u32, 5, 20, 20, 3, 20, 13, 20][r];
+            let mut p = SampleParams { top_logprobs, seed: 100 + r as u64, ..Default::default() };
+            let mut prompt = Vec::new();
+            let mut generated = Vec::new();
+            match r {
+                0 => p.temperature = 0.0,
+                3 => {
+                    // Penalties reorder the head.
+                    p.repetition_penalty = 1.3;
+                    p.presence_penalty = 0.5;
+                    p.frequency_penalty = 0.25;
+                    prompt.extend_from_slice(&order[1..8]);
+                    generated.extend_from_slice(&order[4..12]);
+                }
+                4 => {
+                    // A penalty that makes a tie at the top: 26 / 2 == 13.
+                    let (a, b) = (order[40] as usize, order[41] as usize);
+                    l[a] = 26.0;
+                    l[b] = 13.0;
+                    p.repetition_penalty = 2.0;
+                    prompt.push(a as u32);
+                }
+                5 => p = SampleParams { top_k: 10, top_p: 0.9, min_p: 0.01, ..p },
+                6 => p.temperature = 0.3,
+                _ => {}
+            }
+            let mut st = SampleState::new(p, &prompt);
+            for &t in &generated {
+                st.accept(t);
+            }
+            host.extend_from_slice(&l);
+            states.push(st);
+        }
+        let lb = upload(&gpu, &host);
+        let tables: Vec<DeviceBuffer> = states.iter().map(|s| upload(&gpu, &s.dense_counts(vocab))).collect();
+        let rows: Vec<SampleRow> =
+            states.iter().zip(&tables).map(|(s, t)| SampleRow::new(&s.params, 0, if s.params.has_penalties() { t.ptr() } else { 0 })).collect();
+        let out = run_out(&gpu, &k, &lb, vocab, &rows, vocab);
+        for r in 0..n {
+            let d = Distribution::new(&host[r * vocab..(r + 1) * vocab], &states[r]);
+            let label = format!("vocab {vocab}");
+            check(d.top.len() == states[r].params.top_logprobs as usize, format!("{label} row {r}: test setup, host top has {}", d.top.len()));
+            check_top(&label, &out, r, states[r].params.top_logprobs as usize, &d.top);
+            // The draw and its logprob are unchanged by the report.
+            let t = out.tok[r] as usize;
+            check(allowed(&d, vocab).get(t).copied().unwrap_or(false), format!("{label} row {r}: token {t} outside the host's set"));
+            if states[r].params.temperature == 0.0 {
+                check(out.tok[r] == d.argmax, format!("{label} row {r}: greedy token {t} host {}", d.argmax));
+            }
+            let want_lp = d.penalised.get(t).map_or(f64::NAN, |&l| l as f64 - d.lse);
+            check((out.lp[r] as f64 - want_lp).abs() < 1e-4, format!("{label} row {r}: logprob {} host {want_lp}", out.lp[r]));
+        }
+    }
+    // All-equal logits: the top is the lowest ids; a row asking more than its
+    // vocab_limit gets the whole vocabulary, then empty slots. Mostly -inf
+    // logits: the finite ones, then -inf ones by id with logprob -inf.
+    let flat = vec![0.5f32; 4096];
+    let mut sparse = vec![f32::NEG_INFINITY; 4096];
+    for i in [4000, 17, 2500, 3, 999, 4095] {
+        sparse[i] = (i % 7) as f32;
+    }
+    for (label, l) in [("flat", &flat), ("mostly -inf", &sparse)] {
+        let lb = upload(&gpu, l);
+        let rows = [
+            SampleRow::new(&SampleParams { top_logprobs: 20, ..SampleParams::greedy() }, 0, 0),
+            SampleRow::new(&SampleParams { top_logprobs: 20, vocab_limit: 7, ..Default::default() }, 0, 0),
+            SampleRow::new(&SampleParams { top_logprobs: 0, ..Default::default() }, 0, 0),
+            SampleRow::new(&SampleParams { top_logprobs: 9, top_k: 3, ..Default::default() }, 0, 0),
+        ];
+        let out = run_out(&gpu, &k, &lb, 0, &rows, 4096);
+        for (r, row) in rows.iter().enumerate() {
+            let p = SampleParams { top_logprobs: row.top_logprobs, vocab_limit: row.vocab_limit, ..Default::default() };
+            let d = Distribution::new(l, &SampleState::new(p, &[]));
+            check_top(label, &out, r, row.top_logprobs as usize, &d.top);
+        }
+    }
+    finish();
+}
+
+#[test]
+fn vocab_limit_is_never_crossed() {
+    let Some(gpu) = gpu("vocab_limit_is_never_crossed") else { return };
+    let k = kernels(&gpu);
+    let mut rng = Rng::new(7);
+    for (vocab, limit) in [(BIG, 248_077usize), (1000, 900)] {
+        // The tail beyond the limit holds the maximum and most of the mass.
+        let mut l = logits(&mut rng, vocab, 20);
+        for x in &mut l[limit..] {
+            *x = 15.0;
+        }
+        l[vocab - 1] = 30.0;
+        let lb = upload(&gpu, &l);
+        let lim = limit as u32;
+        let configs: Vec<(&str, SampleParams)> = vec![
+            ("greedy", SampleParams { vocab_limit: lim, top_logprobs: 20, ..SampleParams::greedy() }),
+            ("plain", SampleParams { vocab_limit: lim, top_logprobs: 5, ..Default::default() }),
+            ("top_k 50", SampleParams { vocab_limit: lim, top_k: 50, ..Default::default() }),
+            ("top_p 0.95 T 2", SampleParams { vocab_limit: lim, top_p: 0.95, temperature: 2.0, ..Default::default() }),
+            ("min_p 0.001", SampleParams { vocab_limit: lim, min_p: 0.001, top_logprobs: 20, ..Default::default() }),
+        ];
+        for (label, base) in &configs {
+            let n = 256;
+            let rows: Vec<SampleRow> = (0..n).map(|r| SampleRow::new(&SampleParams { seed: r as u64, ..*base }, r as u64, 0)).collect();
+            let out = run_out(&gpu, &k, &lb, 0, &rows, vocab);
+            let d = Distribution::new(&l, &SampleState::new(*base, &[]));
+            let beyond = out.tok.iter().filter(|&&t| t as usize >= limit).count();
+            check(beyond == 0, format!("vocab {vocab} limit {limit} {label}: {beyond} of {n} draws at or beyond the limit"));
+            let same = rows.iter().zip(&out.tok).filter(|(r, &t)| d.draw(philox_uniform(r.seed, r.step)).token == t).count();
+            check(same * 100 >= n * 99, format!("vocab {vocab} limit {limit} {label}: only {same}/{n} draws equal the host's"));
+            if base.temperature == 0.0 {
+                check(out.tok.iter().all(|&t| t == d.argmax), format!("vocab {vocab} {label}: greedy {:?} host argmax {}", &out.tok[..4], d.argmax));
+            }
+            let lp_err = out
+                .tok
+                .iter()
+                .zip(&out.lp)
+                .map(|(&t, &lp)| d.penalised.get(t as usize).map_or(f64::INFINITY, |&l| (lp as f64 - (l as f64 - d.lse)).abs()))
+                .fold(0.0, f64::max);
+            check(lp_err < 1e-4, format!("vocab {vocab} {label}: logprob error {lp_err:.2e} (the log-sum-exp must stop at the limit)"));
+            let reported_beyond = (0..n)
+                .flat_map(|r| &out.top_ids[r * SAMPLE_TOP_MAX..r * SAMPLE_TOP_MAX + base.top_logprobs as usize])
+                .filter(|&&id| id as usize >= limit)
+                .count();
+            check(reported_beyond == 0, format!("vocab {vocab} {label}: {reported_beyond} reported ids at or beyond the limit"));
+            for r in [0, n - 1] {
+                check_top(&format!("vocab {vocab} limit {limit} {label}"), &out, r, base.top_logprobs as usize, &d.top);
+            }
+        }
+        // A penalised row: the count update lands inside the limit.
+        let p = SampleParams { vocab_limit: lim, repetition_penalty: 1.2, top_logprobs: 3, ..SampleParams::greedy() };
+        let st = SampleState::new(p, &[0, (vocab - 1) as u32]);
+        let table = upload(&gpu, &st.dense_counts(vocab));
+        let out = run_out(&gpu, &k, &lb, 0, &[SampleRow::new(&p, 0, table.ptr())], vocab);
+        let d = Distribution::new(&l, &st);
+        check(out.tok[0] == d.argmax && (out.tok[0] as usize) < limit, format!("vocab {vocab}: penalised greedy {} host {}", out.tok[0], d.argmax));
+        check_top(&format!("vocab {vocab} penalised"), &out, 0, 3, &d.top);
+        // 0 and a limit past the row both mean the whole row.
+        for whole in [0u32, vocab as u32 + 5] {
+            let p = SampleParams { vocab_limit: whole, top_logprobs: 1, ..SampleParams::greedy() };
+            let out = run_out(&gpu, &k, &lb, 0, &[SampleRow::new(&p, 0, 0)], vocab);
+            check(
+                out.tok[0] as usize == vocab - 1 && out.top_ids[0] as usize == vocab - 1,
+                format!("vocab {vocab} limit {whole}: token {} want the row's maximum {}", out.tok[0], vocab - 1),
+            );
+        }
+    }
     finish();
 }

@@ -7,7 +7,7 @@
 use lily_core::config::{production, Format};
 use lily_core::ModelConfig;
 use lily_cuda::dims::Dims;
-use lily_cuda::kernels::{compile_family, FAMILIES};
+use lily_cuda::kernels::{compile_family, Family, FAMILIES};
 use lily_cuda::nvrtc;
 
 fn fixture_config() -> ModelConfig {
@@ -90,6 +90,26 @@ fn defines_carry_every_dimension_once() {
         let n = defs.iter().filter(|d| d.starts_with(&format!("-D{name}="))).count();
         assert_eq!(n, 1, "{name} defined {n} times in {defs:?}");
     }
+    for name in ["SAMPLE_THREADS", "SAMPLE_TOP_MAX", "SAMPLE_ROW_BYTES", "SAMPLE_PARAMS_BYTES"] {
+        let n = defs.iter().filter(|d| d.starts_with(&format!("-D{name}="))).count();
+        assert_eq!(n, 1, "{name} defined {n} times in {defs:?}");
+    }
     assert!(defs.contains(&"-DHIDDEN=2048".to_string()));
     assert!(defs.contains(&"-DROT_DIM=64".to_string()));
+}
+
+#[test]
+fn a_drifted_sampler_layout_fails_to_compile() {
+    // Two fields of SampleRow swapped in the kernel only: same size, other
+    // offsets, which the static_asserts against sampling::defines() catch.
+    nvrtc::ensure_nvrtc().expect("NVRTC");
+    let dims = Dims::from_config(&production()).expect("dims");
+    let f = FAMILIES.iter().find(|f| f.name == "sampling").expect("sampling family");
+    let swapped = f.source.replace("    float top_p;\n    float min_p;\n", "    float min_p;\n    float top_p;\n");
+    assert_ne!(swapped, f.source, "test setup: SampleRow's fields not found");
+    let drifted = Family { name: f.name, source: Box::leak(swapped.into_boxed_str()), kernels: f.kernels };
+    match compile_family(&drifted, &dims, &[]) {
+        Ok(_) => panic!("a SampleRow with swapped fields compiled"),
+        Err(e) => assert!(e.to_string().contains("SampleRow.top_p"), "{e}"),
+    }
 }

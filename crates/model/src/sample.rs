@@ -8,7 +8,11 @@
 //! the penalised logits before temperature; temperature 0 is the argmax
 //! (lowest id on ties); otherwise weights exp((l - max) / T), then min-p,
 //! top-k and top-p (ties ordered by id), and one inverse-CDF draw in id
-//! order. What differs from the engine is the random stream: the uniform of
+//! order. `vocab_limit` cuts the row first (ids at or beyond it are never
+//! drawn nor reported); `top_logprobs` reports the most likely ids of the
+//! penalised distribution (ordered by the penalised logit, descending, then
+//! by id; a NaN logit ranks as -inf).
+//! What differs from the engine is the random stream: the uniform of
 //! step `s` is Philox4x32-10 keyed by the seed with counter `s`, so a device
 //! can draw it without state and a step replays exactly.
 
@@ -36,6 +40,12 @@ pub struct SampleParams {
     /// 1 = off.
     pub repetition_penalty: f32,
     pub seed: u64,
+    /// How many of the most likely ids to report with their logprobs
+    /// (`Sampled::top`); 0 = none.
+    pub top_logprobs: u32,
+    /// Ids at or beyond this are never drawn nor reported (the tokenizer's
+    /// vocabulary inside a padded lm_head); 0 = the whole row.
+    pub vocab_limit: u32,
 }
 
 impl Default for SampleParams {
@@ -49,6 +59,8 @@ impl Default for SampleParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             seed: 0,
+            top_logprobs: 0,
+            vocab_limit: 0,
         }
     }
 }
@@ -64,10 +76,13 @@ impl SampleParams {
 }
 
 /// The chosen token and its logprob (penalised, before temperature).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: u32,
     pub logprob: f32,
+    /// The `top_logprobs` most likely (id, logprob) of the same
+    /// distribution, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// One sequence's sampling state, owned by the caller: parameters, the step
@@ -152,13 +167,15 @@ pub fn penalised(logit: f32, entry: u32, p: &SampleParams) -> f32 {
     l
 }
 
-/// Everything one draw depends on: the penalised logits, their log-sum-exp,
-/// the argmax, and (when sampling) the candidates left after min-p, top-k
-/// and top-p as (id, weight) in id order.
+/// Everything one draw depends on: the penalised logits (of the row up to
+/// `vocab_limit`), their log-sum-exp, the argmax, the reported top
+/// logprobs, and (when sampling) the candidates left after min-p, top-k and
+/// top-p as (id, weight) in id order.
 pub struct Distribution {
     pub penalised: Vec<f32>,
     pub lse: f64,
     pub argmax: u32,
+    pub top: Vec<(u32, f32)>,
     /// None for greedy (temperature 0 or no finite logit).
     pub candidates: Option<Vec<(u32, f32)>>,
 }
@@ -166,12 +183,15 @@ pub struct Distribution {
 impl Distribution {
     pub fn new(logits: &[f32], state: &SampleState) -> Self {
         let p = &state.params;
+        let limit = if p.vocab_limit == 0 { logits.len() } else { logits.len().min(p.vocab_limit as usize) };
+        let logits = &logits[..limit];
         let penalised: Vec<f32> = logits.iter().enumerate().map(|(i, &l)| penalised(l, state.count_of(i as u32), p)).collect();
         let argmax = first_max(&penalised);
         let m = penalised.get(argmax as usize).copied().unwrap_or(f32::NEG_INFINITY);
         let lse = m as f64 + penalised.iter().map(|&l| (l - m).exp() as f64).sum::<f64>().ln();
+        let top = top_logprobs(&penalised, lse, p.top_logprobs as usize);
         if p.temperature <= 0.0 || !m.is_finite() {
-            return Distribution { penalised, lse, argmax, candidates: None };
+            return Distribution { penalised, lse, argmax, top, candidates: None };
         }
         let inv_t = 1.0 / p.temperature;
         let mut cand: Vec<(u32, f32)> = penalised
@@ -199,7 +219,7 @@ impl Distribution {
             }
         }
         cand.sort_by_key(|c| c.0);
-        Distribution { penalised, lse, argmax, candidates: Some(cand) }
+        Distribution { penalised, lse, argmax, top, candidates: Some(cand) }
     }
 
     /// The token for a uniform `u` in [0, 1), and its logprob.
@@ -223,8 +243,26 @@ impl Distribution {
             }
         };
         let logprob = self.penalised.get(token as usize).map_or(f32::NEG_INFINITY, |&l| (l as f64 - self.lse) as f32);
-        Sampled { token, logprob }
+        Sampled { token, logprob, top: self.top.clone() }
     }
+}
+
+/// The `n` most likely ids of `penalised` as (id, logprob), ordered by the
+/// penalised logit descending (exact, where rounded logprobs could tie),
+/// then by id; a NaN logit ranks as -inf.
+fn top_logprobs(penalised: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
+    let n = n.min(penalised.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<(u32, f32)> = penalised.iter().enumerate().map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })).collect();
+    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, order);
+        idx.truncate(n);
+    }
+    idx.sort_unstable_by(order);
+    idx.into_iter().map(|(i, l)| (i, (l as f64 - lse) as f32)).collect()
 }
 
 /// One draw on the host for `state` (the default `decode_sample`); advances
@@ -326,6 +364,44 @@ mod tests {
         assert_eq!(s.count_of(0), SEEN_IN_PROMPT);
         assert_eq!(s.count_of(3), 2);
         assert_eq!(s.dense_counts(5), vec![SEEN_IN_PROMPT, SEEN_IN_PROMPT, 0, 2, 0]);
+    }
+
+    #[test]
+    fn top_logprobs_are_ordered_by_logit_then_id() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, f32::NEG_INFINITY, -1.0];
+        let d = Distribution::new(&logits, &state(|p| p.top_logprobs = 4));
+        assert_eq!(d.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2, 0]);
+        for &(id, lp) in &d.top {
+            assert_eq!(lp, (logits[id as usize] as f64 - d.lse) as f32);
+        }
+        // More asked than the row holds: every id, -inf last.
+        let d = Distribution::new(&logits, &state(|p| p.top_logprobs = 20));
+        assert_eq!(d.top.len(), 6);
+        assert_eq!(d.top[5], (4, f32::NEG_INFINITY));
+        let out = sample_host(&logits, &mut state(|p| p.top_logprobs = 2));
+        assert_eq!(out.top, d.top[..2].to_vec());
+        assert!(sample_host(&logits, &mut state(|_| {})).top.is_empty());
+        // A NaN ranks as -inf (after it by id), never first.
+        let d = Distribution::new(&[f32::NEG_INFINITY, f32::NAN, 0.5], &state(|p| p.top_logprobs = 3));
+        assert_eq!(d.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn vocab_limit_hides_the_ids_beyond_it() {
+        // The largest logit sits beyond the limit.
+        let logits = [0.5f32, 1.0, 0.25, 9.0, 8.0];
+        let mut g = SampleState::new(SampleParams { vocab_limit: 3, top_logprobs: 5, ..SampleParams::greedy() }, &[]);
+        let out = sample_host(&logits, &mut g);
+        assert_eq!(out.token, 1);
+        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 0, 2]);
+        let lse = (0.5f64.exp() + 1f64.exp() + 0.25f64.exp()).ln();
+        assert!((out.logprob as f64 - (1.0 - lse)).abs() < 1e-6);
+        let mut s = state(|p| p.vocab_limit = 3);
+        for _ in 0..200 {
+            assert!(sample_host(&logits, &mut s).token < 3);
+        }
+        // A limit beyond the row is the whole row.
+        assert_eq!(Distribution::new(&logits, &state(|p| p.vocab_limit = 100)).argmax, 3);
     }
 
     #[test]

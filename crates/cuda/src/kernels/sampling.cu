@@ -71,15 +71,21 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const __grid_const
 
 // ---- sample_rows: penalties, temperature, top-k / top-p / min-p, one draw ----
 //
-// One block of 512 threads (16 warps; 1024 would cap registers at 64 and spill) per row of logits; the row (248,320
+// One block of SAMPLE_THREADS threads (512 = 16 warps; 1024 would cap registers at 64 and spill) per row of logits; the row (248,320
 // floats at the real shape) is re-read from global memory (L2) in every
 // pass rather than staged, and each pass recomputes the penalised logit and
 // the weight of a token with the same expression, so every pass sees the
 // same values. Semantics are the engine's host sampler
 // (crates/engine/src/sampling.rs):
+//   the row is cut to its first V = vocab_limit entries (0 or more than the
+//   row: the whole row); no pass looks beyond, so ids >= V are never drawn
+//   nor reported;
 //   l_i  = logit, then repetition penalty for tokens seen (prompt or output),
 //          then l_i -= presence + frequency * generated_count_i;
 //   logprob = l_tok - M - ln sum exp(l - M)   (penalised, before temperature);
+//   top logprobs: the N = top_logprobs (<= SAMPLE_TOP_MAX) largest l by the
+//          argmax key (l descending, then id ascending; NaN ranks as -inf),
+//          each reported with the logprob expression above;
 //   T == 0 (or no finite logit): argmax of l (ties: lowest id);
 //   else w_i = exp((l_i - M) / T) in [0, 1] (the top token has 1);
 //   candidates C = { w_i > 0, w_i >= min_p, among the top_k by (w desc, id asc) };
@@ -92,10 +98,39 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const __grid_const
 // shared histograms of counts or of f64 mass) finds the boundary weight,
 // and ties at the boundary are split by id with one scan in id order. The
 // only inexactness is f64 summation order against the host's sorted sum.
+// The top logprobs ride on the max pass (no extra pass over the row): each
+// warp keeps its N largest keys, one per lane, and the block ranks the
+// warps' lists (top_pass).
 //
 // Count table (optional, per row): u32 [vocab], bit 31 = seen in the
 // prompt, bits 0..30 = times generated. The kernel adds 1 for the chosen
 // token, so consecutive steps need no host update.
+//
+// Outputs: out_tokens [n], out_logprobs [n]; when out_top_ids is not null,
+// rows with N > 0 write slots 0..N-1 of out_top_ids / out_top_logprobs
+// [n][SAMPLE_TOP_MAX], most likely first; a slot beyond the row's V ids
+// (N > V) holds id 0xffffffff and -inf. Slots N.. and rows with N = 0 are
+// not written.
+//
+// The two structs below are mirrored by #[repr(C)] structs in sampling.rs,
+// which passes its size and field offsets as defines (sampling::defines());
+// the static_asserts make a drifted layout a compile error.
+
+#ifndef SAMPLE_THREADS
+#error "SAMPLE_THREADS must be defined by the host (sampling.rs)"
+#endif
+#ifndef SAMPLE_TOP_MAX
+#error "SAMPLE_TOP_MAX must be defined by the host (sampling.rs)"
+#endif
+static_assert(SAMPLE_THREADS % 32 == 0 && SAMPLE_THREADS >= 64 && SAMPLE_THREADS <= 1024, "SAMPLE_THREADS: whole warps, 64..1024");
+// A warp's top list holds one key per lane.
+static_assert(SAMPLE_TOP_MAX >= 1 && SAMPLE_TOP_MAX <= 32, "SAMPLE_TOP_MAX: 1..32");
+
+// NVRTC has no offsetof (no headers, no __builtin_offsetof); __INTADDR__ is
+// the constant-address builtin of its EDG front end, the one its own
+// offsetof is made of.
+#define MIRRORED(S, f, AT) \
+    static_assert((unsigned long long)__INTADDR__(&((S*)0)->f) == AT, "sampling.rs lays out " #S "." #f " elsewhere")
 
 struct SampleRow {
     float temperature;
@@ -105,22 +140,48 @@ struct SampleRow {
     float frequency;
     float repetition;
     u32 top_k;          // 0 = off
+    u32 top_logprobs;   // 0 = none; more than SAMPLE_TOP_MAX reads as SAMPLE_TOP_MAX
+    u32 vocab_limit;    // 0 = the whole row
     u32 pad;
     u64 seed;
     u64 step;
     u32* counts;        // [vocab] or null (no penalties)
 };
+static_assert(sizeof(SampleRow) == SAMPLE_ROW_BYTES, "sampling.rs's SampleRow has another size");
+MIRRORED(SampleRow, temperature, SAMPLE_ROW_AT_TEMPERATURE);
+MIRRORED(SampleRow, top_p, SAMPLE_ROW_AT_TOP_P);
+MIRRORED(SampleRow, min_p, SAMPLE_ROW_AT_MIN_P);
+MIRRORED(SampleRow, presence, SAMPLE_ROW_AT_PRESENCE);
+MIRRORED(SampleRow, frequency, SAMPLE_ROW_AT_FREQUENCY);
+MIRRORED(SampleRow, repetition, SAMPLE_ROW_AT_REPETITION);
+MIRRORED(SampleRow, top_k, SAMPLE_ROW_AT_TOP_K);
+MIRRORED(SampleRow, top_logprobs, SAMPLE_ROW_AT_TOP_LOGPROBS);
+MIRRORED(SampleRow, vocab_limit, SAMPLE_ROW_AT_VOCAB_LIMIT);
+MIRRORED(SampleRow, pad, SAMPLE_ROW_AT_PAD);
+MIRRORED(SampleRow, seed, SAMPLE_ROW_AT_SEED);
+MIRRORED(SampleRow, step, SAMPLE_ROW_AT_STEP);
+MIRRORED(SampleRow, counts, SAMPLE_ROW_AT_COUNTS);
 
 struct SampleParams {
     const float* logits;     // row r at logits + r * row_stride
     const SampleRow* rows;   // [n]
     u32* out_tokens;         // [n]
     float* out_logprobs;     // [n]
-    int vocab;
+    u32* out_top_ids;        // [n][SAMPLE_TOP_MAX] or null (no row reports)
+    float* out_top_logprobs; // [n][SAMPLE_TOP_MAX] (null with out_top_ids)
+    int vocab;               // floats in a row
     int row_stride;          // floats between rows (vocab; 0 = one shared row)
 };
+static_assert(sizeof(SampleParams) == SAMPLE_PARAMS_BYTES, "sampling.rs's SampleRowsParams has another size");
+MIRRORED(SampleParams, logits, SAMPLE_PARAMS_AT_LOGITS);
+MIRRORED(SampleParams, rows, SAMPLE_PARAMS_AT_ROWS);
+MIRRORED(SampleParams, out_tokens, SAMPLE_PARAMS_AT_OUT_TOKENS);
+MIRRORED(SampleParams, out_logprobs, SAMPLE_PARAMS_AT_OUT_LOGPROBS);
+MIRRORED(SampleParams, out_top_ids, SAMPLE_PARAMS_AT_OUT_TOP_IDS);
+MIRRORED(SampleParams, out_top_logprobs, SAMPLE_PARAMS_AT_OUT_TOP_LOGPROBS);
+MIRRORED(SampleParams, vocab, SAMPLE_PARAMS_AT_VOCAB);
+MIRRORED(SampleParams, row_stride, SAMPLE_PARAMS_AT_ROW_STRIDE);
 
-#define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
 __device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0, u32 k1) {
@@ -158,6 +219,20 @@ __device__ __forceinline__ float penalised(const float* row, const SampleRow& sp
             l = __fsub_rn(l, __fadd_rn(sp.presence, __fmul_rn(sp.frequency, (float)gen)));
     }
     return l;
+}
+
+// The order of the max pass and of the top logprobs: the penalised logit
+// (NaN as -inf, so it never wins), then the smaller id. Never 0: the key of
+// -inf has the high word 0x007fffff, so 0 marks an empty slot.
+__device__ __forceinline__ u64 logit_key(float l, int i) {
+    if (l != l) l = NEG_INF;
+    return argmax_key(l, (u32)i);
+}
+
+// The logit of an argmax key (inverse of argmax_key's order-preserving map).
+__device__ __forceinline__ float key_logit(u64 key) {
+    const u32 u = (u32)(key >> 32);
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
 }
 
 __device__ __forceinline__ float weight_of(float l, float m, float inv_t) {
@@ -206,6 +281,8 @@ struct SampleSmem {
     int tie_id;
     int pick;      // the warp whose id range holds the draw
     int token;     // the drawn token (-1: none)
+    u64 warp_top[SAMPLE_WARPS * SAMPLE_TOP_MAX];   // each warp's list, 0 = empty
+    u64 top[SAMPLE_TOP_MAX];                       // the block's, most likely first
 };
 
 // Token membership in the candidate set: eligible (w > 0, w >= min_p) and
@@ -322,21 +399,71 @@ __device__ int tie_id(const float* row, const SampleRow& sp, int vocab, float m,
     return sm.tie_id;
 }
 
+// The max pass when the row reports ntop (1..SAMPLE_TOP_MAX) top logprobs:
+// sm.top[0..ntop) = the ntop largest logit_keys of ids < vocab, largest
+// first (0 where the row has fewer); returns sm.top[0], the argmax key.
+//
+// Each warp keeps a sorted list, lane j holding its j-th largest key (lanes
+// >= ntop stay 0). A tile of 32 ids (one per lane) is compared with the
+// list's last entry; each lane that beats it is inserted in turn: lane j
+// takes max(list[j], min(list[j-1], k)) (lane 0: max(list[0], k)), which
+// shifts the entries below k down by one, and is a no-op for a k that an
+// earlier insertion of the tile pushed below the list. Keys are distinct
+// (distinct ids), so no tie is lost. Then every key of the SAMPLE_WARPS
+// lists is ranked by counting the larger ones; rank < ntop is its slot.
+// The tile bound is uniform so every lane runs the *_sync intrinsics.
+__device__ u64 top_pass(const float* row, const SampleRow& sp, int vocab, int ntop, SampleSmem& sm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = threadIdx.x; j < SAMPLE_TOP_MAX; j += blockDim.x) sm.top[j] = 0ull;
+    u64 list = 0ull;
+    for (int base = 0; base < vocab; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const u64 key = i < vocab ? logit_key(penalised(row, sp, i), i) : 0ull;
+        const u64 last = __shfl_sync(FULL_MASK, list, ntop - 1);
+        u32 todo = __ballot_sync(FULL_MASK, key > last);
+        while (todo != 0u) {
+            const int src = __ffs(todo) - 1;
+            todo &= todo - 1u;
+            const u64 k = __shfl_sync(FULL_MASK, key, src);
+            const u64 up = __shfl_up_sync(FULL_MASK, list, 1);
+            const u64 c = lane == 0 ? k : (up < k ? up : k);
+            if (lane < ntop && c > list) list = c;
+        }
+    }
+    if (lane < SAMPLE_TOP_MAX) sm.warp_top[warp * SAMPLE_TOP_MAX + lane] = list;
+    __syncthreads();
+    for (int j = threadIdx.x; j < SAMPLE_WARPS * SAMPLE_TOP_MAX; j += blockDim.x) {
+        const u64 k = sm.warp_top[j];
+        if (k != 0ull) {
+            int rank = 0;
+            for (int q = 0; q < SAMPLE_WARPS * SAMPLE_TOP_MAX; ++q) rank += sm.warp_top[q] > k ? 1 : 0;
+            if (rank < ntop) sm.top[rank] = k;
+        }
+    }
+    __syncthreads();
+    return sm.top[0];
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const __grid_constant__ SampleParams p) {
     __shared__ SampleSmem sm;
-    const int vocab = p.vocab;
     const float* row = p.logits + (size_t)blockIdx.x * (size_t)p.row_stride;
     const SampleRow sp = p.rows[blockIdx.x];
+    // Every pass below runs over ids < vocab only: this is the whole of
+    // vocab_limit.
+    const int vocab = sp.vocab_limit == 0u || sp.vocab_limit > (u32)p.vocab ? p.vocab : (int)sp.vocab_limit;
+    const int ntop = (int)min(sp.top_logprobs, (u32)SAMPLE_TOP_MAX);
 
     // Pass 1: max (and argmax) of the penalised logits; NaN never wins.
     u64 best = 0ull;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float l = penalised(row, sp, i);
-        if (l != l) l = __int_as_float(0xff800000);
-        const u64 k = argmax_key(l, (u32)i);
-        best = k > best ? k : best;
+    if (ntop > 0) {
+        best = top_pass(row, sp, vocab, ntop, sm);
+    } else {
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const u64 k = logit_key(penalised(row, sp, i), i);
+            best = k > best ? k : best;
+        }
+        best = block_max_u64(best, sm.red_u);
     }
-    best = block_max_u64(best, sm.red_u);
     const int amax = (int)argmax_key_index(best);
     const float m = penalised(row, sp, amax);
 
@@ -462,6 +589,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
         if (pick >= 0 && sm.token >= 0) token = sm.token;
     }
 
+    // The top logprobs come from the keys (not from the row), so the count
+    // update below cannot change them.
+    if (ntop > 0 && p.out_top_ids != nullptr) {
+        const size_t at = (size_t)blockIdx.x * SAMPLE_TOP_MAX;
+        for (int j = threadIdx.x; j < ntop; j += blockDim.x) {
+            const u64 k = sm.top[j];
+            p.out_top_ids[at + j] = k != 0ull ? argmax_key_index(k) : 0xffffffffu;
+            p.out_top_logprobs[at + j] = k != 0ull ? (float)((double)key_logit(k) - (double)m - log(se)) : NEG_INF;
+        }
+    }
     if (threadIdx.x == 0) {
         const float lt = penalised(row, sp, token);
         p.out_tokens[blockIdx.x] = (u32)token;
