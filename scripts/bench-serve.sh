@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmark (DESIGN §5, issue 5): N concurrent streaming clients over
+# Serving benchmark (docs/design.md §7.2, issue 5): N concurrent streaming clients over
 # HTTP through the real server; aggregate output tok/s, time to first token
 # and inter-token latency p50/p99 per N. Meant for the GPU host.
 #
