@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving benchmark (DESIGN §5, issue 5): N concurrent streaming clients over
+# Serving benchmark (docs/design.md §7.2, issue 5): N concurrent streaming clients over
 # HTTP through the real server; aggregate output tok/s, time to first token
 # and inter-token latency p50/p99 per N. Meant for the GPU host.
 #
@@ -7,8 +7,10 @@
 #
 # Without MODEL_DIR a full-shape synthetic checkpoint is written once into
 # ${LILY_BENCH_DIR:-/tmp/lily-full} (`lily synth --preset full`, ~20 GB).
-# The binary is $LILY_BIN (default target/release/lily); the device is
-# $LILY_DEVICE (default cuda). Prints the report of scripts/serve_bench.py
+# The binary is $LILY_BIN (default target/release/lily); on a GPU machine
+# without Rust, build `lily` on a development machine, copy it with the
+# repository into gpu-bin/ and set LILY_BIN=gpu-bin/lily (docs/gpu.md). The
+# device is $LILY_DEVICE (default cuda). Prints the report of scripts/serve_bench.py
 # (standard library Python only; --json to $BENCH_JSON when set) and the
 # server's start-up summary.
 set -euo pipefail

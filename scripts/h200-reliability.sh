@@ -13,9 +13,11 @@
 #   server memory sampled against the warm baseline; then SIGTERM, which
 #   must drain and exit 0.
 #
-# The binary is $LILY_BIN (default target/release/lily); the checkpoint
-# ${LILY_BENCH_DIR:-/tmp/lily-full} is written once with `lily synth --preset
-# full`. Reports go to $OUT (default ./h200-out). Standard library Python.
+# The binary is $LILY_BIN (default target/release/lily; on a GPU machine
+# without Rust, build it on a development machine, copy it with the
+# repository into gpu-bin/ and set LILY_BIN=gpu-bin/lily: docs/gpu.md); the
+# checkpoint ${LILY_BENCH_DIR:-/tmp/lily-full} is written once with `lily
+# synth --preset full`. Reports go to $OUT (default ./h200-out). Standard library Python.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${LILY_BIN:-target/release/lily}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Serving benchmark of `lily serve` (DESIGN.md section 5, issue 5).
+"""Serving benchmark of `lily serve` (docs/design.md §7.2, issue 5).
 
 For each client count N (default 1, 8, 32, 64), N threads each send K
 streaming chat requests one after another, all N starting together. Per

@@ -20,9 +20,10 @@ context), then:
    nearly the whole pool succeeds (no KV block was lost).
 
 Last, the server must be idle and SIGTERM must stop it with exit status 0.
-Standard library only, so that it runs on the GPU host:
+Standard library only, so that it runs on the GPU host, with a `lily`
+binary built on a development machine and copied into gpu-bin/ (docs/gpu.md):
 
-    python3 tests/e2e/gpu_faults.py --bin .carry/lily --model /tmp/full
+    python3 tests/e2e/gpu_faults.py --bin gpu-bin/lily --model /tmp/lily-full
 
 Prints one JSON report; exit status 0 when every expectation held.
 """

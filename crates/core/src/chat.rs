@@ -6,7 +6,7 @@
 //! minijinja configured like Hugging Face's Jinja (trim_blocks, lstrip_blocks,
 //! Python string/dict methods, a Python-style `tojson`, `raise_exception`),
 //! Lily's own template (`assets/chat_template.jinja`, the Qwen3.6 format of
-//! DESIGN §2, which `lily synth` ships), and `render_tokens`, which keeps
+//! docs/design.md §4.2, which `lily synth` ships), and `render_tokens`, which keeps
 //! special-token text typed by users out of the special-token ids. It does not
 //! own parsing the model's output back into tool calls.
 //!

@@ -23,7 +23,7 @@ pub enum LayerKind {
     Attention,
 }
 
-/// The two on-disk layouts Lily reads (DESIGN §2).
+/// The two on-disk layouts Lily reads (docs/design.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// MLX affine, 4-bit with 8-bit router/shared gate, group 64.

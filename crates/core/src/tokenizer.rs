@@ -76,7 +76,7 @@ pub const TOOL_RESPONSE_ID: u32 = 248_066;
 pub const TOOL_RESPONSE_END_ID: u32 = 248_067;
 pub const THINK_ID: u32 = 248_068;
 pub const THINK_END_ID: u32 = 248_069;
-/// Ids that end generation (DESIGN §2): `<|im_end|>` and `<|endoftext|>`.
+/// Ids that end generation (docs/design.md §4.1): `<|im_end|>` and `<|endoftext|>`.
 pub const STOP_IDS: [u32; 2] = [IM_END_ID, ENDOFTEXT_ID];
 
 /// Longest prompt, in tokens, the real tokenizer_config.json advertises.

@@ -1,5 +1,5 @@
-//! Chat template tests: Lily's template renders the Qwen3.6 format of DESIGN
-//! §2 exactly (expected strings written out by hand for each case), errors are
+//! Chat template tests: Lily's template renders the Qwen3.6 format of
+//! docs/design.md §4.2 exactly (expected strings written out by hand for each case), errors are
 //! values, loading follows the checkpoint's files, and `render_tokens` keeps
 //! special-token text typed by users out of the special ids.
 

@@ -1,7 +1,7 @@
 //! Decode speed of the CPU fast path on a checkpoint (the full-shape
 //! synthetic one by default): load, prefill 32 tokens, then time 16 greedy
 //! decode steps. Prompt token i is `((i * 2654435761) mod 2^32) mod vocab`,
-//! as in the benchmark contract (DESIGN §5). One untimed decode step runs
+//! as in the benchmark contract (docs/design.md §7.1). One untimed decode step runs
 //! first so page faults of the first touched experts are not all counted.
 //!
 //! `cargo run --release -p lily-cpu --example decode_speed -- [DIR] [PROMPT] [STEPS]`

@@ -3,7 +3,7 @@
 //! Two forward passes over the same weight tree (`lily_core::weights`) and
 //! the same per-sequence state (`state`):
 //! - `reference`: naive f32, one op per function, written to be read next to
-//!   DESIGN §1. It is the oracle: the fast path and every GPU kernel are
+//!   docs/design.md §2. It is the oracle: the fast path and every GPU kernel are
 //!   tested against it, and it is tested against transformers' goldens.
 //! - `fast`: the serving path for machines without a GPU: multi-threaded
 //!   products on the packed 4-bit codes of the mapped checkpoint, top-k

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # The GPU suite and a speed probe on the H200, from test binaries built on a
-# development machine (the GPU machine has no Rust toolchain):
+# development machine (the GPU machine needs no Rust toolchain):
 #
-#   cargo test -p lily-cuda --release --no-run
-#   cargo build -p lily-cuda --release --example bench
-#   copy the gpu_kernels / gpu_model / gpu_sampling / nvrtc_compile test executables and
-#   examples/bench into .carry-cuda/ (stripped; listed in .git/info/exclude), then run this from the repo root.
+#   1. on the development machine, at the revision to test:
+#        cargo test -p lily-cuda --release --no-run
+#        cargo build -p lily-cuda --release --example bench
+#      then copy the test executables nvrtc_compile, gpu_kernels, gpu_sampling and
+#      gpu_model (target/release/deps/NAME-HASH, renamed to NAME) and
+#      target/release/examples/bench into gpu-bin/ (ignored by git), stripped;
+#   2. copy the repository, gpu-bin/ included, to the GPU machine;
+#   3. there, from the repository root: bash crates/cuda/scripts/h200.sh
+#      (BIN=DIR when the binaries are in another folder).
 #
-# Logs go to $OUT (or ./h200-out); the last lines summarise every binary.
+# docs/gpu.md gives these steps as commands. Logs go to $OUT (or ./h200-out);
+# the last lines summarise every binary.
 set -u
 OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
-BIN=${BIN:-.carry-cuda}
+BIN=${BIN:-gpu-bin}
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
 STAGES=${STAGES:-"nvrtc kernels sampling bench model"}
 BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 8,32"}

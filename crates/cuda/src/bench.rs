@@ -1,6 +1,6 @@
 //! Timed entry points for `lily bench` and the examples: load, one timed
 //! prefill until the first generated token is on the host, then N timed
-//! greedy decode steps that never return to the host in between (DESIGN §5).
+//! greedy decode steps that never return to the host in between (docs/design.md §7.1).
 
 use std::path::Path;
 use std::time::Instant;

@@ -299,7 +299,7 @@ struct HostGdn {
     norm: Vec<f32>,
 }
 
-/// The naive recurrence of one sequence (DESIGN §1 steps 2-7), f64 state.
+/// The naive recurrence of one sequence (docs/design.md §2.3 steps 2-7), f64 state.
 struct GdnRef {
     hist: Vec<Vec<f32>>,
     state: Vec<f64>,

@@ -3,7 +3,7 @@
 //! tokens.
 //!
 //! Both backends prefill the same tokens with `LogitsWanted::All`; at every
-//! position we compare the argmax (top-1 agreement, DESIGN §5: the seed
+//! position we compare the argmax (top-1 agreement, docs/design.md §7.3: the seed
 //! reports 96.35% over 192 positions of real text) and the log-probability
 //! each model gives the *reference's* top-1 token, which is defined at every
 //! position and measures how much the model doubts the reference's choice.

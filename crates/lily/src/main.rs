@@ -23,7 +23,7 @@ enum Command {
     Synth(commands::synth::Args),
     /// Convert the original BF16 release into the MLX 4-bit layout.
     Quantize(commands::quantize::Args),
-    /// Run the benchmark contract (DESIGN §5).
+    /// Run the benchmark contract (docs/design.md §7.1).
     Bench(commands::bench::Args),
     /// Top-1 agreement of a 4-bit model with its unquantised reference.
     Agree(commands::agree::Args),

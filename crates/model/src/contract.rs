@@ -1,4 +1,4 @@
-//! The fixed parts of the benchmark contract (DESIGN §5) that every bench
+//! The fixed parts of the benchmark contract (docs/design.md §7.1) that every bench
 //! entry point shares: the synthetic prompt and the digest of generated ids.
 
 /// The synthetic prompt of the contract: token i is

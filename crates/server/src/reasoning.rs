@@ -1,6 +1,6 @@
 //! Splits a thinking model's output into `reasoning_content` and `content`.
 //!
-//! With thinking on, the generation prompt ends in `<think>\n` (DESIGN §2),
+//! With thinking on, the generation prompt ends in `<think>\n` (docs/design.md §4.2),
 //! so the output starts inside the reasoning: everything up to `</think>` is
 //! reasoning, the rest is the answer. The newlines the model puts around the
 //! tag (`\n</think>\n\n`) are layout and dropped, as the chat template drops

@@ -2,7 +2,7 @@
 //!
 //! The model writes a call as
 //! `<tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n</function>\n</tool_call>`
-//! (DESIGN §2); older Qwen habits (`<tool_call>{"name":..,"arguments":..}</tool_call>`)
+//! (docs/design.md §4.3); older Qwen habits (`<tool_call>{"name":..,"arguments":..}</tool_call>`)
 //! are accepted too. [`ToolParser`] is fed the assistant's visible text in
 //! arbitrary pieces (a token's worth, a byte's worth) and returns
 //! [`ToolEvent`]s: plain content, the start of a call (id and name), and

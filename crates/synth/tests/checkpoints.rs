@@ -209,7 +209,7 @@ fn shape<'a>(plan: &'a Plan, name: &str) -> (&'a [usize], DType) {
     (&t.spec.shape, t.spec.dtype)
 }
 
-/// The `full` preset's layout, checked against DESIGN §1-2 without writing
+/// The `full` preset's layout, checked against docs/design.md §2-3 without writing
 /// 20 GB (the write itself is `full_preset_with_four_layers_writes_and_loads`).
 #[test]
 fn full_preset_has_the_real_shapes_and_size() {

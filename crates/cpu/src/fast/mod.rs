@@ -1,6 +1,6 @@
 //! The fast CPU forward: the default for serving on a machine without a GPU.
 //!
-//! Same math as the reference (DESIGN §1) with a different shape of work:
+//! Same math as the reference (docs/design.md §2) with a different shape of work:
 //! all tokens of a call (a prefill chunk, or one token of each sequence in a
 //! decode batch) go through every linear map together, so each weight row is
 //! read once per call; the products run on the packed codes (`matmul`), split

@@ -1,4 +1,4 @@
-//! Gated full attention of the reference (DESIGN §1, "Gated attention layer").
+//! Gated full attention of the reference (docs/design.md §2.4).
 //!
 //! q_proj yields, per head, `head_dim` query values followed by `head_dim`
 //! gate values. q and k get a per-head RMSNorm, then NeoX RoPE on the first

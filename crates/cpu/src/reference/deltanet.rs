@@ -1,4 +1,4 @@
-//! Gated DeltaNet mixer of the reference (DESIGN §1, "Gated DeltaNet layer").
+//! Gated DeltaNet mixer of the reference (docs/design.md §2.3).
 //!
 //! The layer is split the way the GPU kernels will be: projections, the
 //! causal conv step, the per-head preparation (L2 norm, q scale, beta, decay),

@@ -1,7 +1,7 @@
 //! The naive f32 reference forward: the oracle every other backend (the CPU
 //! fast path, the CUDA kernels) is tested against.
 //!
-//! It is written to be read next to DESIGN §1: one function per block,
+//! It is written to be read next to docs/design.md §2: one function per block,
 //! weights dequantised one row at a time through the core crate's plain
 //! accessor, dot products summed in f64, no threads, no caching of anything
 //! but the sequence state. It shares nothing with the fast path except the

@@ -1,4 +1,4 @@
-//! Sparse MoE block of the reference (DESIGN §1, "MoE").
+//! Sparse MoE block of the reference (docs/design.md §2.5).
 //!
 //! Router logits, softmax in f32, top-k, renormalise the k weights to sum to
 //! one; each chosen expert is SwiGLU `down(silu(gate x) * up x)`; the shared

@@ -1,6 +1,6 @@
 //! Elementwise and small vector operations of the reference, in plain f32.
 //!
-//! Each function is the formula from DESIGN §1 written as directly as
+//! Each function is the formula from docs/design.md §2 written as directly as
 //! possible, on slices, so GPU kernel tests can call them one op at a time.
 //! Nothing here is tuned for speed.
 

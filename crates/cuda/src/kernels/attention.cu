@@ -1,4 +1,4 @@
-// attention.cu: the gated full-attention mixer (DESIGN §1) over a paged KV cache.
+// attention.cu: the gated full-attention mixer (docs/design.md §2.4) over a paged KV cache.
 //
 // Input per token: the in-projection row [q_proj (per head: HD queries then
 // HD gates) | k KV_DIM | v KV_DIM] (f32, stride proj_stride).

@@ -1,4 +1,4 @@
-// gdn.cu: the Gated DeltaNet mixer (DESIGN §1), decode step and chunked prefill.
+// gdn.cu: the Gated DeltaNet mixer (docs/design.md §2.3), decode step and chunked prefill.
 //
 // Input: the in-projection row of each token, [qkv CONV_DIM | z VAL_DIM |
 // a GV_HEADS | b GV_HEADS] (f32, stride proj_stride). Per value head h (key

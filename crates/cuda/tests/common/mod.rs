@@ -1,6 +1,6 @@
 //! Support for the GPU tests: the skip rule, random packed matrices, device
 //! upload/download, and small naive f64 reference functions written next to
-//! DESIGN §1 (independent of the kernels and of lily-cpu's internals).
+//! docs/design.md §2 (independent of the kernels and of lily-cpu's internals).
 #![allow(dead_code)]
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! `lily agree`: top-1 agreement of the 4-bit model with its unquantised
-//! reference over N positions of real text (DESIGN §5).
+//! reference over N positions of real text (docs/design.md §7.3).
 //!
 //! It owns the flags, reading and tokenising the text (with the 4-bit
 //! checkpoint's tokenizer) and printing; the comparison itself is

@@ -1,4 +1,4 @@
-//! `lily bench`: the benchmark contract of DESIGN §5.
+//! `lily bench`: the benchmark contract of docs/design.md §7.1.
 //!
 //! The parent process is the runner: for each round and each prompt length it
 //! starts a fresh `lily bench --single LEN` process, collects its one JSON
