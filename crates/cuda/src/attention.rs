@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn splits_cover_the_context_within_the_limit() {
-        let lens = (1..70_000).step_by(37).chain([64, 65, 1024, 1025, 1088, 4096, 16384, 40960, 131_072, 262_144]);
+        let lens = (1usize..70_000).step_by(37).chain([64, 65, 1024, 1025, 1088, 4096, 16384, 40960, 131_072, 262_144]);
         for len in lens {
             let blocks = len.div_ceil(KV_BLOCK);
             for ms in [1usize, 7, 16, 64, 128] {

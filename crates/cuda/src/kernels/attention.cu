@@ -345,13 +345,28 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
         cp_async_commit();
     };
 
-#pragma unroll 1
-    for (int s = 0; s < ATT_DEC_STAGES - 1; ++s) issue(s);
-
     // Consumer cursor: the tile being computed.
     int cs_item = first;
     DecItem cs = dec_item(first, s_first, s_len, ntok, p.max_splits);
     const int qr = lane >> 2, qc = lane & 3;
+    // Lane (qr, qc) needs dims 16 ks + 2qc (+1) and 16 ks + 8 + 2qc (+1) of
+    // query head qr of the item's KV group.
+    float2 qraw[DEC_KS][2];
+    auto load_q = [&]() {
+        const float* qrow = p.q + ((size_t)cs.t * A_HEADS + cs.g * AG + qr) * HD + 2 * qc;
+#pragma unroll
+        for (int ks = 0; ks < DEC_KS; ++ks) {
+            qraw[ks][0] = *reinterpret_cast<const float2*>(qrow + ks * 16);
+            qraw[ks][1] = *reinterpret_cast<const float2*>(qrow + ks * 16 + 8);
+        }
+    };
+    // The first item's queries are requested before its first tiles, so the
+    // two round trips overlap.
+    load_q();
+
+#pragma unroll 1
+    for (int s = 0; s < ATT_DEC_STAGES - 1; ++s) issue(s);
+
     u32 qa[DEC_KS][4];       // A fragments: hi (rows 0-7) and lo (rows 8-15) of the 8 queries
     float acc[DEC_KS][4];    // O^T fragments
     float m_i = NEG_INF, l_i = 0.f;   // head qr, replicated over its quad
@@ -360,13 +375,11 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
 #pragma unroll 1
     while (true) {
         if (fresh) {
-            const float* qrow = p.q + ((size_t)cs.t * A_HEADS + cs.g * AG + qr) * HD + 2 * qc;
+            if (cs_item != first) load_q();
 #pragma unroll
             for (int ks = 0; ks < DEC_KS; ++ks) {
-                const float2 x = *reinterpret_cast<const float2*>(qrow + ks * 16);
-                const float2 y = *reinterpret_cast<const float2*>(qrow + ks * 16 + 8);
-                split_f16x2(x.x, x.y, qa[ks][0], qa[ks][1]);
-                split_f16x2(y.x, y.y, qa[ks][2], qa[ks][3]);
+                split_f16x2(qraw[ks][0].x, qraw[ks][0].y, qa[ks][0], qa[ks][1]);
+                split_f16x2(qraw[ks][1].x, qraw[ks][1].y, qa[ks][2], qa[ks][3]);
             }
 #pragma unroll
             for (int mt = 0; mt < DEC_KS; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
