@@ -157,12 +157,14 @@ pub fn decode_smem(dims: &Dims, ntok: usize) -> usize {
     ATTN_DEC_WARPS * ATTN_DEC_STAGES * 2 * ATTN_DEC_KEYS * (dims.a_head_dim + ATTN_PAD) * 2 + (3 * ntok + 1) * 4
 }
 
-/// Blocks of the persistent decode grid: one per SM at most, fewer when the
-/// batch cannot have that many items (`ntok x max_splits x kv_heads`, one
-/// warp each). Depends on the batch size only, never on context lengths.
+/// Blocks of the persistent decode grid: one per SM, fewer only when the
+/// batch cannot have that many items (`ntok x max_splits x kv_heads`); item
+/// i goes to warp i / grid of block i % grid, so the first items of a step
+/// spread over every SM. Depends on the batch size only, never on context
+/// lengths.
 pub fn decode_grid(gpu: &Gpu, dims: &Dims, ntok: usize, max_splits: usize) -> u32 {
     let items = ntok * max_splits.max(1) * dims.a_kv_heads;
-    items.div_ceil(ATTN_DEC_WARPS).clamp(1, gpu.sm_count.max(1) as usize) as u32
+    items.clamp(1, gpu.sm_count.max(1) as usize) as u32
 }
 
 pub fn scale_log2(dims: &Dims) -> f32 {
