@@ -53,13 +53,11 @@ def sim_prefill(d, q16, kc, vc, table, rowbase, proj, ps, T, p0, sl2, eager):
             for kb in range(kb_last + 1):
                 stg = kb & 1
                 cK = sK + stg * BN * LD; cV = sV + stg * BN * LD
-                cp.wait(1)
+                cp.wait(0)
                 if kb < kb_last:
                     load_tile(sK + (stg ^ 1) * BN * LD, kc, ph_next, kb + 1)
                     load_tile(sV + (stg ^ 1) * BN * LD, vc, ph_next, kb + 1)
                     ph_next = tab(kb + 2) if kb + 2 <= kb_last else 0
-                else:
-                    cp.commit(); cp.commit()
                 pas = []
                 for w in range(AG):
                     s = [np.zeros((32, 4), np.float32) for _ in range(NF)]
@@ -105,7 +103,6 @@ def sim_prefill(d, q16, kc, vc, table, rowbase, proj, ps, T, p0, sl2, eager):
                         o[w][i][:, 0] *= alpha[0]; o[w][i][:, 1] *= alpha[0]
                         o[w][i][:, 2] *= alpha[1]; o[w][i][:, 3] *= alpha[1]
                     pas.append(pa)
-                cp.wait(2)
                 for w in range(AG):
                     pa = pas[w]
                     for ks in range(BN // 16):

@@ -559,11 +559,13 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 // Dynamic smem: Q [8 heads x 16 tokens][HD + 8], then K and V tiles of 64
 // keys (one cache block) in two stages each: 8 x 16 x 264 x 2 + 4 x 64 x 264
 // x 2 = 198 KiB at HD 256, one CTA per SM.
-// Pipeline per 64-key tile kb (two barriers): wait K(kb), barrier, request
-// K/V(kb + 1) into the other stage, S = Q K^T, causal mask (only on tiles
-// that reach past the CTA's first query position), online softmax, wait
-// V(kb), barrier, O += P V. Block-table entries are read a tile ahead.
-// Keys past the CTA's last query position are zero-filled (and masked).
+// Pipeline per 64-key tile kb, one barrier: wait for tile kb, barrier,
+// request K/V(kb + 1) into the other stage (a whole iteration ahead), then
+// S = Q K^T, causal mask (only on tiles that reach past the CTA's first
+// query position), online softmax, O += P V; between barriers the warps
+// drift apart, so one warp's softmax overlaps another's mma. Block-table
+// entries are read a tile ahead. Keys past the CTA's last query position
+// are zero-filled (and masked).
 
 #define PF_BQ ATT_PF_TOKENS
 #define PF_BN KV_BLOCK
@@ -650,17 +652,14 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
         const int stg = kb & 1;
         const f16* cK = sK + stg * PF_BN * PF_LD;
         const f16* cV = sV + stg * PF_BN * PF_LD;
-        // Committed: Q, K0, V0, then K/V of each later tile: K(kb) and all
-        // before it are in once at most V(kb) is pending.
-        cp_async_wait<1>();
-        __syncthreads();   // K(kb) visible to all; every warp is done with tile kb - 1
+        // The only copies in flight are tile kb's (requested at the top of
+        // iteration kb - 1, a whole iteration ago).
+        cp_async_wait<0>();
+        __syncthreads();   // tile kb visible to all; every warp is done with tile kb - 1
         if (kb < kb_last) {
             load_tile(sK + (stg ^ 1) * PF_BN * PF_LD, p.kcache, ph_next, kb + 1);
             load_tile(sV + (stg ^ 1) * PF_BN * PF_LD, p.vcache, ph_next, kb + 1);
             ph_next = kb + 2 <= kb_last ? p.block_table[kb + 2] : 0;
-        } else {
-            cp_async_commit();   // empty groups keep the wait counts uniform
-            cp_async_commit();
         }
 
         float s[PF_NF][4];
@@ -725,16 +724,18 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             rs[r] += __shfl_xor_sync(FULL_MASK, rs[r], 2);
             l_r[r] = l_r[r] * alpha[r] + rs[r];
         }
+        // 128 multiplies a tile at HD 256; once the running maxima settle
+        // (alpha == 1 exactly) the warp skips them.
+        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < PF_OF; ++i) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
+            for (int i = 0; i < PF_OF; ++i) {
+                o[i][0] *= alpha[0];
+                o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1];
+                o[i][3] *= alpha[1];
+            }
         }
 
-        cp_async_wait<2>();   // V(kb) in; K/V(kb + 1) may be pending
-        __syncthreads();      // V(kb) visible to all
 #pragma unroll
         for (int ks = 0; ks < PF_BN / 16; ++ks) {
             const u32 a0 = pa[2 * ks][0], a1 = pa[2 * ks][1], a2 = pa[2 * ks + 1][0], a3 = pa[2 * ks + 1][1];
