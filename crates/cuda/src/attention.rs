@@ -151,10 +151,13 @@ fn split_plan(len: usize, max_splits: usize) -> (usize, usize) {
 }
 
 /// Dynamic shared memory of `attn_decode` for a batch of `ntok`: every
-/// warp's pipeline stages (K and V tiles of `ATTN_DEC_KEYS` padded rows),
-/// then the batch's item prefix sums, lengths and slots.
+/// warp's pipeline stages (K and V tiles of `ATTN_DEC_KEYS` padded rows) and
+/// query fragments (16 bytes per lane per 16 dims), then the batch's item
+/// prefix sums, lengths and slots.
 pub fn decode_smem(dims: &Dims, ntok: usize) -> usize {
-    ATTN_DEC_WARPS * ATTN_DEC_STAGES * 2 * ATTN_DEC_KEYS * (dims.a_head_dim + ATTN_PAD) * 2 + (3 * ntok + 1) * 4
+    let stages = ATTN_DEC_STAGES * 2 * ATTN_DEC_KEYS * (dims.a_head_dim + ATTN_PAD) * 2;
+    let queries = dims.a_head_dim / 16 * 32 * 16;
+    ATTN_DEC_WARPS * (stages + queries) + (3 * ntok + 1) * 4
 }
 
 /// Blocks of the persistent decode grid: one per SM, fewer only when the

@@ -63,8 +63,16 @@ class CpAsync:
         assert dst % 8 == 0 and dst + 8 <= self.smem.size
         if self.eager: self.smem[dst:dst + 8] = values
         else: self.cur.append((dst, np.array(values, np.float16)))
+    def action(self, fn):
+        """Any other async copy (e.g. into a lane-private slot): runs when it lands."""
+        if self.eager: fn()
+        else: self.cur.append(fn)
     def commit(self):
         self.groups.append(self.cur); self.cur = []
     def wait(self, n):
         while len(self.groups) > n:
-            for dst, v in self.groups.pop(0): self.smem[dst:dst + 8] = v
+            for item in self.groups.pop(0):
+                if callable(item): item()
+                else:
+                    dst, v = item
+                    self.smem[dst:dst + 8] = v

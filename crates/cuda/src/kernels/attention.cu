@@ -140,6 +140,12 @@ __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) 
     lo = pack_f16x2(a - f16lo(hi), b - f16hi(hi));
 }
 
+// 8-byte global -> shared copy (cp.async.ca: the 16-byte .cg form of
+// common.cuh cannot gather two 8-byte pieces into one 16-byte slot).
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+
 // ---- decode ---------------------------------------------------------------
 //
 // Work: token t with a context of len = pos[t] + 1 keys (n = ceil(len / 64)
@@ -161,11 +167,16 @@ __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) 
 // cp.async: ATT_DEC_STAGES - 1 tiles are in flight while it computes one,
 // across item boundaries too. No CTA barrier in the loop: the stages are
 // private to the warp (a cp.async.wait_group + __syncwarp per tile).
+// Shared memory at the real shape: 2 warps x (6 x 16.5 KiB of stages + 8 KiB
+// of query fragments) = 214 KiB, one CTA per SM, plus 12 bytes per batch
+// token (the launcher refuses a batch that does not fit).
 //
 // Tile math on tensor cores (m16n8k16, fp16 in, fp32 accumulate):
 //   S = Q K^T: A = the 8 query heads of the KV head as rows 0-7 (fp16 hi
 //     part) and rows 8-15 (lo part), B = K rows (ldmatrix, keys = n), so
 //     S[h][key] = C[h][key] + C[h + 8][key]: fp32-grade scores for free.
+//     The A fragments wait in shared memory (8 KiB a warp) rather than in
+//     64 registers.
 //   O^T += V^T P^T: A = V^T (ldmatrix.trans, dims = m, keys = k), B = P^T
 //     (heads = n) taken straight from the S accumulators of the thread, twice
 //     (hi and lo parts of P). O^T lives in 4 x HD / 16 registers per thread:
@@ -182,6 +193,7 @@ __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) 
 #define DEC_KS (HD / 16)                       // k-steps of Q K^T = m-tiles of V^T P^T
 #define DEC_CP (DEC_KEYS * (HD / 8) / 32)      // 16-byte copies per lane per K (or V) tile
 #define DEC_TILE_BYTES (ATT_DEC_WARPS * ATT_DEC_STAGES * 2 * DEC_TILE * 2)
+#define DEC_Q_BYTES (ATT_DEC_WARPS * DEC_KS * 32 * 16)   // per warp: the A fragments of Q, [k-step][lane] x 16 bytes
 
 #if DEC_KEYS != 16
 #error "a decode tile is one m16n8k16 k-step of keys"
@@ -259,13 +271,13 @@ __device__ __forceinline__ int dec_table_chunk(const int* row, int b0, int len, 
 }
 
 // grid (CTAs <= SMs), block ATT_DEC_WARPS * 32, dynamic shared memory
-// DEC_TILE_BYTES + (3 ntok + 1) ints. See above.
+// DEC_TILE_BYTES + DEC_Q_BYTES + (3 ntok + 1) ints. See above.
 extern "C" __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, 1)
 attn_decode(const __grid_constant__ AttnDecodeParams p) {
     extern __shared__ __align__(16) unsigned char dec_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ntok = p.ntok;
-    int* s_first = reinterpret_cast<int*>(dec_smem + DEC_TILE_BYTES);   // [ntok + 1]
+    int* s_first = reinterpret_cast<int*>(dec_smem + DEC_TILE_BYTES + DEC_Q_BYTES);   // [ntok + 1]
     int* s_len = s_first + ntok + 1;                                    // [ntok]
     int* s_slot = s_len + ntok;                                         // [ntok]
 
@@ -300,6 +312,11 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
     if (first >= total) return;
 
     f16* wbuf = reinterpret_cast<f16*>(dec_smem) + (size_t)warp * ATT_DEC_STAGES * 2 * DEC_TILE;
+    // The item's query fragments live in shared memory, not in 64 registers:
+    // lane l's 16 bytes of k-step ks at sq[ks * 32 + l] (each lane reads back
+    // only what it wrote, so no barrier; a warp's 512 contiguous bytes per
+    // k-step are conflict-free).
+    uint4* sq = reinterpret_cast<uint4*>(dec_smem + DEC_TILE_BYTES) + (size_t)warp * DEC_KS * 32;
 
     // Producer cursor: the next tile to request. Its block-table entries come
     // 32 at a time, one per lane, and go round by shuffle.
@@ -350,36 +367,51 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
     DecItem cs = dec_item(first, s_first, s_len, ntok, p.max_splits);
     const int qr = lane >> 2, qc = lane & 3;
     // Lane (qr, qc) needs dims 16 ks + 2qc (+1) and 16 ks + 8 + 2qc (+1) of
-    // query head qr of the item's KV group.
-    float2 qraw[DEC_KS][2];
-    auto load_q = [&]() {
-        const float* qrow = p.q + ((size_t)cs.t * A_HEADS + cs.g * AG + qr) * HD + 2 * qc;
+    // query head qr of the item's KV group: two float2 per k-step.
+    auto q_row = [&]() { return p.q + ((size_t)cs.t * A_HEADS + cs.g * AG + qr) * HD + 2 * qc; };
+    // The first item's queries travel with its first tile (commit group 0),
+    // into the slots their fragments will take, so the two round trips
+    // overlap at no register cost.
+    {
+        const float* qrow = q_row();
 #pragma unroll
         for (int ks = 0; ks < DEC_KS; ++ks) {
-            qraw[ks][0] = *reinterpret_cast<const float2*>(qrow + ks * 16);
-            qraw[ks][1] = *reinterpret_cast<const float2*>(qrow + ks * 16 + 8);
+            cp_async8(&sq[ks * 32 + lane].x, qrow + ks * 16);
+            cp_async8(&sq[ks * 32 + lane].z, qrow + ks * 16 + 8);
         }
-    };
-    // The first item's queries are requested before its first tiles, so the
-    // two round trips overlap.
-    load_q();
+    }
 
 #pragma unroll 1
     for (int s = 0; s < ATT_DEC_STAGES - 1; ++s) issue(s);
 
-    u32 qa[DEC_KS][4];       // A fragments: hi (rows 0-7) and lo (rows 8-15) of the 8 queries
     float acc[DEC_KS][4];    // O^T fragments
     float m_i = NEG_INF, l_i = 0.f;   // head qr, replicated over its quad
     bool fresh = true;
     int st = 0;
 #pragma unroll 1
     while (true) {
+        // Groups committed so far: ATT_DEC_STAGES - 1 + (tiles consumed); the
+        // oldest pending one is this tile's.
+        cp_async_wait<ATT_DEC_STAGES - 2>();
+        __syncwarp();   // every lane's copies visible; every lane done with the previous stage
+        issue(st == 0 ? ATT_DEC_STAGES - 1 : st - 1);
         if (fresh) {
-            if (cs_item != first) load_q();
+            const float* qrow = q_row();
 #pragma unroll
             for (int ks = 0; ks < DEC_KS; ++ks) {
-                split_f16x2(qraw[ks][0].x, qraw[ks][0].y, qa[ks][0], qa[ks][1]);
-                split_f16x2(qraw[ks][1].x, qraw[ks][1].y, qa[ks][2], qa[ks][3]);
+                float4 x;
+                if (cs_item == first) {
+                    x = *reinterpret_cast<const float4*>(&sq[ks * 32 + lane]);
+                } else {
+                    const float2 k0 = *reinterpret_cast<const float2*>(qrow + ks * 16);
+                    const float2 k8 = *reinterpret_cast<const float2*>(qrow + ks * 16 + 8);
+                    x = make_float4(k0.x, k0.y, k8.x, k8.y);
+                }
+                // A fragment: hi (rows 0-7) and lo (rows 8-15) of the 8 queries.
+                uint4 a;
+                split_f16x2(x.x, x.y, a.x, a.y);
+                split_f16x2(x.z, x.w, a.z, a.w);
+                sq[ks * 32 + lane] = a;
             }
 #pragma unroll
             for (int mt = 0; mt < DEC_KS; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
@@ -387,11 +419,6 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
             l_i = 0.f;
             fresh = false;
         }
-        // Groups committed so far: ATT_DEC_STAGES - 1 + (tiles consumed); the
-        // oldest pending one is this tile's.
-        cp_async_wait<ATT_DEC_STAGES - 2>();
-        __syncwarp();   // every lane's copies visible; every lane done with the previous stage
-        issue(st == 0 ? ATT_DEC_STAGES - 1 : st - 1);
         const f16* sk = wbuf + st * 2 * DEC_TILE;
         const f16* sv = sk + DEC_TILE;
         st = st + 1 == ATT_DEC_STAGES ? 0 : st + 1;
@@ -408,8 +435,9 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
         for (int ks = 0; ks < DEC_KS; ++ks) {
             u32 b0, b1, b2, b3;
             ldmatrix_x4(b0, b1, b2, b3, kaddr + ks * 16);
-            mma_f16(sa[ks & 1][0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
-            mma_f16(sa[ks & 1][1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b2, b3);
+            const uint4 a = sq[ks * 32 + lane];
+            mma_f16(sa[ks & 1][0], a.x, a.y, a.z, a.w, b0, b1);
+            mma_f16(sa[ks & 1][1], a.x, a.y, a.z, a.w, b2, b3);
         }
         // Lane (qr, qc): head qr, keys 2qc, 2qc + 1 (nf 0) and 8 + 2qc, 9 + 2qc (nf 1).
         const int key0 = cs.j * DEC_KEYS;
