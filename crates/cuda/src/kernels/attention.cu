@@ -35,7 +35,8 @@
 // Partials add 8 KiB written and read per (split, KV head): with 128 splits,
 // 2 MiB per layer, 3% at 32K. Expected: ~3.5-4 TB/s from 32K up (the old
 // kernel: ~0.8 TB/s, 335 us per layer at 128K), and short contexts bounded by
-// two dependent launches and two DRAM round trips (a few us).
+// two launches and a chain of four dependent memory round trips (pos, block
+// table and queries, K/V, then the partials in the combine): a few us.
 //
 // ---- prefill: time against its floor ---------------------------------------
 // Causal attention over a T-token prompt from position 0 costs 4 x HD x
@@ -58,7 +59,9 @@
 // v2 (this file): decode on tensor cores with hi/lo fp16 splits (fp32-grade
 //    scores and weights), a warp per split with a 6-stage pipeline of 16-byte
 //    cp.async, splits spread over every SM for any batch; prefill with the 8
-//    heads of a KV group per block, mask on diagonal tiles only.
+//    heads of a KV group per block, mask on diagonal tiles only, one barrier
+//    per key tile, O rescale skipped once the row maxima settle.
+//    Not yet measured: the H200 numbers go here (examples/attn_probe.rs).
 
 #define HD A_HEAD_DIM
 #define AG (A_HEADS / A_KV_HEADS)
