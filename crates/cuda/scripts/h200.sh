@@ -19,7 +19,7 @@ OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
 BIN=${BIN:-gpu-bin}
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
-STAGES=${STAGES:-"nvrtc kernels sampling bench model"}
+STAGES=${STAGES:-"nvrtc kernels attention sampling bench attnprobe model"}
 BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 8,32"}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
@@ -34,8 +34,10 @@ for s in $STAGES; do
   case $s in
     nvrtc) run nvrtc 60 "$BIN/nvrtc_compile" --test-threads=4 ;;
     kernels) run kernels 200 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
+    attention) run attention 200 "$BIN/gpu_attention" --test-threads=4 --nocapture ;;
     sampling) run sampling 90 "$BIN/gpu_sampling" --test-threads=4 --nocapture ;;
     bench) run bench 110 "$BIN/bench" $BENCH_ARGS ;;
+    attnprobe) run attnprobe 120 "$BIN/attn_probe" ;;   # attention kernels alone, one layer
     model) run model 240 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
     ncu) # per-kernel GPU time of a short run (prefill of 256 + 2x2 decode steps)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo /usr/local/cuda/bin/ncu)
@@ -45,9 +47,10 @@ for s in $STAGES; do
   esac
 done
 echo "---- summary"
-for f in nvrtc kernels sampling model; do
+for f in nvrtc kernels attention sampling model; do
   [ -f "$OUT/$f.log" ] && grep -E "^test result|panicked|FAILED CHECK|^test .* FAILED" "$OUT/$f.log" | head -40
 done
 [ -f "$OUT/bench.log" ] && grep -vE "^upload" "$OUT/bench.log" | tail -45
+[ -f "$OUT/attnprobe.log" ] && cat "$OUT/attnprobe.log"
 [ -f "$OUT/ncu_summary.txt" ] && head -40 "$OUT/ncu_summary.txt"
 cat "$OUT/summary.txt"

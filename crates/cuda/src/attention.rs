@@ -1,11 +1,13 @@
 //! Launchers of kernels/attention.cu: q/k norm + RoPE + KV-cache write, the
-//! split-K decode attention and its combine, and the causal flash prefill.
-//! The paged KV layout is described in the kernel's header.
+//! split-KV decode attention and its combine, and the causal flash prefill.
+//! The paged KV layout, the work decomposition and the expected time of each
+//! kernel against its floor are described in the kernel's header; the tile
+//! geometry is defined once in dims.rs and passed to the source as defines.
 
 use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
-use crate::dims::{Dims, KV_BLOCK};
+use crate::dims::{Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_TOKENS, ATTN_SPLIT_SMALL, KV_BLOCK};
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::MixOut;
 use crate::kernels::Kernels;
@@ -97,6 +99,7 @@ struct AttnDecodeParams {
     part_ml: u64,
     bt_stride: i32,
     max_splits: i32,
+    ntok: i32,
     scale_log2: f32,
 }
 // SAFETY: plain-old-data mirroring `AttnDecodeParams` in attention.cu.
@@ -117,7 +120,7 @@ struct AttnCombineParams {
 // SAFETY: plain-old-data mirroring `AttnCombineParams` in attention.cu.
 unsafe impl DeviceRepr for AttnCombineParams {}
 
-/// Split-K partials of the decode attention.
+/// Split-KV partials of the decode attention.
 #[derive(Clone, Copy)]
 pub struct DecodeScratch {
     /// f32 [ntok][heads][max_splits][head_dim].
@@ -127,32 +130,55 @@ pub struct DecodeScratch {
     pub max_splits: usize,
 }
 
-/// Splits for a context of `len` tokens: about 4 KV blocks per split, but
-/// one block per split for up to 16 blocks, so short contexts still spread
-/// over several multiprocessors; at most `max_splits`. The kernels compute
-/// the same count on the device from each token's own length
-/// (`decode_splits` in attention.cu); here it sizes the scratch.
+/// Splits for a context of `len` tokens: one KV block per split up to
+/// `ATTN_SPLIT_SMALL` blocks (short contexts are latency-bound), at least two
+/// blocks per split beyond (the partials stay under 1/8 of the bytes read),
+/// more when `max_splits` binds. The kernels compute the same count on the
+/// device from each token's own length (`decode_splits` in attention.cu), so
+/// a sequence splits the same way alone or in any batch; here it sizes the
+/// scratch. Never more than `max_splits`.
 pub fn splits_for(len: usize, max_splits: usize) -> usize {
-    let blocks = len.div_ceil(KV_BLOCK);
-    blocks.div_ceil(4).max(blocks.min(16)).clamp(1, max_splits.max(1))
+    split_plan(len, max_splits).1
 }
 
-/// CTAs per (KV head, token) of the decode attention for a batch of `ntok`:
-/// enough for one split each at one token (up to `max_splits`), fewer as the
-/// batch grows (each CTA then loops over several splits), so the grid stays
-/// near 512 CTAs whatever the context lengths. It depends on the batch size
-/// only, so one captured graph per batch size serves every length.
-pub fn grid_splits(ntok: usize, max_splits: usize) -> usize {
-    (512 / ntok.max(1)).clamp(1, max_splits.max(1))
+/// (blocks per split, splits) for a context of `len` tokens; the same
+/// arithmetic as `decode_per` / `decode_splits` in attention.cu.
+fn split_plan(len: usize, max_splits: usize) -> (usize, usize) {
+    let blocks = len.div_ceil(KV_BLOCK).max(1);
+    let min_per = if blocks > ATTN_SPLIT_SMALL { 2 } else { 1 };
+    let per = blocks.div_ceil(max_splits.max(1)).max(min_per);
+    (per, blocks.div_ceil(per))
+}
+
+/// Dynamic shared memory of `attn_decode` for a batch of `ntok`: every
+/// warp's pipeline stages (K and V tiles of `ATTN_DEC_KEYS` padded rows) and
+/// query fragments (16 bytes per lane per 16 dims), then the batch's item
+/// prefix sums, lengths and slots.
+pub fn decode_smem(dims: &Dims, ntok: usize) -> usize {
+    let stages = ATTN_DEC_STAGES * 2 * ATTN_DEC_KEYS * (dims.a_head_dim + ATTN_PAD) * 2;
+    let queries = dims.a_head_dim / 16 * 32 * 16;
+    ATTN_DEC_WARPS * (stages + queries) + (3 * ntok + 1) * 4
+}
+
+/// Blocks of the persistent decode grid: one per SM, fewer only when the
+/// batch cannot have that many items (`ntok x max_splits x kv_heads`); item
+/// i goes to warp i / grid of block i % grid, so the first items of a step
+/// spread over every SM. Depends on the batch size only, never on context
+/// lengths.
+pub fn decode_grid(gpu: &Gpu, dims: &Dims, ntok: usize, max_splits: usize) -> u32 {
+    let items = ntok * max_splits.max(1) * dims.a_kv_heads;
+    items.clamp(1, gpu.sm_count.max(1) as usize) as u32
 }
 
 pub fn scale_log2(dims: &Dims) -> f32 {
     (1.0 / (dims.a_head_dim as f64).sqrt() * std::f64::consts::LOG2_E) as f32
 }
 
-/// Decode attention for `ntok` tokens then the combine with the gates. Each
-/// token's split count follows its own length (read from `pos` on the
-/// device), so nothing here depends on the context lengths.
+/// Decode attention for `ntok` tokens (one query each) then the combine with
+/// the gates: two launches. Each token's split count follows its own length
+/// (read from `pos` on the device) and the grids depend on `ntok` and the
+/// scratch only, so one captured graph per batch size serves every context
+/// length.
 #[allow(clippy::too_many_arguments)]
 pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64, slot: u64, s: &DecodeScratch, proj: u64, proj_stride: usize, mix: MixOut, ntok: usize) -> CudaResult<()> {
     if s.max_splits == 0 {
@@ -172,17 +198,22 @@ pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64
         part_ml: s.part_ml,
         bt_stride: kv.bt_stride as i32,
         max_splits: s.max_splits as i32,
+        ntok: ntok as i32,
         scale_log2: scale_log2(dims),
     };
-    let grid_y = grid_splits(ntok, s.max_splits) as u32;
-    launch(gpu, k, "attn_decode", (dims.a_kv_heads as u32, grid_y, ntok as u32), 256, 0, &p)?;
+    let smem = decode_smem(dims, ntok);
+    if smem > gpu.max_smem_optin as usize {
+        return Err(CudaError::shape("attn_decode", format!("a batch of {ntok} tokens needs {smem} bytes of shared memory, the device allows {}", gpu.max_smem_optin)));
+    }
+    let grid = decode_grid(gpu, dims, ntok, s.max_splits);
+    launch(gpu, k, "attn_decode", (grid, 1, 1), (ATTN_DEC_WARPS * 32) as u32, smem, &p)?;
     let (mix_f32, mix_f16) = match mix {
         MixOut::F32(p) => (p, 0),
         MixOut::F16(p) => (0, p),
         MixOut::Packed(_) => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
     };
     let c = AttnCombineParams { part_o: s.part_o, part_ml: s.part_ml, proj, mix_f32, mix_f16, pos, max_splits: s.max_splits as i32, proj_stride: proj_stride as i32 };
-    launch(gpu, k, "attn_combine", (dims.a_heads as u32, ntok as u32, 1), dims.a_head_dim as u32, 0, &c)
+    launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
 }
 
 #[repr(C)]
@@ -203,8 +234,12 @@ struct AttnPrefillParams {
 // SAFETY: plain-old-data mirroring `AttnPrefillParams` in attention.cu.
 unsafe impl DeviceRepr for AttnPrefillParams {}
 
+/// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
+/// `ATTN_PF_TOKENS` rows), then K and V tiles of one cache block in two
+/// stages each, every row padded by `ATTN_PAD` halves.
 pub fn prefill_smem(dims: &Dims) -> usize {
-    3 * 64 * (dims.a_head_dim + 8) * 2
+    let group = dims.a_heads / dims.a_kv_heads;
+    (group * ATTN_PF_TOKENS + 4 * KV_BLOCK) * (dims.a_head_dim + ATTN_PAD) * 2
 }
 
 /// Causal attention of `t` query tokens (fp16 q, positions p0..p0+t) of one
@@ -232,5 +267,32 @@ pub fn prefill(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv_k: u64, kv_v: u64
         p0: p0 as i32,
         scale_log2: scale_log2(dims),
     };
-    launch(gpu, k, "attn_prefill", (t.div_ceil(64) as u32, dims.a_heads as u32, 1), 128, prefill_smem(dims), &p)
+    let group = dims.a_heads / dims.a_kv_heads;
+    launch(gpu, k, "attn_prefill", (t.div_ceil(ATTN_PF_TOKENS) as u32, dims.a_kv_heads as u32, 1), (group * 32) as u32, prefill_smem(dims), &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_cover_the_context_within_the_limit() {
+        let lens = (1usize..70_000).step_by(37).chain([64, 65, 1024, 1025, 1088, 4096, 16384, 40960, 131_072, 262_144]);
+        for len in lens {
+            let blocks = len.div_ceil(KV_BLOCK);
+            for ms in [1usize, 7, 16, 64, 128] {
+                let (per, s) = split_plan(len, ms);
+                assert!(s >= 1 && s <= ms, "len {len} max {ms}: {s} splits");
+                // Every split holds at least one block and together they hold all.
+                assert!((s - 1) * per < blocks && blocks <= s * per, "len {len} max {ms}: {s} x {per} for {blocks} blocks");
+                if blocks <= ATTN_SPLIT_SMALL && blocks <= ms {
+                    assert_eq!(s, blocks, "short context {len}: one block per split");
+                }
+                if blocks > ATTN_SPLIT_SMALL {
+                    assert!(per >= 2, "len {len}: at least two blocks per split");
+                }
+            }
+        }
+        assert_eq!(splits_for(262_144, 128), 128, "the memory plan's cap is reached at the longest context");
+    }
 }

@@ -15,6 +15,23 @@ pub const GDN_CHUNK: usize = 64;
 pub const GEMM_BM: usize = 128;
 /// W rows of a GEMM tile.
 pub const GEMM_BN: usize = 128;
+/// Warps of a decode-attention block (one block per SM); each warp streams
+/// its own splits through a private shared-memory pipeline.
+pub const ATTN_DEC_WARPS: usize = 2;
+/// Pipeline stages per decode-attention warp (one 16-key K and V tile each):
+/// `ATTN_DEC_STAGES - 1` tiles in flight while one is computed.
+pub const ATTN_DEC_STAGES: usize = 6;
+/// Keys of a decode-attention tile (one m16n8k16 k-step of P V).
+pub const ATTN_DEC_KEYS: usize = 16;
+/// Contexts of up to this many KV blocks are cut into one-block splits,
+/// longer ones into splits of at least two blocks.
+pub const ATTN_SPLIT_SMALL: usize = 16;
+/// Query tokens of a prefill-attention block (one m16 tile; the block's 8
+/// warps are the 8 query heads of one KV head).
+pub const ATTN_PF_TOKENS: usize = 16;
+/// fp16 padding after every K/V/Q row staged in shared memory (16 bytes, so
+/// ldmatrix rows fall in distinct banks).
+pub const ATTN_PAD: usize = 8;
 
 /// Every dimension a kernel needs, in one place.
 #[derive(Clone, Debug, PartialEq)]
@@ -167,6 +184,12 @@ impl Dims {
             format!("-DTOPK={}", self.topk),
             format!("-DMOE_INTER={}", self.moe_inter),
             format!("-DKV_BLOCK={KV_BLOCK}"),
+            format!("-DATT_DEC_WARPS={ATTN_DEC_WARPS}"),
+            format!("-DATT_DEC_STAGES={ATTN_DEC_STAGES}"),
+            format!("-DATT_DEC_KEYS={ATTN_DEC_KEYS}"),
+            format!("-DATT_SPLIT_SMALL={ATTN_SPLIT_SMALL}"),
+            format!("-DATT_PF_TOKENS={ATTN_PF_TOKENS}"),
+            format!("-DATT_PAD={ATTN_PAD}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
         // The decode matrix kernels' and the sampler's constants and

@@ -1,12 +1,13 @@
 //! Every kernel family against a naive f64 reference (tests/common), at the
 //! real Qwen3.6-35B-A3B shape and at the tiny fixture's shape, on random
-//! inputs (fresh per case; outputs poisoned before each launch).
+//! inputs (fresh per case; outputs poisoned before each launch). The
+//! attention family has its own file, `gpu_attention.rs`.
 //!
 //! Runs on the H200 (`LILY_REQUIRE_GPU=1` there); without a GPU each test
 //! prints "skipped: no CUDA device" and returns.
 //!
-//! Tolerances (relative L2 error): fp32 paths (GEMV, fused MoE, DeltaNet,
-//! decode attention) 1e-5..1e-4, i.e. fp32 rounding over sums of a few
+//! Tolerances (relative L2 error): fp32 paths (GEMV, fused MoE, DeltaNet)
+//! 1e-5..1e-4, i.e. fp32 rounding over sums of a few
 //! thousand terms; the tensor-core paths are compared with a reference on the
 //! same fp16-rounded operands (1e-5) and against the unrounded math (3e-3,
 //! fp16 has 11 significant bits).
@@ -18,13 +19,12 @@ use std::sync::Arc;
 use common::*;
 use lily_core::config::production;
 use lily_core::ModelConfig;
-use lily_cuda::attention::{self, DecodeScratch, KvView, QOut};
 use lily_cuda::device::Gpu;
-use lily_cuda::dims::{Dims, GEMM_BM, KV_BLOCK};
+use lily_cuda::dims::{Dims, GEMM_BM};
 use lily_cuda::gdn::{self, GdnScratch, GdnState, MixOut};
 use lily_cuda::gemm::{self, GemmOut, Grouping};
 use lily_cuda::kernels::Kernels;
-use lily_cuda::weights::{AttentionDev, DeltaNetDev, MoeDev, QMat};
+use lily_cuda::weights::{DeltaNetDev, MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
 use rayon::prelude::*;
 
@@ -463,210 +463,6 @@ fn chunked_deltanet_prefill_matches_recurrence() {
         gdn::decode(&gpu, &k, &d, &dev, &stv, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 1).expect("decode");
         let got: Vec<f32> = download(&gpu, mix.ptr(), d.gdn_val_dim());
         assert_close(&format!("gdn decode after prefill {label}"), &got, &r.step(&d, &w, &proj), 1e-4);
-    }
-    finish();
-}
-
-// ---- attention -----------------------------------------------------------------------------
-
-/// A KV cache of one layer with a scrambled block table for slot 1.
-struct Cache {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    kb: lily_cuda::device::DeviceBuffer,
-    vb: lily_cuda::device::DeviceBuffer,
-    table: Vec<i32>,
-    tb: lily_cuda::device::DeviceBuffer,
-    bt_stride: usize,
-}
-
-impl Cache {
-    /// Positions 0..len filled with random fp16-exact values.
-    fn random(gpu: &Arc<Gpu>, d: &Dims, len: usize, seed: u64) -> Cache {
-        let nblk = len.div_ceil(KV_BLOCK) + 2;
-        let bt_stride = nblk;
-        let mut rng = Rng::new(seed);
-        let mut perm: Vec<i32> = (0..nblk as i32).collect();
-        for i in (1..perm.len()).rev() {
-            perm.swap(i, rng.below(i + 1));
-        }
-        let per = d.a_kv_heads * KV_BLOCK * d.a_head_dim;
-        let mut k = vec![0f32; nblk * per];
-        let mut v = vec![0f32; nblk * per];
-        for x in k.iter_mut() {
-            *x = f16_round(rng.uniform(-1.5, 1.5));
-        }
-        for x in v.iter_mut() {
-            *x = f16_round(rng.uniform(-2.0, 2.0));
-        }
-        let kb = upload(gpu, &k.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
-        let vb = upload(gpu, &v.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
-        let mut table = vec![0i32; 2 * bt_stride];
-        table[bt_stride..].copy_from_slice(&perm);
-        let tb = upload(gpu, &table);
-        Cache { k, v, kb, vb, table, tb, bt_stride }
-    }
-
-    fn at(&self, d: &Dims, which: &[f32], pos: usize, g: usize) -> Vec<f32> {
-        let blk = self.table[self.bt_stride + pos / KV_BLOCK] as usize;
-        let off = ((blk * d.a_kv_heads + g) * KV_BLOCK + pos % KV_BLOCK) * d.a_head_dim;
-        which[off..off + d.a_head_dim].to_vec()
-    }
-
-    fn view(&self) -> KvView {
-        KvView { k: self.kb.ptr(), v: self.vb.ptr(), block_table: self.tb.ptr(), bt_stride: self.bt_stride }
-    }
-}
-
-/// sigmoid(gate) * softmax(q K^T / sqrt(hd)) V over keys 0..=last.
-fn attend(d: &Dims, c: &Cache, q: &[f32], head: usize, last: usize, gate: &[f32]) -> Vec<f64> {
-    let g = head / (d.a_heads / d.a_kv_heads);
-    let scale = 1.0 / (d.a_head_dim as f64).sqrt();
-    let scores: Vec<f64> = (0..=last).map(|p| dot(q, &c.at(d, &c.k, p, g)) * scale).collect();
-    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-    let z: f64 = e.iter().sum();
-    let mut o = vec![0f64; d.a_head_dim];
-    for (p, w) in e.iter().enumerate() {
-        for (j, x) in c.at(d, &c.v, p, g).iter().enumerate() {
-            o[j] += w / z * *x as f64;
-        }
-    }
-    o.iter().zip(gate).map(|(x, gt)| x * sigmoid(*gt as f64)).collect()
-}
-
-#[test]
-fn decode_attention_matches_reference_across_splits() {
-    let Some(gpu) = gpu("decode_attention_matches_reference_across_splits") else { return };
-    // Six tokens of very different lengths (one CTA per split), and 64
-    // tokens (the grid is then 8 CTAs per head and token, so each CTA loops
-    // over several splits), each under split limits 1, 7 and 64.
-    let mut rng_lens = Rng::new(1002);
-    let many: Vec<usize> = (0..64).map(|_| 1 + rng_lens.below(5000)).collect();
-    let cases: [(&str, Vec<usize>); 2] = [("6 tokens", vec![1, 63, 64, 65, 1000, 20000]), ("64 tokens", many)];
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        for (case, lens) in &cases {
-            let maxlen = *lens.iter().max().unwrap_or(&1);
-            let c = Cache::random(&gpu, &d, maxlen, 1000);
-            let ntok = lens.len();
-            let mut rng = Rng::new(1001);
-            let q = rng.vec(ntok * d.attn_out_dim(), -1.0, 1.0);
-            let ps = d.proj_stride();
-            let proj = rng.vec(ntok * ps, -2.0, 2.0);
-            let (qb, pb) = (upload(&gpu, &q), upload(&gpu, &proj));
-            let pos: Vec<i32> = lens.iter().map(|l| (*l - 1) as i32).collect();
-            let posb = upload(&gpu, &pos);
-            let slotb = upload(&gpu, &vec![1i32; ntok]);
-            let want: Vec<f64> = (0..ntok * d.a_heads)
-                .into_par_iter()
-                .flat_map_iter(|th| {
-                    let (t, h) = (th / d.a_heads, th % d.a_heads);
-                    let qh = &q[(t * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
-                    let gate = &proj[t * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
-                    attend(&d, &c, qh, h, lens[t] - 1, gate)
-                })
-                .collect();
-            for max_splits in [1usize, 7, 64] {
-                let part_o = zeros(&gpu, ntok * d.a_heads * max_splits * d.a_head_dim * 4);
-                let part_ml = zeros(&gpu, ntok * d.a_heads * max_splits * 2 * 4);
-                let sc = DecodeScratch { part_o: part_o.ptr(), part_ml: part_ml.ptr(), max_splits };
-                let mix = upload(&gpu, &vec![NAN; ntok * d.attn_out_dim()]);
-                attention::decode(&gpu, &k, &d, qb.ptr(), &c.view(), posb.ptr(), slotb.ptr(), &sc, pb.ptr(), ps, MixOut::F32(mix.ptr()), ntok).expect("launch");
-                let got: Vec<f32> = download(&gpu, mix.ptr(), ntok * d.attn_out_dim());
-                assert_close(&format!("decode attention {label} {case} max_splits {max_splits}"), &got, &want, 2e-5);
-            }
-        }
-    }
-    finish();
-}
-
-#[test]
-fn attention_prep_norms_rotates_and_stores() {
-    let Some(gpu) = gpu("attention_prep_norms_rotates_and_stores") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        let c = Cache::random(&gpu, &d, 300, 1100);
-        let mut rng = Rng::new(1101);
-        let ps = d.proj_stride();
-        let positions = [0usize, 1, 77, 299];
-        let n = positions.len();
-        let proj = rng.vec(n * ps, -2.0, 2.0);
-        let qn = rng.vec(d.a_head_dim, 0.5, 1.5);
-        let kn = rng.vec(d.a_head_dim, 0.5, 1.5);
-        let inv = d.inv_freq();
-        let (pb, qnb, knb, ib) = (upload(&gpu, &proj), upload(&gpu, &qn), upload(&gpu, &kn), upload(&gpu, &inv));
-        let posb = upload(&gpu, &positions.iter().map(|p| *p as i32).collect::<Vec<_>>());
-        let slotb = upload(&gpu, &vec![1i32; n]);
-        let qout = upload(&gpu, &vec![NAN; n * d.attn_out_dim()]);
-        let q = QMat::default();
-        let w = AttentionDev { q, k: q, v: q, o: q, q_norm: qnb.ptr(), k_norm: knb.ptr() };
-        attention::prep(&gpu, &k, &d, &w, ib.ptr(), pb.ptr(), ps, posb.ptr(), slotb.ptr(), &c.view(), QOut::F32(qout.ptr()), n).expect("launch");
-        let got_q: Vec<f32> = download(&gpu, qout.ptr(), n * d.attn_out_dim());
-        let kc: Vec<f32> = download::<u16>(&gpu, c.kb.ptr(), c.k.len()).into_iter().map(f16_val).collect();
-        let vc: Vec<f32> = download::<u16>(&gpu, c.vb.ptr(), c.v.len()).into_iter().map(f16_val).collect();
-        let rope = |x: Vec<f32>, pos: usize| -> Vec<f64> {
-            let half = d.rot_dim / 2;
-            let mut out: Vec<f64> = x.iter().map(|v| *v as f64).collect();
-            for j in 0..half {
-                let ang = (pos as f32 * inv[j]) as f64;
-                let (s, co) = ang.sin_cos();
-                let (a, b) = (x[j] as f64, x[j + half] as f64);
-                out[j] = a * co - b * s;
-                out[j + half] = b * co + a * s;
-            }
-            out
-        };
-        let (mut wq, mut gq, mut wk, mut gk, mut wv, mut gv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (t, &p) in positions.iter().enumerate() {
-            let row = &proj[t * ps..(t + 1) * ps];
-            for h in 0..d.a_heads {
-                wq.extend(rope(rmsnorm(&row[h * 2 * d.a_head_dim..][..d.a_head_dim], &qn, d.rms_eps), p));
-                gq.extend_from_slice(&got_q[(t * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim]);
-            }
-            let qd = 2 * d.a_heads * d.a_head_dim;
-            for g in 0..d.a_kv_heads {
-                wk.extend(rope(rmsnorm(&row[qd + g * d.a_head_dim..][..d.a_head_dim], &kn, d.rms_eps), p));
-                gk.extend(c.at(&d, &kc, p, g));
-                wv.extend(row[qd + d.kv_dim() + g * d.a_head_dim..][..d.a_head_dim].iter().map(|v| *v as f64));
-                gv.extend(c.at(&d, &vc, p, g));
-            }
-        }
-        assert_close(&format!("prep q {label}"), &gq, &wq, 1e-5);
-        assert_close(&format!("prep k in cache {label} (fp16)"), &gk, &wk, 1e-3);
-        assert_close(&format!("prep v in cache {label} (fp16)"), &gv, &wv, 1e-3);
-    }
-    finish();
-}
-
-#[test]
-fn prefill_flash_attention_matches_causal_reference() {
-    let Some(gpu) = gpu("prefill_flash_attention_matches_causal_reference") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        for &(p0, t) in &[(0usize, 1usize), (0, 7), (0, 64), (0, 130), (100, 1), (100, 77), (1000, 200)] {
-            let c = Cache::random(&gpu, &d, p0 + t, 1200 + p0 as u64 + t as u64);
-            let mut rng = Rng::new(1300 + t as u64);
-            let q: Vec<f32> = rng.vec(t * d.attn_out_dim(), -1.0, 1.0).into_iter().map(f16_round).collect();
-            let qb = upload(&gpu, &q.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
-            let ps = d.proj_stride();
-            let proj = rng.vec(t * ps, -2.0, 2.0);
-            let pb = upload(&gpu, &proj);
-            let mix = upload(&gpu, &vec![NAN; t * d.attn_out_dim()]);
-            let row = c.tb.ptr() + (c.bt_stride * 4) as u64;
-            attention::prefill(&gpu, &k, &d, qb.ptr(), c.kb.ptr(), c.vb.ptr(), row, pb.ptr(), ps, t, p0, MixOut::F32(mix.ptr())).expect("launch");
-            let got: Vec<f32> = download(&gpu, mix.ptr(), t * d.attn_out_dim());
-            let want: Vec<f64> = (0..t * d.a_heads)
-                .into_par_iter()
-                .flat_map_iter(|ih| {
-                    let (i, h) = (ih / d.a_heads, ih % d.a_heads);
-                    let qh = &q[(i * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
-                    let gate = &proj[i * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
-                    attend(&d, &c, qh, h, p0 + i, gate)
-                })
-                .collect();
-            assert_close(&format!("prefill attention {label} p0 {p0} t {t}"), &got, &want, 2e-3);
-        }
     }
     finish();
 }

@@ -6,17 +6,62 @@
 //                   first ROT_DIM dims (NeoX halves, pairs (j, j + ROT_DIM/2),
 //                   angle = pos * inv_freq[j]); K and V written to the cache
 //                   (fp16), q to a q buffer (f32 for decode, fp16 for prefill).
-//   attn_decode:    one query token per sequence, split-K over KV blocks
-//                   ("flash decoding"); a block serves the AG = 8 query heads
-//                   of one KV head, so each K and V row is loaded once.
+//   attn_decode:    one query token per sequence, split-KV ("flash decoding")
+//                   on tensor cores, one warp per split streaming its K/V
+//                   tiles through a private cp.async pipeline.
 //   attn_combine:   merges the splits, applies sigmoid(gate).
 //   attn_prefill:   causal flash attention with tensor cores (mma.sync fp16,
-//                   fp32 softmax), Q tile 64 x one head, KV tiles = cache blocks.
-// Scale 1/sqrt(HD); scores are kept in the log2 domain (scale * log2(e)).
+//                   fp32 softmax); a block holds the AG = 8 query heads of one
+//                   KV head, so each staged K/V tile serves all eight.
+// Output: mix[t][h * HD + d] = sigmoid(gate[t][h][d]) * sum_j softmax_j(q.k_j
+// / sqrt(HD)) v_j[d] over the keys j <= pos[t] of the token's sequence.
+// Scores are kept in the log2 domain (scale_log2 = log2(e) / sqrt(HD)).
 //
 // KV cache layout per layer: [block][A_KV_HEADS][KV_BLOCK][HD] fp16, for K
 // and V separately; a sequence's token at position p lives in block
-// block_table[slot][p / KV_BLOCK], row p % KV_BLOCK.
+// block_table[slot][p / KV_BLOCK], row p % KV_BLOCK. Rows past a sequence's
+// last key may hold anything: the kernels zero-fill them when staging.
+//
+// Shared-memory rows of K, V and Q tiles are HD + ATT_PAD halves (a 16-byte
+// shift per row), so the 8 row addresses of every ldmatrix land in distinct
+// bank groups: (HD / 8 + 1) is odd for HD a multiple of 32.
+//
+// ---- decode: time against its floor ----------------------------------------
+// A decode token reads its whole context once: 2 (K, V) x A_KV_HEADS x HD x 2
+// bytes = 2 KiB per context token per layer at the real shape. At 32,768
+// tokens that is 64 MiB per layer (671 MB over the 10 layers), at 131,072
+// tokens 256 MiB per layer (2.7 GB per step). At ~4.0 TB/s (the measured copy
+// bandwidth is 4.3) the floor is ~17 us per layer at 32K and ~67 us at 128K.
+// Partials add 8 KiB written and read per (split, KV head): with 128 splits,
+// 2 MiB per layer, 3% at 32K. Expected: ~3.5-4 TB/s from 32K up (the old
+// kernel: ~0.8 TB/s, 335 us per layer at 128K), and short contexts bounded by
+// two launches and a chain of four dependent memory round trips (pos, block
+// table and queries, K/V, then the partials in the combine): a few us.
+//
+// ---- prefill: time against its floor ---------------------------------------
+// Causal attention over a T-token prompt from position 0 costs 4 x HD x
+// A_HEADS x T^2 / 2 FLOP per layer (QK^T and PV, 2 FLOP per FMA): 137 GFLOP
+// per layer at 4,096 tokens (1.4 TFLOP over 10 layers), 141 TFLOP per layer
+// at 131,072 (1.4 PFLOP). The old kernel ran at ~230 TFLOP/s (6 s at 128K).
+// This one moves each K/V tile into shared memory once per 16 query tokens
+// and 8 heads (the old one: once per 64 tokens of one head, 2x the fills);
+// what bounds it now is the ldmatrix traffic of mma.sync (~280 B of shared
+// memory per m16n8k16): ~450 TFLOP/s at 128 B/clk/SM, so ~350-400 expected
+// (3.5-4 s at 128K). Beyond that needs wgmma (operands read by the tensor
+// cores from shared memory directly) and a producer warp.
+//
+// ---- history ---------------------------------------------------------------
+// v1 decode: a CTA per (KV head, split), 4-byte K/V loads in a 64-step loop,
+//    fp32 CUDA-core dot products, three barriers per 64-key block: ~0.8 TB/s
+//    at 128K. v1 prefill: one query head per block (Q tile 64 x 1 head), each
+//    K/V tile staged 8 times per KV head, causal mask on every tile, one tile
+//    of prefetch: ~230 TFLOP/s.
+// v2 (this file): decode on tensor cores with hi/lo fp16 splits (fp32-grade
+//    scores and weights), a warp per split with a 6-stage pipeline of 16-byte
+//    cp.async, splits spread over every SM for any batch; prefill with the 8
+//    heads of a KV group per block, mask on diagonal tiles only, one barrier
+//    per key tile, O rescale skipped once the row maxima settle.
+//    Not yet measured: the H200 numbers go here (examples/attn_probe.rs).
 
 #define HD A_HEAD_DIM
 #define AG (A_HEADS / A_KV_HEADS)
@@ -24,10 +69,13 @@
 #define A_KVDIM (A_KV_HEADS * HD)
 
 #if AG != 8
-#error "decode attention assumes 8 query heads per KV head"
+#error "the attention kernels assume 8 query heads per KV head"
 #endif
 #if HD % 32 != 0 || HD > 256
 #error "head dim must be a multiple of 32, at most 256"
+#endif
+#if ATT_PAD != 8
+#error "shared-memory rows are padded by 8 halves (16 bytes)"
 #endif
 
 struct AttnPrepParams {
@@ -87,14 +135,78 @@ extern "C" __global__ void attn_prep(const __grid_constant__ AttnPrepParams p) {
     }
 }
 
-// ---- decode ---------------------------------------------------------------
+// Two f32 as a hi and a lo fp16x2 word: hi = fp16(x), lo = fp16(x - hi).
+// hi + lo carries ~22 significant bits, so a product with an fp16 operand
+// summed over hi and lo in an fp32 accumulator is fp32-grade.
+__device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
+    hi = pack_f16x2(a, b);
+    lo = pack_f16x2(a - f16lo(hi), b - f16hi(hi));
+}
 
-#define ATT_THREADS 256
-#define DPL (HD / 32)
-#define HPT_RAW (AG * HD / 2 / ATT_THREADS)
-#define HPT (HPT_RAW > 0 ? HPT_RAW : 1)
-#define NHG (AG / HPT)
-#define SPL (KV_BLOCK / 32)
+// 8-byte global -> shared copy (cp.async.ca: the 16-byte .cg form of
+// common.cuh cannot gather two 8-byte pieces into one 16-byte slot).
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+
+// ---- decode ---------------------------------------------------------------
+//
+// Work: token t with a context of len = pos[t] + 1 keys (n = ceil(len / 64)
+// cache blocks) is cut into S = decode_splits(len) splits of `per` blocks
+// (the last one shorter); an item is one (token, split, KV head). The count
+// depends on the token's own length only, so a sequence gets the same
+// splits, and bit for bit the same result, alone or in any batch, and a
+// captured graph serves every context length.
+//
+// Grid: a persistent set of CTAs (at most one per SM), ATT_DEC_WARPS warps
+// each. Every CTA lists the items of the whole batch from pos[] (prefix sums
+// in shared memory, the only CTA barriers); warp slot L = warp * gridDim.x +
+// blockIdx.x takes items L, L + W, L + 2W, ... (W = all warps), so the first
+// items land on distinct SMs and a long context spreads over the whole GPU
+// while many short ones share it.
+//
+// A warp streams the 16-key tiles of its items (K and V, 2 x 8 KiB at the
+// real shape) through ATT_DEC_STAGES shared-memory stages with 16-byte
+// cp.async: ATT_DEC_STAGES - 1 tiles are in flight while it computes one,
+// across item boundaries too. No CTA barrier in the loop: the stages are
+// private to the warp (a cp.async.wait_group + __syncwarp per tile).
+// Shared memory at the real shape: 2 warps x (6 x 16.5 KiB of stages + 8 KiB
+// of query fragments) = 214 KiB, one CTA per SM, plus 12 bytes per batch
+// token (the launcher refuses a batch that does not fit).
+//
+// Tile math on tensor cores (m16n8k16, fp16 in, fp32 accumulate):
+//   S = Q K^T: A = the 8 query heads of the KV head as rows 0-7 (fp16 hi
+//     part) and rows 8-15 (lo part), B = K rows (ldmatrix, keys = n), so
+//     S[h][key] = C[h][key] + C[h + 8][key]: fp32-grade scores for free.
+//     The A fragments wait in shared memory (8 KiB a warp) rather than in
+//     64 registers.
+//   O^T += V^T P^T: A = V^T (ldmatrix.trans, dims = m, keys = k), B = P^T
+//     (heads = n) taken straight from the S accumulators of the thread, twice
+//     (hi and lo parts of P). O^T lives in 4 x HD / 16 registers per thread:
+//     lane (r = lane / 4, c = lane % 4) holds dims 16 mt + r (+ 8) of heads
+//     2c and 2c + 1.
+// Online softmax per head in the quad of lanes of that head (row r); the
+// rescale factors of heads 2c, 2c + 1 come over by two shuffles.
+// Output per item: unnormalised O and (max, sum) in the log2 domain.
+
+#define DEC_KEYS ATT_DEC_KEYS                  // keys per tile (the k of P V)
+#define DEC_LD (HD + ATT_PAD)                  // shared row stride, halves
+#define DEC_TILE (DEC_KEYS * DEC_LD)           // halves of one K or V tile
+#define DEC_TPB (KV_BLOCK / DEC_KEYS)          // tiles per cache block
+#define DEC_KS (HD / 16)                       // k-steps of Q K^T = m-tiles of V^T P^T
+#define DEC_CP (DEC_KEYS * (HD / 8) / 32)      // 16-byte copies per lane per K (or V) tile
+#define DEC_TILE_BYTES (ATT_DEC_WARPS * ATT_DEC_STAGES * 2 * DEC_TILE * 2)
+#define DEC_Q_BYTES (ATT_DEC_WARPS * DEC_KS * 32 * 16)   // per warp: the A fragments of Q, [k-step][lane] x 16 bytes
+
+#if DEC_KEYS != 16
+#error "a decode tile is one m16n8k16 k-step of keys"
+#endif
+#if KV_BLOCK % DEC_KEYS != 0
+#error "cache blocks must hold whole decode tiles"
+#endif
+#if ATT_DEC_STAGES < 2
+#error "the decode pipeline needs at least 2 stages"
+#endif
 
 struct AttnDecodeParams {
     const float* q;          // [ntok][A_HEADS][HD]
@@ -107,208 +219,317 @@ struct AttnDecodeParams {
     float* part_ml;          // [ntok][A_HEADS][max_splits][2]  (max, sum) in the log2 domain
     int bt_stride;
     int max_splits;
+    int ntok;
     float scale_log2;
 };
 
-template <int N>
-__device__ __forceinline__ void load_f16_row(const f16* p, float* out);
-template <>
-__device__ __forceinline__ void load_f16_row<8>(const f16* p, float* out) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    out[0] = f16lo(v.x); out[1] = f16hi(v.x); out[2] = f16lo(v.y); out[3] = f16hi(v.y);
-    out[4] = f16lo(v.z); out[5] = f16hi(v.z); out[6] = f16lo(v.w); out[7] = f16hi(v.w);
+// Cache blocks per split for a context of `nblk` blocks: one for contexts of
+// up to ATT_SPLIT_SMALL blocks (short contexts are latency-bound: every
+// block in flight at once), at least two beyond (a split's partials, 8 KiB,
+// then stay under 1/8 of the 64 KiB it reads), more when max_splits binds.
+// Mirrors attention::splits_for in Rust (which also sizes the scratch).
+__device__ __forceinline__ int decode_per(int nblk, int max_splits) {
+    return max(nblk > ATT_SPLIT_SMALL ? 2 : 1, (nblk + max_splits - 1) / max_splits);
 }
-template <>
-__device__ __forceinline__ void load_f16_row<4>(const f16* p, float* out) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    out[0] = f16lo(v.x); out[1] = f16hi(v.x); out[2] = f16lo(v.y); out[3] = f16hi(v.y);
-}
-template <>
-__device__ __forceinline__ void load_f16_row<2>(const f16* p, float* out) {
-    const u32 v = *reinterpret_cast<const u32*>(p);
-    out[0] = f16lo(v); out[1] = f16hi(v);
-}
-template <>
-__device__ __forceinline__ void load_f16_row<1>(const f16* p, float* out) { out[0] = f16_to_f32(*p); }
-
-// Sums 8 per-lane partials over the warp with 9 shuffles; lane l ends with the
-// total of value ((l >> 4) & 1) * 4 + ((l >> 3) & 1) * 2 + ((l >> 2) & 1).
-__device__ __forceinline__ float warp_reduce8(const float* v) {
-    const int lane = threadIdx.x & 31;
-    float a[4], b[2];
-    const bool b4 = (lane >> 4) & 1, b3 = (lane >> 3) & 1, b2 = (lane >> 2) & 1;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float send = b4 ? v[j] : v[j + 4];
-        const float keep = b4 ? v[j + 4] : v[j];
-        a[j] = keep + __shfl_xor_sync(FULL_MASK, send, 16);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const float send = b3 ? a[j] : a[j + 2];
-        const float keep = b3 ? a[j + 2] : a[j];
-        b[j] = keep + __shfl_xor_sync(FULL_MASK, send, 8);
-    }
-    const float send = b2 ? b[0] : b[1];
-    const float keep = b2 ? b[1] : b[0];
-    float c = keep + __shfl_xor_sync(FULL_MASK, send, 4);
-    c += __shfl_xor_sync(FULL_MASK, c, 2);
-    c += __shfl_xor_sync(FULL_MASK, c, 1);
-    return c;
-}
-
-// How many splits the KV blocks of a context of `len` tokens are cut into:
-// about 4 blocks per split, but one block per split for up to 16 blocks, so
-// short contexts still spread over several multiprocessors; at most
-// `max_splits`. Mirrors attention::splits_for in Rust (the scratch sizing).
-// Each token of a batch decides its own count from its own length, on the
-// device, so a captured decode graph serves every context length.
 __device__ __forceinline__ int decode_splits(int len, int max_splits) {
-    const int blocks = (len + KV_BLOCK - 1) / KV_BLOCK;
-    const int s = max((blocks + 3) / 4, min(blocks, 16));
-    return min(max(s, 1), max_splits);
-}
-
-// grid (A_KV_HEADS, G, ntok), block ATT_THREADS, with G <= max_splits fixed
-// by the host for the batch size. A CTA computes splits blockIdx.y,
-// blockIdx.y + G, ... of its token; split s of a context of n KV blocks cut
-// into S splits covers blocks [s * ceil(n / S), ...). Scores: warp w takes
-// tokens w, w + 8, ... of a KV block, lane l holds dims l * DPL .. of the 8
-// queries (pre-scaled) and of the key row. Softmax update: warp h for head
-// h. P V: thread (hg, d0) accumulates dims d0, d0 + 1 of heads
-// hg * HPT .. + HPT.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS, 1)
-attn_decode(const __grid_constant__ AttnDecodeParams p) {
-    __shared__ float s_p[AG][KV_BLOCK];
-    __shared__ float s_alpha[AG], s_m[AG], s_l[AG];
-    const int g = blockIdx.x, t = blockIdx.z;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int len = p.pos[t] + 1;
-    const int nsplit = decode_splits(len, p.max_splits);
-    // Uniform over the CTA, so no thread skips a barrier.
-    if ((int)blockIdx.y >= nsplit) return;
     const int nblk = (len + KV_BLOCK - 1) / KV_BLOCK;
-    const int per = (nblk + nsplit - 1) / nsplit;
-    const int* table = p.block_table + (size_t)p.slot[t] * p.bt_stride;
-
-    float qr[AG][DPL];
-#pragma unroll
-    for (int h = 0; h < AG; ++h) {
-        float tmp[DPL];
-        const float* qp = p.q + ((size_t)t * A_HEADS + g * AG + h) * HD + lane * DPL;
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) tmp[j] = qp[j];
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) qr[h][j] = tmp[j] * p.scale_log2;
-    }
-    const int d0 = (tid % (HD / 2)) * 2, hg = tid / (HD / 2);
-    const bool active = hg < NHG;
-    for (int split = blockIdx.y; split < nsplit; split += gridDim.y) {
-        const int b0 = split * per, b1 = min(nblk, b0 + per);
-        // The previous split's results were written by the same threads that
-        // reset them here, and its last block ended with a barrier.
-        if (tid < AG) {
-            s_m[tid] = NEG_INF;
-            s_l[tid] = 0.f;
-        }
-        float acc[HPT][2];
-#pragma unroll
-        for (int hh = 0; hh < HPT; ++hh) acc[hh][0] = acc[hh][1] = 0.f;
-        __syncthreads();
-
-        for (int blk = b0; blk < b1; ++blk) {
-            const int phys = table[blk];
-            const f16* kb = p.kcache + ((size_t)phys * A_KV_HEADS + g) * KV_BLOCK * HD;
-            const f16* vb = p.vcache + ((size_t)phys * A_KV_HEADS + g) * KV_BLOCK * HD;
-            const int nt = min(KV_BLOCK, len - blk * KV_BLOCK);
-            for (int j = warp; j < KV_BLOCK; j += ATT_THREADS / 32) {
-                float part[AG];
-                if (j < nt) {
-                    float kf[DPL];
-                    load_f16_row<DPL>(kb + (size_t)j * HD + lane * DPL, kf);
-#pragma unroll
-                    for (int h = 0; h < AG; ++h) {
-                        float s = 0.f;
-#pragma unroll
-                        for (int jj = 0; jj < DPL; ++jj) s = fmaf(qr[h][jj], kf[jj], s);
-                        part[h] = s;
-                    }
-                } else {
-#pragma unroll
-                    for (int h = 0; h < AG; ++h) part[h] = 0.f;
-                }
-                const float val = warp_reduce8(part);
-                if ((lane & 3) == 0) {
-                    const int hsel = ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-                    s_p[hsel][j] = j < nt ? val : NEG_INF;
-                }
-            }
-            __syncthreads();
-            if (warp < AG) {
-                float x[SPL];
-                float mx = NEG_INF;
-#pragma unroll
-                for (int i = 0; i < SPL; ++i) {
-                    x[i] = s_p[warp][lane + 32 * i];
-                    mx = fmaxf(mx, x[i]);
-                }
-                mx = warp_max(mx);
-                const float m_old = s_m[warp];
-                const float m_new = fmaxf(m_old, mx);
-                const float alpha = exp2f(m_old - m_new);
-                float sum = 0.f;
-#pragma unroll
-                for (int i = 0; i < SPL; ++i) {
-                    const float e = exp2f(x[i] - m_new);
-                    s_p[warp][lane + 32 * i] = e;
-                    sum += e;
-                }
-                sum = warp_sum(sum);
-                if (lane == 0) {
-                    s_alpha[warp] = alpha;
-                    s_m[warp] = m_new;
-                    s_l[warp] = s_l[warp] * alpha + sum;
-                }
-            }
-            __syncthreads();
-            if (active) {
-#pragma unroll
-                for (int hh = 0; hh < HPT; ++hh) {
-                    const float al = s_alpha[hg * HPT + hh];
-                    acc[hh][0] *= al;
-                    acc[hh][1] *= al;
-                }
-                for (int j = 0; j < nt; ++j) {
-                    const u32 vv = *reinterpret_cast<const u32*>(vb + (size_t)j * HD + d0);
-                    const float v0 = f16lo(vv), v1 = f16hi(vv);
-#pragma unroll
-                    for (int hh = 0; hh < HPT; ++hh) {
-                        const float pp = s_p[hg * HPT + hh][j];
-                        acc[hh][0] = fmaf(pp, v0, acc[hh][0]);
-                        acc[hh][1] = fmaf(pp, v1, acc[hh][1]);
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        if (active) {
-#pragma unroll
-            for (int hh = 0; hh < HPT; ++hh) {
-                const int head = g * AG + hg * HPT + hh;
-                float* o = p.part_o + (((size_t)t * A_HEADS + head) * p.max_splits + split) * HD + d0;
-                o[0] = acc[hh][0];
-                o[1] = acc[hh][1];
-            }
-        }
-        if (tid < AG) {
-            float* ml = p.part_ml + (((size_t)t * A_HEADS + g * AG + tid) * p.max_splits + split) * 2;
-            ml[0] = s_m[tid];
-            ml[1] = s_l[tid];
-        }
-    }
+    const int per = decode_per(nblk, max_splits);
+    return (nblk + per - 1) / per;
 }
 
-// grid (A_HEADS, ntok), block HD. mix[t][h * HD + d] = sigmoid(gate) * O / L.
+// One item: token t, split, KV head g, its tiles [j, j_end) of 16 keys.
+struct DecItem {
+    int t, g, split, j, j_end, len;
+};
+
+// Item `it` (< the batch's total): token t owns items s_first[t] ..
+// s_first[t + 1] - 1, split-major, KV head minor.
+__device__ __forceinline__ DecItem dec_item(int it, const int* s_first, const int* s_len, int ntok, int max_splits) {
+    int lo = 0, hi = ntok;   // s_first[lo] <= it < s_first[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (s_first[mid] <= it) lo = mid;
+        else hi = mid;
+    }
+    DecItem d;
+    d.t = lo;
+    const int r = it - s_first[lo];
+    d.split = r / A_KV_HEADS;
+    d.g = r - d.split * A_KV_HEADS;
+    d.len = s_len[lo];
+    const int nblk = (d.len + KV_BLOCK - 1) / KV_BLOCK;
+    const int per = decode_per(nblk, max_splits);
+    const int b0 = d.split * per;
+    d.j = b0 * DEC_TPB;
+    // Tiles wholly past the last key are skipped; j < j_end since b0 < nblk.
+    d.j_end = min((d.len + DEC_KEYS - 1) / DEC_KEYS, (b0 + per) * DEC_TPB);
+    return d;
+}
+
+// Block-table entries b0 .. b0 + 31 of a sequence of `len` keys, one per
+// lane (0 past its last block, never read past the row).
+__device__ __forceinline__ int dec_table_chunk(const int* row, int b0, int len, int lane) {
+    const int nblk = (len + KV_BLOCK - 1) / KV_BLOCK;
+    return b0 + lane < nblk ? row[b0 + lane] : 0;
+}
+
+// grid (CTAs <= SMs), block ATT_DEC_WARPS * 32, dynamic shared memory
+// DEC_TILE_BYTES + DEC_Q_BYTES + (3 ntok + 1) ints. See above.
+extern "C" __global__ void __launch_bounds__(ATT_DEC_WARPS * 32, 1)
+attn_decode(const __grid_constant__ AttnDecodeParams p) {
+    extern __shared__ __align__(16) unsigned char dec_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ntok = p.ntok;
+    int* s_first = reinterpret_cast<int*>(dec_smem + DEC_TILE_BYTES + DEC_Q_BYTES);   // [ntok + 1]
+    int* s_len = s_first + ntok + 1;                                    // [ntok]
+    int* s_slot = s_len + ntok;                                         // [ntok]
+
+    for (int t = threadIdx.x; t < ntok; t += blockDim.x) {
+        const int len = p.pos[t] + 1;
+        s_len[t] = len;
+        s_slot[t] = p.slot[t];
+        s_first[t + 1] = decode_splits(len, p.max_splits) * A_KV_HEADS;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // In-place inclusive scan of the item counts, 32 tokens at a time.
+        int run = 0;
+        for (int base = 0; base < ntok; base += 32) {
+            const int i = base + lane;
+            int v = i < ntok ? s_first[i + 1] : 0;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int u = __shfl_up_sync(FULL_MASK, v, o);
+                if (lane >= o) v += u;
+            }
+            if (i < ntok) s_first[i + 1] = run + v;
+            run += __shfl_sync(FULL_MASK, v, 31);
+        }
+        if (lane == 0) s_first[0] = 0;
+    }
+    __syncthreads();
+    const int total = s_first[ntok];
+    const int nw = gridDim.x * ATT_DEC_WARPS;
+    const int first = warp * gridDim.x + blockIdx.x;
+    // Warp-uniform; no CTA barrier follows.
+    if (first >= total) return;
+
+    f16* wbuf = reinterpret_cast<f16*>(dec_smem) + (size_t)warp * ATT_DEC_STAGES * 2 * DEC_TILE;
+    // The item's query fragments live in shared memory, not in 64 registers:
+    // lane l's 16 bytes of k-step ks at sq[ks * 32 + l] (each lane reads back
+    // only what it wrote, so no barrier; a warp's 512 contiguous bytes per
+    // k-step are conflict-free).
+    uint4* sq = reinterpret_cast<uint4*>(dec_smem + DEC_TILE_BYTES) + (size_t)warp * DEC_KS * 32;
+
+    // Producer cursor: the next tile to request. Its block-table entries come
+    // 32 at a time, one per lane, and go round by shuffle.
+    int ld_item = first;
+    DecItem ld = dec_item(first, s_first, s_len, ntok, p.max_splits);
+    const int* ld_row = p.block_table + (size_t)s_slot[ld.t] * p.bt_stride;
+    int ld_b0 = ld.j / DEC_TPB;
+    int ld_tab = dec_table_chunk(ld_row, ld_b0, ld.len, lane);
+
+    // Requests the producer's tile into `stage` (one commit group, empty once
+    // the warp's items are exhausted, so the wait counts stay uniform).
+    auto issue = [&](int stage) {
+        if (ld_item < total) {
+            const int b = ld.j / DEC_TPB;
+            if (b - ld_b0 >= 32) {
+                ld_b0 = b;
+                ld_tab = dec_table_chunk(ld_row, b, ld.len, lane);
+            }
+            const int phys = __shfl_sync(FULL_MASK, ld_tab, b - ld_b0);
+            const size_t row0 = (((size_t)phys * A_KV_HEADS + ld.g) * KV_BLOCK + (ld.j - b * DEC_TPB) * DEC_KEYS) * HD;
+            const int valid = ld.len - ld.j * DEC_KEYS;   // rows holding keys (> 0); the rest are zero-filled
+            f16* dk = wbuf + stage * 2 * DEC_TILE;
+            f16* dv = dk + DEC_TILE;
+#pragma unroll
+            for (int it = 0; it < DEC_CP; ++it) {
+                const int i = it * 32 + lane;
+                const int r = i / (HD / 8), c = (i - r * (HD / 8)) * 8;
+                const bool ok = r < valid;
+                const size_t src = row0 + (size_t)(ok ? r : 0) * HD + c;
+                cp_async16(dk + r * DEC_LD + c, p.kcache + src, ok ? 16 : 0);
+                cp_async16(dv + r * DEC_LD + c, p.vcache + src, ok ? 16 : 0);
+            }
+            if (++ld.j == ld.j_end) {
+                ld_item += nw;
+                if (ld_item < total) {
+                    ld = dec_item(ld_item, s_first, s_len, ntok, p.max_splits);
+                    ld_row = p.block_table + (size_t)s_slot[ld.t] * p.bt_stride;
+                    ld_b0 = ld.j / DEC_TPB;
+                    ld_tab = dec_table_chunk(ld_row, ld_b0, ld.len, lane);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+    // Consumer cursor: the tile being computed.
+    int cs_item = first;
+    DecItem cs = dec_item(first, s_first, s_len, ntok, p.max_splits);
+    const int qr = lane >> 2, qc = lane & 3;
+    // Lane (qr, qc) needs dims 16 ks + 2qc (+1) and 16 ks + 8 + 2qc (+1) of
+    // query head qr of the item's KV group: two float2 per k-step.
+    auto q_row = [&]() { return p.q + ((size_t)cs.t * A_HEADS + cs.g * AG + qr) * HD + 2 * qc; };
+    // The first item's queries travel with its first tile (commit group 0),
+    // into the slots their fragments will take, so the two round trips
+    // overlap at no register cost.
+    {
+        const float* qrow = q_row();
+#pragma unroll
+        for (int ks = 0; ks < DEC_KS; ++ks) {
+            cp_async8(&sq[ks * 32 + lane].x, qrow + ks * 16);
+            cp_async8(&sq[ks * 32 + lane].z, qrow + ks * 16 + 8);
+        }
+    }
+
+#pragma unroll 1
+    for (int s = 0; s < ATT_DEC_STAGES - 1; ++s) issue(s);
+
+    float acc[DEC_KS][4];    // O^T fragments
+    float m_i = NEG_INF, l_i = 0.f;   // head qr, replicated over its quad
+    bool fresh = true;
+    int st = 0;
+#pragma unroll 1
+    while (true) {
+        // Groups committed so far: ATT_DEC_STAGES - 1 + (tiles consumed); the
+        // oldest pending one is this tile's.
+        cp_async_wait<ATT_DEC_STAGES - 2>();
+        __syncwarp();   // every lane's copies visible; every lane done with the previous stage
+        issue(st == 0 ? ATT_DEC_STAGES - 1 : st - 1);
+        if (fresh) {
+            const float* qrow = q_row();
+#pragma unroll
+            for (int ks = 0; ks < DEC_KS; ++ks) {
+                float4 x;
+                if (cs_item == first) {
+                    x = *reinterpret_cast<const float4*>(&sq[ks * 32 + lane]);
+                } else {
+                    const float2 k0 = *reinterpret_cast<const float2*>(qrow + ks * 16);
+                    const float2 k8 = *reinterpret_cast<const float2*>(qrow + ks * 16 + 8);
+                    x = make_float4(k0.x, k0.y, k8.x, k8.y);
+                }
+                // A fragment: hi (rows 0-7) and lo (rows 8-15) of the 8 queries.
+                uint4 a;
+                split_f16x2(x.x, x.y, a.x, a.y);
+                split_f16x2(x.z, x.w, a.z, a.w);
+                sq[ks * 32 + lane] = a;
+            }
+#pragma unroll
+            for (int mt = 0; mt < DEC_KS; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+            m_i = NEG_INF;
+            l_i = 0.f;
+            fresh = false;
+        }
+        const f16* sk = wbuf + st * 2 * DEC_TILE;
+        const f16* sv = sk + DEC_TILE;
+        st = st + 1 == ATT_DEC_STAGES ? 0 : st + 1;
+
+        // S = Q K^T: n-tile nf = keys 8 nf .. 8 nf + 7; two accumulator sets
+        // (even / odd k-steps) halve the dependent mma chain.
+        float sa[2][2][4];
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) sa[a][b][0] = sa[a][b][1] = sa[a][b][2] = sa[a][b][3] = 0.f;
+        const f16* kaddr = sk + ((lane & 7) + ((lane >> 4) << 3)) * DEC_LD + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int ks = 0; ks < DEC_KS; ++ks) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4(b0, b1, b2, b3, kaddr + ks * 16);
+            const uint4 a = sq[ks * 32 + lane];
+            mma_f16(sa[ks & 1][0], a.x, a.y, a.z, a.w, b0, b1);
+            mma_f16(sa[ks & 1][1], a.x, a.y, a.z, a.w, b2, b3);
+        }
+        // Lane (qr, qc): head qr, keys 2qc, 2qc + 1 (nf 0) and 8 + 2qc, 9 + 2qc (nf 1).
+        const int key0 = cs.j * DEC_KEYS;
+        float sc[4];
+#pragma unroll
+        for (int nf = 0; nf < 2; ++nf) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float v = (sa[0][nf][e] + sa[0][nf][e + 2]) + (sa[1][nf][e] + sa[1][nf][e + 2]);
+                const int key = key0 + nf * 8 + 2 * qc + e;
+                sc[nf * 2 + e] = key < cs.len ? v * p.scale_log2 : NEG_INF;
+            }
+        }
+        float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+        // Finite: the tile's first key is always inside the context.
+        const float m_new = fmaxf(m_i, mx);
+        const float alpha = exp2f(m_i - m_new);   // 0 on the item's first tile
+        float pr[4];
+        float rs = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            pr[e] = exp2f(sc[e] - m_new);
+            rs += pr[e];
+        }
+        rs += __shfl_xor_sync(FULL_MASK, rs, 1);
+        rs += __shfl_xor_sync(FULL_MASK, rs, 2);
+        l_i = l_i * alpha + rs;
+        m_i = m_new;
+        // B fragments of P^T: b0 = keys 2qc, 2qc + 1, b1 = keys 8 + 2qc, 9 + 2qc, head qr.
+        u32 ph0, pl0, ph1, pl1;
+        split_f16x2(pr[0], pr[1], ph0, pl0);
+        split_f16x2(pr[2], pr[3], ph1, pl1);
+        // Rescale factors of the O^T columns of this lane: heads 2qc, 2qc + 1.
+        const float al0 = __shfl_sync(FULL_MASK, alpha, qc * 8);
+        const float al1 = __shfl_sync(FULL_MASK, alpha, qc * 8 + 4);
+        const f16* vaddr = sv + ((lane & 7) + ((lane >> 4) << 3)) * DEC_LD + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int mt = 0; mt < DEC_KS; ++mt) {
+            acc[mt][0] *= al0;
+            acc[mt][1] *= al1;
+            acc[mt][2] *= al0;
+            acc[mt][3] *= al1;
+            u32 a0, a1, a2, a3;
+            ldmatrix_x4_trans(a0, a1, a2, a3, vaddr + mt * 16);
+            mma_f16(acc[mt], a0, a1, a2, a3, ph0, ph1);
+            mma_f16(acc[mt], a0, a1, a2, a3, pl0, pl1);
+        }
+
+        if (++cs.j == cs.j_end) {
+            const size_t hs = (size_t)p.max_splits * HD;   // head stride of the partials
+            float* po = p.part_o + (((size_t)cs.t * A_HEADS + cs.g * AG) * p.max_splits + cs.split) * HD;
+#pragma unroll
+            for (int mt = 0; mt < DEC_KS; ++mt) {
+                const int d = mt * 16 + qr;
+                po[(2 * qc) * hs + d] = acc[mt][0];
+                po[(2 * qc + 1) * hs + d] = acc[mt][1];
+                po[(2 * qc) * hs + d + 8] = acc[mt][2];
+                po[(2 * qc + 1) * hs + d + 8] = acc[mt][3];
+            }
+            if (qc == 0) {
+                float* ml = p.part_ml + (((size_t)cs.t * A_HEADS + cs.g * AG + qr) * p.max_splits + cs.split) * 2;
+                ml[0] = m_i;
+                ml[1] = l_i;
+            }
+            cs_item += nw;
+            if (cs_item >= total) break;
+            cs = dec_item(cs_item, s_first, s_len, ntok, p.max_splits);
+            fresh = true;
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// ---- combine --------------------------------------------------------------
+//
+// mix[t][h * HD + d] = sigmoid(gate) * sum_s w_s O_s[d] / sum_s w_s l_s with
+// w_s = 2^(m_s - M), M = max_s m_s, over the token's own split count.
+// grid (HD / 32, A_HEADS, ntok), block 256: thread (sl = tid / 8, quad =
+// tid % 8) sums float4 dims 4 quad .. of splits sl, sl + 32, ... (up to four
+// loads in flight each at 128 splits, every partial of a head read by one
+// wave of CTAs); one barrier, then 32 threads add the 32 split lanes in
+// order (deterministic). Every warp finds M and L itself (a few reads of the
+// L1-resident (max, sum) pairs) rather than waiting on a second barrier.
+#define CB_DIMS 32
+#define CB_Q (CB_DIMS / 4)
+#define CB_SL (256 / CB_Q)
+
 struct AttnCombineParams {
     const float* part_o;
     const float* part_ml;
@@ -320,42 +541,73 @@ struct AttnCombineParams {
     int proj_stride;
 };
 
-extern "C" __global__ void attn_combine(const __grid_constant__ AttnCombineParams p) {
-    const float* part_o = p.part_o;
-    const float* part_ml = p.part_ml;
-    const float* proj = p.proj;
-    float* mix_f32 = p.mix_f32;
-    f16* mix_f16 = p.mix_f16;
-    const int proj_stride = p.proj_stride, ms = p.max_splits;
-    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
-    const int nsplit = decode_splits(p.pos[t] + 1, ms);
-    const float* ml = part_ml + ((size_t)t * A_HEADS + h) * ms * 2;
-    float M = NEG_INF;
-    for (int s = 0; s < nsplit; ++s) M = fmaxf(M, ml[2 * s]);
-    float o = 0.f, L = 0.f;
-    const float* po = part_o + ((size_t)t * A_HEADS + h) * ms * HD + d;
-    for (int s = 0; s < nsplit; ++s) {
-        const float m = ml[2 * s];
-        if (m == NEG_INF) continue;
-        const float w = exp2f(m - M);
-        o = fmaf(w, po[(size_t)s * HD], o);
-        L = fmaf(w, ml[2 * s + 1], L);
+extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_constant__ AttnCombineParams p) {
+    __shared__ float4 red[CB_SL][CB_Q];
+    const int chunk = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int quad = tid % CB_Q, sl = tid / CB_Q;
+    const int ms = p.max_splits;
+    const int ns = decode_splits(p.pos[t] + 1, ms);
+    const float* ml = p.part_ml + ((size_t)t * A_HEADS + h) * ms * 2;
+    float mloc = NEG_INF;
+    for (int s = lane; s < ns; s += 32) mloc = fmaxf(mloc, ml[2 * s]);
+    const float M = warp_max(mloc);   // finite: every split holds at least one key
+    float lloc = 0.f;
+    for (int s = lane; s < ns; s += 32) lloc += exp2f(ml[2 * s] - M) * ml[2 * s + 1];
+    const float L = warp_sum(lloc);
+    const float* po = p.part_o + ((size_t)t * A_HEADS + h) * ms * HD + chunk * CB_DIMS + quad * 4;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = sl; s < ns; s += CB_SL) {
+        const float w = exp2f(ml[2 * s] - M);
+        const float4 v = *reinterpret_cast<const float4*>(po + (size_t)s * HD);
+        o.x = fmaf(w, v.x, o.x);
+        o.y = fmaf(w, v.y, o.y);
+        o.z = fmaf(w, v.z, o.z);
+        o.w = fmaf(w, v.w, o.w);
     }
-    const float gate = proj[(size_t)t * proj_stride + h * 2 * HD + HD + d];
-    const float y = (o / L) * sigmoidf_(gate);
-    const size_t oi = (size_t)t * A_HEADS * HD + h * HD + d;
-    if (mix_f32 != nullptr) mix_f32[oi] = y;
-    if (mix_f16 != nullptr) mix_f16[oi] = f32_to_f16(y);
+    red[sl][quad] = o;
+    __syncthreads();
+    if (tid < CB_DIMS) {
+        const float* r = reinterpret_cast<const float*>(&red[0][0]);
+        float sum = 0.f;
+        for (int s = 0; s < CB_SL; ++s) sum += r[s * CB_DIMS + tid];
+        const int d = chunk * CB_DIMS + tid;
+        const float gate = p.proj[(size_t)t * p.proj_stride + h * 2 * HD + HD + d];
+        const float y = (sum / L) * sigmoidf_(gate);
+        const size_t oi = (size_t)t * A_HEADS * HD + h * HD + d;
+        if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
+        if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+    }
 }
 
 // ---- prefill: causal flash attention with mma.sync ------------------------
+//
+// grid (ceil(T / 16), A_KV_HEADS), block 8 warps = the 8 query heads of KV
+// head blockIdx.y; warp w owns head kvh * 8 + w for the CTA's 16 query tokens
+// (one m16 tile), so the 8 warps share every staged K/V tile (128 query rows
+// per fill, 2x the old kernel's 64). Query tiles run longest first.
+// Dynamic smem: Q [8 heads x 16 tokens][HD + 8], then K and V tiles of 64
+// keys (one cache block) in two stages each: 8 x 16 x 264 x 2 + 4 x 64 x 264
+// x 2 = 198 KiB at HD 256, one CTA per SM.
+// Pipeline per 64-key tile kb, one barrier: wait for tile kb, barrier,
+// request K/V(kb + 1) into the other stage (a whole iteration ahead), then
+// S = Q K^T, causal mask (only on tiles that reach past the CTA's first
+// query position), online softmax, O += P V; between barriers the warps
+// drift apart, so one warp's softmax overlaps another's mma. Block-table
+// entries are read a tile ahead. Keys past the CTA's last query position
+// are zero-filled (and masked).
 
-#define FA_BM 64
-#define FA_BN KV_BLOCK
-#define FA_LD (HD + 8)   // fp16 row stride in shared memory (16-byte shift per row)
-#define FA_NF (FA_BN / 8)   // score n-fragments per warp
-#define FA_OF (HD / 8)      // output n-fragments per warp
+#define PF_BQ ATT_PF_TOKENS
+#define PF_BN KV_BLOCK
+#define PF_LD (HD + ATT_PAD)
+#define PF_NF (PF_BN / 8)   // score n-fragments per warp
+#define PF_OF (HD / 8)      // output n-fragments per warp
+#define PF_THREADS (AG * 32)
 
+#if PF_BQ != 16
+#error "a prefill block holds one m16 tile of query tokens per head"
+#endif
 #if KV_BLOCK != 64
 #error "the prefill kernel takes one cache block per KV tile of 64"
 #endif
@@ -374,104 +626,124 @@ struct AttnPrefillParams {
     float scale_log2;
 };
 
-// grid (ceil(T / 64), A_HEADS), block 128 = 4 warps; warp w owns query rows
-// 16w .. 16w + 15 of the tile. Dynamic smem: Q, K, V tiles [64][FA_LD] fp16.
-// Pipeline: K of the next tile loads during softmax and P V, V of the next
-// tile during the next Q K^T.
-extern "C" __global__ void __launch_bounds__(128, 1)
+extern "C" __global__ void __launch_bounds__(PF_THREADS, 1)
 attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     f16* sQ = reinterpret_cast<f16*>(fa_smem);
-    f16* sK = sQ + FA_BM * FA_LD;
-    f16* sV = sK + FA_BN * FA_LD;
-    const int ntile = (p.T + FA_BM - 1) / FA_BM;
+    f16* sK = sQ + AG * PF_BQ * PF_LD;   // 2 stages
+    f16* sV = sK + 2 * PF_BN * PF_LD;    // 2 stages
+    const int ntile = (p.T + PF_BQ - 1) / PF_BQ;
     const int qt = ntile - 1 - blockIdx.x;   // longest tiles first
-    const int h = blockIdx.y, kvh = h / AG;
+    const int kvh = blockIdx.y, h = kvh * AG + (threadIdx.x >> 5);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int q0 = qt * FA_BM;
-    const int qlast = min(q0 + FA_BM, p.T) - 1;
-    const int kb_last = (p.p0 + qlast) / KV_BLOCK;
+    const int q0 = qt * PF_BQ;
+    const int qlast = min(q0 + PF_BQ, p.T) - 1;
+    const int nkeys = p.p0 + qlast + 1;             // keys any query of this CTA sees
+    const int kb_last = (nkeys - 1) / KV_BLOCK;
+    const int kb_diag = (p.p0 + q0) / KV_BLOCK;     // tiles before it are below every query: no mask
 
-    // Q tile (rows past T are zeros).
-    for (int i = tid; i < FA_BM * (HD / 8); i += 128) {
-        const int r = i / (HD / 8), c = (i - r * (HD / 8)) * 8;
-        const int row = q0 + r;
-        const f16* src = p.q + ((size_t)min(row, p.T - 1) * A_HEADS + h) * HD + c;
-        cp_async16(sQ + r * FA_LD + c, src, row < p.T ? 16 : 0);
+    // Q: row hh * 16 + r = token q0 + r of head kvh * 8 + hh (rows past T are zeros).
+    for (int i = tid; i < AG * PF_BQ * (HD / 8); i += PF_THREADS) {
+        const int row = i / (HD / 8), c = (i - row * (HD / 8)) * 8;
+        const int hh = row / PF_BQ, r = row - hh * PF_BQ;
+        const int tok = q0 + r;
+        const f16* src = p.q + ((size_t)min(tok, p.T - 1) * A_HEADS + kvh * AG + hh) * HD + c;
+        cp_async16(sQ + row * PF_LD + c, src, tok < p.T ? 16 : 0);
     }
     cp_async_commit();
-    auto load_kv = [&](f16* dst, const f16* cache, int kb) {
-        const int phys = p.block_table[kb];
+    auto load_tile = [&](f16* dst, const f16* cache, int phys, int kb) {
         const f16* base = cache + ((size_t)phys * A_KV_HEADS + kvh) * KV_BLOCK * HD;
-        for (int i = tid; i < FA_BN * (HD / 8); i += 128) {
+        const int valid = nkeys - kb * PF_BN;   // >= 1
+        for (int i = tid; i < PF_BN * (HD / 8); i += PF_THREADS) {
             const int r = i / (HD / 8), c = (i - r * (HD / 8)) * 8;
-            cp_async16(dst + r * FA_LD + c, base + (size_t)r * HD + c, 16);
+            const bool ok = r < valid;
+            cp_async16(dst + r * PF_LD + c, base + (size_t)(ok ? r : 0) * HD + c, ok ? 16 : 0);
         }
         cp_async_commit();
     };
-    load_kv(sK, p.kcache, 0);
-    load_kv(sV, p.vcache, 0);
+    {
+        const int ph = p.block_table[0];
+        load_tile(sK, p.kcache, ph, 0);
+        load_tile(sV, p.vcache, ph, 0);
+    }
+    int ph_next = kb_last >= 1 ? p.block_table[1] : 0;
 
-    float o[FA_OF][4];
+    float o[PF_OF][4];
 #pragma unroll
-    for (int i = 0; i < FA_OF; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < PF_OF; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    // Raw-score maxima (the scale is applied inside exp2) and sums of rows
+    // g and g + 8; finite after tile 0, whose key 0 every query sees.
     float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
     const int g = lane >> 2, c4 = lane & 3;
-    const int qpos0 = p.p0 + q0 + warp * 16 + g;   // position of this thread's first row; second is +8
+    const int qpos0 = p.p0 + q0 + g;   // position of this thread's first row; second is +8
+    const float sl2 = p.scale_log2;
+    const f16* qaddr = sQ + (warp * PF_BQ + (lane & 15)) * PF_LD + (lane >> 4) * 8;
 
     for (int kb = 0; kb <= kb_last; ++kb) {
-        cp_async_wait<1>();   // Q and K(kb) are in; V(kb) may still be loading
-        __syncthreads();
-        float s[FA_NF][4];
+        const int stg = kb & 1;
+        const f16* cK = sK + stg * PF_BN * PF_LD;
+        const f16* cV = sV + stg * PF_BN * PF_LD;
+        // The only copies in flight are tile kb's (requested at the top of
+        // iteration kb - 1, a whole iteration ago).
+        cp_async_wait<0>();
+        __syncthreads();   // tile kb visible to all; every warp is done with tile kb - 1
+        if (kb < kb_last) {
+            load_tile(sK + (stg ^ 1) * PF_BN * PF_LD, p.kcache, ph_next, kb + 1);
+            load_tile(sV + (stg ^ 1) * PF_BN * PF_LD, p.vcache, ph_next, kb + 1);
+            ph_next = kb + 2 <= kb_last ? p.block_table[kb + 2] : 0;
+        }
+
+        float s[PF_NF][4];
 #pragma unroll
-        for (int i = 0; i < FA_NF; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < PF_NF; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             u32 a0, a1, a2, a3;
-            ldmatrix_x4(a0, a1, a2, a3, sQ + (warp * 16 + (lane & 15)) * FA_LD + ks * 16 + (lane >> 4) * 8);
+            ldmatrix_x4(a0, a1, a2, a3, qaddr + ks * 16);
 #pragma unroll
-            for (int nf = 0; nf < FA_NF; nf += 2) {
+            for (int nf = 0; nf < PF_NF; nf += 2) {
                 u32 b0, b1, b2, b3;
-                ldmatrix_x4(b0, b1, b2, b3, sK + (nf * 8 + (lane & 7) + (lane >> 4) * 8) * FA_LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                ldmatrix_x4(b0, b1, b2, b3, cK + (nf * 8 + (lane & 7) + (lane >> 4) * 8) * PF_LD + ks * 16 + ((lane >> 3) & 1) * 8);
                 mma_f16(s[nf], a0, a1, a2, a3, b0, b1);
                 mma_f16(s[nf + 1], a0, a1, a2, a3, b2, b3);
             }
         }
-        __syncthreads();   // every warp is done with sK
-        const bool more = kb < kb_last;
-        if (more) load_kv(sK, p.kcache, kb + 1);
 
-        // scale, causal mask, online softmax (rows g and g + 8 of the warp)
-        float mx[2] = {NEG_INF, NEG_INF};
+        if (kb >= kb_diag) {   // uniform over the CTA
 #pragma unroll
-        for (int nf = 0; nf < FA_NF; ++nf) {
+            for (int nf = 0; nf < PF_NF; ++nf) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int kpos = kb * KV_BLOCK + nf * 8 + 2 * c4 + (e & 1);
-                const int qpos = qpos0 + (e >> 1) * 8;
-                const float v = kpos <= qpos ? s[nf][e] * p.scale_log2 : NEG_INF;
-                s[nf][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                for (int e = 0; e < 4; ++e) {
+                    const int kpos = kb * KV_BLOCK + nf * 8 + 2 * c4 + (e & 1);
+                    const int qpos = qpos0 + (e >> 1) * 8;
+                    if (kpos > qpos) s[nf][e] = NEG_INF;
+                }
             }
         }
-        float alpha[2];
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nf = 0; nf < PF_NF; ++nf) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[nf][0], s[nf][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[nf][2], s[nf][3]));
+        }
+        float alpha[2], msc[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
             const float m_new = fmaxf(m_r[r], mx[r]);
-            alpha[r] = m_new == NEG_INF ? 1.f : exp2f(m_r[r] - m_new);
+            alpha[r] = exp2f((m_r[r] - m_new) * sl2);   // 0 on tile 0
             m_r[r] = m_new;
+            msc[r] = m_new * sl2;
         }
         float rs[2] = {0.f, 0.f};
-        u32 pa[FA_NF][2];
+        u32 pa[PF_NF][2];
 #pragma unroll
-        for (int nf = 0; nf < FA_NF; ++nf) {
+        for (int nf = 0; nf < PF_NF; ++nf) {
             float e[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const float mm = m_r[k >> 1];
-                e[k] = mm == NEG_INF ? 0.f : exp2f(s[nf][k] - mm);
+                e[k] = exp2f(fmaf(s[nf][k], sl2, -msc[k >> 1]));   // masked: exp2(-inf) = 0
                 rs[k >> 1] += e[k];
             }
             pa[nf][0] = pack_f16x2(e[0], e[1]);
@@ -483,43 +755,43 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             rs[r] += __shfl_xor_sync(FULL_MASK, rs[r], 2);
             l_r[r] = l_r[r] * alpha[r] + rs[r];
         }
+        // 128 multiplies a tile at HD 256; once the running maxima settle
+        // (alpha == 1 exactly) the warp skips them.
+        if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < FA_OF; ++i) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
+            for (int i = 0; i < PF_OF; ++i) {
+                o[i][0] *= alpha[0];
+                o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1];
+                o[i][3] *= alpha[1];
+            }
         }
 
-        if (more) cp_async_wait<1>();
-        else cp_async_wait<0>();
-        __syncthreads();   // V(kb) visible to all
 #pragma unroll
-        for (int ks = 0; ks < FA_BN / 16; ++ks) {
+        for (int ks = 0; ks < PF_BN / 16; ++ks) {
             const u32 a0 = pa[2 * ks][0], a1 = pa[2 * ks][1], a2 = pa[2 * ks + 1][0], a3 = pa[2 * ks + 1][1];
 #pragma unroll
-            for (int df = 0; df < FA_OF; df += 2) {
+            for (int df = 0; df < PF_OF; df += 2) {
                 u32 b0, b1, b2, b3;
                 ldmatrix_x4_trans(b0, b1, b2, b3,
-                                  sV + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * FA_LD + df * 8 + (lane >> 4) * 8);
+                                  cV + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PF_LD + df * 8 + (lane >> 4) * 8);
                 mma_f16(o[df], a0, a1, a2, a3, b0, b1);
                 mma_f16(o[df + 1], a0, a1, a2, a3, b2, b3);
             }
         }
-        __syncthreads();   // every warp is done with sV
-        if (more) load_kv(sV, p.vcache, kb + 1);
     }
+    cp_async_wait<0>();
 
     // normalise, gate, store
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int row = q0 + warp * 16 + g + 8 * r;
+        const int row = q0 + g + 8 * r;
         if (row >= p.T) continue;
         const float inv = 1.f / l_r[r];
         const float* gate = p.proj + (size_t)row * p.proj_stride + h * 2 * HD + HD;
         const size_t ob = (size_t)row * A_HEADS * HD + h * HD;
 #pragma unroll
-        for (int df = 0; df < FA_OF; ++df) {
+        for (int df = 0; df < PF_OF; ++df) {
             const int d = df * 8 + 2 * c4;
             const float y0 = o[df][2 * r] * inv * sigmoidf_(gate[d]);
             const float y1 = o[df][2 * r + 1] * inv * sigmoidf_(gate[d + 1]);
