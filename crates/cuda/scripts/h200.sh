@@ -3,11 +3,9 @@
 # development machine (the GPU machine needs no Rust toolchain):
 #
 #   1. on the development machine, at the revision to test:
-#        cargo test -p lily-cuda --release --no-run
-#        cargo build -p lily-cuda --release --example bench
-#      then copy the test executables nvrtc_compile, gpu_kernels, gpu_sampling and
-#      gpu_model (target/release/deps/NAME-HASH, renamed to NAME) and
-#      target/release/examples/bench into gpu-bin/ (ignored by git), stripped;
+#        bash crates/cuda/scripts/collect-gpu-bin.sh
+#      (builds lily, the GPU test executables and the speed probes and copies
+#      them, stripped, into gpu-bin/, which git ignores);
 #   2. copy the repository, gpu-bin/ included, to the GPU machine;
 #   3. there, from the repository root: bash crates/cuda/scripts/h200.sh
 #      (BIN=DIR when the binaries are in another folder).
@@ -19,8 +17,8 @@ OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
 BIN=${BIN:-gpu-bin}
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
-STAGES=${STAGES:-"nvrtc kernels attention sampling bench attnprobe model"}
-BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 8,32"}
+STAGES=${STAGES:-"nvrtc qmm kernels attention sampling bench attnprobe model"}
+BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 1,8,32,64,128"}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 run() { # name timeout cmd...
@@ -33,6 +31,7 @@ run() { # name timeout cmd...
 for s in $STAGES; do
   case $s in
     nvrtc) run nvrtc 60 "$BIN/nvrtc_compile" --test-threads=4 ;;
+    qmm) run qmm 240 "$BIN/gpu_qmm" --test-threads=2 --nocapture ;;
     kernels) run kernels 200 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
     attention) run attention 200 "$BIN/gpu_attention" --test-threads=4 --nocapture ;;
     sampling) run sampling 90 "$BIN/gpu_sampling" --test-threads=4 --nocapture ;;
@@ -47,7 +46,7 @@ for s in $STAGES; do
   esac
 done
 echo "---- summary"
-for f in nvrtc kernels attention sampling model; do
+for f in nvrtc qmm kernels attention sampling model; do
   [ -f "$OUT/$f.log" ] && grep -E "^test result|panicked|FAILED CHECK|^test .* FAILED" "$OUT/$f.log" | head -40
 done
 [ -f "$OUT/bench.log" ] && grep -vE "^upload" "$OUT/bench.log" | tail -45
