@@ -23,7 +23,7 @@ use futures::stream::{self, StreamExt};
 use lily_engine::{FinishReason, GenerateRequest};
 use serde::Serialize;
 
-use crate::app::{unix_now, AppState};
+use crate::state::{unix_now, AppState};
 use crate::driver::{Driver, ForcedCall, Step};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
