@@ -82,11 +82,19 @@ async fn require_key(State(app): State<Arc<AppState>>, req: Request, next: Next)
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 async fn wrong_method(req: Request) -> ApiError {
-    ApiError::method_not_allowed(format!("{} is not allowed on {}", req.method(), req.uri().path()))
+    ApiError::method_not_allowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 /// The whole application.
@@ -131,7 +139,9 @@ pub async fn serve(
         state.draining.store(true, Ordering::SeqCst);
         tracing::info!("shutting down: no new connections; draining requests in flight");
     };
-    let result = axum::serve(listener, router(app.clone())).with_graceful_shutdown(signal).await;
+    let result = axum::serve(listener, router(app.clone()))
+        .with_graceful_shutdown(signal)
+        .await;
     app.engine.shutdown();
     result
 }

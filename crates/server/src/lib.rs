@@ -27,6 +27,6 @@ pub mod tool_parser;
 pub mod validate;
 
 pub use app::{router, serve};
-pub use state::{AppState, ServerConfig};
 pub use engine::{EventStream, Generator};
 pub use error::ApiError;
+pub use state::{AppState, ServerConfig};

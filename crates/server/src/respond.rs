@@ -97,8 +97,11 @@ impl InFlight {
             return;
         }
         self.completed = true;
-        self.metrics
-            .record_usage(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens);
+        self.metrics.record_usage(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.prompt_tokens_details.cached_tokens,
+        );
         let total = self.arrived.elapsed();
         self.metrics.request_duration.observe(total);
         tracing::info!(
@@ -135,8 +138,13 @@ fn finish_reason(reason: FinishReason, calls: usize) -> Result<&'static str, Api
         FinishReason::Stop if calls > 0 => Ok("tool_calls"),
         FinishReason::Stop => Ok("stop"),
         FinishReason::Length => Ok("length"),
-        FinishReason::Deadline => Err(ApiError::timeout("the request exceeded the server's time limit")),
-        FinishReason::Cancelled => Err(ApiError::unavailable("the request was cancelled by the server", Some(1))),
+        FinishReason::Deadline => Err(ApiError::timeout(
+            "the request exceeded the server's time limit",
+        )),
+        FinishReason::Cancelled => Err(ApiError::unavailable(
+            "the request was cancelled by the server",
+            Some(1),
+        )),
     }
 }
 
@@ -165,7 +173,11 @@ impl<S: Shape> Generation<S> {
         loop {
             match self.driver.next().await {
                 Some(Step::Started { .. }) => {}
-                Some(Step::Text { text, logprob, counted }) => {
+                Some(Step::Text {
+                    text,
+                    logprob,
+                    counted,
+                }) => {
                     if counted {
                         self.flight.token();
                     }
@@ -182,7 +194,9 @@ impl<S: Shape> Generation<S> {
                     let flushed = self.shape.flush();
                     let end = match finish_reason(reason, self.shape.calls()) {
                         Ok(finish) => {
-                            let usage = self.shape.usage(prompt_tokens, completion_tokens, cached_tokens);
+                            let usage =
+                                self.shape
+                                    .usage(prompt_tokens, completion_tokens, cached_tokens);
                             self.flight.complete(&usage, finish);
                             Ok((finish, usage))
                         }
@@ -208,11 +222,20 @@ impl<S: Shape> Generation<S> {
 /// Runs the request to its end and answers with one JSON response, or
 /// streams it as SSE. The answer owns the driver, so a client that goes away
 /// drops it and the engine cancels the request.
-pub async fn respond<S>(driver: Driver, shape: S, flight: InFlight, stream: bool) -> Result<Response, ApiError>
+pub async fn respond<S>(
+    driver: Driver,
+    shape: S,
+    flight: InFlight,
+    stream: bool,
+) -> Result<Response, ApiError>
 where
     S: Shape + Send + 'static,
 {
-    let generation = Generation { driver, shape, flight };
+    let generation = Generation {
+        driver,
+        shape,
+        flight,
+    };
     if stream {
         Ok(sse_stream(generation))
     } else {
@@ -273,7 +296,11 @@ impl<S: Shape> Streamed<S> {
             Outcome::Finished { flushed, end } => {
                 self.ended = true;
                 let finish = end.as_ref().ok().map(|(finish, _)| *finish);
-                let mut frames: Vec<Bytes> = shape.closing(flushed, finish).iter().map(sse_frame).collect();
+                let mut frames: Vec<Bytes> = shape
+                    .closing(flushed, finish)
+                    .iter()
+                    .map(sse_frame)
+                    .collect();
                 match end {
                     Ok((_, usage)) => {
                         if shape.include_usage() {
@@ -308,7 +335,10 @@ fn sse_stream<S: Shape + Send + 'static>(generation: Generation<S>) -> Response 
     let body = Body::from_stream(frames.map(Ok::<_, Infallible>));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Ask reverse proxies not to buffer the stream.
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
@@ -326,7 +356,10 @@ mod tests {
         let frame = sse_frame(&chunk);
         let text = std::str::from_utf8(&frame).unwrap();
         // One `data:` line (newlines in content are JSON-escaped), then a blank line.
-        assert!(text.starts_with("data: {") && text.ends_with("}\n\n"), "{text:?}");
+        assert!(
+            text.starts_with("data: {") && text.ends_with("}\n\n"),
+            "{text:?}"
+        );
         assert_eq!(text.matches('\n').count(), 2);
         let v: serde_json::Value = serde_json::from_str(&text[6..text.len() - 2]).unwrap();
         assert_eq!(v["content"], "line one\nline \"two\"\n\n");
@@ -338,7 +371,15 @@ mod tests {
         assert_eq!(finish_reason(FinishReason::Stop, 0), Ok("stop"));
         assert_eq!(finish_reason(FinishReason::Stop, 2), Ok("tool_calls"));
         assert_eq!(finish_reason(FinishReason::Length, 1), Ok("length"));
-        assert_eq!(finish_reason(FinishReason::Deadline, 0).unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(finish_reason(FinishReason::Cancelled, 0).unwrap_err().status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            finish_reason(FinishReason::Deadline, 0).unwrap_err().status,
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(
+            finish_reason(FinishReason::Cancelled, 0)
+                .unwrap_err()
+                .status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }

@@ -27,7 +27,9 @@ use crate::output::ChatAssembler;
 use crate::respond::{respond, InFlight};
 use crate::shapes::{ChatShape, Meta, TextShape};
 use crate::state::AppState;
-use crate::validate::{chat_plan, completion_plan, parse_json, GenerationPlan, PromptPlan, ToolMode};
+use crate::validate::{
+    chat_plan, completion_plan, parse_json, GenerationPlan, PromptPlan, ToolMode,
+};
 
 /// Reads a generation request: its body, parsed strictly, naming a model
 /// this server serves.
@@ -62,7 +64,10 @@ fn check_model(app: &AppState, model: &str) -> Result<(), ApiError> {
 
 fn check_accepting(app: &AppState) -> Result<(), ApiError> {
     if app.is_draining() {
-        Err(ApiError::unavailable("the server is shutting down", Some(5)))
+        Err(ApiError::unavailable(
+            "the server is shutting down",
+            Some(5),
+        ))
     } else {
         Ok(())
     }
@@ -70,12 +75,16 @@ fn check_accepting(app: &AppState) -> Result<(), ApiError> {
 
 fn template_error(e: lily_core::Error) -> ApiError {
     match e {
-        lily_core::Error::Template(m) => ApiError::invalid_param("messages", format!("cannot render the chat: {m}")),
+        lily_core::Error::Template(m) => {
+            ApiError::invalid_param("messages", format!("cannot render the chat: {m}"))
+        }
         other => ApiError::internal(format!("tokenizer: {other}")),
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(ApiError::internal(format!("worker task failed: {e}"))))
@@ -127,12 +136,21 @@ pub async fn chat_completions(
     let prompt = {
         let (template, tokenizer) = (app.template.clone(), app.tokenizer.clone());
         let render = plan.render.clone();
-        let opening = forced.as_ref().filter(|_| !plan.thinking).map(|f| f.opening.clone());
+        let opening = forced
+            .as_ref()
+            .filter(|_| !plan.thinking)
+            .map(|f| f.opening.clone());
         blocking(move || {
-            let mut ids = template.render_tokens(&render, &tokenizer).map_err(template_error)?;
+            let mut ids = template
+                .render_tokens(&render, &tokenizer)
+                .map_err(template_error)?;
             if let Some(opening) = opening {
                 // Thinking off: the call is opened at the end of the prompt.
-                ids.extend(tokenizer.encode_with_specials(&opening).map_err(template_error)?);
+                ids.extend(
+                    tokenizer
+                        .encode_with_specials(&opening)
+                        .map_err(template_error)?,
+                );
             }
             Ok(ids)
         })
@@ -141,10 +159,20 @@ pub async fn chat_completions(
     let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
-    let asm = if plan.single_call { asm.single_call() } else { asm };
+    let asm = if plan.single_call {
+        asm.single_call()
+    } else {
+        asm
+    };
     let meta = Meta::new("chatcmpl-", &app.info.name, &plan.gen);
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
-    respond(driver, ChatShape::new(meta, asm, plan.thinking), flight, plan.gen.stream).await
+    respond(
+        driver,
+        ChatShape::new(meta, asm, plan.thinking),
+        flight,
+        plan.gen.stream,
+    )
+    .await
 }
 
 // ---------------------------------------------------------- completions ----
@@ -172,9 +200,9 @@ pub async fn completions(
         }
         PromptPlan::Tokens(ids) => {
             let text = if plan.echo {
-                tokenizer
-                    .decode(&ids)
-                    .map_err(|e| ApiError::invalid_param("prompt", format!("cannot decode the prompt: {e}")))?
+                tokenizer.decode(&ids).map_err(|e| {
+                    ApiError::invalid_param("prompt", format!("cannot decode the prompt: {e}"))
+                })?
             } else {
                 String::new()
             };
@@ -183,7 +211,11 @@ pub async fn completions(
     };
     let driver = start(&app, prompt, &plan.gen, None, false)?;
     let meta = Meta::new("cmpl-", &app.info.name, &plan.gen);
-    let echo = if plan.echo { prompt_text } else { String::new() };
+    let echo = if plan.echo {
+        prompt_text
+    } else {
+        String::new()
+    };
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
     respond(driver, TextShape::new(meta, echo), flight, plan.gen.stream).await
 }
@@ -193,7 +225,10 @@ pub async fn completions(
 fn model_card(app: &AppState) -> ModelCard {
     let mut notes = Vec::new();
     if app.info.synthetic {
-        notes.push("random weights (a synthetic demo checkpoint): the output is meaningless text".to_string());
+        notes.push(
+            "random weights (a synthetic demo checkpoint): the output is meaningless text"
+                .to_string(),
+        );
     }
     if let Some(n) = &app.config.model_note {
         notes.push(n.clone());
@@ -217,7 +252,10 @@ pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelList> {
     })
 }
 
-pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
+pub async fn get_model(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
     if id == app.info.name || id == MODEL_ALIAS {
         Ok(Json(model_card(&app)))
     } else {
@@ -235,7 +273,11 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
         "running": stats.running,
         "waiting": stats.waiting,
     });
-    let code = if app.is_draining() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let code = if app.is_draining() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
     (code, Json(body)).into_response()
 }
 

@@ -10,9 +10,9 @@
 use lily_engine::TokenLogprob;
 
 use crate::openai::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, ChunkDelta,
-    Completion, CompletionChoice, CompletionLogprobs, FunctionCallOut, FunctionDelta, TokenLogprobOut, ToolCallDelta,
-    ToolCallOut, Usage, UsageField,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice,
+    ChunkDelta, Completion, CompletionChoice, CompletionLogprobs, FunctionCallOut, FunctionDelta,
+    TokenLogprobOut, ToolCallDelta, ToolCallOut, Usage, UsageField,
 };
 use crate::output::{Batch, ChatAssembler, ChatPiece, Folded};
 use crate::respond::Shape;
@@ -25,7 +25,10 @@ fn fingerprint() -> String {
 
 fn random_id(prefix: &str) -> String {
     use rand::distr::{Alphanumeric, SampleString};
-    format!("{prefix}{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
+    format!(
+        "{prefix}{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 24)
+    )
 }
 
 /// What every chunk and response of one request repeats.
@@ -94,7 +97,12 @@ impl ChatShape {
         }
     }
 
-    fn chunk(&self, delta: ChunkDelta, logprobs: Option<ChoiceLogprobs>, finish: Option<&'static str>) -> ChatCompletionChunk {
+    fn chunk(
+        &self,
+        delta: ChunkDelta,
+        logprobs: Option<ChoiceLogprobs>,
+        finish: Option<&'static str>,
+    ) -> ChatCompletionChunk {
         let choice = ChunkChoice {
             index: 0,
             delta,
@@ -112,7 +120,12 @@ impl ChatShape {
     }
 }
 
-fn tool_call_delta(index: usize, id: Option<String>, name: Option<String>, arguments: String) -> ChunkDelta {
+fn tool_call_delta(
+    index: usize,
+    id: Option<String>,
+    name: Option<String>,
+    arguments: String,
+) -> ChunkDelta {
     ChunkDelta {
         tool_calls: Some(vec![ToolCallDelta {
             index,
@@ -145,7 +158,12 @@ impl Shape for ChatShape {
     }
 
     fn usage(&self, prompt: usize, completion: usize, cached: usize) -> Usage {
-        Usage::new(prompt, completion, cached, self.thinking.then(|| self.asm.reasoning_tokens()))
+        Usage::new(
+            prompt,
+            completion,
+            cached,
+            self.thinking.then(|| self.asm.reasoning_tokens()),
+        )
     }
 
     fn include_usage(&self) -> bool {
@@ -175,8 +193,12 @@ impl Shape for ChatShape {
                     content: Some(t),
                     ..ChunkDelta::default()
                 },
-                ChatPiece::CallStart { index, id, name } => tool_call_delta(index, Some(id), Some(name), String::new()),
-                ChatPiece::Arguments { index, fragment } => tool_call_delta(index, None, None, fragment),
+                ChatPiece::CallStart { index, id, name } => {
+                    tool_call_delta(index, Some(id), Some(name), String::new())
+                }
+                ChatPiece::Arguments { index, fragment } => {
+                    tool_call_delta(index, None, None, fragment)
+                }
             };
             out.push(self.chunk(delta, logprobs.take(), None));
         }
@@ -185,7 +207,11 @@ impl Shape for ChatShape {
 
     /// The last batch's logprobs go on the finish chunk: the batch may have
     /// no piece to carry them.
-    fn closing(&self, mut flushed: Batch, finish: Option<&'static str>) -> Vec<ChatCompletionChunk> {
+    fn closing(
+        &self,
+        mut flushed: Batch,
+        finish: Option<&'static str>,
+    ) -> Vec<ChatCompletionChunk> {
         let leftover = std::mem::take(&mut flushed.logprobs);
         let mut out = self.chunks(flushed);
         if let Some(finish) = finish {
@@ -218,7 +244,11 @@ impl Shape for ChatShape {
             })
             .collect();
         let content = folded.calls.content;
-        let content = if content.is_empty() && !calls.is_empty() { None } else { Some(content) };
+        let content = if content.is_empty() && !calls.is_empty() {
+            None
+        } else {
+            Some(content)
+        };
         let reasoning = (!folded.reasoning.is_empty()).then_some(folded.reasoning);
         let logprobs = self.meta.logprobs.then_some(ChoiceLogprobs {
             content: folded.logprobs,
@@ -293,12 +323,24 @@ impl TextShape {
         }
     }
 
-    fn chunk(&self, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>) -> Completion {
-        self.completion(vec![choice(text, logprobs, finish)], self.meta.pending_usage())
+    fn chunk(
+        &self,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish: Option<&'static str>,
+    ) -> Completion {
+        self.completion(
+            vec![choice(text, logprobs, finish)],
+            self.meta.pending_usage(),
+        )
     }
 }
 
-fn choice(text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>) -> CompletionChoice {
+fn choice(
+    text: String,
+    logprobs: Option<CompletionLogprobs>,
+    finish: Option<&'static str>,
+) -> CompletionChoice {
     CompletionChoice {
         index: 0,
         text,
@@ -393,8 +435,14 @@ impl Shape for TextShape {
 
     fn response(mut self, finish: &'static str, usage: Usage) -> Completion {
         let text = std::mem::take(&mut self.text);
-        let logprobs = self.meta.logprobs.then(|| std::mem::take(&mut self.logprobs));
-        self.completion(vec![choice(text, logprobs, Some(finish))], UsageField::Some(usage))
+        let logprobs = self
+            .meta
+            .logprobs
+            .then(|| std::mem::take(&mut self.logprobs));
+        self.completion(
+            vec![choice(text, logprobs, Some(finish))],
+            UsageField::Some(usage),
+        )
     }
 }
 
@@ -430,7 +478,10 @@ mod tests {
     fn chat_chunks_carry_null_usage_only_when_asked() {
         let mut shape = ChatShape::new(meta(true, false), ChatAssembler::new(false, None), false);
         let opening = json(&shape.opening().unwrap());
-        assert_eq!(opening["choices"][0]["delta"], serde_json::json!({"role": "assistant", "content": ""}));
+        assert_eq!(
+            opening["choices"][0]["delta"],
+            serde_json::json!({"role": "assistant", "content": ""})
+        );
         assert!(opening["usage"].is_null() && opening.as_object().unwrap().contains_key("usage"));
         let mut shape = ChatShape::new(meta(false, false), ChatAssembler::new(false, None), false);
         let batch = shape.push("line one\nline \"two\"\n\n".into(), None, true);
@@ -439,7 +490,10 @@ mod tests {
         let frame = sse_frame(&chunks[0]);
         let text = std::str::from_utf8(&frame).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text[6..text.len() - 2]).unwrap();
-        assert_eq!(v["choices"][0]["delta"]["content"], "line one\nline \"two\"\n\n");
+        assert_eq!(
+            v["choices"][0]["delta"]["content"],
+            "line one\nline \"two\"\n\n"
+        );
         assert!(v.get("usage").is_none());
     }
 
@@ -450,7 +504,11 @@ mod tests {
         let held = shape.push("<".into(), Some(lp("<")), true);
         assert!(shape.chunks(held).is_empty());
         let flushed = shape.flush();
-        let out: Vec<_> = shape.closing(flushed, Some("stop")).iter().map(json).collect();
+        let out: Vec<_> = shape
+            .closing(flushed, Some("stop"))
+            .iter()
+            .map(json)
+            .collect();
         assert_eq!(out.len(), 2);
         assert_eq!(out[0]["choices"][0]["delta"]["reasoning_content"], "<");
         assert!(out[0]["choices"][0]["logprobs"].is_null());
@@ -470,7 +528,10 @@ mod tests {
             let p = shape.push(t.into(), Some(lp(t)), true);
             let streamed = json(&shape.chunks(p)[0]);
             assert_eq!(streamed["choices"][0]["text"], t);
-            assert_eq!(streamed["choices"][0]["logprobs"]["text_offset"], serde_json::json!([offset]));
+            assert_eq!(
+                streamed["choices"][0]["logprobs"]["text_offset"],
+                serde_json::json!([offset])
+            );
         }
         let opening = json(&shape.opening().unwrap());
         assert_eq!(opening["choices"][0]["text"], "Start:");
@@ -485,7 +546,10 @@ mod tests {
         shape.absorb(flushed);
         let v = json(&shape.response("stop", Usage::new(1, 2, 0, None)));
         assert_eq!(v["choices"][0]["text"], "Start: one two");
-        assert_eq!(v["choices"][0]["logprobs"]["text_offset"], serde_json::json!([6, 10]));
+        assert_eq!(
+            v["choices"][0]["logprobs"]["text_offset"],
+            serde_json::json!([6, 10])
+        );
         assert_eq!(v["choices"][0]["logprobs"]["top_logprobs"][1][" two"], -0.5);
         assert_eq!(v["usage"]["total_tokens"], 3);
     }
@@ -501,9 +565,17 @@ mod tests {
         let p = shape.push(String::new(), None, true);
         assert!(shape.chunks(p).is_empty());
         let flushed = shape.flush();
-        let out: Vec<_> = shape.closing(flushed, Some("length")).iter().map(json).collect();
+        let out: Vec<_> = shape
+            .closing(flushed, Some("length"))
+            .iter()
+            .map(json)
+            .collect();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["choices"][0]["finish_reason"], "length");
-        assert!(shape.response("length", Usage::new(1, 1, 0, None)).choices[0].logprobs.is_none());
+        assert!(
+            shape.response("length", Usage::new(1, 1, 0, None)).choices[0]
+                .logprobs
+                .is_none()
+        );
     }
 }
