@@ -11,8 +11,8 @@ use lily_engine::TokenLogprob;
 
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice,
-    ChunkDelta, Completion, CompletionChoice, CompletionLogprobs, FunctionCallOut, FunctionDelta,
-    TokenLogprobOut, ToolCallDelta, ToolCallOut, Usage, UsageField,
+    ChunkDelta, Completion, CompletionChoice, CompletionLogprobs, Envelope, FunctionCallOut,
+    FunctionDelta, TokenLogprobOut, ToolCallDelta, ToolCallOut, Usage, UsageField,
 };
 use crate::output::{Batch, ChatAssembler, ChatPiece, Folded};
 use crate::respond::Shape;
@@ -52,6 +52,18 @@ impl Meta {
         }
     }
 
+    fn envelope<C>(&self, object: &'static str, choices: Vec<C>, usage: UsageField) -> Envelope<C> {
+        Envelope {
+            id: self.id.clone(),
+            object,
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+            system_fingerprint: fingerprint(),
+        }
+    }
+
     /// `usage` of a chunk before the last: `null` when usage was asked for
     /// (as OpenAI sends it), absent otherwise.
     fn pending_usage(&self) -> UsageField {
@@ -64,6 +76,9 @@ impl Meta {
 }
 
 // ---------------------------------------------------------------- chat ----
+
+/// The `object` of a streamed chat chunk.
+const CHUNK: &str = "chat.completion.chunk";
 
 /// A chat completion: reasoning, content and tool calls from the assembler.
 pub struct ChatShape {
@@ -85,18 +100,6 @@ impl ChatShape {
         }
     }
 
-    fn envelope(&self, choices: Vec<ChunkChoice>, usage: UsageField) -> ChatCompletionChunk {
-        ChatCompletionChunk {
-            id: self.meta.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.meta.created,
-            model: self.meta.model.clone(),
-            choices,
-            usage,
-            system_fingerprint: fingerprint(),
-        }
-    }
-
     fn chunk(
         &self,
         delta: ChunkDelta,
@@ -109,7 +112,8 @@ impl ChatShape {
             logprobs,
             finish_reason: finish,
         };
-        self.envelope(vec![choice], self.meta.pending_usage())
+        self.meta
+            .envelope(CHUNK, vec![choice], self.meta.pending_usage())
     }
 
     fn logprobs(&self, lps: Vec<TokenLogprobOut>) -> Option<ChoiceLogprobs> {
@@ -221,7 +225,8 @@ impl Shape for ChatShape {
     }
 
     fn usage_chunk(&self, usage: Usage) -> ChatCompletionChunk {
-        self.envelope(Vec::new(), UsageField::Some(usage))
+        self.meta
+            .envelope(CHUNK, Vec::new(), UsageField::Some(usage))
     }
 
     fn absorb(&mut self, batch: Batch) {
@@ -279,6 +284,9 @@ impl Shape for ChatShape {
 
 // ---------------------------------------------------------- completions ----
 
+/// The `object` of a legacy completion, streamed or not.
+const TEXT: &str = "text_completion";
+
 /// The text of one token, at byte `offset` of the returned text.
 pub struct TextPiece {
     text: String,
@@ -311,25 +319,14 @@ impl TextShape {
         }
     }
 
-    fn completion(&self, choices: Vec<CompletionChoice>, usage: UsageField) -> Completion {
-        Completion {
-            id: self.meta.id.clone(),
-            object: "text_completion",
-            created: self.meta.created,
-            model: self.meta.model.clone(),
-            choices,
-            usage,
-            system_fingerprint: fingerprint(),
-        }
-    }
-
     fn chunk(
         &self,
         text: String,
         logprobs: Option<CompletionLogprobs>,
         finish: Option<&'static str>,
     ) -> Completion {
-        self.completion(
+        self.meta.envelope(
+            TEXT,
             vec![choice(text, logprobs, finish)],
             self.meta.pending_usage(),
         )
@@ -423,7 +420,8 @@ impl Shape for TextShape {
     }
 
     fn usage_chunk(&self, usage: Usage) -> Completion {
-        self.completion(Vec::new(), UsageField::Some(usage))
+        self.meta
+            .envelope(TEXT, Vec::new(), UsageField::Some(usage))
     }
 
     fn absorb(&mut self, piece: TextPiece) {
@@ -433,16 +431,10 @@ impl Shape for TextShape {
         self.text.push_str(&piece.text);
     }
 
-    fn response(mut self, finish: &'static str, usage: Usage) -> Completion {
-        let text = std::mem::take(&mut self.text);
-        let logprobs = self
-            .meta
-            .logprobs
-            .then(|| std::mem::take(&mut self.logprobs));
-        self.completion(
-            vec![choice(text, logprobs, Some(finish))],
-            UsageField::Some(usage),
-        )
+    fn response(self, finish: &'static str, usage: Usage) -> Completion {
+        let logprobs = self.meta.logprobs.then_some(self.logprobs);
+        let choices = vec![choice(self.text, logprobs, Some(finish))];
+        self.meta.envelope(TEXT, choices, UsageField::Some(usage))
     }
 }
 
@@ -474,6 +466,12 @@ mod tests {
         serde_json::to_value(v).unwrap()
     }
 
+    /// The streamed end of output, as JSON.
+    fn close<S: Shape>(shape: &mut S, finish: Option<&'static str>) -> Vec<serde_json::Value> {
+        let flushed = shape.flush();
+        shape.closing(flushed, finish).iter().map(json).collect()
+    }
+
     #[test]
     fn chat_chunks_carry_null_usage_only_when_asked() {
         let mut shape = ChatShape::new(meta(true, false), ChatAssembler::new(false, None), false);
@@ -503,12 +501,7 @@ mod tests {
         // "<" is held back: it may open `</think>`.
         let held = shape.push("<".into(), Some(lp("<")), true);
         assert!(shape.chunks(held).is_empty());
-        let flushed = shape.flush();
-        let out: Vec<_> = shape
-            .closing(flushed, Some("stop"))
-            .iter()
-            .map(json)
-            .collect();
+        let out = close(&mut shape, Some("stop"));
         assert_eq!(out.len(), 2);
         assert_eq!(out[0]["choices"][0]["delta"]["reasoning_content"], "<");
         assert!(out[0]["choices"][0]["logprobs"].is_null());
@@ -517,8 +510,7 @@ mod tests {
         // A failed request ends without the finish chunk.
         let mut shape = ChatShape::new(meta(false, true), ChatAssembler::new(true, None), true);
         let _ = shape.push("<".into(), Some(lp("<")), true);
-        let flushed = shape.flush();
-        assert_eq!(shape.closing(flushed, None).len(), 1);
+        assert_eq!(close(&mut shape, None).len(), 1);
     }
 
     #[test]
@@ -564,12 +556,7 @@ mod tests {
         // An empty token with no logprob makes no chunk.
         let p = shape.push(String::new(), None, true);
         assert!(shape.chunks(p).is_empty());
-        let flushed = shape.flush();
-        let out: Vec<_> = shape
-            .closing(flushed, Some("length"))
-            .iter()
-            .map(json)
-            .collect();
+        let out = close(&mut shape, Some("length"));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["choices"][0]["finish_reason"], "length");
         assert!(
