@@ -1,16 +1,15 @@
-//! The axum application: shared state, the router, auth, CORS, body limits,
-//! per-endpoint metrics, and serving with a graceful drain.
+//! The axum application: the router, auth, CORS, body limits, per-endpoint
+//! metrics, and serving with a graceful drain.
 //!
-//! Handlers live in `routes.rs`; this file wires them up and owns the
-//! cross-cutting rules: every error is OpenAI-shaped JSON (unknown routes,
-//! wrong methods and oversized bodies included), `/health` is open while
-//! everything else needs the API key when one is set, and CORS headers exist
-//! only when asked for.
+//! Handlers live in `routes.rs` and the state they share in `state.rs`; this
+//! file wires them up and owns the cross-cutting rules: every error is
+//! OpenAI-shaped JSON (unknown routes, wrong methods and oversized bodies
+//! included), `/health` is open while everything else needs the API key when
+//! one is set, and CORS headers exist only when asked for.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, Method};
@@ -18,93 +17,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use lily_core::chat::ChatTemplate;
-use lily_core::tokenizer::Tokenizer;
-use lily_engine::{ModelInfo, SamplingParams};
 use tower_http::cors::{Any, CorsLayer};
 
-use crate::engine::Generator;
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 use crate::routes;
-use crate::validate::Limits;
-
-/// What `lily serve`'s flags decide about the HTTP edge.
-#[derive(Clone, Debug)]
-pub struct ServerConfig {
-    /// Required as `Authorization: Bearer KEY` when set.
-    pub api_key: Option<String>,
-    /// Send permissive CORS headers (browsers on other origins may call us).
-    pub cors: bool,
-    pub max_body_bytes: usize,
-    pub limits: Limits,
-    /// Per-request deadline, passed to the engine.
-    pub request_timeout: Option<Duration>,
-    /// Extra words for `/v1/models` (e.g. that the output is scripted).
-    pub model_note: Option<String>,
-    /// Sampling for fields a request leaves out.
-    pub sampling_defaults: SamplingParams,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            api_key: None,
-            cors: false,
-            max_body_bytes: 8 << 20,
-            limits: Limits::default(),
-            request_timeout: None,
-            model_note: None,
-            sampling_defaults: SamplingParams::default(),
-        }
-    }
-}
-
-/// Shared by every handler.
-pub struct AppState {
-    pub engine: Arc<dyn Generator>,
-    pub tokenizer: Arc<Tokenizer>,
-    pub template: Arc<ChatTemplate>,
-    pub config: ServerConfig,
-    pub metrics: Arc<Metrics>,
-    pub info: ModelInfo,
-    /// Unix time the server started (`created` of the model card).
-    pub started: u64,
-    /// Set once shutdown began: new generations get 503.
-    pub draining: AtomicBool,
-}
-
-impl AppState {
-    pub fn new(
-        engine: Arc<dyn Generator>,
-        tokenizer: Arc<Tokenizer>,
-        template: Arc<ChatTemplate>,
-        config: ServerConfig,
-    ) -> Arc<Self> {
-        let info = engine.model_info();
-        Arc::new(AppState {
-            engine,
-            tokenizer,
-            template,
-            config,
-            metrics: Arc::new(Metrics::default()),
-            info,
-            started: unix_now(),
-            draining: AtomicBool::new(false),
-        })
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
-}
-
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+use crate::state::AppState;
 
 /// The endpoint label for metrics.
 fn endpoint_of(path: &str) -> &'static str {
@@ -165,11 +82,19 @@ async fn require_key(State(app): State<Arc<AppState>>, req: Request, next: Next)
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 async fn wrong_method(req: Request) -> ApiError {
-    ApiError::method_not_allowed(format!("{} is not allowed on {}", req.method(), req.uri().path()))
+    ApiError::method_not_allowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 /// The whole application.
@@ -214,7 +139,9 @@ pub async fn serve(
         state.draining.store(true, Ordering::SeqCst);
         tracing::info!("shutting down: no new connections; draining requests in flight");
     };
-    let result = axum::serve(listener, router(app.clone())).with_graceful_shutdown(signal).await;
+    let result = axum::serve(listener, router(app.clone()))
+        .with_graceful_shutdown(signal)
+        .await;
     app.engine.shutdown();
     result
 }

@@ -81,9 +81,12 @@ pub fn submit_error(e: SubmitError) -> ApiError {
         SubmitError::QueueFull { retry_after, .. } => {
             ApiError::too_many_requests(e.to_string(), retry_after.as_secs().max(1))
         }
-        SubmitError::PromptTooLong { .. } => ApiError::invalid_param("messages", e.to_string()).with_code("context_length_exceeded"),
+        SubmitError::PromptTooLong { .. } => {
+            ApiError::invalid_param("messages", e.to_string()).with_code("context_length_exceeded")
+        }
         SubmitError::MaxTokensTooLarge { .. } => {
-            ApiError::invalid_param("max_tokens", e.to_string()).with_code("context_length_exceeded")
+            ApiError::invalid_param("max_tokens", e.to_string())
+                .with_code("context_length_exceeded")
         }
         SubmitError::Invalid(m) => ApiError::invalid(m),
         SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down", Some(5)),
@@ -92,8 +95,12 @@ pub fn submit_error(e: SubmitError) -> ApiError {
 
 pub fn engine_error(e: &EngineError) -> ApiError {
     match e {
-        EngineError::Capacity(m) => ApiError::unavailable(format!("the engine is out of capacity: {m}"), Some(1)),
-        EngineError::Stopped(m) => ApiError::unavailable(format!("the engine stopped: {m}"), Some(5)),
+        EngineError::Capacity(m) => {
+            ApiError::unavailable(format!("the engine is out of capacity: {m}"), Some(1))
+        }
+        EngineError::Stopped(m) => {
+            ApiError::unavailable(format!("the engine stopped: {m}"), Some(5))
+        }
         other => ApiError::internal(format!("generation failed: {other}")),
     }
 }
@@ -275,7 +282,11 @@ impl Driver {
     /// Submits the call after the thinking; returns the injected text, or
     /// `None` when no room is left to generate.
     fn second_half(&mut self, after: AfterThinking) -> Result<Option<String>, ApiError> {
-        let sep = if self.last_text.ends_with('\n') || self.generated.is_empty() { "" } else { "\n" };
+        let sep = if self.last_text.ends_with('\n') || self.generated.is_empty() {
+            ""
+        } else {
+            "\n"
+        };
         let injected = format!("{sep}</think>\n\n{}", after.call.opening);
         let injected_ids = self
             .tokenizer

@@ -48,7 +48,8 @@ impl ApiError {
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message).with_code("invalid_api_key")
+        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
+            .with_code("invalid_api_key")
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -66,7 +67,11 @@ impl ApiError {
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", message)
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            message,
+        )
     }
 
     pub fn payload_too_large(limit: usize) -> Self {
@@ -80,14 +85,16 @@ impl ApiError {
 
     /// 429: the waiting queue is full; try again shortly.
     pub fn too_many_requests(message: impl Into<String>, retry_after: u64) -> Self {
-        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message).with_code("server_busy");
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+            .with_code("server_busy");
         e.retry_after = Some(retry_after);
         e
     }
 
     /// 503: the server cannot take work now (shutting down, engine gone).
     pub fn unavailable(message: impl Into<String>, retry_after: Option<u64>) -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code("service_unavailable");
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+            .with_code("service_unavailable");
         e.retry_after = retry_after;
         e
     }
@@ -148,7 +155,10 @@ impl IntoResponse for ApiError {
         let body = self.body().to_string();
         let mut resp = (self.status, body).into_response();
         let headers = resp.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -178,9 +188,16 @@ mod tests {
     fn retry_after_header_is_set() {
         let resp = ApiError::too_many_requests("queue full", 2).into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(resp.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("2"));
         assert_eq!(
-            resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("2")
+        );
+        assert_eq!(
+            resp.headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
             Some("application/json")
         );
     }
@@ -189,6 +206,11 @@ mod tests {
     fn unauthorized_asks_for_bearer() {
         let resp = ApiError::unauthorized("no key").into_response();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-        assert_eq!(resp.headers().get(header::WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()), Some("Bearer"));
+        assert_eq!(
+            resp.headers()
+                .get(header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok()),
+            Some("Bearer")
+        );
     }
 }

@@ -48,8 +48,10 @@ impl Histogram {
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     pub fn count(&self) -> u64 {
@@ -59,7 +61,11 @@ impl Histogram {
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (b, c) in self.buckets.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
         }
         let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
@@ -117,9 +123,12 @@ impl Metrics {
     }
 
     pub fn record_usage(&self, prompt: usize, completion: usize, cached: usize) {
-        self.prompt_tokens.fetch_add(prompt as u64, Ordering::Relaxed);
-        self.completion_tokens.fetch_add(completion as u64, Ordering::Relaxed);
-        self.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(completion as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
     }
 
     /// The whole exposition, edge counters then engine counters.
@@ -135,11 +144,17 @@ impl Metrics {
                 Err(p) => p.into_inner(),
             };
             for ((endpoint, status), n) in m.iter() {
-                let _ = writeln!(out, "lily_http_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+                let _ = writeln!(
+                    out,
+                    "lily_http_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+                );
             }
         }
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
         let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -191,30 +206,128 @@ impl Metrics {
             "Time from request arrival to the end of the response.",
         );
 
-        gauge(&mut out, "lily_engine_running", "Requests admitted (prefilling, generating, or paused for KV memory).", stats.running as i64);
-        gauge(&mut out, "lily_engine_waiting", "Requests waiting for admission.", stats.waiting as i64);
-        counter(&mut out, "lily_engine_requests_submitted_total", "Requests accepted by the engine.", stats.requests_submitted);
-        counter(&mut out, "lily_engine_requests_finished_total", "Requests the engine finished.", stats.requests_finished);
-        counter(&mut out, "lily_engine_requests_failed_total", "Requests the engine failed.", stats.requests_failed);
-        counter(&mut out, "lily_engine_requests_cancelled_total", "Requests cancelled in the engine.", stats.requests_cancelled);
-        counter(&mut out, "lily_engine_prompt_tokens_total", "Prompt tokens admitted (cached included).", stats.prompt_tokens);
-        counter(&mut out, "lily_engine_prefill_tokens_total", "Prompt tokens run through the model.", stats.prefill_tokens);
-        counter(&mut out, "lily_engine_generated_tokens_total", "Tokens generated.", stats.generated_tokens);
-        counter(&mut out, "lily_prefix_cache_hits_total", "Requests that reused a cached prefix.", stats.prefix_cache_hits);
-        counter(&mut out, "lily_prefix_cache_lookups_total", "Prefix cache lookups.", stats.prefix_cache_lookups);
-        counter(&mut out, "lily_prefix_cache_reused_tokens_total", "Prompt tokens restored from the prefix cache.", stats.prefix_cache_tokens);
-        counter(&mut out, "lily_prefix_cache_evictions_total", "Prefix cache entries evicted.", stats.prefix_cache_evictions);
-        gauge(&mut out, "lily_prefix_cache_entries", "Snapshots held by the prefix cache.", stats.prefix_cache_entries as i64);
-        gauge(&mut out, "lily_prefix_cache_held_tokens", "Tokens covered by held snapshots.", stats.prefix_cache_held_tokens as i64);
-        counter(&mut out, "lily_decode_steps_total", "Decode steps run.", stats.decode_steps);
-        counter(&mut out, "lily_engine_preemptions_total", "Requests paused to give KV memory to older ones (recomputed later).", stats.preemptions);
+        gauge(
+            &mut out,
+            "lily_engine_running",
+            "Requests admitted (prefilling, generating, or paused for KV memory).",
+            stats.running as i64,
+        );
+        gauge(
+            &mut out,
+            "lily_engine_waiting",
+            "Requests waiting for admission.",
+            stats.waiting as i64,
+        );
+        counter(
+            &mut out,
+            "lily_engine_requests_submitted_total",
+            "Requests accepted by the engine.",
+            stats.requests_submitted,
+        );
+        counter(
+            &mut out,
+            "lily_engine_requests_finished_total",
+            "Requests the engine finished.",
+            stats.requests_finished,
+        );
+        counter(
+            &mut out,
+            "lily_engine_requests_failed_total",
+            "Requests the engine failed.",
+            stats.requests_failed,
+        );
+        counter(
+            &mut out,
+            "lily_engine_requests_cancelled_total",
+            "Requests cancelled in the engine.",
+            stats.requests_cancelled,
+        );
+        counter(
+            &mut out,
+            "lily_engine_prompt_tokens_total",
+            "Prompt tokens admitted (cached included).",
+            stats.prompt_tokens,
+        );
+        counter(
+            &mut out,
+            "lily_engine_prefill_tokens_total",
+            "Prompt tokens run through the model.",
+            stats.prefill_tokens,
+        );
+        counter(
+            &mut out,
+            "lily_engine_generated_tokens_total",
+            "Tokens generated.",
+            stats.generated_tokens,
+        );
+        counter(
+            &mut out,
+            "lily_prefix_cache_hits_total",
+            "Requests that reused a cached prefix.",
+            stats.prefix_cache_hits,
+        );
+        counter(
+            &mut out,
+            "lily_prefix_cache_lookups_total",
+            "Prefix cache lookups.",
+            stats.prefix_cache_lookups,
+        );
+        counter(
+            &mut out,
+            "lily_prefix_cache_reused_tokens_total",
+            "Prompt tokens restored from the prefix cache.",
+            stats.prefix_cache_tokens,
+        );
+        counter(
+            &mut out,
+            "lily_prefix_cache_evictions_total",
+            "Prefix cache entries evicted.",
+            stats.prefix_cache_evictions,
+        );
+        gauge(
+            &mut out,
+            "lily_prefix_cache_entries",
+            "Snapshots held by the prefix cache.",
+            stats.prefix_cache_entries as i64,
+        );
+        gauge(
+            &mut out,
+            "lily_prefix_cache_held_tokens",
+            "Tokens covered by held snapshots.",
+            stats.prefix_cache_held_tokens as i64,
+        );
+        counter(
+            &mut out,
+            "lily_decode_steps_total",
+            "Decode steps run.",
+            stats.decode_steps,
+        );
+        counter(
+            &mut out,
+            "lily_engine_preemptions_total",
+            "Requests paused to give KV memory to older ones (recomputed later).",
+            stats.preemptions,
+        );
         if let Some((free, total)) = stats.kv_tokens {
-            gauge(&mut out, "lily_kv_cache_free_tokens", "Free tokens in the KV pool.", free as i64);
-            gauge(&mut out, "lily_kv_cache_total_tokens", "Tokens the KV pool holds.", total as i64);
+            gauge(
+                &mut out,
+                "lily_kv_cache_free_tokens",
+                "Free tokens in the KV pool.",
+                free as i64,
+            );
+            gauge(
+                &mut out,
+                "lily_kv_cache_total_tokens",
+                "Tokens the KV pool holds.",
+                total as i64,
+            );
         }
 
         let name = "lily_decode_batch_size";
-        let _ = writeln!(out, "# HELP {name} Sequences per decode step.\n# TYPE {name} histogram");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Sequences per decode step.\n# TYPE {name} histogram"
+        );
         let (mut count, mut sum) = (0u64, 0u64);
         for (size, n) in stats.decode_batch_sizes.iter().enumerate() {
             count += n;
@@ -230,7 +343,10 @@ impl Metrics {
                 .sum();
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {le}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
+        );
         out
     }
 }
@@ -268,7 +384,10 @@ mod tests {
         // every metric has HELP and TYPE lines.
         for line in text.lines() {
             if line.starts_with('#') {
-                assert!(line.starts_with("# HELP ") || line.starts_with("# TYPE "), "{line}");
+                assert!(
+                    line.starts_with("# HELP ") || line.starts_with("# TYPE "),
+                    "{line}"
+                );
                 continue;
             }
             let (_, value) = line.rsplit_once(' ').unwrap();

@@ -323,8 +323,12 @@ impl Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
-            completion_tokens_details: reasoning.map(|r| CompletionTokensDetails { reasoning_tokens: r }),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: cached,
+            },
+            completion_tokens_details: reasoning.map(|r| CompletionTokensDetails {
+                reasoning_tokens: r,
+            }),
         }
     }
 }
@@ -434,19 +438,23 @@ pub struct ChunkChoice {
     pub finish_reason: Option<&'static str>,
 }
 
+/// What a streamed chat chunk and a legacy completion share: the request's
+/// id, model and time around its choices.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct ChatCompletionChunk {
+pub struct Envelope<C> {
     pub id: String,
     pub object: &'static str,
     pub created: u64,
     pub model: String,
-    pub choices: Vec<ChunkChoice>,
+    pub choices: Vec<C>,
     /// Present (as null) on every chunk when usage was asked for, as OpenAI
     /// does; the last chunk carries it with empty `choices`.
     #[serde(skip_serializing_if = "UsageField::is_absent")]
     pub usage: UsageField,
     pub system_fingerprint: String,
 }
+
+pub type ChatCompletionChunk = Envelope<ChunkChoice>;
 
 /// `usage` of a chunk: absent, `null`, or the totals.
 #[derive(Clone, Debug, PartialEq)]
@@ -488,17 +496,8 @@ pub struct CompletionChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Completion {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<CompletionChoice>,
-    #[serde(skip_serializing_if = "UsageField::is_absent")]
-    pub usage: UsageField,
-    pub system_fingerprint: String,
-}
+/// A legacy completion, and each chunk of a streamed one.
+pub type Completion = Envelope<CompletionChoice>;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ModelCard {

@@ -18,8 +18,15 @@ use crate::tool_parser::{Collected, ToolEvent, ToolParser, ToolSchemas};
 pub enum ChatPiece {
     Reasoning(String),
     Content(String),
-    CallStart { index: usize, id: String, name: String },
-    Arguments { index: usize, fragment: String },
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    Arguments {
+        index: usize,
+        fragment: String,
+    },
 }
 
 /// What one push produced: the pieces and the logprobs of the tokens that
@@ -146,12 +153,18 @@ impl ChatAssembler {
             .into_iter()
             .filter_map(|e| match e {
                 ToolEvent::Content(t) => Some(ChatPiece::Content(t)),
-                ToolEvent::CallStart { index, .. } | ToolEvent::Arguments { index, .. } if index >= max => None,
+                ToolEvent::CallStart { index, .. } | ToolEvent::Arguments { index, .. }
+                    if index >= max =>
+                {
+                    None
+                }
                 ToolEvent::CallStart { index, id, name } => {
                     self.calls += 1;
                     Some(ChatPiece::CallStart { index, id, name })
                 }
-                ToolEvent::Arguments { index, fragment } => Some(ChatPiece::Arguments { index, fragment }),
+                ToolEvent::Arguments { index, fragment } => {
+                    Some(ChatPiece::Arguments { index, fragment })
+                }
             })
             .collect()
     }
@@ -171,8 +184,12 @@ impl Folded {
             match p {
                 ChatPiece::Reasoning(t) => self.reasoning.push_str(&t),
                 ChatPiece::Content(t) => self.calls.absorb([ToolEvent::Content(t)]),
-                ChatPiece::CallStart { index, id, name } => self.calls.absorb([ToolEvent::CallStart { index, id, name }]),
-                ChatPiece::Arguments { index, fragment } => self.calls.absorb([ToolEvent::Arguments { index, fragment }]),
+                ChatPiece::CallStart { index, id, name } => self
+                    .calls
+                    .absorb([ToolEvent::CallStart { index, id, name }]),
+                ChatPiece::Arguments { index, fragment } => self
+                    .calls
+                    .absorb([ToolEvent::Arguments { index, fragment }]),
             }
         }
         self.logprobs.extend(batch.logprobs);
@@ -195,10 +212,19 @@ mod tests {
 
     #[test]
     fn reasoning_content_and_a_call() {
-        let schemas = ToolSchemas::from_functions([("f", Some(&json!({"properties": {"x": {"type": "integer"}}})))]);
+        let schemas = ToolSchemas::from_functions([(
+            "f",
+            Some(&json!({"properties": {"x": {"type": "integer"}}})),
+        )]);
         let mut a = ChatAssembler::new(true, Some(schemas));
         let tokens = [
-            "I should", " call f.", "\n</think>\n\n", "Calling.", "\n<tool_call>", "\n<function=f>\n<parameter=x>\n", "5\n</parameter>\n</function>\n</tool_call>",
+            "I should",
+            " call f.",
+            "\n</think>\n\n",
+            "Calling.",
+            "\n<tool_call>",
+            "\n<function=f>\n<parameter=x>\n",
+            "5\n</parameter>\n</function>\n</tool_call>",
         ];
         let mut folded = Folded::default();
         for t in tokens {
@@ -244,7 +270,11 @@ mod tests {
     fn tools_off_leaves_tags_as_content() {
         let mut a = ChatAssembler::new(false, None);
         let mut f = Folded::default();
-        f.absorb(a.push("<tool_call>\n<function=f>\n</function>\n</tool_call>", None, true));
+        f.absorb(a.push(
+            "<tool_call>\n<function=f>\n</function>\n</tool_call>",
+            None,
+            true,
+        ));
         f.absorb(a.finish());
         assert!(f.calls.calls.is_empty());
         assert!(f.calls.content.starts_with("<tool_call>"));

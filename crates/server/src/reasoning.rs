@@ -41,7 +41,11 @@ impl ReasoningSplitter {
     /// everything is content and this is a pass-through.
     pub fn new(thinking: bool) -> Self {
         ReasoningSplitter {
-            phase: if thinking { Phase::Start } else { Phase::Content },
+            phase: if thinking {
+                Phase::Start
+            } else {
+                Phase::Content
+            },
             buf: String::new(),
         }
     }

@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use lily_core::tokenizer::{Tokenizer, STOP_IDS};
-use lily_engine::{EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob};
+use lily_engine::{
+    EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob,
+};
 use serde::Deserialize;
 
 use crate::engine::{EventStream, Generator};
@@ -149,17 +151,27 @@ impl Replay {
             Ok(t) => t.unwrap_or_default(),
             Err(e) => {
                 self.done = true;
-                return Some(Event::Failed(lily_engine::EngineError::Tokenizer(e.to_string())));
+                return Some(Event::Failed(lily_engine::EngineError::Tokenizer(
+                    e.to_string(),
+                )));
             }
         };
         let logprob = self.req.logprobs.map(|n| {
-            let bytes = self.tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
+            let bytes = self
+                .tokenizer
+                .token_bytes(id)
+                .map(<[u8]>::to_vec)
+                .unwrap_or_default();
             let token = String::from_utf8_lossy(&bytes).into_owned();
             TokenLogprob {
                 token: token.clone(),
                 logprob: 0.0,
                 bytes: bytes.clone(),
-                top: if n > 0 { vec![(token, 0.0, bytes)] } else { Vec::new() },
+                top: if n > 0 {
+                    vec![(token, 0.0, bytes)]
+                } else {
+                    Vec::new()
+                },
             }
         });
         Some(Event::Token { id, text, logprob })
@@ -169,7 +181,11 @@ impl Replay {
 impl Generator for ScriptedGenerator {
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
         let prompt = self.tokenizer.decode(&req.prompt).unwrap_or_default();
-        let rule = self.script.rules.iter().find(|r| prompt.contains(&r.when_prompt_contains));
+        let rule = self
+            .script
+            .rules
+            .iter()
+            .find(|r| prompt.contains(&r.when_prompt_contains));
         let Some(rule) = rule else {
             return self.inner.submit(req);
         };
@@ -190,10 +206,13 @@ impl Generator for ScriptedGenerator {
             stop_next: false,
             done: false,
         };
-        Ok(Box::pin(futures::stream::unfold(replay, |mut r| async move {
-            let e = r.next().await?;
-            Some((e, r))
-        })))
+        Ok(Box::pin(futures::stream::unfold(
+            replay,
+            |mut r| async move {
+                let e = r.next().await?;
+                Some((e, r))
+            },
+        )))
     }
 
     fn stats(&self) -> EngineStats {

@@ -15,7 +15,8 @@ use http_body_util::BodyExt;
 use lily_core::chat::ChatTemplate;
 use lily_core::tokenizer::{Tokenizer, STOP_IDS};
 use lily_engine::{
-    EngineError, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob,
+    EngineError, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError,
+    TokenLogprob,
 };
 use lily_server::{AppState, EventStream, Generator, ServerConfig};
 use tower::ServiceExt;
@@ -52,7 +53,10 @@ pub struct FakeEngine {
 impl FakeEngine {
     pub fn new(rules: &[(&str, &str)]) -> Self {
         FakeEngine {
-            rules: rules.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
+            rules: rules
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
             token_delay: Duration::ZERO,
             max_live: usize::MAX,
             fail_with: None,
@@ -148,13 +152,26 @@ impl Run {
             // or logprob, then the request finishes.
             self.tokens.truncate(self.pos);
             self.stop_next = true;
-            return Some(Event::Token { id, text: String::new(), logprob: None });
+            return Some(Event::Token {
+                id,
+                text: String::new(),
+                logprob: None,
+            });
         }
         let piece = self.decoder.push(id).unwrap().unwrap_or_default();
         let before = self.text.len();
         self.text.push_str(&piece);
-        if let Some(s) = self.req.stop_strings.iter().find_map(|s| self.text.find(s.as_str())) {
-            let visible = if s > before { self.text[before..s].to_string() } else { String::new() };
+        if let Some(s) = self
+            .req
+            .stop_strings
+            .iter()
+            .find_map(|s| self.text.find(s.as_str()))
+        {
+            let visible = if s > before {
+                self.text[before..s].to_string()
+            } else {
+                String::new()
+            };
             if !visible.is_empty() {
                 // Release what came before the stop string, then stop.
                 self.text.truncate(s);
@@ -175,10 +192,16 @@ impl Run {
                 token: token.clone(),
                 logprob: -0.25,
                 bytes: bytes.clone(),
-                top: (0..n).map(|i| (format!("{token}{i}"), -0.25 - i as f32, bytes.clone())).collect(),
+                top: (0..n)
+                    .map(|i| (format!("{token}{i}"), -0.25 - i as f32, bytes.clone()))
+                    .collect(),
             }
         });
-        Some(Event::Token { id, text: piece, logprob })
+        Some(Event::Token {
+            id,
+            text: piece,
+            logprob,
+        })
     }
 }
 
@@ -224,7 +247,12 @@ impl Generator for FakeEngine {
             let prompts = self.prompts.lock().unwrap();
             prompts
                 .iter()
-                .map(|p| p.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count())
+                .map(|p| {
+                    p.iter()
+                        .zip(&req.prompt)
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                })
                 .max()
                 .unwrap_or(0)
                 .min(req.prompt.len() - 1)
@@ -312,7 +340,10 @@ pub async fn json_of(resp: Response<Body>) -> serde_json::Value {
 
 /// The `data:` payloads of an SSE body, `[DONE]` included as a string.
 pub fn sse_events(text: &str) -> Vec<String> {
-    assert!(text.ends_with("\n\n") || text.is_empty(), "SSE body must end with a blank line: {text:?}");
+    assert!(
+        text.ends_with("\n\n") || text.is_empty(),
+        "SSE body must end with a blank line: {text:?}"
+    );
     text.split("\n\n")
         .filter(|f| !f.is_empty())
         .map(|f| {
