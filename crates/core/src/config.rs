@@ -175,7 +175,9 @@ impl ModelConfig {
         2 * self.linear_key_dim() + self.linear_value_dim()
     }
     pub fn num_attention_layers(&self) -> usize {
-        self.layer_kinds().filter(|k| *k == LayerKind::Attention).count()
+        self.layer_kinds()
+            .filter(|k| *k == LayerKind::Attention)
+            .count()
     }
     pub fn num_deltanet_layers(&self) -> usize {
         self.num_layers - self.num_attention_layers()
@@ -217,19 +219,28 @@ impl ModelConfig {
         })?;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
         if model_type != "qwen3_5_moe" {
-            return Err(Error::config("model_type", "\"qwen3_5_moe\"", format!("{model_type:?}")));
+            return Err(Error::config(
+                "model_type",
+                "\"qwen3_5_moe\"",
+                format!("{model_type:?}"),
+            ));
         }
         let text_cfg = root
             .get("text_config")
             .ok_or_else(|| Error::config("text_config", "an object", "nothing"))?;
-        let t = Fields { obj: text_cfg, prefix: "text_config" };
-        let rope = text_cfg.get("rope_parameters").or_else(|| text_cfg.get("rope_scaling"));
+        let t = Fields {
+            obj: text_cfg,
+            prefix: "text_config",
+        };
+        let rope = text_cfg
+            .get("rope_parameters")
+            .or_else(|| text_cfg.get("rope_scaling"));
         let rope_f64 = |key: &str, default: f64| -> Result<f64> {
             match rope.and_then(|r| r.get(key)).or_else(|| text_cfg.get(key)) {
                 None => Ok(default),
-                Some(v) => v
-                    .as_f64()
-                    .ok_or_else(|| Error::config(format!("text_config.rope_parameters.{key}"), "a number", v)),
+                Some(v) => v.as_f64().ok_or_else(|| {
+                    Error::config(format!("text_config.rope_parameters.{key}"), "a number", v)
+                }),
             }
         };
 
@@ -243,7 +254,10 @@ impl ModelConfig {
             eos = production().eos_token_ids;
         }
 
-        let quantization = match root.get("quantization").or_else(|| root.get("quantization_config")) {
+        let quantization = match root
+            .get("quantization")
+            .or_else(|| root.get("quantization_config"))
+        {
             None | Some(Value::Null) => None,
             Some(q) => Some(parse_quantization(q)?),
         };
@@ -274,7 +288,11 @@ impl ModelConfig {
         };
         if let Some(v) = text_cfg.get("tie_word_embeddings").and_then(Value::as_bool) {
             if v {
-                return Err(Error::config("text_config.tie_word_embeddings", false, true));
+                return Err(Error::config(
+                    "text_config.tie_word_embeddings",
+                    false,
+                    true,
+                ));
             }
         }
         if let Some(types) = text_cfg.get("layer_types").and_then(Value::as_array) {
@@ -291,7 +309,11 @@ impl ModelConfig {
                     LayerKind::DeltaNet => "linear_attention",
                 };
                 if ty.as_str() != Some(want) {
-                    return Err(Error::config(format!("text_config.layer_types[{i}]"), format!("{want:?}"), ty));
+                    return Err(Error::config(
+                        format!("text_config.layer_types[{i}]"),
+                        format!("{want:?}"),
+                        ty,
+                    ));
                 }
             }
         }
@@ -305,25 +327,65 @@ impl ModelConfig {
             ("hidden_size", self.hidden_size, prod.hidden_size),
             ("num_hidden_layers", self.num_layers, prod.num_layers),
             ("vocab_size", self.vocab_size, prod.vocab_size),
-            ("num_attention_heads", self.num_attention_heads, prod.num_attention_heads),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                prod.num_attention_heads,
+            ),
             ("num_key_value_heads", self.num_kv_heads, prod.num_kv_heads),
             ("head_dim", self.head_dim, prod.head_dim),
-            ("linear_num_key_heads", self.linear_num_key_heads, prod.linear_num_key_heads),
-            ("linear_num_value_heads", self.linear_num_value_heads, prod.linear_num_value_heads),
-            ("linear_key_head_dim", self.linear_key_head_dim, prod.linear_key_head_dim),
-            ("linear_value_head_dim", self.linear_value_head_dim, prod.linear_value_head_dim),
+            (
+                "linear_num_key_heads",
+                self.linear_num_key_heads,
+                prod.linear_num_key_heads,
+            ),
+            (
+                "linear_num_value_heads",
+                self.linear_num_value_heads,
+                prod.linear_num_value_heads,
+            ),
+            (
+                "linear_key_head_dim",
+                self.linear_key_head_dim,
+                prod.linear_key_head_dim,
+            ),
+            (
+                "linear_value_head_dim",
+                self.linear_value_head_dim,
+                prod.linear_value_head_dim,
+            ),
             ("num_experts", self.num_experts, prod.num_experts),
-            ("num_experts_per_tok", self.num_experts_per_tok, prod.num_experts_per_tok),
-            ("moe_intermediate_size", self.moe_intermediate_size, prod.moe_intermediate_size),
-            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, prod.shared_expert_intermediate_size),
-            ("max_position_embeddings", self.max_position_embeddings, prod.max_position_embeddings),
+            (
+                "num_experts_per_tok",
+                self.num_experts_per_tok,
+                prod.num_experts_per_tok,
+            ),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                prod.moe_intermediate_size,
+            ),
+            (
+                "shared_expert_intermediate_size",
+                self.shared_expert_intermediate_size,
+                prod.shared_expert_intermediate_size,
+            ),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                prod.max_position_embeddings,
+            ),
         ];
         // Rules every accepted config must satisfy, test or production.
         let check = |field: &str, ok: bool, expected: String, actual: String| -> Result<()> {
             if ok {
                 Ok(())
             } else {
-                Err(Error::config(format!("text_config.{field}"), expected, actual))
+                Err(Error::config(
+                    format!("text_config.{field}"),
+                    expected,
+                    actual,
+                ))
             }
         };
         check(
@@ -336,13 +398,19 @@ impl ModelConfig {
             "linear_num_value_heads",
             // checked/saturating: the values are not bounded yet.
             self.linear_num_key_heads.checked_mul(2) == Some(self.linear_num_value_heads),
-            format!("2 x linear_num_key_heads = {}", self.linear_num_key_heads.saturating_mul(2)),
+            format!(
+                "2 x linear_num_key_heads = {}",
+                self.linear_num_key_heads.saturating_mul(2)
+            ),
             self.linear_num_value_heads.to_string(),
         )?;
         check(
             "num_attention_heads",
             self.num_kv_heads.checked_mul(8) == Some(self.num_attention_heads),
-            format!("8 x num_key_value_heads = {}", self.num_kv_heads.saturating_mul(8)),
+            format!(
+                "8 x num_key_value_heads = {}",
+                self.num_kv_heads.saturating_mul(8)
+            ),
             self.num_attention_heads.to_string(),
         )?;
         check(
@@ -351,7 +419,12 @@ impl ModelConfig {
             self.linear_key_head_dim.to_string(),
             self.linear_value_head_dim.to_string(),
         )?;
-        check("linear_conv_kernel_dim", self.conv_kernel == 4, "4".into(), self.conv_kernel.to_string())?;
+        check(
+            "linear_conv_kernel_dim",
+            self.conv_kernel == 4,
+            "4".into(),
+            self.conv_kernel.to_string(),
+        )?;
         // The f64 in the file is narrowed to f32: 1e80 would become inf.
         check(
             "rms_norm_eps",
@@ -394,7 +467,10 @@ impl ModelConfig {
                 return Err(Error::config(
                     "quantization",
                     "bits 4, group_size 64",
-                    format!("bits {}, group_size {}", q.default.bits, q.default.group_size),
+                    format!(
+                        "bits {}, group_size {}",
+                        q.default.bits, q.default.group_size
+                    ),
                 ));
             }
         }
@@ -419,8 +495,12 @@ impl ModelConfig {
                 // --preset full --layers 4`); any other large model is some
                 // other model and is refused.
                 let fewer_layers = self.num_layers < prod.num_layers
-                    && dims.iter().all(|(f, got, want)| got == want || *f == "num_hidden_layers");
-                if fewer_layers || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts) {
+                    && dims
+                        .iter()
+                        .all(|(f, got, want)| got == want || *f == "num_hidden_layers");
+                if fewer_layers
+                    || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts)
+                {
                     ShapeClass::Test
                 } else {
                     return Err(Error::config(
@@ -431,8 +511,14 @@ impl ModelConfig {
                 }
             }
         };
-        if self.shape_class == ShapeClass::Production && (self.rope_theta - prod.rope_theta).abs() > 1.0 {
-            return Err(Error::config("text_config.rope_parameters.rope_theta", prod.rope_theta, self.rope_theta));
+        if self.shape_class == ShapeClass::Production
+            && (self.rope_theta - prod.rope_theta).abs() > 1.0
+        {
+            return Err(Error::config(
+                "text_config.rope_parameters.rope_theta",
+                prod.rope_theta,
+                self.rope_theta,
+            ));
         }
         Ok(self)
     }
@@ -443,22 +529,39 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
         .as_object()
         .ok_or_else(|| Error::config("quantization", "an object", q))?;
     let spec = |v: &Value, field: &str| -> Result<QuantSpec> {
-        let bits = v
-            .get("bits")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| Error::config(format!("{field}.bits"), "an integer", v.get("bits").unwrap_or(&Value::Null)))?;
-        let group = v
-            .get("group_size")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| Error::config(format!("{field}.group_size"), "an integer", v.get("group_size").unwrap_or(&Value::Null)))?;
+        let bits = v.get("bits").and_then(Value::as_u64).ok_or_else(|| {
+            Error::config(
+                format!("{field}.bits"),
+                "an integer",
+                v.get("bits").unwrap_or(&Value::Null),
+            )
+        })?;
+        let group = v.get("group_size").and_then(Value::as_u64).ok_or_else(|| {
+            Error::config(
+                format!("{field}.group_size"),
+                "an integer",
+                v.get("group_size").unwrap_or(&Value::Null),
+            )
+        })?;
         if !matches!(bits, 4 | 8) || group != 64 {
-            return Err(Error::config(field, "bits 4 or 8 with group_size 64", format!("bits {bits}, group_size {group}")));
+            return Err(Error::config(
+                field,
+                "bits 4 or 8 with group_size 64",
+                format!("bits {bits}, group_size {group}"),
+            ));
         }
-        Ok(QuantSpec { bits: bits as u32, group_size: group as usize })
+        Ok(QuantSpec {
+            bits: bits as u32,
+            group_size: group as usize,
+        })
     };
     if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
         if mode != "affine" {
-            return Err(Error::config("quantization.mode", "\"affine\"", format!("{mode:?}")));
+            return Err(Error::config(
+                "quantization.mode",
+                "\"affine\"",
+                format!("{mode:?}"),
+            ));
         }
     }
     let default = spec(q, "quantization")?;
@@ -466,7 +569,10 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
     for (key, value) in obj {
         match value {
             Value::Object(_) => {
-                overrides.insert(key.clone(), Some(spec(value, &format!("quantization.{key}"))?));
+                overrides.insert(
+                    key.clone(),
+                    Some(spec(value, &format!("quantization.{key}"))?),
+                );
             }
             Value::Bool(false) => {
                 overrides.insert(key.clone(), None);
@@ -507,11 +613,18 @@ struct Fields<'a> {
 impl Fields<'_> {
     fn usize(&self, key: &str) -> Result<usize> {
         match self.obj.get(key) {
-            Some(v) => v
-                .as_u64()
-                .map(|x| x as usize)
-                .ok_or_else(|| Error::config(format!("{}.{key}", self.prefix), "a non-negative integer", v)),
-            None => Err(Error::config(format!("{}.{key}", self.prefix), "a value", "nothing")),
+            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                Error::config(
+                    format!("{}.{key}", self.prefix),
+                    "a non-negative integer",
+                    v,
+                )
+            }),
+            None => Err(Error::config(
+                format!("{}.{key}", self.prefix),
+                "a value",
+                "nothing",
+            )),
         }
     }
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
@@ -620,16 +733,30 @@ mod tests {
         assert_eq!(cfg.rotary_dim(), 64);
         assert_eq!(cfg.linear_conv_dim(), 8192);
         let q = cfg.quantization.as_ref().expect("quantised");
-        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.gate").map(|s| s.bits), Some(8));
-        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.shared_expert_gate").map(|s| s.bits), Some(8));
-        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.switch_mlp.up_proj").map(|s| s.bits), Some(4));
+        assert_eq!(
+            q.spec_for("language_model.model.layers.7.mlp.gate")
+                .map(|s| s.bits),
+            Some(8)
+        );
+        assert_eq!(
+            q.spec_for("language_model.model.layers.7.mlp.shared_expert_gate")
+                .map(|s| s.bits),
+            Some(8)
+        );
+        assert_eq!(
+            q.spec_for("language_model.model.layers.7.mlp.switch_mlp.up_proj")
+                .map(|s| s.bits),
+            Some(4)
+        );
     }
 
     #[test]
     fn a_larger_model_is_refused_naming_the_field() {
         let mut v = prod_json();
         v["text_config"]["hidden_size"] = 4096.into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("text_config.hidden_size"), "{err}");
         assert!(err.contains("2048") && err.contains("4096"), "{err}");
     }
@@ -638,7 +765,9 @@ mod tests {
     fn broken_head_relation_is_refused() {
         let mut v = prod_json();
         v["text_config"]["num_key_value_heads"] = 4.into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("num_attention_heads"), "{err}");
     }
 
@@ -646,11 +775,15 @@ mod tests {
     fn wrong_model_type_and_layer_types_are_refused() {
         let mut v = prod_json();
         v["model_type"] = "qwen3_next".into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model_type"), "{err}");
         let mut v = prod_json();
         v["text_config"]["layer_types"][2] = "full_attention".into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("layer_types[2]"), "{err}");
     }
 
@@ -681,7 +814,9 @@ mod tests {
         let mut v = prod_json();
         v["quantization"]["bits"] = 3.into();
         v["quantization_config"]["bits"] = 3.into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("quantization"), "{err}");
     }
 
@@ -697,14 +832,26 @@ mod tests {
 /// The MLX quantisation block the real 4-bit checkpoint carries: 4-bit group
 /// 64 by default, 8-bit for every layer's router and shared-expert gate.
 pub fn mlx_quantization(cfg: &ModelConfig) -> Quantization {
-    let eight = Some(QuantSpec { bits: 8, group_size: 64 });
+    let eight = Some(QuantSpec {
+        bits: 8,
+        group_size: 64,
+    });
     let mut overrides = BTreeMap::new();
     for layer in 0..cfg.num_layers {
-        overrides.insert(format!("language_model.model.layers.{layer}.mlp.gate"), eight);
-        overrides.insert(format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"), eight);
+        overrides.insert(
+            format!("language_model.model.layers.{layer}.mlp.gate"),
+            eight,
+        );
+        overrides.insert(
+            format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"),
+            eight,
+        );
     }
     Quantization {
-        default: QuantSpec { bits: 4, group_size: 64 },
+        default: QuantSpec {
+            bits: 4,
+            group_size: 64,
+        },
         overrides,
     }
 }

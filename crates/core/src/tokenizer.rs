@@ -168,7 +168,8 @@ fn byte_level_char_to_byte() -> HashMap<char, u8> {
     let mut map = HashMap::with_capacity(256);
     let mut shifted = 0u32;
     for b in 0u32..256 {
-        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable =
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let c = if printable {
             char::from_u32(b)
         } else {
@@ -236,7 +237,11 @@ impl Tokenizer {
                     "decoder: expected ByteLevel (Qwen's byte-level BPE), found {}",
                     match other {
                         None => "none".to_string(),
-                        Some(d) => format!("{d:?}").split('(').next().unwrap_or("?").to_string(),
+                        Some(d) => format!("{d:?}")
+                            .split('(')
+                            .next()
+                            .unwrap_or("?")
+                            .to_string(),
                     }
                 )))
             }
@@ -333,7 +338,11 @@ impl Tokenizer {
 
     /// True for the special added tokens (`<|im_end|>`, `<think>`, ...).
     pub fn is_special(&self, id: u32) -> bool {
-        self.table.special.get(id as usize).copied().unwrap_or(false)
+        self.table
+            .special
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Encodes user text: NFC, Qwen's split regex, byte-level BPE. Text that
@@ -387,7 +396,11 @@ impl Tokenizer {
         let mut i = 0;
         while i < bytes.len() {
             if self.special_first_byte[bytes[i] as usize] {
-                if let Some(s) = self.specials.iter().find(|s| bytes[i..].starts_with(s.content.as_bytes())) {
+                if let Some(s) = self
+                    .specials
+                    .iter()
+                    .find(|s| bytes[i..].starts_with(s.content.as_bytes()))
+                {
                     found.push((i..i + s.content.len(), s.id));
                     i += s.content.len();
                     continue;
@@ -402,20 +415,26 @@ impl Tokenizer {
     /// non-overlapping, on char boundaries) and plain encoding everywhere else.
     /// This is the one place specials are emitted; the chat template decides
     /// the ranges so that user text never yields a special.
-    pub(crate) fn encode_with_specials_at(&self, text: &str, specials: &[(Range<usize>, u32)]) -> Result<Vec<u32>> {
+    pub(crate) fn encode_with_specials_at(
+        &self,
+        text: &str,
+        specials: &[(Range<usize>, u32)],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + specials.len());
         let mut pos = 0;
         for (range, id) in specials {
             let run = text.get(pos..range.start).ok_or_else(|| {
-                Error::Tokenizer(format!("special token range {range:?} is not on a char boundary after {pos}"))
+                Error::Tokenizer(format!(
+                    "special token range {range:?} is not on a char boundary after {pos}"
+                ))
             })?;
             self.encode_plain_into(run, &mut out)?;
             out.push(*id);
             pos = range.end;
         }
-        let tail = text
-            .get(pos..)
-            .ok_or_else(|| Error::Tokenizer(format!("special token range ends inside a char at {pos}")))?;
+        let tail = text.get(pos..).ok_or_else(|| {
+            Error::Tokenizer(format!("special token range ends inside a char at {pos}"))
+        })?;
         self.encode_plain_into(tail, &mut out)?;
         Ok(out)
     }
@@ -460,7 +479,9 @@ impl StreamDecoder {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // The first `valid` bytes are valid UTF-8, so this copies them unchanged.
-                    out.push_str(&String::from_utf8_lossy(&self.pending[consumed..consumed + valid]));
+                    out.push_str(&String::from_utf8_lossy(
+                        &self.pending[consumed..consumed + valid],
+                    ));
                     consumed += valid;
                     match e.error_len() {
                         // An incomplete sequence at the end: wait for more.

@@ -32,7 +32,13 @@ pub struct TensorSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Role {
     /// A linear map `[experts?, rows, cols]`; for MLX, one of its three parts.
-    Linear { part: LinearPart, rows: usize, cols: usize, experts: usize, fan_in: usize },
+    Linear {
+        part: LinearPart,
+        rows: usize,
+        cols: usize,
+        experts: usize,
+        fan_in: usize,
+    },
     /// An RMSNorm weight stored as `1 + w` (MLX) or `w` (HF) per `Convention`.
     NormOneCentered,
     /// The DeltaNet gated-norm gain (plain gain in both formats).
@@ -47,9 +53,15 @@ pub enum LinearPart {
     /// bf16 weight (HF layout), `[experts?, rows, cols]`.
     Dense,
     /// Packed codes U32 `[experts?, rows, cols * bits / 32]`.
-    Codes { bits: u32 },
-    Scales { bits: u32 },
-    Biases { bits: u32 },
+    Codes {
+        bits: u32,
+    },
+    Scales {
+        bits: u32,
+    },
+    Biases {
+        bits: u32,
+    },
 }
 
 /// Logical description of a linear map, before it is named for a format.
@@ -108,22 +120,36 @@ pub fn is_ignored_tensor(name: &str) -> bool {
 }
 
 fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
-    let lead: Vec<usize> = if d.experts > 1 || d.path.contains("switch_mlp") || d.path.contains("experts") {
-        vec![d.experts]
-    } else {
-        vec![]
+    let lead: Vec<usize> =
+        if d.experts > 1 || d.path.contains("switch_mlp") || d.path.contains("experts") {
+            vec![d.experts]
+        } else {
+            vec![]
+        };
+    let role = |part| Role::Linear {
+        part,
+        rows: d.rows,
+        cols: d.cols,
+        experts: d.experts,
+        fan_in: d.cols,
     };
-    let role = |part| Role::Linear { part, rows: d.rows, cols: d.cols, experts: d.experts, fan_in: d.cols };
     match &cfg.quantization {
         None => {
             let mut shape = lead.clone();
             shape.extend([d.rows, d.cols]);
-            let name = if d.path.ends_with("gate_up_proj") || d.path.ends_with("experts.down_proj") {
+            let name = if d.path.ends_with("gate_up_proj") || d.path.ends_with("experts.down_proj")
+            {
                 d.path.clone()
             } else {
                 format!("{}.weight", d.path)
             };
-            out.push(TensorSpec { name, dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape, role: role(LinearPart::Dense) });
+            out.push(TensorSpec {
+                name,
+                dtype: DType::BF16,
+                alt_dtypes: vec![DType::F16, DType::F32],
+                shape,
+                role: role(LinearPart::Dense),
+            });
         }
         Some(q) => {
             let spec = q.spec_for(&d.path).unwrap_or(q.default);
@@ -132,15 +158,39 @@ fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
             codes.extend([d.rows, d.cols * bits as usize / 32]);
             let mut groups = lead.clone();
             groups.extend([d.rows, d.cols / spec.group_size]);
-            out.push(TensorSpec { name: format!("{}.weight", d.path), dtype: DType::U32, alt_dtypes: vec![], shape: codes, role: role(LinearPart::Codes { bits }) });
-            out.push(TensorSpec { name: format!("{}.scales", d.path), dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape: groups.clone(), role: role(LinearPart::Scales { bits }) });
-            out.push(TensorSpec { name: format!("{}.biases", d.path), dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape: groups, role: role(LinearPart::Biases { bits }) });
+            out.push(TensorSpec {
+                name: format!("{}.weight", d.path),
+                dtype: DType::U32,
+                alt_dtypes: vec![],
+                shape: codes,
+                role: role(LinearPart::Codes { bits }),
+            });
+            out.push(TensorSpec {
+                name: format!("{}.scales", d.path),
+                dtype: DType::BF16,
+                alt_dtypes: vec![DType::F16, DType::F32],
+                shape: groups.clone(),
+                role: role(LinearPart::Scales { bits }),
+            });
+            out.push(TensorSpec {
+                name: format!("{}.biases", d.path),
+                dtype: DType::BF16,
+                alt_dtypes: vec![DType::F16, DType::F32],
+                shape: groups,
+                role: role(LinearPart::Biases { bits }),
+            });
         }
     }
 }
 
 fn vec_spec(name: String, len: usize, dtype: DType, role: Role) -> TensorSpec {
-    TensorSpec { name, dtype, alt_dtypes: vec![DType::BF16, DType::F16, DType::F32], shape: vec![len], role }
+    TensorSpec {
+        name,
+        dtype,
+        alt_dtypes: vec![DType::BF16, DType::F16, DType::F32],
+        shape: vec![len],
+        role,
+    }
 }
 
 /// The linear maps of layer `i`, named for the config's format.
@@ -148,15 +198,35 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
     let format = cfg.format();
     let p = layer_prefix(format, i);
     let h = cfg.hidden_size;
-    let lin = |path: String, rows, cols, experts| LinearDesc { path, rows, cols, experts };
+    let lin = |path: String, rows, cols, experts| LinearDesc {
+        path,
+        rows,
+        cols,
+        experts,
+    };
     let mut v = Vec::new();
     match cfg.layer_kind(i) {
         LayerKind::DeltaNet => {
             let la = format!("{p}.linear_attn");
-            v.push(lin(format!("{la}.in_proj_qkv"), cfg.linear_conv_dim(), h, 1));
+            v.push(lin(
+                format!("{la}.in_proj_qkv"),
+                cfg.linear_conv_dim(),
+                h,
+                1,
+            ));
             v.push(lin(format!("{la}.in_proj_z"), cfg.linear_value_dim(), h, 1));
-            v.push(lin(format!("{la}.in_proj_a"), cfg.linear_num_value_heads, h, 1));
-            v.push(lin(format!("{la}.in_proj_b"), cfg.linear_num_value_heads, h, 1));
+            v.push(lin(
+                format!("{la}.in_proj_a"),
+                cfg.linear_num_value_heads,
+                h,
+                1,
+            ));
+            v.push(lin(
+                format!("{la}.in_proj_b"),
+                cfg.linear_num_value_heads,
+                h,
+                1,
+            ));
             v.push(lin(format!("{la}.out_proj"), h, cfg.linear_value_dim(), 1));
         }
         LayerKind::Attention => {
@@ -196,11 +266,30 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let top = top_names(format);
     let mut out = Vec::new();
     let h = cfg.hidden_size;
-    linear_specs(cfg, &LinearDesc { path: top.embed.clone(), rows: cfg.vocab_size, cols: h, experts: 1 }, &mut out);
+    linear_specs(
+        cfg,
+        &LinearDesc {
+            path: top.embed.clone(),
+            rows: cfg.vocab_size,
+            cols: h,
+            experts: 1,
+        },
+        &mut out,
+    );
     for i in 0..cfg.num_layers {
         let p = layer_prefix(format, i);
-        out.push(vec_spec(format!("{p}.input_layernorm.weight"), h, DType::BF16, Role::NormOneCentered));
-        out.push(vec_spec(format!("{p}.post_attention_layernorm.weight"), h, DType::BF16, Role::NormOneCentered));
+        out.push(vec_spec(
+            format!("{p}.input_layernorm.weight"),
+            h,
+            DType::BF16,
+            Role::NormOneCentered,
+        ));
+        out.push(vec_spec(
+            format!("{p}.post_attention_layernorm.weight"),
+            h,
+            DType::BF16,
+            Role::NormOneCentered,
+        ));
         match cfg.layer_kind(i) {
             LayerKind::DeltaNet => {
                 let la = format!("{p}.linear_attn");
@@ -215,22 +304,61 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
                     shape: conv_shape,
                     role: Role::ConvWeight,
                 });
-                out.push(vec_spec(format!("{la}.A_log"), cfg.linear_num_value_heads, DType::F32, Role::ALog));
-                out.push(vec_spec(format!("{la}.dt_bias"), cfg.linear_num_value_heads, DType::BF16, Role::DtBias));
-                out.push(vec_spec(format!("{la}.norm.weight"), cfg.linear_value_head_dim, DType::BF16, Role::NormPlain));
+                out.push(vec_spec(
+                    format!("{la}.A_log"),
+                    cfg.linear_num_value_heads,
+                    DType::F32,
+                    Role::ALog,
+                ));
+                out.push(vec_spec(
+                    format!("{la}.dt_bias"),
+                    cfg.linear_num_value_heads,
+                    DType::BF16,
+                    Role::DtBias,
+                ));
+                out.push(vec_spec(
+                    format!("{la}.norm.weight"),
+                    cfg.linear_value_head_dim,
+                    DType::BF16,
+                    Role::NormPlain,
+                ));
             }
             LayerKind::Attention => {
                 let sa = format!("{p}.self_attn");
-                out.push(vec_spec(format!("{sa}.q_norm.weight"), cfg.head_dim, DType::BF16, Role::NormOneCentered));
-                out.push(vec_spec(format!("{sa}.k_norm.weight"), cfg.head_dim, DType::BF16, Role::NormOneCentered));
+                out.push(vec_spec(
+                    format!("{sa}.q_norm.weight"),
+                    cfg.head_dim,
+                    DType::BF16,
+                    Role::NormOneCentered,
+                ));
+                out.push(vec_spec(
+                    format!("{sa}.k_norm.weight"),
+                    cfg.head_dim,
+                    DType::BF16,
+                    Role::NormOneCentered,
+                ));
             }
         }
         for d in layer_linears(cfg, i) {
             linear_specs(cfg, &d, &mut out);
         }
     }
-    out.push(vec_spec(top.norm.clone(), h, DType::BF16, Role::NormOneCentered));
-    linear_specs(cfg, &LinearDesc { path: top.lm_head.clone(), rows: cfg.vocab_size, cols: h, experts: 1 }, &mut out);
+    out.push(vec_spec(
+        top.norm.clone(),
+        h,
+        DType::BF16,
+        Role::NormOneCentered,
+    ));
+    linear_specs(
+        cfg,
+        &LinearDesc {
+            path: top.lm_head.clone(),
+            rows: cfg.vocab_size,
+            cols: h,
+            experts: 1,
+        },
+        &mut out,
+    );
     out
 }
 
@@ -300,7 +428,14 @@ impl Linear {
                 let codes = q.codes.as_u32();
                 let scales = half_row(&q.scales, r * groups, groups);
                 let biases = half_row(&q.biases, r * groups, groups);
-                quant::dequantize_row(&codes[r * words..(r + 1) * words], &scales, &biases, bits, q.spec.group_size, out);
+                quant::dequantize_row(
+                    &codes[r * words..(r + 1) * words],
+                    &scales,
+                    &biases,
+                    bits,
+                    q.spec.group_size,
+                    out,
+                );
             }
             Linear::Dense(d) => {
                 let r = expert * d.tensor_rows + d.row_offset + row;
@@ -326,9 +461,18 @@ pub fn half_row(t: &TensorRef, start: usize, len: usize) -> Vec<f32> {
     let es = t.dtype.size();
     let bytes = &b[start * es..(start + len) * es];
     match t.dtype {
-        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
-        _ => bytes.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
     }
 }
 
@@ -429,7 +573,13 @@ impl Weights {
         store.check_all_used(is_ignored_tensor)?;
 
         let get = |name: &str| -> Result<TensorRef> {
-            taken.get(name).cloned().ok_or_else(|| Error::MissingTensor { tensor: name.into(), searched: "expected list".into() })
+            taken
+                .get(name)
+                .cloned()
+                .ok_or_else(|| Error::MissingTensor {
+                    tensor: name.into(),
+                    searched: "expected list".into(),
+                })
         };
         let convention = detect_convention(&config, &get)?;
         let norm = |name: &str| -> Result<Vec<f32>> {
@@ -457,10 +607,25 @@ impl Weights {
                     // (MLX [C, K, 1], HF [C, 1, K]); oldest input first.
                     let conv = conv_t.to_f32();
                     Mixer::DeltaNet(DeltaNetWeights {
-                        in_qkv: linear(&format!("{la}.in_proj_qkv"), config.linear_conv_dim(), h, 1)?,
+                        in_qkv: linear(
+                            &format!("{la}.in_proj_qkv"),
+                            config.linear_conv_dim(),
+                            h,
+                            1,
+                        )?,
                         in_z: linear(&format!("{la}.in_proj_z"), config.linear_value_dim(), h, 1)?,
-                        in_a: linear(&format!("{la}.in_proj_a"), config.linear_num_value_heads, h, 1)?,
-                        in_b: linear(&format!("{la}.in_proj_b"), config.linear_num_value_heads, h, 1)?,
+                        in_a: linear(
+                            &format!("{la}.in_proj_a"),
+                            config.linear_num_value_heads,
+                            h,
+                            1,
+                        )?,
+                        in_b: linear(
+                            &format!("{la}.in_proj_b"),
+                            config.linear_num_value_heads,
+                            h,
+                            1,
+                        )?,
                         out: linear(&format!("{la}.out_proj"), h, config.linear_value_dim(), 1)?,
                         conv,
                         a_log: get(&format!("{la}.A_log"))?.to_f32(),
@@ -492,10 +657,28 @@ impl Weights {
                 Format::HfBf16 => {
                     let fused = get(&format!("{p}.mlp.experts.gate_up_proj"))?;
                     let view = |row_offset| {
-                        Linear::Dense(DenseLinear { experts: e, rows: im, cols: h, tensor: fused.clone(), tensor_rows: 2 * im, row_offset })
+                        Linear::Dense(DenseLinear {
+                            experts: e,
+                            rows: im,
+                            cols: h,
+                            tensor: fused.clone(),
+                            tensor_rows: 2 * im,
+                            row_offset,
+                        })
                     };
                     let down_t = get(&format!("{p}.mlp.experts.down_proj"))?;
-                    (view(0), view(im), Linear::Dense(DenseLinear { experts: e, rows: h, cols: im, tensor: down_t, tensor_rows: h, row_offset: 0 }))
+                    (
+                        view(0),
+                        view(im),
+                        Linear::Dense(DenseLinear {
+                            experts: e,
+                            rows: h,
+                            cols: im,
+                            tensor: down_t,
+                            tensor_rows: h,
+                            row_offset: 0,
+                        }),
+                    )
                 }
             };
             let moe = MoeWeights {
@@ -545,14 +728,24 @@ fn load_linear(
             scales: get(&format!("{path}.scales"))?,
             biases: get(&format!("{path}.biases"))?,
         })),
-        None => Ok(Linear::Dense(DenseLinear { experts, rows, cols, tensor: get(&format!("{path}.weight"))?, tensor_rows: rows, row_offset: 0 })),
+        None => Ok(Linear::Dense(DenseLinear {
+            experts,
+            rows,
+            cols,
+            tensor: get(&format!("{path}.weight"))?,
+            tensor_rows: rows,
+            row_offset: 0,
+        })),
     }
 }
 
 /// Decides how the one-centred norms are stored from their values: gains sit
 /// around 1, zero-centred weights around 0. The mean of |w| over every such
 /// norm separates the two with a wide margin for trained and synthetic weights.
-fn detect_convention(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>) -> Result<NormConvention> {
+fn detect_convention(
+    cfg: &ModelConfig,
+    get: &dyn Fn(&str) -> Result<TensorRef>,
+) -> Result<NormConvention> {
     let mut sum = 0f64;
     let mut n = 0usize;
     for s in expected_tensors(cfg) {
@@ -564,5 +757,9 @@ fn detect_convention(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>)
         }
     }
     let mean = if n == 0 { 0.0 } else { sum / n as f64 };
-    Ok(if mean > 0.5 { NormConvention::Gain } else { NormConvention::OnePlus })
+    Ok(if mean > 0.5 {
+        NormConvention::Gain
+    } else {
+        NormConvention::OnePlus
+    })
 }
