@@ -6,7 +6,15 @@
 //! the shared-expert gate are 8-bit). Lily serves exactly one model, so
 //! validation is strict: the production shape is accepted, small test configs
 //! of the same architecture (same layer rule, same head relations) are accepted
-//! and labelled as such, and anything else is refused naming the field.
+//! and labelled as such, and anything else is refused naming the field. So are
+//! settings that would change the model's math in a way Lily does not
+//! implement (a rope scaling, an attention without its output gate, routing
+//! weights that are not renormalised), rather than being read past.
+//!
+//! The quantisation block is parsed here but its per-module entries are
+//! checked by the loader (`weights::check_quantization`), which knows the
+//! modules Lily loads: entries for other modules (the vision tower) are
+//! ignored whatever they say.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +22,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::tokenizer::IM_END_ID;
 
 /// Which token mixer a layer uses. Layer `i` is full attention when
 /// `i % 4 == 3`, Gated DeltaNet otherwise.
@@ -52,7 +61,9 @@ pub struct QuantSpec {
 pub struct Quantization {
     pub default: QuantSpec,
     /// Module path (e.g. `language_model.model.layers.0.mlp.gate`) to its
-    /// spec; `None` means the module is stored unquantised.
+    /// spec; `None` means the module is stored unquantised. Entries are kept
+    /// as written; only those of modules Lily loads are checked (by
+    /// `weights::check_quantization`).
     pub overrides: BTreeMap<String, Option<QuantSpec>>,
 }
 
@@ -92,6 +103,8 @@ pub struct ModelConfig {
     pub moe_intermediate_size: usize,
     pub shared_expert_intermediate_size: usize,
     // Tokens.
+    /// Ids that end generation; always holds `<|im_end|>`, which ends every
+    /// chat turn even where the config names only `<|endoftext|>`.
     pub eos_token_ids: Vec<u32>,
     /// Present for MLX checkpoints only.
     pub quantization: Option<Quantization>,
@@ -184,7 +197,8 @@ impl ModelConfig {
     }
 
     /// Reads and validates `config.json` in `dir` (and `generation_config.json`
-    /// for extra EOS ids, when present).
+    /// for extra EOS ids, when present; without it the EOS ids are the
+    /// config's plus `<|im_end|>`).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
@@ -232,6 +246,7 @@ impl ModelConfig {
             obj: text_cfg,
             prefix: "text_config",
         };
+        refuse_unimplemented(text_cfg)?;
         let rope = text_cfg
             .get("rope_parameters")
             .or_else(|| text_cfg.get("rope_scaling"));
@@ -252,6 +267,12 @@ impl ModelConfig {
         }
         if eos.is_empty() {
             eos = production().eos_token_ids;
+        }
+        // The original release's text_config names only `<|endoftext|>` (its
+        // generation_config.json adds `<|im_end|>`): a chat turn must end at
+        // `<|im_end|>` even when that file is missing.
+        if !eos.contains(&IM_END_ID) {
+            eos.push(IM_END_ID);
         }
 
         let quantization = match root
@@ -390,7 +411,7 @@ impl ModelConfig {
         };
         check(
             "num_hidden_layers",
-            self.num_layers >= 4 && self.num_layers % 4 == 0,
+            self.num_layers >= 4 && self.num_layers.is_multiple_of(4),
             "a positive multiple of 4 (layer i is attention when i % 4 == 3)".into(),
             self.num_layers.to_string(),
         )?;
@@ -446,7 +467,7 @@ impl ModelConfig {
         )?;
         check(
             "head_dim",
-            self.head_dim % 8 == 0 && self.head_dim >= 16,
+            self.head_dim.is_multiple_of(8) && self.head_dim >= 16,
             "a multiple of 8, at least 16".into(),
             self.head_dim.to_string(),
         )?;
@@ -528,31 +549,21 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
     let obj = q
         .as_object()
         .ok_or_else(|| Error::config("quantization", "an object", q))?;
-    let spec = |v: &Value, field: &str| -> Result<QuantSpec> {
-        let bits = v.get("bits").and_then(Value::as_u64).ok_or_else(|| {
-            Error::config(
-                format!("{field}.bits"),
-                "an integer",
-                v.get("bits").unwrap_or(&Value::Null),
-            )
-        })?;
-        let group = v.get("group_size").and_then(Value::as_u64).ok_or_else(|| {
-            Error::config(
-                format!("{field}.group_size"),
-                "an integer",
-                v.get("group_size").unwrap_or(&Value::Null),
-            )
-        })?;
-        if !matches!(bits, 4 | 8) || group != 64 {
-            return Err(Error::config(
-                field,
-                "bits 4 or 8 with group_size 64",
-                format!("bits {bits}, group_size {group}"),
-            ));
-        }
-        Ok(QuantSpec {
-            bits: bits as u32,
-            group_size: group as usize,
+    // Read as written (bits and group size as numbers, no range check): the
+    // default is checked in `validated`, per-module entries by the loader,
+    // which ignores those of modules Lily does not load.
+    let spec = |v: &Value| -> Option<QuantSpec> {
+        let bits = v
+            .get("bits")
+            .and_then(Value::as_u64)
+            .and_then(|b| u32::try_from(b).ok())?;
+        let group = v
+            .get("group_size")
+            .and_then(Value::as_u64)
+            .and_then(|g| usize::try_from(g).ok())?;
+        Some(QuantSpec {
+            bits,
+            group_size: group,
         })
     };
     if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
@@ -564,15 +575,25 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
             ));
         }
     }
-    let default = spec(q, "quantization")?;
+    let default = spec(q).ok_or_else(|| {
+        Error::config(
+            "quantization",
+            "integer `bits` and `group_size`",
+            format!(
+                "bits {}, group_size {}",
+                q.get("bits").unwrap_or(&Value::Null),
+                q.get("group_size").unwrap_or(&Value::Null)
+            ),
+        )
+    })?;
     let mut overrides = BTreeMap::new();
     for (key, value) in obj {
         match value {
+            // An entry whose bits or group size are not numbers can never be
+            // run; keep it as "unquantised" so that, if Lily loads the module,
+            // the loader refuses it, and otherwise it is ignored.
             Value::Object(_) => {
-                overrides.insert(
-                    key.clone(),
-                    Some(spec(value, &format!("quantization.{key}"))?),
-                );
+                overrides.insert(key.clone(), spec(value));
             }
             Value::Bool(false) => {
                 overrides.insert(key.clone(), None);
@@ -581,6 +602,117 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
         }
     }
     Ok(Quantization { default, overrides })
+}
+
+/// Settings of `text_config` that change the model's math and that Lily does
+/// not implement: present with any value but the one Lily computes, they are
+/// refused naming the field and the value (absent, they take that value).
+fn refuse_unimplemented(text_cfg: &Value) -> Result<()> {
+    // The rope variant: Lily computes the default rope (the model's 3-axis
+    // mRoPE, which for text positions is the default rope). YaRN, linear,
+    // dynamic, longrope, llama3 and the like scale frequencies differently.
+    for key in ["rope_parameters", "rope_scaling"] {
+        let Some(rope) = text_cfg.get(key) else {
+            continue;
+        };
+        match rope {
+            Value::Null => continue,
+            Value::Object(_) => {}
+            other => {
+                return Err(Error::config(
+                    format!("text_config.{key}"),
+                    "an object or null",
+                    other,
+                ))
+            }
+        }
+        let mut named = false;
+        for ty in ["rope_type", "type"] {
+            if let Some(v) = rope.get(ty) {
+                named = true;
+                if !matches!(v.as_str(), Some("default" | "mrope")) {
+                    return Err(Error::config(
+                        format!("text_config.{key}.{ty}"),
+                        "\"default\" (Lily implements no rope scaling)",
+                        v,
+                    ));
+                }
+            }
+        }
+        // A scaling factor without a type is a scaled rope all the same.
+        if let Some(v) = rope.get("factor") {
+            if !named || v.as_f64() != Some(1.0) {
+                return Err(Error::config(
+                    format!("text_config.{key}.factor"),
+                    "no factor (Lily implements no rope scaling)",
+                    v,
+                ));
+            }
+        }
+    }
+    let bool_must_be = |field: &str, want: bool, why: &str| -> Result<()> {
+        match text_cfg.get(field) {
+            None | Some(Value::Null) => Ok(()),
+            Some(Value::Bool(b)) if *b == want => Ok(()),
+            Some(other) => Err(Error::config(
+                format!("text_config.{field}"),
+                format!("{want} ({why})"),
+                other,
+            )),
+        }
+    };
+    bool_must_be(
+        "attn_output_gate",
+        true,
+        "Lily's attention always applies the sigmoid output gate",
+    )?;
+    bool_must_be(
+        "norm_topk_prob",
+        true,
+        "Lily always renormalises the top-k routing weights",
+    )?;
+    bool_must_be(
+        "attention_bias",
+        false,
+        "Lily's attention projections have no bias",
+    )?;
+    if let Some(v) = text_cfg.get("hidden_act") {
+        if v.as_str() != Some("silu") {
+            return Err(Error::config(
+                "text_config.hidden_act",
+                "\"silu\" (the experts' SwiGLU)",
+                v,
+            ));
+        }
+    }
+    if let Some(v) = text_cfg.get("full_attention_interval") {
+        if v.as_u64() != Some(4) {
+            return Err(Error::config(
+                "text_config.full_attention_interval",
+                "4 (layer i is attention when i % 4 == 3)",
+                v,
+            ));
+        }
+    }
+    if let Some(v) = text_cfg.get("mlp_only_layers") {
+        if !matches!(v, Value::Null) && v.as_array().is_none_or(|a| !a.is_empty()) {
+            return Err(Error::config(
+                "text_config.mlp_only_layers",
+                "[] (every layer ends in the MoE)",
+                v,
+            ));
+        }
+    }
+    if let Some(v) = text_cfg.get("decoder_sparse_step") {
+        if v.as_u64() != Some(1) {
+            return Err(Error::config(
+                "text_config.decoder_sparse_step",
+                "1 (every layer ends in the MoE)",
+                v,
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn eos_ids(value: Option<&Value>, field: &str) -> Result<Vec<u32>> {
@@ -713,6 +845,33 @@ pub fn to_config_json(cfg: &ModelConfig) -> Value {
     root
 }
 
+/// The MLX quantisation block the real 4-bit checkpoint carries: 4-bit group
+/// 64 by default, 8-bit for every layer's router and shared-expert gate.
+pub fn mlx_quantization(cfg: &ModelConfig) -> Quantization {
+    let eight = Some(QuantSpec {
+        bits: 8,
+        group_size: 64,
+    });
+    let mut overrides = BTreeMap::new();
+    for layer in 0..cfg.num_layers {
+        overrides.insert(
+            format!("language_model.model.layers.{layer}.mlp.gate"),
+            eight,
+        );
+        overrides.insert(
+            format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"),
+            eight,
+        );
+    }
+    Quantization {
+        default: QuantSpec {
+            bits: 4,
+            group_size: 64,
+        },
+        overrides,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -826,32 +985,5 @@ mod tests {
         v["eos_token_id"] = serde_json::json!([248046, 248044]);
         let cfg = ModelConfig::from_json_str(&v.to_string()).expect("valid");
         assert_eq!(cfg.eos_token_ids, vec![248046, 248044]);
-    }
-}
-
-/// The MLX quantisation block the real 4-bit checkpoint carries: 4-bit group
-/// 64 by default, 8-bit for every layer's router and shared-expert gate.
-pub fn mlx_quantization(cfg: &ModelConfig) -> Quantization {
-    let eight = Some(QuantSpec {
-        bits: 8,
-        group_size: 64,
-    });
-    let mut overrides = BTreeMap::new();
-    for layer in 0..cfg.num_layers {
-        overrides.insert(
-            format!("language_model.model.layers.{layer}.mlp.gate"),
-            eight,
-        );
-        overrides.insert(
-            format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"),
-            eight,
-        );
-    }
-    Quantization {
-        default: QuantSpec {
-            bits: 4,
-            group_size: 64,
-        },
-        overrides,
     }
 }

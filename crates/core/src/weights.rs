@@ -3,10 +3,18 @@
 //! `expected_tensors` is the single list of every tensor a checkpoint of a
 //! given config and format must hold (name, dtype, shape); `synth` writes
 //! exactly this list and `Weights::load` takes exactly this list, then
-//! refuses any tensor left over (except the vision tower and `mtp.*`).
+//! refuses any tensor left over, except the groups real checkpoints carry
+//! that the text model does not use (the vision tower, the multi-token-
+//! prediction head): those are listed in `Weights::unused`, never read, and
+//! left out of `Weights::model_bytes`.
 //! Linear layers stay in their stored form (packed 4/8-bit or bf16, mapped,
 //! not copied); small vectors (norm gains, conv taps, gates) are converted to
-//! f32 at load, with the RMSNorm convention resolved to a plain gain.
+//! f32 at load, with the RMSNorm convention, which the layout decides,
+//! resolved to a plain gain.
+//!
+//! It also checks the quantisation of every linear it loads against what
+//! Lily's kernels run (`check_quantization`), since it is the module that
+//! knows which modules those are.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -110,13 +118,114 @@ pub fn top_names(format: Format) -> TopNames {
     }
 }
 
+/// A group of tensors real checkpoints carry that the text model does not use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UnusedKind {
+    /// The vision encoder of the vision-language wrapper.
+    VisionTower,
+    /// The multi-token-prediction head (speculative decoding), which some
+    /// conversions keep.
+    Mtp,
+}
+
+impl UnusedKind {
+    /// Name prefixes of each group, in the layouts seen on the hub.
+    const PREFIXES: [(UnusedKind, &'static [&'static str]); 2] = [
+        (
+            UnusedKind::VisionTower,
+            &["vision_tower.", "model.visual.", "visual."],
+        ),
+        (
+            UnusedKind::Mtp,
+            &[
+                "mtp.",
+                "model.mtp.",
+                "language_model.mtp.",
+                "model.language_model.mtp.",
+            ],
+        ),
+    ];
+
+    /// The group a tensor belongs to, if it is one the text model does not use.
+    pub fn of(name: &str) -> Option<Self> {
+        Self::PREFIXES
+            .iter()
+            .find(|(_, prefixes)| prefixes.iter().any(|p| name.starts_with(p)))
+            .map(|(kind, _)| *kind)
+    }
+}
+
+impl std::fmt::Display for UnusedKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UnusedKind::VisionTower => "vision tower",
+            UnusedKind::Mtp => "multi-token-prediction (MTP) head",
+        })
+    }
+}
+
+/// Tensors of one unused group found in a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnusedGroup {
+    pub kind: UnusedKind,
+    pub tensors: usize,
+    /// Bytes of tensor data in the files (mapped, never read).
+    pub bytes: u64,
+}
+
 /// Tensors that are in real checkpoints but not used by the text model.
 pub fn is_ignored_tensor(name: &str) -> bool {
-    name.starts_with("vision_tower.")
-        || name.starts_with("model.visual.")
-        || name.starts_with("visual.")
-        || name.starts_with("mtp.")
-        || name.starts_with("model.mtp.")
+    UnusedKind::of(name).is_some()
+}
+
+/// The bits Lily's kernels run for the MLX linear module at `path` (always
+/// with group size 64): 8 for the router and the shared-expert gate, as the
+/// MLX conversion stores them, 4 for everything else.
+pub fn bits_lily_runs(path: &str) -> u32 {
+    if path.ends_with(".mlp.gate") || path.ends_with(".mlp.shared_expert_gate") {
+        8
+    } else {
+        4
+    }
+}
+
+/// Checks that every linear module Lily loads from an MLX checkpoint is
+/// quantised as Lily's kernels run it (`bits_lily_runs`, group size 64);
+/// entries of the quantisation block for modules Lily does not load (the
+/// vision tower, `mtp`) are not looked at. A BF16 checkpoint has nothing to
+/// check.
+pub fn check_quantization(cfg: &ModelConfig) -> Result<()> {
+    let Some(q) = &cfg.quantization else {
+        return Ok(());
+    };
+    for d in all_linears(cfg) {
+        let want = QuantSpec {
+            bits: bits_lily_runs(&d.path),
+            group_size: 64,
+        };
+        let (got, source) = match q.overrides.get(&d.path) {
+            Some(spec) => (*spec, ""),
+            None => (Some(q.default), " (the block's default)"),
+        };
+        if got != Some(want) {
+            let found = match got {
+                Some(s) => format!("bits {}, group_size {}{source}", s.bits, s.group_size),
+                None => {
+                    "no quantisation (`false`, or an entry without integer bits and group_size)"
+                        .to_string()
+                }
+            };
+            return Err(Error::config(
+                format!("quantization.{}", d.path),
+                format!(
+                    "bits {} with group_size {} (what Lily runs for this module)",
+                    want.bits, want.group_size
+                ),
+                found,
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
@@ -152,12 +261,15 @@ fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
             });
         }
         Some(q) => {
+            // `check_quantization` refuses a module Lily cannot run before
+            // a checkpoint is read; this list only has to stay defined (no
+            // division by a zero group size) for a config not checked yet.
             let spec = q.spec_for(&d.path).unwrap_or(q.default);
             let bits = spec.bits;
             let mut codes = lead.clone();
-            codes.extend([d.rows, d.cols * bits as usize / 32]);
+            codes.extend([d.rows, d.cols.saturating_mul(bits as usize) / 32]);
             let mut groups = lead.clone();
-            groups.extend([d.rows, d.cols / spec.group_size]);
+            groups.extend([d.rows, d.cols / spec.group_size.max(1)]);
             out.push(TensorSpec {
                 name: format!("{}.weight", d.path),
                 dtype: DType::U32,
@@ -261,6 +373,28 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
 
 /// Every tensor a checkpoint of `cfg` (in its format) must hold, in the
 /// order Lily writes them.
+/// Every linear map of the model: embedding, the layers', lm_head.
+fn all_linears(cfg: &ModelConfig) -> Vec<LinearDesc> {
+    let top = top_names(cfg.format());
+    let h = cfg.hidden_size;
+    let mut out = vec![LinearDesc {
+        path: top.embed,
+        rows: cfg.vocab_size,
+        cols: h,
+        experts: 1,
+    }];
+    for i in 0..cfg.num_layers {
+        out.extend(layer_linears(cfg, i));
+    }
+    out.push(LinearDesc {
+        path: top.lm_head,
+        rows: cfg.vocab_size,
+        cols: h,
+        experts: 1,
+    });
+    out
+}
+
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let format = cfg.format();
     let top = top_names(format);
@@ -390,6 +524,9 @@ pub struct DenseLinear {
 
 /// A linear map `y = W x` with `W` of `rows x cols` (per expert when stacked).
 #[derive(Clone, Debug)]
+// Built once at load and read in place; boxing the larger variant would only
+// add an indirection to every matmul's lookup.
+#[allow(clippy::large_enum_variant)]
 pub enum Linear {
     Quant(QuantLinear),
     Dense(DenseLinear),
@@ -504,6 +641,8 @@ pub struct AttentionWeights {
 }
 
 #[derive(Clone, Debug)]
+// One per layer, built once at load: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Mixer {
     DeltaNet(DeltaNetWeights),
     Attention(AttentionWeights),
@@ -542,6 +681,42 @@ pub enum NormConvention {
     OnePlus,
 }
 
+impl NormConvention {
+    /// The convention of a layout: the MLX conversion stores gains, the
+    /// original release zero-centred weights.
+    pub fn of_layout(format: Format) -> Self {
+        match format {
+            Format::MlxQ4 => NormConvention::Gain,
+            Format::HfBf16 => NormConvention::OnePlus,
+        }
+    }
+
+    /// What the values look like: gains sit around 1, zero-centred weights
+    /// around 0; `mean` is the mean weight over every one-centred norm.
+    fn suggested_by(mean: f64) -> Self {
+        if mean > 0.5 {
+            NormConvention::Gain
+        } else {
+            NormConvention::OnePlus
+        }
+    }
+}
+
+/// The warning to give when the norm values of a `format` checkpoint, of
+/// mean `mean`, look like the other convention (a mislabelled or hand-made
+/// checkpoint); `None` when they agree with the layout.
+pub fn norm_values_warning(format: Format, mean: f64) -> Option<String> {
+    let layout = NormConvention::of_layout(format);
+    let values = NormConvention::suggested_by(mean);
+    (values != layout).then(|| {
+        format!(
+            "the RMSNorm weights of this {format:?} checkpoint average {mean:.3}, which looks \
+             like {values:?} storage, but the layout stores {layout:?}; using the layout's \
+             convention (check the checkpoint if the output is garbage)"
+        )
+    })
+}
+
 /// All weights of the model.
 pub struct Weights {
     pub config: ModelConfig,
@@ -549,7 +724,14 @@ pub struct Weights {
     pub layers: Vec<LayerWeights>,
     pub final_norm: Vec<f32>,
     pub lm_head: Linear,
+    /// Decided by the layout (`NormConvention::of_layout`).
     pub norm_convention: NormConvention,
+    /// Groups of tensors present in the checkpoint that the model does not
+    /// use (vision tower, MTP head), for the caller to report; they are not
+    /// read, and not in `model_bytes`.
+    pub unused: Vec<UnusedGroup>,
+    /// Bytes of the tensors the model uses: what a backend holds or uploads.
+    pub model_bytes: u64,
     pub store: Arc<TensorStore>,
 }
 
@@ -562,6 +744,7 @@ impl Weights {
     }
 
     pub fn from_store(config: ModelConfig, store: Arc<TensorStore>) -> Result<Self> {
+        check_quantization(&config)?;
         let specs = expected_tensors(&config);
         let mut taken = std::collections::HashMap::new();
         for s in &specs {
@@ -571,6 +754,16 @@ impl Weights {
             taken.insert(s.name.clone(), t);
         }
         store.check_all_used(is_ignored_tensor)?;
+        let model_bytes = taken.values().map(|t| t.bytes().len() as u64).sum();
+        let unused = unused_groups(&store);
+        for g in &unused {
+            tracing::info!(
+                tensors = g.tensors,
+                bytes = g.bytes,
+                "the checkpoint carries a {} that Lily does not use: not loaded, not counted",
+                g.kind
+            );
+        }
 
         let get = |name: &str| -> Result<TensorRef> {
             taken
@@ -581,7 +774,10 @@ impl Weights {
                     searched: "expected list".into(),
                 })
         };
-        let convention = detect_convention(&config, &get)?;
+        let convention = NormConvention::of_layout(config.format());
+        if let Some(warning) = norm_values_warning(config.format(), norm_mean(&config, &get)?) {
+            tracing::warn!("{warning}");
+        }
         let norm = |name: &str| -> Result<Vec<f32>> {
             let v = get(name)?.to_f32();
             Ok(match convention {
@@ -704,6 +900,8 @@ impl Weights {
             lm_head: linear(&top.lm_head, config.vocab_size, h, 1)?,
             layers,
             norm_convention: convention,
+            unused,
+            model_bytes,
             config,
             store,
         })
@@ -739,13 +937,27 @@ fn load_linear(
     }
 }
 
-/// Decides how the one-centred norms are stored from their values: gains sit
-/// around 1, zero-centred weights around 0. The mean of |w| over every such
-/// norm separates the two with a wide margin for trained and synthetic weights.
-fn detect_convention(
-    cfg: &ModelConfig,
-    get: &dyn Fn(&str) -> Result<TensorRef>,
-) -> Result<NormConvention> {
+/// Groups of unused tensors in `store`, in `UnusedKind` order.
+fn unused_groups(store: &TensorStore) -> Vec<UnusedGroup> {
+    let mut groups: std::collections::BTreeMap<UnusedKind, UnusedGroup> = Default::default();
+    for name in store.names() {
+        let (Some(kind), Some(t)) = (UnusedKind::of(name), store.peek(name)) else {
+            continue;
+        };
+        let g = groups.entry(kind).or_insert(UnusedGroup {
+            kind,
+            tensors: 0,
+            bytes: 0,
+        });
+        g.tensors += 1;
+        g.bytes += t.bytes().len() as u64;
+    }
+    groups.into_values().collect()
+}
+
+/// The mean weight over every one-centred norm (for the warning only: the
+/// layout decides the convention).
+fn norm_mean(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>) -> Result<f64> {
     let mut sum = 0f64;
     let mut n = 0usize;
     for s in expected_tensors(cfg) {
@@ -756,10 +968,5 @@ fn detect_convention(
             }
         }
     }
-    let mean = if n == 0 { 0.0 } else { sum / n as f64 };
-    Ok(if mean > 0.5 {
-        NormConvention::Gain
-    } else {
-        NormConvention::OnePlus
-    })
+    Ok(if n == 0 { 0.0 } else { sum / n as f64 })
 }
