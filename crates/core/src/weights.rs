@@ -371,8 +371,6 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
     v
 }
 
-/// Every tensor a checkpoint of `cfg` (in its format) must hold, in the
-/// order Lily writes them.
 /// Every linear map of the model: embedding, the layers', lm_head.
 fn all_linears(cfg: &ModelConfig) -> Vec<LinearDesc> {
     let top = top_names(cfg.format());
@@ -395,6 +393,8 @@ fn all_linears(cfg: &ModelConfig) -> Vec<LinearDesc> {
     out
 }
 
+/// Every tensor a checkpoint of `cfg` (in its format) must hold, in the
+/// order Lily writes them.
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let format = cfg.format();
     let top = top_names(format);
