@@ -225,7 +225,10 @@ impl ChatTemplate {
     }
 
     fn render_ctx(&self, ctx: Value) -> Result<String> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(template_error)?;
         tmpl.render(ctx).map_err(template_error)
     }
 }
@@ -286,7 +289,11 @@ fn prepare(req: &ChatRenderRequest) -> Result<Vec<Prepared>> {
         }
         let mut calls = Vec::with_capacity(m.tool_calls.len());
         for (j, call) in m.tool_calls.iter().enumerate() {
-            calls.push((call.id.clone(), call.name.clone(), parse_arguments(i, j, call)?));
+            calls.push((
+                call.id.clone(),
+                call.name.clone(),
+                parse_arguments(i, j, call)?,
+            ));
         }
         out.push(Prepared {
             role: m.role.clone(),
@@ -333,7 +340,11 @@ fn json_kind(v: &Json) -> &'static str {
 /// the request is replaced by a marker (see `Markers`); roles stay (they were
 /// checked), and so do `type` fields of tool definitions, which templates
 /// compare against.
-fn context(prepared: &[Prepared], req: &ChatRenderRequest, mut markers: Option<&mut Markers>) -> Value {
+fn context(
+    prepared: &[Prepared],
+    req: &ChatRenderRequest,
+    mut markers: Option<&mut Markers>,
+) -> Value {
     fn text(s: &str, m: &mut Option<&mut Markers>) -> Json {
         match m {
             Some(mk) if !s.is_empty() => Json::String(mk.mark(s)),
@@ -346,7 +357,9 @@ fn context(prepared: &[Prepared], req: &ChatRenderRequest, mut markers: Option<&
         obj.insert("role".into(), Json::String(p.role.clone()));
         obj.insert(
             "content".into(),
-            p.content.as_deref().map_or(Json::Null, |s| text(s, &mut markers)),
+            p.content
+                .as_deref()
+                .map_or(Json::Null, |s| text(s, &mut markers)),
         );
         if let Some(r) = &p.reasoning {
             obj.insert("reasoning_content".into(), text(r, &mut markers));
@@ -388,7 +401,10 @@ fn context(prepared: &[Prepared], req: &ChatRenderRequest, mut markers: Option<&
     let mut ctx = serde_json::Map::new();
     ctx.insert("messages".into(), Json::Array(messages));
     ctx.insert("tools".into(), tools.unwrap_or(Json::Null));
-    ctx.insert("add_generation_prompt".into(), Json::Bool(req.add_generation_prompt));
+    ctx.insert(
+        "add_generation_prompt".into(),
+        Json::Bool(req.add_generation_prompt),
+    );
     ctx.insert("enable_thinking".into(), Json::Bool(req.enable_thinking));
     // HF passes these; some templates print them.
     ctx.insert("bos_token".into(), Json::String(String::new()));
@@ -416,7 +432,9 @@ fn pick_nonce(plain: &str) -> String {
         if !plain.contains(&format!("{MARK_OPEN}{nonce}")) {
             return nonce;
         }
-        n = n.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        n = n
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
     }
 }
 
@@ -438,7 +456,11 @@ impl Markers {
 
     fn mark(&mut self, s: &str) -> String {
         self.strings.push(s.to_string());
-        format!("{MARK_OPEN}{}s{}{MARK_CLOSE}", self.nonce, self.strings.len() - 1)
+        format!(
+            "{MARK_OPEN}{}s{}{MARK_CLOSE}",
+            self.nonce,
+            self.strings.len() - 1
+        )
     }
 
     /// Replaces strings (and, for arguments, object keys) inside a JSON value.
@@ -449,11 +471,20 @@ impl Markers {
         match v {
             Json::String(s) if s.is_empty() => v.clone(),
             Json::String(s) => Json::String(self.mark(s)),
-            Json::Array(items) => Json::Array(items.iter().map(|x| self.mark_json(x, is_tool_def)).collect()),
+            Json::Array(items) => Json::Array(
+                items
+                    .iter()
+                    .map(|x| self.mark_json(x, is_tool_def))
+                    .collect(),
+            ),
             Json::Object(map) => {
                 let mut out = serde_json::Map::new();
                 for (k, x) in map {
-                    let key = if is_tool_def || k.is_empty() { k.clone() } else { self.mark(k) };
+                    let key = if is_tool_def || k.is_empty() {
+                        k.clone()
+                    } else {
+                        self.mark(k)
+                    };
                     let val = if is_tool_def && k == "type" {
                         x.clone()
                     } else {
@@ -483,28 +514,42 @@ impl Markers {
             };
             if depth == 0 {
                 let base = out.len();
-                specials.extend(tok.find_specials(chunk).into_iter().map(|(r, id)| (r.start + base..r.end + base, id)));
+                specials.extend(
+                    tok.find_specials(chunk)
+                        .into_iter()
+                        .map(|(r, id)| (r.start + base..r.end + base, id)),
+                );
             }
             out.push_str(chunk);
             let Some(after) = after else { break };
-            let close = after.find(MARK_CLOSE).ok_or_else(|| malformed("unterminated marker"))?;
+            let close = after
+                .find(MARK_CLOSE)
+                .ok_or_else(|| malformed("unterminated marker"))?;
             let body = &after[..close];
             rest = &after[close + MARK_CLOSE.len_utf8()..];
             match body {
                 "b" => depth += 1,
-                "e" => depth = depth.checked_sub(1).ok_or_else(|| malformed("unbalanced tojson bracket"))?,
+                "e" => {
+                    depth = depth
+                        .checked_sub(1)
+                        .ok_or_else(|| malformed("unbalanced tojson bracket"))?
+                }
                 _ => {
                     let idx: usize = body
                         .strip_prefix('s')
                         .and_then(|n| n.parse().ok())
                         .ok_or_else(|| malformed("unknown marker"))?;
-                    let s = self.strings.get(idx).ok_or_else(|| malformed("marker index out of range"))?;
+                    let s = self
+                        .strings
+                        .get(idx)
+                        .ok_or_else(|| malformed("marker index out of range"))?;
                     if depth == 0 {
                         out.push_str(s);
                     } else {
                         // Inside tojson output the string was serialised with
                         // its quotes around the marker; put back its escaped form.
-                        let quoted = serde_json::to_string(s).map_err(|e| Error::Template(e.to_string()))?;
+                        let quoted =
+                            serde_json::to_string(s).map_err(|e| Error::Template(e.to_string()))?;
                         out.push_str(&quoted[1..quoted.len() - 1]);
                     }
                 }
@@ -529,14 +574,21 @@ fn malformed(what: &str) -> Error {
 /// `tojson` as Hugging Face defines it for chat templates: Python's
 /// `json.dumps(x, ensure_ascii=False)`, i.e. `", "` and `": "` separators, keys
 /// in insertion order, no HTML escaping; `indent=n` gives the indented form.
-fn py_tojson(state: &State, value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+fn py_tojson(
+    state: &State,
+    value: &Value,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
     let json = serde_json::to_value(value)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
     write_py_json(&json, indent, 0, &mut out);
-    if let Some(nonce) = state.lookup(MARKER_VAR).filter(|v| !v.is_undefined() && !v.is_none()) {
+    if let Some(nonce) = state
+        .lookup(MARKER_VAR)
+        .filter(|v| !v.is_undefined() && !v.is_none())
+    {
         let nonce = nonce.as_str().unwrap_or_default();
         out = format!("{MARK_OPEN}{nonce}b{MARK_CLOSE}{out}{MARK_OPEN}{nonce}e{MARK_CLOSE}");
     }

@@ -6,7 +6,15 @@
 //! the shared-expert gate are 8-bit). Lily serves exactly one model, so
 //! validation is strict: the production shape is accepted, small test configs
 //! of the same architecture (same layer rule, same head relations) are accepted
-//! and labelled as such, and anything else is refused naming the field.
+//! and labelled as such, and anything else is refused naming the field. So are
+//! settings that would change the model's math in a way Lily does not
+//! implement (a rope scaling, an attention without its output gate, routing
+//! weights that are not renormalised), rather than being read past.
+//!
+//! The quantisation block is parsed here but its per-module entries are
+//! checked by the loader (`weights::check_quantization`), which knows the
+//! modules Lily loads: entries for other modules (the vision tower) are
+//! ignored whatever they say.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +22,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::tokenizer::IM_END_ID;
 
 /// Which token mixer a layer uses. Layer `i` is full attention when
 /// `i % 4 == 3`, Gated DeltaNet otherwise.
@@ -52,7 +61,9 @@ pub struct QuantSpec {
 pub struct Quantization {
     pub default: QuantSpec,
     /// Module path (e.g. `language_model.model.layers.0.mlp.gate`) to its
-    /// spec; `None` means the module is stored unquantised.
+    /// spec; `None` means the module is stored unquantised. Entries are kept
+    /// as written; only those of modules Lily loads are checked (by
+    /// `weights::check_quantization`).
     pub overrides: BTreeMap<String, Option<QuantSpec>>,
 }
 
@@ -92,6 +103,8 @@ pub struct ModelConfig {
     pub moe_intermediate_size: usize,
     pub shared_expert_intermediate_size: usize,
     // Tokens.
+    /// Ids that end generation; always holds `<|im_end|>`, which ends every
+    /// chat turn even where the config names only `<|endoftext|>`.
     pub eos_token_ids: Vec<u32>,
     /// Present for MLX checkpoints only.
     pub quantization: Option<Quantization>,
@@ -175,14 +188,17 @@ impl ModelConfig {
         2 * self.linear_key_dim() + self.linear_value_dim()
     }
     pub fn num_attention_layers(&self) -> usize {
-        self.layer_kinds().filter(|k| *k == LayerKind::Attention).count()
+        self.layer_kinds()
+            .filter(|k| *k == LayerKind::Attention)
+            .count()
     }
     pub fn num_deltanet_layers(&self) -> usize {
         self.num_layers - self.num_attention_layers()
     }
 
     /// Reads and validates `config.json` in `dir` (and `generation_config.json`
-    /// for extra EOS ids, when present).
+    /// for extra EOS ids, when present; without it the EOS ids are the
+    /// config's plus `<|im_end|>`).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
@@ -217,19 +233,29 @@ impl ModelConfig {
         })?;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
         if model_type != "qwen3_5_moe" {
-            return Err(Error::config("model_type", "\"qwen3_5_moe\"", format!("{model_type:?}")));
+            return Err(Error::config(
+                "model_type",
+                "\"qwen3_5_moe\"",
+                format!("{model_type:?}"),
+            ));
         }
         let text_cfg = root
             .get("text_config")
             .ok_or_else(|| Error::config("text_config", "an object", "nothing"))?;
-        let t = Fields { obj: text_cfg, prefix: "text_config" };
-        let rope = text_cfg.get("rope_parameters").or_else(|| text_cfg.get("rope_scaling"));
+        let t = Fields {
+            obj: text_cfg,
+            prefix: "text_config",
+        };
+        refuse_unimplemented(text_cfg)?;
+        let rope = text_cfg
+            .get("rope_parameters")
+            .or_else(|| text_cfg.get("rope_scaling"));
         let rope_f64 = |key: &str, default: f64| -> Result<f64> {
             match rope.and_then(|r| r.get(key)).or_else(|| text_cfg.get(key)) {
                 None => Ok(default),
-                Some(v) => v
-                    .as_f64()
-                    .ok_or_else(|| Error::config(format!("text_config.rope_parameters.{key}"), "a number", v)),
+                Some(v) => v.as_f64().ok_or_else(|| {
+                    Error::config(format!("text_config.rope_parameters.{key}"), "a number", v)
+                }),
             }
         };
 
@@ -242,8 +268,17 @@ impl ModelConfig {
         if eos.is_empty() {
             eos = production().eos_token_ids;
         }
+        // The original release's text_config names only `<|endoftext|>` (its
+        // generation_config.json adds `<|im_end|>`): a chat turn must end at
+        // `<|im_end|>` even when that file is missing.
+        if !eos.contains(&IM_END_ID) {
+            eos.push(IM_END_ID);
+        }
 
-        let quantization = match root.get("quantization").or_else(|| root.get("quantization_config")) {
+        let quantization = match root
+            .get("quantization")
+            .or_else(|| root.get("quantization_config"))
+        {
             None | Some(Value::Null) => None,
             Some(q) => Some(parse_quantization(q)?),
         };
@@ -274,7 +309,11 @@ impl ModelConfig {
         };
         if let Some(v) = text_cfg.get("tie_word_embeddings").and_then(Value::as_bool) {
             if v {
-                return Err(Error::config("text_config.tie_word_embeddings", false, true));
+                return Err(Error::config(
+                    "text_config.tie_word_embeddings",
+                    false,
+                    true,
+                ));
             }
         }
         if let Some(types) = text_cfg.get("layer_types").and_then(Value::as_array) {
@@ -291,7 +330,11 @@ impl ModelConfig {
                     LayerKind::DeltaNet => "linear_attention",
                 };
                 if ty.as_str() != Some(want) {
-                    return Err(Error::config(format!("text_config.layer_types[{i}]"), format!("{want:?}"), ty));
+                    return Err(Error::config(
+                        format!("text_config.layer_types[{i}]"),
+                        format!("{want:?}"),
+                        ty,
+                    ));
                 }
             }
         }
@@ -305,30 +348,70 @@ impl ModelConfig {
             ("hidden_size", self.hidden_size, prod.hidden_size),
             ("num_hidden_layers", self.num_layers, prod.num_layers),
             ("vocab_size", self.vocab_size, prod.vocab_size),
-            ("num_attention_heads", self.num_attention_heads, prod.num_attention_heads),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                prod.num_attention_heads,
+            ),
             ("num_key_value_heads", self.num_kv_heads, prod.num_kv_heads),
             ("head_dim", self.head_dim, prod.head_dim),
-            ("linear_num_key_heads", self.linear_num_key_heads, prod.linear_num_key_heads),
-            ("linear_num_value_heads", self.linear_num_value_heads, prod.linear_num_value_heads),
-            ("linear_key_head_dim", self.linear_key_head_dim, prod.linear_key_head_dim),
-            ("linear_value_head_dim", self.linear_value_head_dim, prod.linear_value_head_dim),
+            (
+                "linear_num_key_heads",
+                self.linear_num_key_heads,
+                prod.linear_num_key_heads,
+            ),
+            (
+                "linear_num_value_heads",
+                self.linear_num_value_heads,
+                prod.linear_num_value_heads,
+            ),
+            (
+                "linear_key_head_dim",
+                self.linear_key_head_dim,
+                prod.linear_key_head_dim,
+            ),
+            (
+                "linear_value_head_dim",
+                self.linear_value_head_dim,
+                prod.linear_value_head_dim,
+            ),
             ("num_experts", self.num_experts, prod.num_experts),
-            ("num_experts_per_tok", self.num_experts_per_tok, prod.num_experts_per_tok),
-            ("moe_intermediate_size", self.moe_intermediate_size, prod.moe_intermediate_size),
-            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, prod.shared_expert_intermediate_size),
-            ("max_position_embeddings", self.max_position_embeddings, prod.max_position_embeddings),
+            (
+                "num_experts_per_tok",
+                self.num_experts_per_tok,
+                prod.num_experts_per_tok,
+            ),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                prod.moe_intermediate_size,
+            ),
+            (
+                "shared_expert_intermediate_size",
+                self.shared_expert_intermediate_size,
+                prod.shared_expert_intermediate_size,
+            ),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                prod.max_position_embeddings,
+            ),
         ];
         // Rules every accepted config must satisfy, test or production.
         let check = |field: &str, ok: bool, expected: String, actual: String| -> Result<()> {
             if ok {
                 Ok(())
             } else {
-                Err(Error::config(format!("text_config.{field}"), expected, actual))
+                Err(Error::config(
+                    format!("text_config.{field}"),
+                    expected,
+                    actual,
+                ))
             }
         };
         check(
             "num_hidden_layers",
-            self.num_layers >= 4 && self.num_layers % 4 == 0,
+            self.num_layers >= 4 && self.num_layers.is_multiple_of(4),
             "a positive multiple of 4 (layer i is attention when i % 4 == 3)".into(),
             self.num_layers.to_string(),
         )?;
@@ -336,13 +419,19 @@ impl ModelConfig {
             "linear_num_value_heads",
             // checked/saturating: the values are not bounded yet.
             self.linear_num_key_heads.checked_mul(2) == Some(self.linear_num_value_heads),
-            format!("2 x linear_num_key_heads = {}", self.linear_num_key_heads.saturating_mul(2)),
+            format!(
+                "2 x linear_num_key_heads = {}",
+                self.linear_num_key_heads.saturating_mul(2)
+            ),
             self.linear_num_value_heads.to_string(),
         )?;
         check(
             "num_attention_heads",
             self.num_kv_heads.checked_mul(8) == Some(self.num_attention_heads),
-            format!("8 x num_key_value_heads = {}", self.num_kv_heads.saturating_mul(8)),
+            format!(
+                "8 x num_key_value_heads = {}",
+                self.num_kv_heads.saturating_mul(8)
+            ),
             self.num_attention_heads.to_string(),
         )?;
         check(
@@ -351,7 +440,12 @@ impl ModelConfig {
             self.linear_key_head_dim.to_string(),
             self.linear_value_head_dim.to_string(),
         )?;
-        check("linear_conv_kernel_dim", self.conv_kernel == 4, "4".into(), self.conv_kernel.to_string())?;
+        check(
+            "linear_conv_kernel_dim",
+            self.conv_kernel == 4,
+            "4".into(),
+            self.conv_kernel.to_string(),
+        )?;
         // The f64 in the file is narrowed to f32: 1e80 would become inf.
         check(
             "rms_norm_eps",
@@ -373,7 +467,7 @@ impl ModelConfig {
         )?;
         check(
             "head_dim",
-            self.head_dim % 8 == 0 && self.head_dim >= 16,
+            self.head_dim.is_multiple_of(8) && self.head_dim >= 16,
             "a multiple of 8, at least 16".into(),
             self.head_dim.to_string(),
         )?;
@@ -394,7 +488,10 @@ impl ModelConfig {
                 return Err(Error::config(
                     "quantization",
                     "bits 4, group_size 64",
-                    format!("bits {}, group_size {}", q.default.bits, q.default.group_size),
+                    format!(
+                        "bits {}, group_size {}",
+                        q.default.bits, q.default.group_size
+                    ),
                 ));
             }
         }
@@ -419,8 +516,12 @@ impl ModelConfig {
                 // --preset full --layers 4`); any other large model is some
                 // other model and is refused.
                 let fewer_layers = self.num_layers < prod.num_layers
-                    && dims.iter().all(|(f, got, want)| got == want || *f == "num_hidden_layers");
-                if fewer_layers || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts) {
+                    && dims
+                        .iter()
+                        .all(|(f, got, want)| got == want || *f == "num_hidden_layers");
+                if fewer_layers
+                    || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts)
+                {
                     ShapeClass::Test
                 } else {
                     return Err(Error::config(
@@ -431,8 +532,14 @@ impl ModelConfig {
                 }
             }
         };
-        if self.shape_class == ShapeClass::Production && (self.rope_theta - prod.rope_theta).abs() > 1.0 {
-            return Err(Error::config("text_config.rope_parameters.rope_theta", prod.rope_theta, self.rope_theta));
+        if self.shape_class == ShapeClass::Production
+            && (self.rope_theta - prod.rope_theta).abs() > 1.0
+        {
+            return Err(Error::config(
+                "text_config.rope_parameters.rope_theta",
+                prod.rope_theta,
+                self.rope_theta,
+            ));
         }
         Ok(self)
     }
@@ -442,31 +549,51 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
     let obj = q
         .as_object()
         .ok_or_else(|| Error::config("quantization", "an object", q))?;
-    let spec = |v: &Value, field: &str| -> Result<QuantSpec> {
+    // Read as written (bits and group size as numbers, no range check): the
+    // default is checked in `validated`, per-module entries by the loader,
+    // which ignores those of modules Lily does not load.
+    let spec = |v: &Value| -> Option<QuantSpec> {
         let bits = v
             .get("bits")
             .and_then(Value::as_u64)
-            .ok_or_else(|| Error::config(format!("{field}.bits"), "an integer", v.get("bits").unwrap_or(&Value::Null)))?;
+            .and_then(|b| u32::try_from(b).ok())?;
         let group = v
             .get("group_size")
             .and_then(Value::as_u64)
-            .ok_or_else(|| Error::config(format!("{field}.group_size"), "an integer", v.get("group_size").unwrap_or(&Value::Null)))?;
-        if !matches!(bits, 4 | 8) || group != 64 {
-            return Err(Error::config(field, "bits 4 or 8 with group_size 64", format!("bits {bits}, group_size {group}")));
-        }
-        Ok(QuantSpec { bits: bits as u32, group_size: group as usize })
+            .and_then(|g| usize::try_from(g).ok())?;
+        Some(QuantSpec {
+            bits,
+            group_size: group,
+        })
     };
     if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
         if mode != "affine" {
-            return Err(Error::config("quantization.mode", "\"affine\"", format!("{mode:?}")));
+            return Err(Error::config(
+                "quantization.mode",
+                "\"affine\"",
+                format!("{mode:?}"),
+            ));
         }
     }
-    let default = spec(q, "quantization")?;
+    let default = spec(q).ok_or_else(|| {
+        Error::config(
+            "quantization",
+            "integer `bits` and `group_size`",
+            format!(
+                "bits {}, group_size {}",
+                q.get("bits").unwrap_or(&Value::Null),
+                q.get("group_size").unwrap_or(&Value::Null)
+            ),
+        )
+    })?;
     let mut overrides = BTreeMap::new();
     for (key, value) in obj {
         match value {
+            // An entry whose bits or group size are not numbers can never be
+            // run; keep it as "unquantised" so that, if Lily loads the module,
+            // the loader refuses it, and otherwise it is ignored.
             Value::Object(_) => {
-                overrides.insert(key.clone(), Some(spec(value, &format!("quantization.{key}"))?));
+                overrides.insert(key.clone(), spec(value));
             }
             Value::Bool(false) => {
                 overrides.insert(key.clone(), None);
@@ -475,6 +602,117 @@ fn parse_quantization(q: &Value) -> Result<Quantization> {
         }
     }
     Ok(Quantization { default, overrides })
+}
+
+/// Settings of `text_config` that change the model's math and that Lily does
+/// not implement: present with any value but the one Lily computes, they are
+/// refused naming the field and the value (absent, they take that value).
+fn refuse_unimplemented(text_cfg: &Value) -> Result<()> {
+    // The rope variant: Lily computes the default rope (the model's 3-axis
+    // mRoPE, which for text positions is the default rope). YaRN, linear,
+    // dynamic, longrope, llama3 and the like scale frequencies differently.
+    for key in ["rope_parameters", "rope_scaling"] {
+        let Some(rope) = text_cfg.get(key) else {
+            continue;
+        };
+        match rope {
+            Value::Null => continue,
+            Value::Object(_) => {}
+            other => {
+                return Err(Error::config(
+                    format!("text_config.{key}"),
+                    "an object or null",
+                    other,
+                ))
+            }
+        }
+        let mut named = false;
+        for ty in ["rope_type", "type"] {
+            if let Some(v) = rope.get(ty) {
+                named = true;
+                if !matches!(v.as_str(), Some("default" | "mrope")) {
+                    return Err(Error::config(
+                        format!("text_config.{key}.{ty}"),
+                        "\"default\" (Lily implements no rope scaling)",
+                        v,
+                    ));
+                }
+            }
+        }
+        // A scaling factor without a type is a scaled rope all the same.
+        if let Some(v) = rope.get("factor") {
+            if !named || v.as_f64() != Some(1.0) {
+                return Err(Error::config(
+                    format!("text_config.{key}.factor"),
+                    "no factor (Lily implements no rope scaling)",
+                    v,
+                ));
+            }
+        }
+    }
+    let bool_must_be = |field: &str, want: bool, why: &str| -> Result<()> {
+        match text_cfg.get(field) {
+            None | Some(Value::Null) => Ok(()),
+            Some(Value::Bool(b)) if *b == want => Ok(()),
+            Some(other) => Err(Error::config(
+                format!("text_config.{field}"),
+                format!("{want} ({why})"),
+                other,
+            )),
+        }
+    };
+    bool_must_be(
+        "attn_output_gate",
+        true,
+        "Lily's attention always applies the sigmoid output gate",
+    )?;
+    bool_must_be(
+        "norm_topk_prob",
+        true,
+        "Lily always renormalises the top-k routing weights",
+    )?;
+    bool_must_be(
+        "attention_bias",
+        false,
+        "Lily's attention projections have no bias",
+    )?;
+    if let Some(v) = text_cfg.get("hidden_act") {
+        if v.as_str() != Some("silu") {
+            return Err(Error::config(
+                "text_config.hidden_act",
+                "\"silu\" (the experts' SwiGLU)",
+                v,
+            ));
+        }
+    }
+    if let Some(v) = text_cfg.get("full_attention_interval") {
+        if v.as_u64() != Some(4) {
+            return Err(Error::config(
+                "text_config.full_attention_interval",
+                "4 (layer i is attention when i % 4 == 3)",
+                v,
+            ));
+        }
+    }
+    if let Some(v) = text_cfg.get("mlp_only_layers") {
+        if !matches!(v, Value::Null) && v.as_array().is_none_or(|a| !a.is_empty()) {
+            return Err(Error::config(
+                "text_config.mlp_only_layers",
+                "[] (every layer ends in the MoE)",
+                v,
+            ));
+        }
+    }
+    if let Some(v) = text_cfg.get("decoder_sparse_step") {
+        if v.as_u64() != Some(1) {
+            return Err(Error::config(
+                "text_config.decoder_sparse_step",
+                "1 (every layer ends in the MoE)",
+                v,
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn eos_ids(value: Option<&Value>, field: &str) -> Result<Vec<u32>> {
@@ -507,11 +745,18 @@ struct Fields<'a> {
 impl Fields<'_> {
     fn usize(&self, key: &str) -> Result<usize> {
         match self.obj.get(key) {
-            Some(v) => v
-                .as_u64()
-                .map(|x| x as usize)
-                .ok_or_else(|| Error::config(format!("{}.{key}", self.prefix), "a non-negative integer", v)),
-            None => Err(Error::config(format!("{}.{key}", self.prefix), "a value", "nothing")),
+            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                Error::config(
+                    format!("{}.{key}", self.prefix),
+                    "a non-negative integer",
+                    v,
+                )
+            }),
+            None => Err(Error::config(
+                format!("{}.{key}", self.prefix),
+                "a value",
+                "nothing",
+            )),
         }
     }
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
@@ -600,6 +845,33 @@ pub fn to_config_json(cfg: &ModelConfig) -> Value {
     root
 }
 
+/// The MLX quantisation block the real 4-bit checkpoint carries: 4-bit group
+/// 64 by default, 8-bit for every layer's router and shared-expert gate.
+pub fn mlx_quantization(cfg: &ModelConfig) -> Quantization {
+    let eight = Some(QuantSpec {
+        bits: 8,
+        group_size: 64,
+    });
+    let mut overrides = BTreeMap::new();
+    for layer in 0..cfg.num_layers {
+        overrides.insert(
+            format!("language_model.model.layers.{layer}.mlp.gate"),
+            eight,
+        );
+        overrides.insert(
+            format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"),
+            eight,
+        );
+    }
+    Quantization {
+        default: QuantSpec {
+            bits: 4,
+            group_size: 64,
+        },
+        overrides,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -620,16 +892,30 @@ mod tests {
         assert_eq!(cfg.rotary_dim(), 64);
         assert_eq!(cfg.linear_conv_dim(), 8192);
         let q = cfg.quantization.as_ref().expect("quantised");
-        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.gate").map(|s| s.bits), Some(8));
-        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.shared_expert_gate").map(|s| s.bits), Some(8));
-        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.switch_mlp.up_proj").map(|s| s.bits), Some(4));
+        assert_eq!(
+            q.spec_for("language_model.model.layers.7.mlp.gate")
+                .map(|s| s.bits),
+            Some(8)
+        );
+        assert_eq!(
+            q.spec_for("language_model.model.layers.7.mlp.shared_expert_gate")
+                .map(|s| s.bits),
+            Some(8)
+        );
+        assert_eq!(
+            q.spec_for("language_model.model.layers.7.mlp.switch_mlp.up_proj")
+                .map(|s| s.bits),
+            Some(4)
+        );
     }
 
     #[test]
     fn a_larger_model_is_refused_naming_the_field() {
         let mut v = prod_json();
         v["text_config"]["hidden_size"] = 4096.into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("text_config.hidden_size"), "{err}");
         assert!(err.contains("2048") && err.contains("4096"), "{err}");
     }
@@ -638,7 +924,9 @@ mod tests {
     fn broken_head_relation_is_refused() {
         let mut v = prod_json();
         v["text_config"]["num_key_value_heads"] = 4.into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("num_attention_heads"), "{err}");
     }
 
@@ -646,11 +934,15 @@ mod tests {
     fn wrong_model_type_and_layer_types_are_refused() {
         let mut v = prod_json();
         v["model_type"] = "qwen3_next".into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model_type"), "{err}");
         let mut v = prod_json();
         v["text_config"]["layer_types"][2] = "full_attention".into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("layer_types[2]"), "{err}");
     }
 
@@ -681,7 +973,9 @@ mod tests {
         let mut v = prod_json();
         v["quantization"]["bits"] = 3.into();
         v["quantization_config"]["bits"] = 3.into();
-        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        let err = ModelConfig::from_json_str(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("quantization"), "{err}");
     }
 
@@ -691,20 +985,5 @@ mod tests {
         v["eos_token_id"] = serde_json::json!([248046, 248044]);
         let cfg = ModelConfig::from_json_str(&v.to_string()).expect("valid");
         assert_eq!(cfg.eos_token_ids, vec![248046, 248044]);
-    }
-}
-
-/// The MLX quantisation block the real 4-bit checkpoint carries: 4-bit group
-/// 64 by default, 8-bit for every layer's router and shared-expert gate.
-pub fn mlx_quantization(cfg: &ModelConfig) -> Quantization {
-    let eight = Some(QuantSpec { bits: 8, group_size: 64 });
-    let mut overrides = BTreeMap::new();
-    for layer in 0..cfg.num_layers {
-        overrides.insert(format!("language_model.model.layers.{layer}.mlp.gate"), eight);
-        overrides.insert(format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"), eight);
-    }
-    Quantization {
-        default: QuantSpec { bits: 4, group_size: 64 },
-        overrides,
     }
 }

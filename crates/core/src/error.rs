@@ -29,7 +29,9 @@ pub enum Error {
     },
     #[error("tensor `{tensor}` is missing (checked {searched})")]
     MissingTensor { tensor: String, searched: String },
-    #[error("{count} tensor(s) in the checkpoint are not used by the model, e.g. `{example}` in {file}")]
+    #[error(
+        "{count} tensor(s) in the checkpoint are not used by the model, e.g. `{example}` in {file}"
+    )]
     UnusedTensors {
         count: usize,
         example: String,
@@ -53,7 +55,11 @@ impl Error {
         }
     }
 
-    pub fn config(field: impl Into<String>, expected: impl ToString, actual: impl ToString) -> Self {
+    pub fn config(
+        field: impl Into<String>,
+        expected: impl ToString,
+        actual: impl ToString,
+    ) -> Self {
         Error::Config {
             field: field.into(),
             expected: expected.to_string(),

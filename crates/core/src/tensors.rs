@@ -105,7 +105,14 @@ pub struct TensorRef {
 
 impl std::fmt::Debug for TensorRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {:?} {} in {}", self.name, self.shape, self.dtype.name(), self.file.display())
+        write!(
+            f,
+            "{} {:?} {} in {}",
+            self.name,
+            self.shape,
+            self.dtype.name(),
+            self.file.display()
+        )
     }
 }
 
@@ -131,7 +138,10 @@ impl TensorRef {
     pub fn to_f32(&self) -> Vec<f32> {
         let b = self.bytes();
         match self.dtype {
-            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             DType::BF16 => b
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -156,7 +166,11 @@ impl TensorRef {
     pub fn expect(&self, dtypes: &[DType], shape: &[usize]) -> Result<()> {
         if !dtypes.contains(&self.dtype) {
             let want: Vec<_> = dtypes.iter().map(|d| d.name()).collect();
-            return Err(self.error(format!("dtype is {}, expected {}", self.dtype.name(), want.join(" or "))));
+            return Err(self.error(format!(
+                "dtype is {}, expected {}",
+                self.dtype.name(),
+                want.join(" or ")
+            )));
         }
         if self.shape != shape {
             return Err(self.error(format!("shape is {:?}, expected {:?}", self.shape, shape)));
@@ -165,7 +179,10 @@ impl TensorRef {
     }
 }
 
-fn cast_or_copy<T: bytemuck::Pod, const N: usize>(bytes: &[u8], from_le: fn([u8; N]) -> T) -> Cow<'_, [T]> {
+fn cast_or_copy<T: bytemuck::Pod, const N: usize>(
+    bytes: &[u8],
+    from_le: fn([u8; N]) -> T,
+) -> Cow<'_, [T]> {
     match bytemuck::try_cast_slice::<u8, T>(bytes) {
         Ok(words) if cfg!(target_endian = "little") => Cow::Borrowed(words),
         _ => Cow::Owned(
@@ -196,11 +213,13 @@ impl TensorStore {
         let mut files: Vec<PathBuf> = Vec::new();
         let mut index: Option<HashMap<String, String>> = None;
         if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Json {
-                path: index_path.clone(),
-                message: e.to_string(),
-            })?;
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::Json {
+                    path: index_path.clone(),
+                    message: e.to_string(),
+                })?;
             let map = value
                 .get("weight_map")
                 .and_then(|m| m.as_object())
@@ -217,7 +236,9 @@ impl TensorStore {
                 if file.contains('/') || file.contains("..") {
                     return Err(Error::Json {
                         path: index_path.clone(),
-                        message: format!("weight_map[{tensor:?}] = {file:?} leaves the checkpoint directory"),
+                        message: format!(
+                            "weight_map[{tensor:?}] = {file:?} leaves the checkpoint directory"
+                        ),
                     });
                 }
                 names.insert(tensor.clone(), file.to_string());
@@ -249,10 +270,13 @@ impl TensorStore {
             // The index must agree with the files: every listed tensor is in
             // the file it names, and no file holds a tensor the index omits.
             for (tensor, file) in &index {
-                let entry = store.entries.get(tensor).ok_or_else(|| Error::Safetensors {
-                    file: dir.join(file),
-                    message: format!("index lists `{tensor}` but the file does not contain it"),
-                })?;
+                let entry = store
+                    .entries
+                    .get(tensor)
+                    .ok_or_else(|| Error::Safetensors {
+                        file: dir.join(file),
+                        message: format!("index lists `{tensor}` but the file does not contain it"),
+                    })?;
                 let actual = &store.shards[entry.shard].path;
                 if actual.file_name().and_then(|f| f.to_str()) != Some(file.as_str()) {
                     return Err(Error::Safetensors {
@@ -261,7 +285,8 @@ impl TensorStore {
                     });
                 }
             }
-            if let Some((name, entry)) = store.entries.iter().find(|(n, _)| !index.contains_key(*n)) {
+            if let Some((name, entry)) = store.entries.iter().find(|(n, _)| !index.contains_key(*n))
+            {
                 return Err(Error::Safetensors {
                     file: store.shards[entry.shard].path.clone(),
                     message: format!("`{name}` is not listed in model.safetensors.index.json"),
@@ -285,10 +310,11 @@ impl TensorStore {
                 file: path.clone(),
                 message: format!("not a valid safetensors file: {e}"),
             })?;
-            let (header_len, _) = SafeTensors::read_metadata(&map).map_err(|e| Error::Safetensors {
-                file: path.clone(),
-                message: format!("not a valid safetensors file: {e}"),
-            })?;
+            let (header_len, _) =
+                SafeTensors::read_metadata(&map).map_err(|e| Error::Safetensors {
+                    file: path.clone(),
+                    message: format!("not a valid safetensors file: {e}"),
+                })?;
             let base = 8 + header_len;
             for (name, view) in parsed.tensors() {
                 let data = view.data();
@@ -369,7 +395,10 @@ impl TensorStore {
 
     /// Fails if a tensor was never taken, unless `ignored` says to skip it.
     pub fn check_all_used(&self, ignored: impl Fn(&str) -> bool) -> Result<()> {
-        let taken = self.taken.lock().map_err(|_| Error::Other("tensor store lock poisoned".into()))?;
+        let taken = self
+            .taken
+            .lock()
+            .map_err(|_| Error::Other("tensor store lock poisoned".into()))?;
         let unused: Vec<(&String, &Entry)> = self
             .entries
             .iter()
@@ -389,12 +418,22 @@ impl TensorStore {
         let names: Vec<String> = self
             .shards
             .iter()
-            .map(|s| s.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default())
+            .map(|s| {
+                s.path
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
             .collect();
         if names.len() <= 3 {
             names.join(", ")
         } else {
-            format!("{} files: {} ... {}", names.len(), names[0], names[names.len() - 1])
+            format!(
+                "{} files: {} ... {}",
+                names.len(),
+                names[0],
+                names[names.len() - 1]
+            )
         }
     }
 }

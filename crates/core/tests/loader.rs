@@ -5,112 +5,17 @@
 //! tensors real checkpoints carry but the text model does not use (vision
 //! tower, `mtp.*`) are ignored.
 //!
-//! The checkpoints are built here from `expected_tensors` with the
-//! `safetensors` crate's own writer, independent of `lily-synth`.
+//! The checkpoints are built from `expected_tensors` with the `safetensors`
+//! crate's own writer (`support`), independent of `lily-synth`.
+
+mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use lily_core::config::{mlx_quantization, production, to_config_json, Format, ModelConfig};
+use lily_core::config::Format;
 use lily_core::tensors::DType;
-use lily_core::weights::{expected_tensors, Role, Weights};
-use safetensors::tensor::TensorView;
-
-/// A small model of the real architecture.
-fn small_config(format: Format) -> ModelConfig {
-    let mut cfg = production();
-    cfg.hidden_size = 64;
-    cfg.num_layers = 4;
-    cfg.vocab_size = 128;
-    cfg.num_attention_heads = 8;
-    cfg.num_kv_heads = 1;
-    cfg.head_dim = 16;
-    cfg.linear_num_key_heads = 2;
-    cfg.linear_num_value_heads = 4;
-    cfg.linear_key_head_dim = 16;
-    cfg.linear_value_head_dim = 16;
-    cfg.num_experts = 4;
-    cfg.num_experts_per_tok = 2;
-    cfg.moe_intermediate_size = 64;
-    cfg.shared_expert_intermediate_size = 64;
-    if format == Format::MlxQ4 {
-        cfg.quantization = Some(mlx_quantization(&cfg));
-    }
-    cfg.validated().expect("small config")
-}
-
-/// One tensor to write: dtype, shape, bytes.
-#[derive(Clone)]
-struct Raw {
-    dtype: DType,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-/// The tensors of a valid checkpoint: zeros, except one-centred norms,
-/// which hold gains of 1 in the MLX layout (so the convention is detected).
-fn valid_tensors(cfg: &ModelConfig) -> BTreeMap<String, Raw> {
-    expected_tensors(cfg)
-        .into_iter()
-        .map(|s| {
-            let n: usize = s.shape.iter().product();
-            let mut data = vec![0u8; n * s.dtype.size()];
-            if s.role == Role::NormOneCentered && cfg.format() == Format::MlxQ4 {
-                let one = half::bf16::from_f32(1.0).to_bits().to_le_bytes();
-                for c in data.chunks_exact_mut(2) {
-                    c.copy_from_slice(&one);
-                }
-            }
-            (
-                s.name,
-                Raw {
-                    dtype: s.dtype,
-                    shape: s.shape,
-                    data,
-                },
-            )
-        })
-        .collect()
-}
-
-const SHARDS: [&str; 2] = [
-    "model-00001-of-00002.safetensors",
-    "model-00002-of-00002.safetensors",
-];
-
-/// Which shard a tensor goes to: layers 0-1 and the embedding in the
-/// first, the rest in the second.
-fn shard_of(name: &str) -> usize {
-    let first =
-        name.contains("embed_tokens") || name.contains("layers.0.") || name.contains("layers.1.");
-    if first {
-        0
-    } else {
-        1
-    }
-}
-
-/// Writes config, two shards and the index into `dir`.
-fn write_checkpoint(dir: &Path, cfg: &ModelConfig, tensors: &BTreeMap<String, Raw>) {
-    std::fs::write(dir.join("config.json"), to_config_json(cfg).to_string()).expect("config");
-    let mut weight_map = BTreeMap::new();
-    for (s, file) in SHARDS.iter().enumerate() {
-        let views: Vec<(String, TensorView<'_>)> = tensors
-            .iter()
-            .filter(|(name, _)| shard_of(name) == s)
-            .map(|(name, t)| {
-                weight_map.insert(name.clone(), file.to_string());
-                (
-                    name.clone(),
-                    TensorView::new(t.dtype.to_st(), t.shape.clone(), &t.data).expect("view"),
-                )
-            })
-            .collect();
-        safetensors::serialize_to_file(views, None, &dir.join(file)).expect("shard");
-    }
-    let index = serde_json::json!({ "metadata": { "total_size": 0 }, "weight_map": weight_map });
-    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("index");
-}
+use lily_core::weights::Weights;
+use support::{small_config, valid_tensors, write_checkpoint, Raw, SHARDS};
 
 /// Writes the checkpoint after `change` and returns the load error message.
 fn load_error(format: Format, change: impl FnOnce(&mut BTreeMap<String, Raw>)) -> String {

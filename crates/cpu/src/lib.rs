@@ -296,6 +296,8 @@ impl Backend for CpuBackend {
 
     fn memory_in_use(&self) -> Option<u64> {
         let state: usize = self.seqs.values().map(SeqState::bytes).sum();
-        Some((self.weights.store.data_bytes() + state) as u64)
+        // The tensors the model reads, not every byte of the files: a vision
+        // tower or MTP head in the checkpoint is mapped but never touched.
+        Some(self.weights.model_bytes + state as u64)
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! It owns two producers and the machinery they share:
 //! - `synth` writes a complete synthetic checkpoint directory (config,
-//!   sharded safetensors + index, tokenizer, template, generation config)
-//!   with deterministic random weights, in the MLX 4-bit or the BF16 layout;
+//!   sharded safetensors + index, and the tokenizer, template and
+//!   generation files of `files`) with deterministic random weights, in the
+//!   MLX 4-bit or the BF16 layout;
 //! - `quantize_checkpoint` turns the original BF16 release into the MLX
 //!   4-bit layout exactly as mlx-lm's conversion does.
 //!
@@ -14,6 +15,7 @@
 //! read checkpoints for serving, and owns no model math.
 
 pub mod convert;
+pub mod files;
 pub mod layout;
 pub mod plan;
 pub mod presets;
@@ -28,6 +30,7 @@ use lily_core::config::{to_config_json, Format, ModelConfig};
 use lily_core::{Error, Result};
 
 pub use convert::{quantize_checkpoint, QuantizeReport};
+pub use files::{generation_config_json, tokenizer_config_json, tokenizer_json};
 pub use plan::Plan;
 pub use presets::{preset_config, Preset};
 
@@ -101,21 +104,6 @@ pub struct SynthReport {
     pub seconds: f64,
 }
 
-/// The `generation_config.json` of the Qwen3.5/3.6 releases: stop on
-/// `<|im_end|>` and `<|endoftext|>`, and the model card's sampling for
-/// thinking mode (temperature 1.0, top-p 0.95, top-k 20).
-pub fn generation_config_json() -> serde_json::Value {
-    serde_json::json!({
-        "bos_token_id": 248044,
-        "do_sample": true,
-        "eos_token_id": [248046, 248044],
-        "pad_token_id": 248044,
-        "temperature": 1.0,
-        "top_k": 20,
-        "top_p": 0.95,
-    })
-}
-
 fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<u64> {
     let path = dir.join(name);
     std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
@@ -181,15 +169,11 @@ pub fn write_synthetic(
     let start = Instant::now();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut n = 0;
-    n += write_file(
-        dir,
-        "tokenizer.json",
-        &lily_core::tokenizer::embedded_tokenizer_json()?,
-    )?;
+    n += write_file(dir, "tokenizer.json", &tokenizer_json()?)?;
     n += write_file(
         dir,
         "tokenizer_config.json",
-        lily_core::tokenizer::embedded_tokenizer_config_json().as_bytes(),
+        &json_bytes(&tokenizer_config_json())?,
     )?;
     n += write_file(
         dir,

@@ -14,7 +14,7 @@ pub mod matmul;
 
 use std::sync::Arc;
 
-use lily_core::weights::{AttentionWeights, DeltaNetWeights, Mixer, Weights};
+use lily_core::weights::{is_ignored_tensor, AttentionWeights, DeltaNetWeights, Mixer, Weights};
 use lily_model::{LogitsWanted, ModelError, ModelResult};
 use rayon::prelude::*;
 
@@ -143,7 +143,9 @@ impl FastModel {
     /// that has run for a while has faulted everything in anyway.
     pub fn prefault(&self) -> usize {
         let store = &self.weights.store;
-        let names: Vec<&str> = store.names().collect();
+        // Only what the model reads: the vision tower and an MTP head stay
+        // on disk.
+        let names: Vec<&str> = store.names().filter(|n| !is_ignored_tensor(n)).collect();
         names
             .par_iter()
             .map(|name| match store.peek(name) {
