@@ -170,6 +170,7 @@ impl Dims {
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
         v.extend(crate::qmm::defines(self));
+        v.extend(crate::gdn::defines(self));
         v
     }
 }
