@@ -4,7 +4,7 @@
 #
 #   cargo test -p lily-cuda --release --no-run
 #   cargo build -p lily-cuda --release --example bench
-#   copy the gpu_kernels / gpu_model / gpu_sampling / nvrtc_compile test executables and
+#   copy the gpu_kernels / gpu_gdn / gpu_model / gpu_sampling / nvrtc_compile test executables and
 #   examples/bench into .carry-cuda/ (stripped; listed in .git/info/exclude), then run this from the repo root.
 #
 # Logs go to $OUT (or ./h200-out); the last lines summarise every binary.
@@ -13,7 +13,7 @@ OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
 BIN=${BIN:-.carry-cuda}
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
-STAGES=${STAGES:-"nvrtc kernels sampling bench model"}
+STAGES=${STAGES:-"nvrtc kernels gdn sampling bench model"}
 BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 8,32"}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
@@ -28,6 +28,7 @@ for s in $STAGES; do
   case $s in
     nvrtc) run nvrtc 60 "$BIN/nvrtc_compile" --test-threads=4 ;;
     kernels) run kernels 200 "$BIN/gpu_kernels" --test-threads=6 --nocapture ;;
+    gdn) run gdn 200 "$BIN/gpu_gdn" --test-threads=4 --nocapture ;;
     sampling) run sampling 90 "$BIN/gpu_sampling" --test-threads=4 --nocapture ;;
     bench) run bench 110 "$BIN/bench" $BENCH_ARGS ;;
     model) run model 240 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
@@ -39,7 +40,7 @@ for s in $STAGES; do
   esac
 done
 echo "---- summary"
-for f in nvrtc kernels sampling model; do
+for f in nvrtc kernels gdn sampling model; do
   [ -f "$OUT/$f.log" ] && grep -E "^test result|panicked|FAILED CHECK|^test .* FAILED" "$OUT/$f.log" | head -40
 done
 [ -f "$OUT/bench.log" ] && grep -vE "^upload" "$OUT/bench.log" | tail -45
