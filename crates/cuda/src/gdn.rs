@@ -1,7 +1,9 @@
 //! Launchers of kernels/gdn.cu: the Gated DeltaNet decode step and the
-//! chunked prefill (prep, conv store, phase A per chunk, phase B across
-//! chunks, gated norm). State layouts are described in the kernel's header;
-//! the memory plan (state.rs) owns the buffers.
+//! chunked prefill (prep, conv store, W/U per chunk, the state recurrence
+//! across chunks, the output per chunk, gated norm), and the family's NVRTC
+//! defines (chunk, tiles, shared-memory sizes, parameter-struct sizes), which
+//! the kernels check with static_asserts. Layouts are described in the
+//! kernel's header; the memory plan (state.rs) owns the buffers.
 
 use cudarc::driver::DeviceRepr;
 
@@ -117,8 +119,8 @@ struct GdnPrepParams {
     conv_w: u64,
     a_log: u64,
     dt_bias: u64,
-    qn: u64,
-    kn: u64,
+    q: u64,
+    k: u64,
     vv: u64,
     gg: u64,
     bb: u64,
@@ -144,36 +146,45 @@ unsafe impl DeviceRepr for GdnConvStoreParams {}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct GdnChunkAParams {
-    qn: u64,
-    kn: u64,
-    vv: u64,
+struct GdnWuParams {
+    k: u64,
     gg: u64,
     bb: u64,
-    u: u64,
+    vu: u64,
     w: u64,
-    aqk: u64,
     gc: u64,
     tp: i32,
 }
-// SAFETY: plain-old-data mirroring `GdnChunkAParams` in gdn.cu.
-unsafe impl DeviceRepr for GdnChunkAParams {}
+// SAFETY: plain-old-data mirroring `GdnWuParams` in gdn.cu.
+unsafe impl DeviceRepr for GdnWuParams {}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct GdnChunkBParams {
-    qn: u64,
-    kn: u64,
-    u: u64,
+struct GdnStateParams {
+    k: u64,
     w: u64,
-    aqk: u64,
+    vu: u64,
     gc: u64,
+    hs: u64,
     state: u64,
+    tp: i32,
+}
+// SAFETY: plain-old-data mirroring `GdnStateParams` in gdn.cu.
+unsafe impl DeviceRepr for GdnStateParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GdnOutParams {
+    q: u64,
+    k: u64,
+    vu: u64,
+    gc: u64,
+    hs: u64,
     o: u64,
     tp: i32,
 }
-// SAFETY: plain-old-data mirroring `GdnChunkBParams` in gdn.cu.
-unsafe impl DeviceRepr for GdnChunkBParams {}
+// SAFETY: plain-old-data mirroring `GdnOutParams` in gdn.cu.
+unsafe impl DeviceRepr for GdnOutParams {}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -189,42 +200,89 @@ struct GdnGatedNormParams {
 // SAFETY: plain-old-data mirroring `GdnGatedNormParams` in gdn.cu.
 unsafe impl DeviceRepr for GdnGatedNormParams {}
 
-/// Scratch of the chunked prefill for up to `max_tokens` tokens (f32).
+/// Scratch of the chunked prefill for up to `max_tokens` tokens; layouts in
+/// the header of gdn.cu ("Scratch"). Split rows hold bf16 pairs, so every
+/// buffer is counted in 4-byte words.
 #[derive(Clone, Copy)]
 pub struct GdnScratch {
-    pub qn: u64,
-    pub kn: u64,
-    pub vv: u64,
+    /// q, split rows [key heads][Tp][2 dk] bf16.
+    pub q: u64,
+    /// k, split rows [key heads][Tp][2 dk] bf16.
+    pub k: u64,
+    /// v f32, then U^T, then Vn^T per (head, chunk) tile.
+    pub vu: u64,
     pub gg: u64,
     pub bb: u64,
-    pub u: u64,
+    /// W, split rows [value heads][Tp][2 dk] bf16.
     pub w: u64,
-    pub aqk: u64,
+    /// G, the log decay summed within each chunk, [value heads][Tp] f32.
     pub gc: u64,
+    /// S^T at the start of every chunk, split rows [value heads][chunks][dv][2 dk] bf16.
+    pub hs: u64,
+    /// Delta-rule output before the gated norm, [Tp][value dim] f32.
     pub o: u64,
     /// Tokens (rounded up to the chunk) the buffers hold.
     pub max_tokens: usize,
 }
 
 impl GdnScratch {
-    /// Floats of each buffer for `tp` padded tokens, in field order.
-    pub fn sizes(dims: &Dims, tp: usize) -> [usize; 10] {
+    /// 4-byte words of each buffer for `tp` padded tokens, in field order.
+    pub fn sizes(dims: &Dims, tp: usize) -> [usize; 9] {
         let kd = dims.gk_heads * tp * dims.gk_dim;
         let vd = dims.gv_heads * tp * dims.gv_dim;
-        [kd, kd, vd, dims.gv_heads * tp, dims.gv_heads * tp, vd, vd, dims.gv_heads * tp * GDN_CHUNK, dims.gv_heads * tp, tp * dims.gdn_val_dim()]
+        let per_head = dims.gv_heads * tp;
+        let states = dims.gv_heads * tp.div_ceil(GDN_CHUNK) * dims.gv_dim * dims.gk_dim;
+        [kd, kd, vd, per_head, per_head, vd, per_head, states, tp * dims.gdn_val_dim()]
     }
 }
 
-/// Shared-memory bytes of the chunk kernels (see their headers).
-pub fn chunk_a_smem(dims: &Dims) -> usize {
-    let d = dims.gk_dim;
-    let qt = (d * (GDN_CHUNK + 4)).max(GDN_CHUNK * (d + 4));
-    (d * (GDN_CHUNK + 4) + qt + GDN_CHUNK * (d + 4) + GDN_CHUNK * (GDN_CHUNK + 1) + 2 * GDN_CHUNK) * 4
+/// Warps of a `gdn_chunk_state` block (16 value columns each): as many as
+/// divide the head, at most 4.
+pub fn state_warps(dims: &Dims) -> usize {
+    let tiles = dims.gv_dim / 16;
+    [4, 3, 2, 1].into_iter().find(|w| tiles.is_multiple_of(*w)).unwrap_or(1)
 }
-pub fn chunk_b_smem(dims: &Dims) -> usize {
-    let d = dims.gk_dim;
-    let cols = 32;
-    (d * (cols + 4) + 3 * GDN_CHUNK * (d + 4) + 2 * GDN_CHUNK * (cols + 4) + GDN_CHUNK * (GDN_CHUNK + 4) + GDN_CHUNK) * 4
+
+/// bf16 row stride of a shared-memory split tile of `n` columns (GDN_SPL).
+fn spl(n: usize) -> usize {
+    2 * n + 8
+}
+
+/// Shared-memory bytes of the chunk kernels, as laid out in their headers
+/// (each kernel checks its own sum against these at compile time).
+pub fn wu_smem(dims: &Dims) -> usize {
+    let c = GDN_CHUNK;
+    2 * c * spl(dims.gk_dim) * 2 + 2 * c * (c + 8) * 4 + 2 * c * 4
+}
+pub fn state_smem(dims: &Dims) -> usize {
+    let c = GDN_CHUNK;
+    let bv = 16 * state_warps(dims);
+    2 * (2 * c * spl(dims.gk_dim) * 2 + bv * (c + 8) * 4 + c * 4)
+}
+pub fn out_smem(dims: &Dims) -> usize {
+    let (c, d) = (GDN_CHUNK, dims.gk_dim);
+    (2 * c + d) * spl(d) * 2 + (d + c) * spl(c) * 2 + c * 4
+}
+
+/// The family's own defines: the chunk, the state kernel's warps, the chunk
+/// kernels' shared memory and the size of every parameter struct, each
+/// checked by a static_assert in gdn.cu.
+pub fn defines(dims: &Dims) -> Vec<String> {
+    use std::mem::size_of;
+    vec![
+        format!("-DGDN_CHUNK={GDN_CHUNK}"),
+        format!("-DGDN_STATE_WARPS={}", state_warps(dims)),
+        format!("-DGDN_WU_SMEM={}", wu_smem(dims)),
+        format!("-DGDN_STATE_SMEM={}", state_smem(dims)),
+        format!("-DGDN_OUT_SMEM={}", out_smem(dims)),
+        format!("-DGDN_DECODE_PARAMS_BYTES={}", size_of::<GdnDecodeParams>()),
+        format!("-DGDN_PREP_PARAMS_BYTES={}", size_of::<GdnPrepParams>()),
+        format!("-DGDN_CONV_STORE_PARAMS_BYTES={}", size_of::<GdnConvStoreParams>()),
+        format!("-DGDN_WU_PARAMS_BYTES={}", size_of::<GdnWuParams>()),
+        format!("-DGDN_STATE_PARAMS_BYTES={}", size_of::<GdnStateParams>()),
+        format!("-DGDN_OUT_PARAMS_BYTES={}", size_of::<GdnOutParams>()),
+        format!("-DGDN_GATED_NORM_PARAMS_BYTES={}", size_of::<GdnGatedNormParams>()),
+    ]
 }
 
 /// The chunked DeltaNet over `t` tokens of one sequence starting at
@@ -249,6 +307,9 @@ pub fn prefill(
     if t == 0 {
         return Ok(());
     }
+    if proj_stride < dims.gdn_proj() {
+        return Err(CudaError::shape("gdn_prefill", format!("proj stride {proj_stride} < {}", dims.gdn_proj())));
+    }
     let tp = t.div_ceil(GDN_CHUNK) * GDN_CHUNK;
     if tp > s.max_tokens {
         return Err(CudaError::shape("gdn_prefill", format!("{t} tokens, scratch holds {}", s.max_tokens)));
@@ -259,9 +320,9 @@ pub fn prefill(
         conv_w: w.conv_w,
         a_log: w.a_log,
         dt_bias: w.dt_bias,
-        qn: s.qn,
-        kn: s.kn,
-        vv: s.vv,
+        q: s.q,
+        k: s.k,
+        vv: s.vu,
         gg: s.gg,
         bb: s.bb,
         proj_stride: proj_stride as i32,
@@ -272,11 +333,16 @@ pub fn prefill(
     launch(gpu, k, "gdn_prefill_prep", (tp as u32, 3, 1), (32 * dims.gk_heads) as u32, 0, &prep)?;
     let cs = GdnConvStoreParams { proj, conv, proj_stride: proj_stride as i32, t: t as i32, p0: p0 as i32 };
     launch(gpu, k, "gdn_conv_store", (dims.conv_dim.div_ceil(256) as u32, 1, 1), 256, 0, &cs)?;
-    let nchunks = tp / GDN_CHUNK;
-    let a = GdnChunkAParams { qn: s.qn, kn: s.kn, vv: s.vv, gg: s.gg, bb: s.bb, u: s.u, w: s.w, aqk: s.aqk, gc: s.gc, tp: tp as i32 };
-    launch(gpu, k, "gdn_chunk_a", (nchunks as u32, dims.gv_heads as u32, 1), 256, chunk_a_smem(dims), &a)?;
-    let b = GdnChunkBParams { qn: s.qn, kn: s.kn, u: s.u, w: s.w, aqk: s.aqk, gc: s.gc, state, o: s.o, tp: tp as i32 };
-    launch(gpu, k, "gdn_chunk_b", (dims.gv_heads as u32, (dims.gv_dim / 32) as u32, 1), 256, chunk_b_smem(dims), &b)?;
+    let nchunks = (tp / GDN_CHUNK) as u32;
+    let heads = dims.gv_heads as u32;
+    let wu = GdnWuParams { k: s.k, gg: s.gg, bb: s.bb, vu: s.vu, w: s.w, gc: s.gc, tp: tp as i32 };
+    launch(gpu, k, "gdn_chunk_wu", (nchunks, heads, 1), 128, wu_smem(dims), &wu)?;
+    let sw = state_warps(dims);
+    let st = GdnStateParams { k: s.k, w: s.w, vu: s.vu, gc: s.gc, hs: s.hs, state, tp: tp as i32 };
+    let col_blocks = (dims.gv_dim / (16 * sw)) as u32;
+    launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, 1), (32 * sw) as u32, state_smem(dims), &st)?;
+    let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };
+    launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), 256, out_smem(dims), &out)?;
     let (mix_f32, mix_f16, mix_px) = mix.split();
     if mix_px != 0 {
         return Err(CudaError::shape("gdn_gated_norm", "the prefill writes f32 or fp16 rows, not packed activations"));

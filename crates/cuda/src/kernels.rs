@@ -34,7 +34,7 @@ pub const FAMILIES: &[Family] = &[
     Family {
         name: "gdn",
         source: include_str!("kernels/gdn.cu"),
-        kernels: &["gdn_decode", "gdn_prefill_prep", "gdn_conv_store", "gdn_chunk_a", "gdn_chunk_b", "gdn_gated_norm"],
+        kernels: &["gdn_decode", "gdn_prefill_prep", "gdn_conv_store", "gdn_chunk_wu", "gdn_chunk_state", "gdn_chunk_out", "gdn_gated_norm"],
     },
     Family {
         name: "attention",

@@ -203,15 +203,14 @@ pub struct Scratch {
 
 #[derive(Clone, Copy, Debug)]
 pub struct GdnScratchAddrs {
-    pub qn: u64,
-    pub kn: u64,
-    pub vv: u64,
+    pub q: u64,
+    pub k: u64,
+    pub vu: u64,
     pub gg: u64,
     pub bb: u64,
-    pub u: u64,
     pub w: u64,
-    pub aqk: u64,
     pub gc: u64,
+    pub hs: u64,
     pub o: u64,
     pub max_tokens: usize,
 }
@@ -236,7 +235,7 @@ impl Scratch {
     }
     pub fn gdn_scratch(&self) -> GdnScratch {
         let g = &self.gdn;
-        GdnScratch { qn: g.qn, kn: g.kn, vv: g.vv, gg: g.gg, bb: g.bb, u: g.u, w: g.w, aqk: g.aqk, gc: g.gc, o: g.o, max_tokens: g.max_tokens }
+        GdnScratch { q: g.q, k: g.k, vu: g.vu, gg: g.gg, bb: g.bb, w: g.w, gc: g.gc, hs: g.hs, o: g.o, max_tokens: g.max_tokens }
     }
 }
 
@@ -382,15 +381,14 @@ impl Memory {
             act_sh: get("act_sh")?,
             ys: get("ys")?,
             gdn: GdnScratchAddrs {
-                qn: get("gdn_qn")?,
-                kn: get("gdn_kn")?,
-                vv: get("gdn_vv")?,
+                q: get("gdn_q")?,
+                k: get("gdn_k")?,
+                vu: get("gdn_vu")?,
                 gg: get("gdn_gg")?,
                 bb: get("gdn_bb")?,
-                u: get("gdn_u")?,
                 w: get("gdn_w")?,
-                aqk: get("gdn_aqk")?,
                 gc: get("gdn_gc")?,
+                hs: get("gdn_hs")?,
                 o: get("gdn_o")?,
                 max_tokens: tp,
             },
@@ -657,7 +655,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("act_sh", rows * dims.moe_inter * 2);
     l.add("ys", rows * h * f);
     let sizes = GdnScratch::sizes(dims, tp);
-    for (name, n) in ["gdn_qn", "gdn_kn", "gdn_vv", "gdn_gg", "gdn_bb", "gdn_u", "gdn_w", "gdn_aqk", "gdn_gc", "gdn_o"].iter().zip(sizes) {
+    for (name, n) in ["gdn_q", "gdn_k", "gdn_vu", "gdn_gg", "gdn_bb", "gdn_w", "gdn_gc", "gdn_hs", "gdn_o"].iter().zip(sizes) {
         l.add(name, n * f);
     }
     l

@@ -1,13 +1,14 @@
 //! Every kernel family against a naive f64 reference (tests/common), at the
 //! real Qwen3.6-35B-A3B shape and at the tiny fixture's shape, on random
 //! inputs (fresh per case; outputs poisoned before each launch). The
-//! attention family has its own file, `gpu_attention.rs`.
+//! attention, DeltaNet and decode-matrix (qmm) families have their own files
+//! (`gpu_attention.rs`, `gpu_gdn.rs`, `gpu_qmm.rs`).
 //!
 //! Runs on the H200 (`LILY_REQUIRE_GPU=1` there); without a GPU each test
 //! prints "skipped: no CUDA device" and returns.
 //!
-//! Tolerances (relative L2 error): fp32 paths (GEMV, fused MoE, DeltaNet)
-//! 1e-5..1e-4, i.e. fp32 rounding over sums of a few
+//! Tolerances (relative L2 error): fp32 paths 1e-5..1e-4, i.e. fp32
+//! rounding over sums of a few
 //! thousand terms; the tensor-core paths are compared with a reference on the
 //! same fp16-rounded operands (1e-5) and against the unrounded math (3e-3,
 //! fp16 has 11 significant bits).
@@ -21,10 +22,9 @@ use lily_core::config::production;
 use lily_core::ModelConfig;
 use lily_cuda::device::Gpu;
 use lily_cuda::dims::{Dims, GEMM_BM};
-use lily_cuda::gdn::{self, GdnScratch, GdnState, MixOut};
 use lily_cuda::gemm::{self, GemmOut, Grouping};
 use lily_cuda::kernels::Kernels;
-use lily_cuda::weights::{DeltaNetDev, MoeDev, QMat};
+use lily_cuda::weights::{MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
 use rayon::prelude::*;
 
@@ -68,7 +68,7 @@ fn embed_gathers_dequantised_rows() {
     finish();
 }
 
-// ---- GEMV -----------------------------------------------------------------------
+// ---- GEMM -----------------------------------------------------------------------
 
 fn f16_matrix(rng: &mut Rng, rows: usize, cols: usize, amp: f32) -> (Vec<f32>, Vec<u16>) {
     let v: Vec<f32> = rng.vec(rows * cols, -amp, amp).into_iter().map(f16_round).collect();
@@ -286,183 +286,6 @@ fn grouped_moe_gemm_path_matches_reference() {
                 .collect();
             assert_close(&format!("grouped moe {label} {n} tokens"), &got, &want, 2e-3);
         }
-    }
-    finish();
-}
-
-// ---- DeltaNet ----------------------------------------------------------------------------
-
-struct HostGdn {
-    conv_w: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    norm: Vec<f32>,
-}
-
-/// The naive recurrence of one sequence (docs/design.md §2.3 steps 2-7), f64 state.
-struct GdnRef {
-    hist: Vec<Vec<f32>>,
-    state: Vec<f64>,
-}
-
-impl GdnRef {
-    fn new(d: &Dims) -> Self {
-        GdnRef { hist: Vec::new(), state: vec![0.0; d.gv_heads * d.gk_dim * d.gv_dim] }
-    }
-
-    fn step(&mut self, d: &Dims, w: &HostGdn, proj: &[f32]) -> Vec<f64> {
-        let raw = proj[..d.conv_dim].to_vec();
-        self.hist.push(raw);
-        let t = self.hist.len() - 1;
-        let conv: Vec<f64> = (0..d.conv_dim)
-            .map(|c| {
-                let mut y = 0f64;
-                for j in 0..4 {
-                    if t + j >= 3 {
-                        y += w.conv_w[c * 4 + j] as f64 * self.hist[t + j - 3][c] as f64;
-                    }
-                }
-                silu(y)
-            })
-            .collect();
-        let (kd, dk, dv) = (d.gdn_key_dim(), d.gk_dim, d.gv_dim);
-        let norm = |v: &[f64]| -> Vec<f64> {
-            let r = 1.0 / (v.iter().map(|x| x * x).sum::<f64>() + 1e-6).sqrt();
-            v.iter().map(|x| x * r).collect()
-        };
-        let ratio = d.gv_heads / d.gk_heads;
-        let mut out = Vec::with_capacity(d.gdn_val_dim());
-        for h in 0..d.gv_heads {
-            let kh = h / ratio;
-            let q: Vec<f64> = norm(&conv[kh * dk..(kh + 1) * dk]).into_iter().map(|x| x / (dk as f64).sqrt()).collect();
-            let k = norm(&conv[kd + kh * dk..kd + (kh + 1) * dk]);
-            let v = &conv[2 * kd + h * dv..2 * kd + (h + 1) * dv];
-            let a = proj[d.conv_dim + d.gdn_val_dim() + h] as f64;
-            let b = proj[d.conv_dim + d.gdn_val_dim() + d.gv_heads + h] as f64;
-            let g = -(w.a_log[h] as f64).exp() * softplus(a + w.dt_bias[h] as f64);
-            let beta = sigmoid(b);
-            let s = &mut self.state[h * dk * dv..(h + 1) * dk * dv];
-            for x in s.iter_mut() {
-                *x *= g.exp();
-            }
-            let mut u = vec![0f64; dv];
-            for j in 0..dv {
-                let kv: f64 = (0..dk).map(|i| s[i * dv + j] * k[i]).sum();
-                u[j] = beta * (v[j] - kv);
-            }
-            for i in 0..dk {
-                for j in 0..dv {
-                    s[i * dv + j] += k[i] * u[j];
-                }
-            }
-            let o: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| s[i * dv + j] * q[i]).sum()).collect();
-            let ms = o.iter().map(|x| x * x).sum::<f64>() / dv as f64;
-            let r = 1.0 / (ms + d.rms_eps as f64).sqrt();
-            for j in 0..dv {
-                let z = proj[d.conv_dim + h * dv + j] as f64;
-                out.push(o[j] * r * w.norm[j] as f64 * silu(z));
-            }
-        }
-        out
-    }
-}
-
-fn gdn_setup(gpu: &Arc<Gpu>, d: &Dims, seed: u64) -> (HostGdn, Vec<lily_cuda::device::DeviceBuffer>, DeltaNetDev) {
-    let mut rng = Rng::new(seed);
-    let w = HostGdn {
-        conv_w: rng.vec(d.conv_dim * 4, -0.6, 0.6),
-        // Mild decay (g from about -0.8 to -0.0003 per token), so early
-        // tokens still matter at the end of a chunk and of a call.
-        a_log: rng.vec(d.gv_heads, -4.0, -1.0),
-        dt_bias: rng.vec(d.gv_heads, -2.0, 0.0),
-        norm: rng.vec(d.gv_dim, 0.5, 1.5),
-    };
-    let bufs = vec![upload(gpu, &w.conv_w), upload(gpu, &w.a_log), upload(gpu, &w.dt_bias), upload(gpu, &w.norm)];
-    let q = QMat::default();
-    let dev = DeltaNetDev { in_qkv: q, in_z: q, in_a: q, in_b: q, out: q, conv_w: bufs[0].ptr(), a_log: bufs[1].ptr(), dt_bias: bufs[2].ptr(), norm: bufs[3].ptr() };
-    (w, bufs, dev)
-}
-
-fn gdn_proj_rows(rng: &mut Rng, d: &Dims, n: usize) -> Vec<f32> {
-    let mut v = Vec::with_capacity(n * d.proj_stride());
-    for _ in 0..n {
-        v.extend(rng.vec(d.conv_dim, -1.0, 1.0));
-        v.extend(rng.vec(d.gdn_val_dim(), -2.0, 2.0));
-        v.extend(rng.vec(2 * d.gv_heads, -2.0, 2.0));
-        v.extend(vec![0.0; d.proj_stride() - d.gdn_proj()]);
-    }
-    v
-}
-
-#[test]
-fn deltanet_decode_step_matches_recurrence() {
-    let Some(gpu) = gpu("deltanet_decode_step_matches_recurrence") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        let (w, _wb, dev) = gdn_setup(&gpu, &d, 900);
-        let slots = 3;
-        let conv = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
-        let state = zeros(&gpu, slots * d.gdn_state_floats() * 4);
-        let st = GdnState { conv: conv.ptr(), conv_slot_stride: d.gdn_conv_floats(), state: state.ptr(), state_slot_stride: d.gdn_state_floats() };
-        let mut refs = [GdnRef::new(&d), GdnRef::new(&d)];
-        let mut rng = Rng::new(901);
-        let ps = d.proj_stride();
-        // Two sequences in slots 2 and 0, stepped together for 6 positions.
-        for step in 0..6i32 {
-            let proj = gdn_proj_rows(&mut rng, &d, 2);
-            let pb = upload(&gpu, &proj);
-            let pos = upload(&gpu, &[step, step]);
-            let slot = upload(&gpu, &[2i32, 0]);
-            let mix = upload(&gpu, &vec![NAN; 2 * d.gdn_val_dim()]);
-            gdn::decode(&gpu, &k, &d, &dev, &st, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 2).expect("launch");
-            let got: Vec<f32> = download(&gpu, mix.ptr(), 2 * d.gdn_val_dim());
-            let mut want = refs[0].step(&d, &w, &proj[..ps]);
-            want.extend(refs[1].step(&d, &w, &proj[ps..]));
-            assert_close(&format!("gdn decode {label} step {step}"), &got, &want, 5e-5);
-        }
-        let s2: Vec<f32> = download(&gpu, state.ptr() + (2 * d.gdn_state_floats() * 4) as u64, d.gdn_state_floats());
-        assert_close(&format!("gdn decode {label} final state"), &s2, &refs[0].state, 5e-5);
-    }
-    finish();
-}
-
-#[test]
-fn chunked_deltanet_prefill_matches_recurrence() {
-    let Some(gpu) = gpu("chunked_deltanet_prefill_matches_recurrence") else { return };
-    for (label, d) in both() {
-        let k = Kernels::load(&gpu, &d).expect("kernels");
-        let (w, _wb, dev) = gdn_setup(&gpu, &d, 950);
-        let conv = zeros(&gpu, d.gdn_conv_floats() * 4);
-        let state = zeros(&gpu, d.gdn_state_floats() * 4);
-        let max_t = 256;
-        let sizes = GdnScratch::sizes(&d, max_t);
-        let sb: Vec<_> = sizes.iter().map(|n| zeros(&gpu, n * 4)).collect();
-        let s = GdnScratch { qn: sb[0].ptr(), kn: sb[1].ptr(), vv: sb[2].ptr(), gg: sb[3].ptr(), bb: sb[4].ptr(), u: sb[5].ptr(), w: sb[6].ptr(), aqk: sb[7].ptr(), gc: sb[8].ptr(), o: sb[9].ptr(), max_tokens: max_t };
-        let mut r = GdnRef::new(&d);
-        let mut rng = Rng::new(951);
-        let ps = d.proj_stride();
-        let mut p0 = 0;
-        for t in [37usize, 150, 1, 64] {
-            let proj = gdn_proj_rows(&mut rng, &d, t);
-            let pb = upload(&gpu, &proj);
-            let mix = upload(&gpu, &vec![NAN; t * d.gdn_val_dim()]);
-            gdn::prefill(&gpu, &k, &d, &dev, conv.ptr(), state.ptr(), pb.ptr(), ps, t, p0, &s, MixOut::F32(mix.ptr())).expect("launch");
-            let got: Vec<f32> = download(&gpu, mix.ptr(), t * d.gdn_val_dim());
-            let want: Vec<f64> = (0..t).flat_map(|i| r.step(&d, &w, &proj[i * ps..(i + 1) * ps])).collect();
-            assert_close(&format!("gdn prefill {label} {t} tokens at {p0}"), &got, &want, 1e-4);
-            p0 += t;
-        }
-        let st: Vec<f32> = download(&gpu, state.ptr(), d.gdn_state_floats());
-        assert_close(&format!("gdn prefill {label} final state"), &st, &r.state, 1e-4);
-        // A decode step continues from the prefilled conv ring and state.
-        let stv = GdnState { conv: conv.ptr(), conv_slot_stride: d.gdn_conv_floats(), state: state.ptr(), state_slot_stride: d.gdn_state_floats() };
-        let proj = gdn_proj_rows(&mut rng, &d, 1);
-        let pb = upload(&gpu, &proj);
-        let (pos, slot) = (upload(&gpu, &[p0 as i32]), upload(&gpu, &[0i32]));
-        let mix = upload(&gpu, &vec![NAN; d.gdn_val_dim()]);
-        gdn::decode(&gpu, &k, &d, &dev, &stv, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 1).expect("decode");
-        let got: Vec<f32> = download(&gpu, mix.ptr(), d.gdn_val_dim());
-        assert_close(&format!("gdn decode after prefill {label}"), &got, &r.step(&d, &w, &proj), 1e-4);
     }
     finish();
 }

@@ -99,6 +99,21 @@ pub fn prepare_token(
     b: &[f32],
     inputs: &mut DeltaInputs,
 ) {
+    prepare_token_with(dims, &w.a_log, &w.dt_bias, conv_out, a, b, inputs);
+}
+
+/// [`prepare_token`] given only the two gate parameters it reads (`A_log`
+/// and `dt_bias`, one per value head), for callers such as kernel tests that
+/// hold no full weight set.
+pub fn prepare_token_with(
+    dims: &DeltaDims,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    conv_out: &[f32],
+    a: &[f32],
+    b: &[f32],
+    inputs: &mut DeltaInputs,
+) {
     let kd = dims.key_heads * dims.key_dim;
     let (q, rest) = conv_out.split_at(kd);
     let (k, v) = rest.split_at(kd);
@@ -114,7 +129,7 @@ pub fn prepare_token(
     inputs.v.extend_from_slice(v);
     for h in 0..dims.value_heads {
         inputs.beta.push(sigmoid(b[h]));
-        inputs.g.push(-w.a_log[h].exp() * softplus(a[h] + w.dt_bias[h]));
+        inputs.g.push(-a_log[h].exp() * softplus(a[h] + dt_bias[h]));
     }
     inputs.tokens += 1;
 }

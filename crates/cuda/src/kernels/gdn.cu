@@ -19,18 +19,69 @@
 // [slot][layer][GV_HEADS][GK_DIM][GV_DIM] f32. Kernels get the layer's base
 // pointers and the per-slot strides.
 //
-// Prefill uses the chunked form (chunks of GDN_CHUNK = 64 tokens):
-//   gdn_prefill_prep  conv + silu + l2norm + gates, head-major outputs,
-//   gdn_conv_store    the last raw inputs into the conv ring,
-//   gdn_chunk_a       per (chunk, head), all chunks in parallel:
-//                     G = cumsum(g); A = -(beta k k^T * exp(G_i - G_j)) strictly lower;
-//                     T = (I - A)^-1 by forward substitution;
-//                     U = T (beta v); W = T (beta exp(G) k);
-//                     Aqk = (q k^T * exp(G_i - G_j)) lower incl. diagonal
-//   gdn_chunk_b       per (head, 32 value columns), sequential over chunks:
-//                     Vn = U - W S; O = (exp(G) q) S + Aqk Vn;
-//                     S = exp(G_last) S + (exp(G_last - G) k)^T Vn
-//   gdn_gated_norm    the gated RMSNorm of O.
+// ---- Prefill: the chunked form on tensor cores ------------------------------
+//
+// Chunks of C = GDN_CHUNK = 64 tokens (the flash-linear-attention
+// formulation). Within chunk c, with G_i = g_0 + ... + g_i (cumulative log
+// decay inside the chunk, G non-increasing), state S0 at the chunk start, and
+// Gamma_ij = exp(G_i - G_j) (only ever evaluated for j <= i, so <= 1):
+//   A  = beta_i (k_i . k_j) Gamma_ij, strictly lower         (C x C)
+//   T  = (I + A)^-1, unit lower triangular
+//   W  = T diag(beta e^G) K,  U = T diag(beta) V               (C x D)
+//   Vn = U - W S0                        ("v_new", the true u_i of the chunk)
+//   O  = diag(e^G) Q S0 + (Q K^T ⊙ Gamma, lower incl. diagonal) Vn
+//   S1 = e^{G_L} S0 + K^T diag(e^{G_L - G}) Vn                 (G_L = G_63)
+// (unrolling u_i = beta_i (v_i - (e^{G_i} S0 + sum_{j<i} Gamma_ij k_j u_j^T)^T k_i)
+// gives (I + A) Vn = diag(beta) (V - diag(e^G) K S0).) Kernels, in order:
+//   gdn_prefill_prep   conv + silu + l2norm + gates, head-major outputs
+//   gdn_conv_store     the last raw inputs into the conv ring
+//   gdn_chunk_wu       per (chunk, head), all in parallel: G, A, T (blocked
+//                      inverse), W, U
+//   gdn_chunk_state    per (head, value-column block), sequential over the
+//                      chunks: Vn and S, storing every chunk's S0
+//   gdn_chunk_out      per (chunk, head), all in parallel: O
+//   gdn_gated_norm     the gated RMSNorm of O.
+//
+// Precision. Every product runs on the tensor cores as three bf16 mma.sync
+// m16n8k16 with fp32 accumulation: x = hi + lo with hi = bf16(x), lo =
+// bf16(x - hi) (16 significant bits together, fp32's exponent range), and
+// a b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b (the dropped lo_a lo_b is 2^-16
+// relative). A numpy model of exactly these kernels against the f64
+// recurrence (real shape, the tests' inputs, T = 150 .. 4096, mild and strong
+// decay) gives a relative L2 error of 4e-6 .. 7e-6 on O and on the final
+// state (the lane-level port, scripts/lanesim/gdn_chunk.py, 5e-6 .. 1.6e-5
+// with a non-zero start state); plain fp32 gives 1e-7, while one bf16 product gives 4e-3 and one
+// tf32 (or fp16) product 4.5e-4, both over the tests' 1e-4 gate. The small
+// triangular inverses of the 16x16 diagonal blocks are fp32 on CUDA cores.
+//
+// "Split" layout: a matrix kept at that precision is stored as bf16 rows
+// [hi of the n columns | lo of the n columns] (4n bytes, as much as fp32); in
+// shared memory such a row is padded by 8 bf16 (GDN_SPL(n)), so the 8 rows of
+// an ldmatrix fall in 8 distinct 4-bank groups.
+//
+// Scratch (gdn.rs `GdnScratch`; Tp = T rounded up to C, nc = Tp / C):
+//   q, k  [GK_HEADS][Tp] split rows of GK_DIM (q scaled)          prep
+//   vu    [GV_HEADS][Tp][GV_DIM] f32 v                            prep
+//         -> per (head, chunk) tile: U^T [GV_DIM][C] f32          wu
+//         -> the same tile: Vn^T split rows [GV_DIM][2C] bf16     state
+//   g, beta [GV_HEADS][Tp] f32; G [GV_HEADS][Tp] f32 (cumulative)  prep, wu
+//   w     [GV_HEADS][Tp] split rows of GK_DIM                     wu
+//   hs    [GV_HEADS][nc][GV_DIM] split rows of GK_DIM: S0^T       state
+//   o     [Tp][GV_HEADS * GV_DIM] f32                             out
+// A tile is only ever rewritten by the block that read it (vu), and each
+// kernel reads what the previous launches wrote.
+//
+// Cost at T = 4096, real shape (32 heads, D = 128, 64 chunks), per layer:
+// useful work 4.1 (wu) + 8.6 (state) + 7.0 (out) GFLOP, three times that in
+// bf16 mma (~59 GFLOP: ~90 us at a ~660 TFLOP/s mma.sync rate); DRAM traffic
+// about 0.25 (wu) + 0.37 (state) + 0.35 (out) GB, ~260 us at 3.6 TB/s. So the
+// parallel kernels are bandwidth-bound (expect ~70 + ~100 us) and the state
+// kernel is bound by its serial chain: 64 chunks x 384 mma per warp at 4-8
+// cycles each, 50-100 us, if its 170 KB/chunk-block of loads stay hidden
+// behind the double buffer. Expected ~250-300 us per layer (the kernels they
+// replace took ~2.2 ms). Storing S0 is 268 MB of that traffic; computing
+// Q S0 inside the state kernel instead (it already holds S0^T as an A
+// operand) would trade it for +50% serial mma.
 
 #define GDN_D GV_DIM
 #define GDN_KEY (GK_HEADS * GK_DIM)
@@ -39,7 +90,6 @@
 #define GDN_KSPLIT 4
 #define GDN_THREADS (GDN_D * GDN_KSPLIT)
 #define GDN_KPT (GK_DIM / GDN_KSPLIT)
-#define GDN_CHUNK 64
 
 #if GK_DIM != GV_DIM
 #error "GK_DIM must equal GV_DIM"
@@ -161,14 +211,33 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
 
 // ---- chunked prefill ------------------------------------------------------
 
+#ifndef GDN_CHUNK
+#error "GDN_CHUNK must be defined by the host (gdn.rs)"
+#endif
+#if GDN_CHUNK != 64
+#error "the chunk kernels tile a chunk as 4 row blocks of 16"
+#endif
+#if GK_DIM % 32 != 0
+#error "the chunk kernels tile the head dim in steps of 32"
+#endif
+
+// Parameter structs are mirrored in gdn.rs; the host passes each mirror's
+// size, so a field added on one side only fails the compile.
+#define GDN_LAYOUT(T, BYTES) static_assert(sizeof(T) == (BYTES), #T " differs from its #[repr(C)] mirror in gdn.rs")
+
+GDN_LAYOUT(GdnDecodeParams, GDN_DECODE_PARAMS_BYTES);
+
+// bf16 row stride (elements) of a shared-memory split tile of n columns.
+#define GDN_SPL(n) (2 * (n) + 8)
+
 struct GdnPrepParams {
     const float* proj;      // [T][proj_stride]
     const float* conv;      // conv ring of this layer and sequence (slot base)
     const float* conv_w;
     const float* a_log;
     const float* dt_bias;
-    float* qn;              // [GK_HEADS][Tp][GK_DIM]  (scaled)
-    float* kn;              // [GK_HEADS][Tp][GK_DIM]
+    bf16* q;                // [GK_HEADS][Tp] split rows of GK_DIM (scaled)
+    bf16* k;                // [GK_HEADS][Tp] split rows of GK_DIM
     float* vv;              // [GV_HEADS][Tp][GV_DIM]
     float* gg;              // [GV_HEADS][Tp]
     float* bb;              // [GV_HEADS][Tp]
@@ -177,6 +246,7 @@ struct GdnPrepParams {
     int Tp;                 // padded to GDN_CHUNK
     int p0;                 // position of token 0
 };
+GDN_LAYOUT(GdnPrepParams, GDN_PREP_PARAMS_BYTES);
 
 #define PREP_PER_LANE (GK_DIM / 32)
 
@@ -197,16 +267,17 @@ __device__ __forceinline__ float gdn_conv_at(const GdnPrepParams& p, int t, int 
 }
 
 // grid (Tp, 3), block 32 * GK_HEADS. blockIdx.y: 0 = q, 1 = k (warp = key
-// head, with its l2 norm), 2 = v (warps stride over value heads) plus the
-// gates. Padded tokens (t >= T) get zeros, which add nothing to the state.
+// head, with its l2 norm; written as split rows for the tensor cores), 2 = v
+// (warps stride over value heads) plus the gates. Padded tokens (t >= T) get
+// zeros, which add nothing to the state.
 extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParams p) {
     const int t = blockIdx.x, part = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (part < 2) {
-        float* out = (part == 0 ? p.qn : p.kn) + ((size_t)warp * p.Tp + t) * GK_DIM;
+        bf16* out = (part == 0 ? p.q : p.k) + ((size_t)warp * p.Tp + t) * 2 * GK_DIM;
         if (t >= p.T) {
 #pragma unroll
-            for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = 0.f;
+            for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = out[GK_DIM + lane + 32 * j] = 0;
             return;
         }
         float y[PREP_PER_LANE];
@@ -221,7 +292,12 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
         float r = rsqrtf(ss + 1e-6f);
         if (part == 0) r *= rsqrtf((float)GK_DIM);
 #pragma unroll
-        for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = y[j] * r;
+        for (int j = 0; j < PREP_PER_LANE; ++j) {
+            const float x = y[j] * r;
+            const bf16 hi = f32_to_bf16(x);
+            out[lane + 32 * j] = hi;
+            out[GK_DIM + lane + 32 * j] = f32_to_bf16(x - bf16_to_f32(hi));
+        }
     } else {
         for (int hh = warp; hh < GV_HEADS; hh += nw) {
             float* out = p.vv + ((size_t)hh * p.Tp + t) * GV_DIM;
@@ -255,6 +331,7 @@ struct GdnConvStoreParams {
     int T;
     int p0;
 };
+GDN_LAYOUT(GdnConvStoreParams, GDN_CONV_STORE_PARAMS_BYTES);
 
 extern "C" __global__ void gdn_conv_store(const __grid_constant__ GdnConvStoreParams p) {
     const float* proj = p.proj;
@@ -268,327 +345,617 @@ extern "C" __global__ void gdn_conv_store(const __grid_constant__ GdnConvStorePa
     }
 }
 
-struct GdnChunkAParams {
-    const float* qn;
-    const float* kn;
-    const float* vv;
-    const float* gg;
-    const float* bb;
-    float* U;       // [GV_HEADS][Tp][GV_DIM]
-    float* W;       // [GV_HEADS][Tp][GK_DIM]
-    float* Aqk;     // [GV_HEADS][nchunks][64][64]
-    float* Gc;      // [GV_HEADS][Tp]  cumulative g within each chunk
+// ---- split-precision tensor-core helpers (one warp each) --------------------
+
+// x, y -> bf16x2 hi = (bf16(x), bf16(y)) and lo = the bf16 of what hi misses.
+__device__ __forceinline__ void split2(float x, float y, u32& hi, u32& lo) {
+    hi = pack_bf16x2(x, y);
+    lo = pack_bf16x2(x - bf16lo(hi), y - bf16hi(hi));
+}
+
+// Four consecutive floats -> split row at `dst` (hi) and `dst + n` (lo).
+__device__ __forceinline__ void st_split4(bf16* dst, int n, float x0, float x1, float x2, float x3) {
+    uint2 hi, lo;
+    split2(x0, x1, hi.x, lo.x);
+    split2(x2, x3, hi.y, lo.y);
+    *reinterpret_cast<uint2*>(dst) = hi;
+    *reinterpret_cast<uint2*>(dst + n) = lo;
+}
+
+__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32* r, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// A value the optimiser cannot see through, so address arithmetic built on it
+// is not hoisted out of a loop into many live registers.
+__device__ __forceinline__ u32 opaque(u32 x) {
+    u32 r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+// d[0..1] += (Ah + Al)(Bh + Bl) on two n-tiles (b[0..1] and b[2..3]) without
+// the Al Bl term; small terms first, the two tiles interleaved.
+__device__ __forceinline__ void mma3x2(float (*d)[4], const u32* ah, const u32* al, const u32* bh, const u32* bl) {
+    mma_bf16(d[0], al[0], al[1], al[2], al[3], bh[0], bh[1]);
+    mma_bf16(d[1], al[0], al[1], al[2], al[3], bh[2], bh[3]);
+    mma_bf16(d[0], ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+    mma_bf16(d[1], ah[0], ah[1], ah[2], ah[3], bl[2], bl[3]);
+    mma_bf16(d[0], ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+    mma_bf16(d[1], ah[0], ah[1], ah[2], ah[3], bh[2], bh[3]);
+}
+
+// Split tiles are addressed by their shared-memory address (u32): a lane's
+// part of each ldmatrix address is one register per tile and pattern, and
+// the block offsets fold into the instruction's immediate.
+
+// A fragment (rows r0..r0+15, k columns k0..k0+15) of a split tile at shared
+// address t with row stride ld (bf16) and n columns.
+__device__ __forceinline__ void lda_split(u32* ah, u32* al, u32 t, int ld, int n, int r0, int k0) {
+    const int lane = threadIdx.x & 31;
+    const u32 a = t + 2 * ((lane & 15) * ld + (lane >> 4) * 8) + 2 * (r0 * ld + k0);
+    ldsm_x4(ah, a);
+    ldsm_x4(al, a + 2 * n);
+}
+
+// B fragments of the two n-tiles n0.., n0+8.. at k0..k0+15, from a split
+// tile whose rows are n (k contiguous): B[k][n] = t[n][k].
+__device__ __forceinline__ void ldb_split_nk(u32* bh, u32* bl, u32 t, int ld, int n, int n0, int k0) {
+    const int lane = threadIdx.x & 31;
+    const u32 a = t + 2 * (((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8) + 2 * (n0 * ld + k0);
+    ldsm_x4(bh, a);
+    ldsm_x4(bl, a + 2 * n);
+}
+
+// The same from a split tile whose rows are k (n contiguous): B[k][n] = t[k][n].
+__device__ __forceinline__ void ldb_split_kn(u32* bh, u32* bl, u32 t, int ld, int n, int k0, int n0) {
+    const int lane = threadIdx.x & 31;
+    const u32 a = t + 2 * (((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8) + 2 * (k0 * ld + n0);
+    ldsm_x4_t(bh, a);
+    ldsm_x4_t(bl, a + 2 * n);
+}
+
+// A fragment (16 x 16 at r0, k0) of a row-major fp32 matrix, split.
+__device__ __forceinline__ void lda_f32(u32* ah, u32* al, const float* m, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+    const float2 x0 = *reinterpret_cast<const float2*>(m + (r0 + g) * ld + k0 + c);
+    const float2 x1 = *reinterpret_cast<const float2*>(m + (r0 + g + 8) * ld + k0 + c);
+    const float2 x2 = *reinterpret_cast<const float2*>(m + (r0 + g) * ld + k0 + c + 8);
+    const float2 x3 = *reinterpret_cast<const float2*>(m + (r0 + g + 8) * ld + k0 + c + 8);
+    split2(x0.x, x0.y, ah[0], al[0]);
+    split2(x1.x, x1.y, ah[1], al[1]);
+    split2(x2.x, x2.y, ah[2], al[2]);
+    split2(x3.x, x3.y, ah[3], al[3]);
+}
+
+// B fragments of the two n-tiles n0.., n0+8.. at k0 of a row-major [k][n]
+// fp32 matrix, split.
+__device__ __forceinline__ void ldb_f32(u32* bh, u32* bl, const float* m, int ld, int k0, int n0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const float* col = m + n0 + 8 * j + g;
+        split2(col[(k0 + c) * ld], col[(k0 + c + 1) * ld], bh[2 * j], bl[2 * j]);
+        split2(col[(k0 + c + 8) * ld], col[(k0 + c + 9) * ld], bh[2 * j + 1], bl[2 * j + 1]);
+    }
+}
+
+// The C fragments of two n-tiles (16 rows x 16 columns) as a split A fragment
+// whose k runs over those 16 columns.
+__device__ __forceinline__ void c2a(u32* ah, u32* al, const float* c0, const float* c1) {
+    split2(c0[0], c0[1], ah[0], al[0]);
+    split2(c0[2], c0[3], ah[1], al[1]);
+    split2(c1[0], c1[1], ah[2], al[2]);
+    split2(c1[2], c1[3], ah[3], al[3]);
+}
+
+// s * (the C fragments of two n-tiles) -> row-major fp32 at (r0, n0).
+__device__ __forceinline__ void stc_f32(float* m, int ld, int r0, int n0, const float (*c)[4], float s) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, cc = 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        *reinterpret_cast<float2*>(m + (r0 + g) * ld + n0 + 8 * j + cc) = make_float2(s * c[j][0], s * c[j][1]);
+        *reinterpret_cast<float2*>(m + (r0 + g + 8) * ld + n0 + 8 * j + cc) = make_float2(s * c[j][2], s * c[j][3]);
+    }
+}
+
+// `rows` rows of `row_bytes` (a multiple of 16) from global memory (rows
+// contiguous) into shared rows `ld_bytes` apart, by cp.async.
+__device__ __forceinline__ void cp_rows(void* dst, int ld_bytes, const void* src, int row_bytes, int rows) {
+    const int per = row_bytes / 16;
+    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
+        const int r = i / per, q = i - r * per;
+        cp_async16(static_cast<char*>(dst) + r * ld_bytes + 16 * q, static_cast<const char*>(src) + (size_t)r * row_bytes + 16 * q, 16);
+    }
+}
+
+// The 10 lower 16x16 blocks (I, J), J <= I, of a 64x64 matrix, by index.
+__device__ __forceinline__ int tri_i(int b) { return b >= 6 ? 3 : b >= 3 ? 2 : b >= 1 ? 1 : 0; }
+__device__ __forceinline__ int tri_j(int b) { return b - tri_i(b) * (tri_i(b) + 1) / 2; }
+
+// ---- gdn_chunk_wu: G, A, T = (I + A)^-1, W, U per (chunk, value head) -------
+
+struct GdnWuParams {
+    const bf16* k;     // [GK_HEADS][Tp] split rows of GK_DIM
+    const float* gg;   // [GV_HEADS][Tp]
+    const float* bb;   // [GV_HEADS][Tp]
+    float* vu;         // in: v [GV_HEADS][Tp][GV_DIM]; out: U^T [GV_DIM][C] per (head, chunk) tile
+    bf16* w;           // [GV_HEADS][Tp] split rows of GK_DIM
+    float* gc;         // [GV_HEADS][Tp]: G, cumulative within each chunk
     int Tp;
 };
+GDN_LAYOUT(GdnWuParams, GDN_WU_PARAMS_BYTES);
 
-#define CA_LD (GDN_CHUNK + 4)   // row stride of the transposed [dim][token] tiles
-#define CA_LDT (GDN_CHUNK + 1)  // row stride of the 64x64 matrix
-#define CA_LDR (GK_DIM + 4)     // row stride of the row-major [token][dim] tiles
-// The q tile [GK_DIM][CA_LD] is later reused for the row-major k tile
-// [64][CA_LDR]; the region holds whichever is larger.
-#define CA_QT_SIZE ((GK_DIM * CA_LD) > (GDN_CHUNK * CA_LDR) ? (GK_DIM * CA_LD) : (GDN_CHUNK * CA_LDR))
+#define WU_LD GDN_SPL(GDN_D)        // bf16 row stride of the k and v tiles
+#define WU_LDF (GDN_CHUNK + 8)      // float row stride of A and T (float2 fragment reads without conflicts)
+#define WU_SMEM_BYTES (2 * GDN_CHUNK * WU_LD * 2 + 2 * GDN_CHUNK * WU_LDF * 4 + 2 * GDN_CHUNK * 4)
+static_assert(WU_SMEM_BYTES == GDN_WU_SMEM, "gdn_chunk_wu shared memory differs from gdn.rs wu_smem");
 
-// grid (nchunks, GV_HEADS), block 256. Dynamic smem (floats):
-//   kt [GK_DIM][CA_LD], qt [CA_QT_SIZE] (the q tile, later the row-major k tile),
-//   vr [64][CA_LDR], tm [64][CA_LDT], G [64], beta [64].
-extern "C" __global__ void __launch_bounds__(256)
-gdn_chunk_a(const __grid_constant__ GdnChunkAParams p) {
-    extern __shared__ float sm[];
-    float* kt = sm;
-    float* qt = kt + GK_DIM * CA_LD;
-    float* vr = qt + CA_QT_SIZE;
-    float* tm = vr + GDN_CHUNK * CA_LDR;
-    float* G = tm + GDN_CHUNK * CA_LDT;
-    float* beta = G + GDN_CHUNK;
+// grid (Tp / C, GV_HEADS), block 128 = 4 warps. Dynamic smem: sK split
+// [C][WU_LD] (raw k, then beta e^G k), sV split [C][WU_LD] (beta v), sA and
+// sT f32 [C][WU_LDF], G and beta [C]. 105 KB at D = 128: two blocks per SM.
+// Phases (barriers between):
+//   0  G = inclusive scan of g (warp 0) and beta; k by cp.async; beta v split
+//   1  A: the 10 lower 16x16 blocks of k k^T (warp w: blocks w, w+4, w+8),
+//      scaled by beta_i Gamma_ij, strictly lower; k restaged as beta e^G k
+//   2  T: warp w inverts diagonal block w (lane j < 16 solves column j by
+//      forward substitution in fp32); then T_10 = -T_11 A_10 T_00 and
+//      T_32 = -T_33 A_32 T_22 (warps 0, 1); then the 32x32 corner
+//      T_HL = -T_HH A_HL T_LL (warp w: block (2 + w/2, w%2))
+//   3  W = T (beta e^G k), U = T (beta v): warp w takes the 16-column pairs
+//      w, w+4, ... and all 4 row blocks, k-steps up to the diagonal
+//      (T is lower); W out as split rows, U transposed into the v tile.
+extern "C" __global__ void __launch_bounds__(128)
+gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    bf16* sK = reinterpret_cast<bf16*>(gdn_smem);
+    bf16* sV = sK + GDN_CHUNK * WU_LD;
+    float* sA = reinterpret_cast<float*>(sV + GDN_CHUNK * WU_LD);
+    float* sT = sA + GDN_CHUNK * WU_LDF;
+    float* sG = sT + GDN_CHUNK * WU_LDF;
+    float* sB = sG + GDN_CHUNK;
     const int c = blockIdx.x, h = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
-    const int t0 = c * GDN_CHUNK;
-    const float* K = p.kn + ((size_t)kh * p.Tp + t0) * GK_DIM;
-    const float* Q = p.qn + ((size_t)kh * p.Tp + t0) * GK_DIM;
-    const float* V = p.vv + ((size_t)h * p.Tp + t0) * GV_DIM;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+    const size_t row0 = (size_t)h * p.Tp + (size_t)c * GDN_CHUNK;   // this chunk's first row of the value-head arrays
+    const bf16* K = p.k + ((size_t)kh * p.Tp + (size_t)c * GDN_CHUNK) * 2 * GDN_D;
+    float* VU = p.vu + row0 * GDN_D;
 
-    for (int i = tid; i < GDN_CHUNK * GK_DIM; i += 256) {
-        const int t = i / GK_DIM, d = i - t * GK_DIM;
-        kt[d * CA_LD + t] = K[i];
-        qt[d * CA_LD + t] = Q[i];
-        vr[t * CA_LDR + d] = V[i];
-    }
-    if (tid < 32) {
-        // inclusive scan of g over the chunk, 2 values per lane
-        const float* gp = p.gg + (size_t)h * p.Tp + t0;
-        float a = gp[2 * tid], b = gp[2 * tid + 1];
+    // ---- 0: G, beta, k, beta v
+    cp_rows(sK, WU_LD * 2, K, 4 * GDN_D, GDN_CHUNK);
+    cp_async_commit();
+    if (warp == 0) {
+        const float* gp = p.gg + row0;
+        const float a = gp[2 * lane], b = gp[2 * lane + 1];
         float s = a + b;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const float n = __shfl_up_sync(FULL_MASK, s, o);
-            if (tid >= o) s += n;
+            if (lane >= o) s += n;
         }
-        const float excl = s - (a + b);
-        G[2 * tid] = excl + a;
-        G[2 * tid + 1] = excl + a + b;
-        p.Gc[(size_t)h * p.Tp + t0 + 2 * tid] = excl + a;
-        p.Gc[(size_t)h * p.Tp + t0 + 2 * tid + 1] = excl + a + b;
-    } else if (tid < 96) {
-        beta[tid - 32] = p.bb[(size_t)h * p.Tp + t0 + tid - 32];
+        const float g0 = s - b;
+        sG[2 * lane] = g0;
+        sG[2 * lane + 1] = s;
+        p.gc[row0 + 2 * lane] = g0;
+        p.gc[row0 + 2 * lane + 1] = s;
+    } else if (tid < 32 + GDN_CHUNK) {
+        sB[tid - 32] = p.bb[row0 + tid - 32];
+    }
+    __syncthreads();
+    for (int i = tid; i < GDN_CHUNK * GDN_D / 4; i += blockDim.x) {
+        const int t = i / (GDN_D / 4), d = (i - t * (GDN_D / 4)) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(VU + t * GDN_D + d);
+        const float b = sB[t];
+        st_split4(sV + t * WU_LD + d, GDN_D, b * x.x, b * x.y, b * x.z, b * x.w);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- 1: A = beta_i (k_i . k_j) Gamma_ij, strictly lower
+    for (int b = warp; b < 10; b += 4) {
+        const int I = tri_i(b), J = tri_j(b);
+        float acc[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < GDN_D / 16; ++ks) {
+            u32 ah[4], al[4], bh[4], bl[4];
+            lda_split(ah, al, smem_u32(sK), WU_LD, GDN_D, 16 * I, 16 * ks);
+            ldb_split_nk(bh, bl, smem_u32(sK), WU_LD, GDN_D, 16 * J, 16 * ks);
+            mma3x2(acc, ah, al, bh, bl);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = 16 * I + g + 8 * r, col = 16 * J + 8 * j + 2 * tq;
+                const float x0 = col < i ? sB[i] * acc[j][2 * r] * expf(sG[i] - sG[col]) : 0.f;
+                const float x1 = col + 1 < i ? sB[i] * acc[j][2 * r + 1] * expf(sG[i] - sG[col + 1]) : 0.f;
+                *reinterpret_cast<float2*>(sA + i * WU_LDF + col) = make_float2(x0, x1);
+            }
     }
     __syncthreads();
 
-    // k k^T and q k^T, 4x4 outputs per thread.
+    // ---- 2: T. The k tile becomes beta e^G k (each thread rewrites what it reads).
+    for (int i = tid; i < GDN_CHUNK * GDN_D / 4; i += blockDim.x) {
+        const int t = i / (GDN_D / 4), d = (i - t * (GDN_D / 4)) * 4;
+        bf16* r = sK + t * WU_LD + d;
+        const uint2 hi = *reinterpret_cast<const uint2*>(r), lo = *reinterpret_cast<const uint2*>(r + GDN_D);
+        const float s = sB[t] * expf(sG[t]);
+        st_split4(r, GDN_D, s * (bf16lo(hi.x) + bf16lo(lo.x)), s * (bf16hi(hi.x) + bf16hi(lo.x)),
+                  s * (bf16lo(hi.y) + bf16lo(lo.y)), s * (bf16hi(hi.y) + bf16hi(lo.y)));
+    }
+    if (lane < 16) {
+        // Column j of the inverse of diagonal block `warp`: x_i = [i == j] - sum_{m<i} A_im x_m.
+        const int o = 16 * warp, j = lane;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float s = i == j ? 1.f : 0.f;
+#pragma unroll
+            for (int m = 0; m < i; ++m) s = fmaf(-sA[(o + i) * WU_LDF + o + m], x[m], s);
+            x[i] = s;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) sT[(o + i) * WU_LDF + o + j] = x[i];
+    }
+    __syncthreads();
+    if (warp < 2) {
+        // T_IJ = -(T_II A_IJ) T_JJ for (I, J) = (1, 0), (3, 2).
+        const int I = 2 * warp + 1, J = 2 * warp;
+        float y[2][4] = {}, z[2][4] = {};
+        u32 ah[4], al[4], bh[4], bl[4];
+        lda_f32(ah, al, sT, WU_LDF, 16 * I, 16 * I);
+        ldb_f32(bh, bl, sA, WU_LDF, 16 * I, 16 * J);
+        mma3x2(y, ah, al, bh, bl);
+        c2a(ah, al, y[0], y[1]);
+        ldb_f32(bh, bl, sT, WU_LDF, 16 * J, 16 * J);
+        mma3x2(z, ah, al, bh, bl);
+        stc_f32(sT, WU_LDF, 16 * I, 16 * J, z, -1.f);
+    }
+    __syncthreads();
     {
-        const int ti = tid >> 4, tj = tid & 15;
-        float kk[4][4], qk[4][4];
+        // T_IJ = -sum_{M=J..1} (sum_{N=2..I} T_IN A_NM) T_MJ for I in {2, 3}, J in {0, 1}.
+        const int I = 2 + (warp >> 1), J = warp & 1;
+        float z[2][4] = {};
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int M = 0; M < 2; ++M) {
+            if (M < J) continue;
+            float y[2][4] = {};
+            u32 ah[4], al[4], bh[4], bl[4];
 #pragma unroll
-            for (int b = 0; b < 4; ++b) kk[a][b] = qk[a][b] = 0.f;
-        for (int d = 0; d < GK_DIM; ++d) {
-            const float4 ka = *reinterpret_cast<const float4*>(kt + d * CA_LD + 4 * ti);
-            const float4 qa = *reinterpret_cast<const float4*>(qt + d * CA_LD + 4 * ti);
-            const float4 kb = *reinterpret_cast<const float4*>(kt + d * CA_LD + 4 * tj);
-            const float ka_[4] = {ka.x, ka.y, ka.z, ka.w}, qa_[4] = {qa.x, qa.y, qa.z, qa.w}, kb_[4] = {kb.x, kb.y, kb.z, kb.w};
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                    kk[a][b] = fmaf(ka_[a], kb_[b], kk[a][b]);
-                    qk[a][b] = fmaf(qa_[a], kb_[b], qk[a][b]);
-                }
-        }
-        float* aq = p.Aqk + (((size_t)h * (p.Tp / GDN_CHUNK) + c) * GDN_CHUNK) * GDN_CHUNK;
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int i = 4 * ti + a;
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const int j = 4 * tj + b;
-                const float dec = j <= i ? expf(G[i] - G[j]) : 0.f;
-                tm[i * CA_LDT + j] = j < i ? -(beta[i] * kk[a][b] * dec) : 0.f;
-                aq[i * GDN_CHUNK + j] = qk[a][b] * dec;
+            for (int N = 2; N < 4; ++N) {
+                if (N > I) continue;
+                lda_f32(ah, al, sT, WU_LDF, 16 * I, 16 * N);
+                ldb_f32(bh, bl, sA, WU_LDF, 16 * N, 16 * M);
+                mma3x2(y, ah, al, bh, bl);
             }
+            c2a(ah, al, y[0], y[1]);
+            ldb_f32(bh, bl, sT, WU_LDF, 16 * M, 16 * J);
+            mma3x2(z, ah, al, bh, bl);
         }
+        stc_f32(sT, WU_LDF, 16 * I, 16 * J, z, -1.f);
     }
     __syncthreads();
 
-    // The row-major k tile for W replaces the q tile (q is no longer needed).
-    float* kr = qt;
-    for (int i = tid; i < GDN_CHUNK * GK_DIM; i += 256) {
-        const int t = i / GK_DIM, d = i - t * GK_DIM;
-        kr[t * CA_LDR + d] = K[i] * beta[t] * expf(G[t]);
-        vr[t * CA_LDR + d] *= beta[t];
-    }
-
-    // Forward substitution, row by row: T[i][j] = A[i][j] + sum_{j<m<i} A[i][m] T[m][j].
-    for (int i = 1; i < GDN_CHUNK; ++i) {
-        float val = 0.f;
-        const int j = tid;
-        if (j < i) {
-            val = tm[i * CA_LDT + j];
-            for (int m = j + 1; m < i; ++m) val = fmaf(tm[i * CA_LDT + m], tm[m * CA_LDT + j], val);
-        }
-        __syncthreads();
-        if (j < i) tm[i * CA_LDT + j] = val;
-        __syncthreads();
-    }
-    if (tid < GDN_CHUNK) tm[tid * CA_LDT + tid] = 1.f;
-    __syncthreads();
-
-    // U = T (beta v), W = T (beta exp(G) k): rows 8 * warp .. +8, columns 4 * lane .. +4.
-    {
-        const int warp = tid >> 5, lane = tid & 31;
-        for (int cb = 4 * lane; cb < GK_DIM; cb += 128) {
-            float u[8][4], w[8][4];
+    // ---- 3: W = T (beta e^G k), U = T (beta v)
+    for (int np = warp; np < GDN_D / 16; np += 4) {
 #pragma unroll
-            for (int r = 0; r < 8; ++r)
+        for (int rb = 0; rb < 4; ++rb) {
+            float aw[2][4] = {}, au[2][4] = {};
 #pragma unroll
-                for (int q = 0; q < 4; ++q) u[r][q] = w[r][q] = 0.f;
-            for (int m = 0; m < GDN_CHUNK; ++m) {
-                const float4 vb = *reinterpret_cast<const float4*>(vr + m * CA_LDR + cb);
-                const float4 kb = *reinterpret_cast<const float4*>(kr + m * CA_LDR + cb);
-                const float vb_[4] = {vb.x, vb.y, vb.z, vb.w}, kb_[4] = {kb.x, kb.y, kb.z, kb.w};
+            for (int kk = 0; kk < 4; ++kk) {
+                if (kk > rb) continue;
+                u32 ah[4], al[4], bh[4], bl[4];
+                lda_f32(ah, al, sT, WU_LDF, 16 * rb, 16 * kk);
+                ldb_split_kn(bh, bl, smem_u32(sK), WU_LD, GDN_D, 16 * kk, 16 * np);
+                mma3x2(aw, ah, al, bh, bl);
+                ldb_split_kn(bh, bl, smem_u32(sV), WU_LD, GDN_D, 16 * kk, 16 * np);
+                mma3x2(au, ah, al, bh, bl);
+            }
 #pragma unroll
-                for (int r = 0; r < 8; ++r) {
-                    const float tv = tm[(8 * warp + r) * CA_LDT + m];
+            for (int j = 0; j < 2; ++j)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        u[r][q] = fmaf(tv, vb_[q], u[r][q]);
-                        w[r][q] = fmaf(tv, kb_[q], w[r][q]);
-                    }
+                for (int r = 0; r < 2; ++r) {
+                    const int t = 16 * rb + g + 8 * r, d = 16 * np + 8 * j + 2 * tq;
+                    u32 hi, lo;
+                    split2(aw[j][2 * r], aw[j][2 * r + 1], hi, lo);
+                    bf16* wr = p.w + (row0 + t) * 2 * GDN_D + d;
+                    *reinterpret_cast<u32*>(wr) = hi;
+                    *reinterpret_cast<u32*>(wr + GDN_D) = lo;
+                    VU[d * GDN_CHUNK + t] = au[j][2 * r];
+                    VU[(d + 1) * GDN_CHUNK + t] = au[j][2 * r + 1];
                 }
-            }
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const size_t row = (size_t)h * p.Tp + t0 + 8 * warp + r;
-                *reinterpret_cast<float4*>(p.U + row * GV_DIM + cb) = make_float4(u[r][0], u[r][1], u[r][2], u[r][3]);
-                *reinterpret_cast<float4*>(p.W + row * GK_DIM + cb) = make_float4(w[r][0], w[r][1], w[r][2], w[r][3]);
-            }
         }
     }
 }
 
-struct GdnChunkBParams {
-    const float* qn;
-    const float* kn;
-    const float* U;
-    const float* W;
-    const float* Aqk;
-    const float* Gc;
-    float* state;    // this layer's recurrent state of the sequence (slot base), [GV_HEADS][GK_DIM][GV_DIM]
-    float* O;        // [Tp][GDN_VAL] (f32, before the gated norm)
+// ---- gdn_chunk_state: the recurrence over chunks -----------------------------
+
+struct GdnStateParams {
+    const bf16* k;     // [GK_HEADS][Tp] split rows of GK_DIM
+    const bf16* w;     // [GV_HEADS][Tp] split rows of GK_DIM
+    float* vu;         // per (head, chunk) tile: in U^T [GV_DIM][C] f32, out Vn^T split rows [GV_DIM][2C] bf16
+    const float* gc;   // [GV_HEADS][Tp]
+    bf16* hs;          // [GV_HEADS][Tp / C] x S0^T: split rows [GV_DIM][2 GK_DIM]
+    float* state;      // [GV_HEADS][GK_DIM][GV_DIM] of this layer and sequence (in and out)
     int Tp;
 };
+GDN_LAYOUT(GdnStateParams, GDN_STATE_PARAMS_BYTES);
 
-#define CB_COLS 32
-#define CB_LDR (GK_DIM + 4)
-#define CB_LDV (CB_COLS + 4)
-#define CB_LDA (GDN_CHUNK + 4)
+#define ST_W GDN_STATE_WARPS            // warps per block, each owning 16 value columns
+#define ST_BV (16 * ST_W)               // value columns per block
+#define ST_LD GDN_SPL(GDN_D)            // bf16 row stride of the w and k tiles
+#define ST_LDU (GDN_CHUNK + 8)          // float row stride of the U^T rows
+#define ST_BUF_BYTES (2 * GDN_CHUNK * ST_LD * 2 + ST_BV * ST_LDU * 4 + GDN_CHUNK * 4)
+static_assert(GDN_D % ST_BV == 0, "the value columns split into whole blocks");
+static_assert(2 * ST_BUF_BYTES == GDN_STATE_SMEM, "gdn_chunk_state shared memory differs from gdn.rs state_smem");
 
-// grid (GV_HEADS, GV_DIM / CB_COLS), block 256. The block owns
-// S[:, v0 .. v0 + CB_COLS) in shared memory for the whole call. Dynamic smem
-// (floats): S [GK_DIM][CB_LDV], w [64][CB_LDR], qg [64][CB_LDR],
-// kd [64][CB_LDR], u [64][CB_LDV], vn [64][CB_LDV], a [64][CB_LDA], G [64].
-extern "C" __global__ void __launch_bounds__(256)
-gdn_chunk_b(const __grid_constant__ GdnChunkBParams p) {
-    extern __shared__ float sm[];
-    float* S = sm;
-    float* w = S + GK_DIM * CB_LDV;
-    float* qg = w + GDN_CHUNK * CB_LDR;
-    float* kd = qg + GDN_CHUNK * CB_LDR;
-    float* u = kd + GDN_CHUNK * CB_LDR;
-    float* vn = u + GDN_CHUNK * CB_LDV;
-    float* a = vn + GDN_CHUNK * CB_LDV;
-    float* G = a + GDN_CHUNK * CB_LDA;
-    const int h = blockIdx.x, kh = h / GDN_RATIO, v0 = blockIdx.y * CB_COLS, tid = threadIdx.x;
-    float* Sg = p.state + (size_t)h * GK_DIM * GV_DIM;
-    for (int i = tid; i < GK_DIM * CB_COLS; i += 256) {
-        const int k = i / CB_COLS, v = i - k * CB_COLS;
-        S[k * CB_LDV + v] = Sg[(size_t)k * GV_DIM + v0 + v];
+// grid (GV_HEADS, GV_DIM / ST_BV), block 32 * ST_W. Warp w owns the value
+// columns v0 + 16w .. +16 of S for the whole call, as S^T (16 v rows x D key
+// columns) in mma accumulators (D/2 floats a thread), so S^T is the A
+// operand of Vn^T = U^T - S^T W^T directly (two n8 accumulator tiles = one
+// k16 A fragment) and the accumulator of S^T = e^{G_L} S^T + Vn^T diag(e^{G_L
+// - G}) K. Per chunk a warp runs D/16 x 4 x 6 + 4 x D/16 x 6 = 384 mma (D =
+// 128). Dynamic smem: two buffers of {w split [C][ST_LD], k split [C][ST_LD],
+// U^T rows [ST_BV][ST_LDU] f32, G [C]}, 172 KB at D = 128; chunk c + 1 loads
+// by cp.async while chunk c computes. The block's 16 x ST_W rows of Vn^T
+// overwrite its own U^T rows (already in shared memory), and S0^T is stored
+// from the A fragments (already split) before each chunk.
+extern "C" __global__ void __launch_bounds__(32 * ST_W, 1)
+gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    const int h = blockIdx.x, kh = h / GDN_RATIO, v0 = blockIdx.y * ST_BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int lv = 16 * warp;   // this warp's first row of S^T within the block
+    const int nch = p.Tp / GDN_CHUNK;
+    auto sW = [&](int b) { return reinterpret_cast<bf16*>(gdn_smem + b * ST_BUF_BYTES); };
+    auto sK = [&](int b) { return sW(b) + GDN_CHUNK * ST_LD; };
+    auto sU = [&](int b) { return reinterpret_cast<float*>(sK(b) + GDN_CHUNK * ST_LD); };
+    auto sG = [&](int b) { return sU(b) + ST_BV * ST_LDU; };
+    auto prefetch = [&](int c, int b) {
+        const size_t row = (size_t)h * p.Tp + (size_t)c * GDN_CHUNK;
+        cp_rows(sW(b), ST_LD * 2, p.w + row * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
+        cp_rows(sK(b), ST_LD * 2, p.k + ((size_t)kh * p.Tp + (size_t)c * GDN_CHUNK) * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
+        cp_rows(sU(b), ST_LDU * 4, p.vu + row * GDN_D + (size_t)v0 * GDN_CHUNK, GDN_CHUNK * 4, ST_BV);
+        cp_rows(sG(b), GDN_CHUNK * 4, p.gc + row, GDN_CHUNK * 4, 1);
+    };
+
+    // S^T accumulators: s[nk][e] = S[8 nk + 2 tq + (e & 1)][v0 + lv + g + 8 (e >> 1)]
+    // (offsets from Sg are constants, so no per-element address stays live).
+    float* Sg = p.state + (size_t)h * GDN_D * GDN_D + 2 * tq * GDN_D + v0 + lv + g;
+    float s[GDN_D / 8][4];
+#pragma unroll
+    for (int nk = 0; nk < GDN_D / 8; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nk][e] = Sg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)];
+
+    prefetch(0, 0);
+    cp_async_commit();
+    for (int c = 0; c < nch; ++c) {
+        const int b = c & 1;
+        if (c + 1 < nch) prefetch(c + 1, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const u32 tw = opaque(smem_u32(sW(b)));
+        const u32 tk = tw + GDN_CHUNK * ST_LD * 2;
+        const float* tu = sU(b);
+        const float* G = sG(b);
+
+        // Vn^T = U^T - S^T W^T: vn[nt][e] = Vn^T[lv + g + 8 (e >> 1)][8 nt + 2 tq + (e & 1)].
+        float vn[GDN_CHUNK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < GDN_CHUNK / 8; ++nt) {
+            const float2 a = *reinterpret_cast<const float2*>(tu + (lv + g) * ST_LDU + 8 * nt + 2 * tq);
+            const float2 bb = *reinterpret_cast<const float2*>(tu + (lv + g + 8) * ST_LDU + 8 * nt + 2 * tq);
+            vn[nt][0] = a.x;
+            vn[nt][1] = a.y;
+            vn[nt][2] = bb.x;
+            vn[nt][3] = bb.y;
+        }
+        bf16* H = p.hs + (((size_t)h * nch + c) * GDN_D + v0 + lv + g) * 2 * GDN_D + 2 * tq;
+#pragma unroll
+        for (int kk = 0; kk < GDN_D / 16; ++kk) {
+            u32 ah[4], al[4];
+            c2a(ah, al, s[2 * kk], s[2 * kk + 1]);
+            u32* h0 = reinterpret_cast<u32*>(H + 16 * kk);                       // row g, keys 16 kk + 2 tq
+            u32* h8 = reinterpret_cast<u32*>(H + 8 * 2 * GDN_D + 16 * kk);       // row g + 8
+            h0[0] = ah[0];
+            h8[0] = ah[1];
+            h0[4] = ah[2];   // +8 keys
+            h8[4] = ah[3];
+            h0[GDN_D / 2] = al[0];
+            h8[GDN_D / 2] = al[1];
+            h0[GDN_D / 2 + 4] = al[2];
+            h8[GDN_D / 2 + 4] = al[3];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                ah[i] ^= 0x80008000u;   // -S^T: flip both bf16 signs (exact)
+                al[i] ^= 0x80008000u;
+            }
+#pragma unroll
+            for (int np = 0; np < GDN_CHUNK / 16; ++np) {
+                u32 bh[4], bl[4];
+                ldb_split_nk(bh, bl, tw, ST_LD, GDN_D, 16 * np, 16 * kk);
+                mma3x2(vn + 2 * np, ah, al, bh, bl);
+            }
+        }
+
+        // Vn^T out, split rows [hi C | lo C], over this warp's U^T rows.
+        bf16* VN = reinterpret_cast<bf16*>(p.vu + ((size_t)h * p.Tp + (size_t)c * GDN_CHUNK) * GDN_D + (size_t)(v0 + lv + g) * GDN_CHUNK) + 2 * tq;
+#pragma unroll
+        for (int nt = 0; nt < GDN_CHUNK / 8; ++nt) {
+            u32 hi, lo;
+            split2(vn[nt][0], vn[nt][1], hi, lo);
+            *reinterpret_cast<u32*>(VN + 8 * nt) = hi;
+            *reinterpret_cast<u32*>(VN + GDN_CHUNK + 8 * nt) = lo;
+            split2(vn[nt][2], vn[nt][3], hi, lo);
+            *reinterpret_cast<u32*>(VN + 8 * 2 * GDN_CHUNK + 8 * nt) = hi;
+            *reinterpret_cast<u32*>(VN + 8 * 2 * GDN_CHUNK + GDN_CHUNK + 8 * nt) = lo;
+        }
+
+        // S^T = e^{G_L} S^T + (Vn^T diag(e^{G_L - G})) K
+        const float gl = G[GDN_CHUNK - 1];
+        const float el = expf(gl);
+#pragma unroll
+        for (int nk = 0; nk < GDN_D / 8; ++nk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nk][e] *= el;
+#pragma unroll
+        for (int kt = 0; kt < GDN_CHUNK / 16; ++kt) {
+            const int t = 16 * kt + 2 * tq;
+            const float d0 = expf(gl - G[t]), d1 = expf(gl - G[t + 1]), d8 = expf(gl - G[t + 8]), d9 = expf(gl - G[t + 9]);
+            u32 ah[4], al[4];
+            split2(d0 * vn[2 * kt][0], d1 * vn[2 * kt][1], ah[0], al[0]);
+            split2(d0 * vn[2 * kt][2], d1 * vn[2 * kt][3], ah[1], al[1]);
+            split2(d8 * vn[2 * kt + 1][0], d9 * vn[2 * kt + 1][1], ah[2], al[2]);
+            split2(d8 * vn[2 * kt + 1][2], d9 * vn[2 * kt + 1][3], ah[3], al[3]);
+#pragma unroll
+            for (int nk2 = 0; nk2 < GDN_D / 16; ++nk2) {
+                u32 bh[4], bl[4];
+                ldb_split_kn(bh, bl, tk, ST_LD, GDN_D, 16 * kt, 16 * nk2);
+                mma3x2(s + 2 * nk2, ah, al, bh, bl);
+            }
+        }
+        __syncthreads();   // every warp is done with buffer b before it is refilled
     }
-    const int nchunks = p.Tp / GDN_CHUNK;
-    for (int c = 0; c < nchunks; ++c) {
-        const int t0 = c * GDN_CHUNK;
-        if (tid < GDN_CHUNK) G[tid] = p.Gc[(size_t)h * p.Tp + t0 + tid];
-        __syncthreads();
-        const float glast = G[GDN_CHUNK - 1];
-        const float* Wg = p.W + ((size_t)h * p.Tp + t0) * GK_DIM;
-        const float* Qg = p.qn + ((size_t)kh * p.Tp + t0) * GK_DIM;
-        const float* Kg = p.kn + ((size_t)kh * p.Tp + t0) * GK_DIM;
-        for (int i = tid * 4; i < GDN_CHUNK * GK_DIM; i += 256 * 4) {
-            const int t = i / GK_DIM, d = i - t * GK_DIM;
-            const float eg = expf(G[t]), ed = expf(glast - G[t]);
-            float4 x = *reinterpret_cast<const float4*>(Wg + i);
-            *reinterpret_cast<float4*>(w + t * CB_LDR + d) = x;
-            x = *reinterpret_cast<const float4*>(Qg + i);
-            *reinterpret_cast<float4*>(qg + t * CB_LDR + d) = make_float4(x.x * eg, x.y * eg, x.z * eg, x.w * eg);
-            x = *reinterpret_cast<const float4*>(Kg + i);
-            *reinterpret_cast<float4*>(kd + t * CB_LDR + d) = make_float4(x.x * ed, x.y * ed, x.z * ed, x.w * ed);
-        }
-        const float* Ug = p.U + ((size_t)h * p.Tp + t0) * GV_DIM + v0;
-        for (int i = tid; i < GDN_CHUNK * CB_COLS; i += 256) {
-            const int t = i / CB_COLS, v = i - t * CB_COLS;
-            u[t * CB_LDV + v] = Ug[(size_t)t * GV_DIM + v];
-        }
-        const float* Ag = p.Aqk + ((size_t)h * nchunks + c) * GDN_CHUNK * GDN_CHUNK;
-        for (int i = tid; i < GDN_CHUNK * GDN_CHUNK; i += 256) {
-            const int r = i / GDN_CHUNK, j = i - r * GDN_CHUNK;
-            a[r * CB_LDA + j] = Ag[i];
-        }
-        __syncthreads();
+    cp_async_wait<0>();
 
-        // Vn = U - W S: rows 2 * ri .. +2, columns 4 * cj .. +4.
-        const int ri = tid >> 3, cj = tid & 7;
-        {
-            float acc[2][4];
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
+    for (int nk = 0; nk < GDN_D / 8; ++nk)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) acc[r][q] = 0.f;
-            for (int k = 0; k < GK_DIM; ++k) {
-                const float4 sv = *reinterpret_cast<const float4*>(S + k * CB_LDV + 4 * cj);
-                const float s_[4] = {sv.x, sv.y, sv.z, sv.w};
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const float wv = w[(2 * ri + r) * CB_LDR + k];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) acc[r][q] = fmaf(wv, s_[q], acc[r][q]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int idx = (2 * ri + r) * CB_LDV + 4 * cj + q;
-                    vn[idx] = u[idx] - acc[r][q];
-                }
-        }
-        __syncthreads();
+        for (int e = 0; e < 4; ++e) Sg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)] = s[nk][e];
+}
 
-        // O = qg S + A Vn (same mapping), written to global.
-        {
-            float acc[2][4];
+// ---- gdn_chunk_out: O per (chunk, value head) ---------------------------------
+
+struct GdnOutParams {
+    const bf16* q;     // [GK_HEADS][Tp] split rows of GK_DIM (scaled)
+    const bf16* k;     // [GK_HEADS][Tp] split rows of GK_DIM
+    const float* vu;   // per (head, chunk) tile: Vn^T split rows [GV_DIM][2C] bf16
+    const float* gc;   // [GV_HEADS][Tp]
+    const bf16* hs;    // [GV_HEADS][Tp / C] x S0^T split rows [GV_DIM][2 GK_DIM]
+    float* o;          // [Tp][GV_HEADS * GV_DIM]
+    int Tp;
+};
+GDN_LAYOUT(GdnOutParams, GDN_OUT_PARAMS_BYTES);
+
+#define OUT_LD GDN_SPL(GDN_D)        // bf16 row stride of the q, k and S0^T tiles
+#define OUT_LDC GDN_SPL(GDN_CHUNK)   // bf16 row stride of the Vn^T and P tiles
+#define OUT_SMEM_BYTES ((2 * GDN_CHUNK + GDN_D) * OUT_LD * 2 + (GDN_D + GDN_CHUNK) * OUT_LDC * 2 + GDN_CHUNK * 4)
+static_assert(OUT_SMEM_BYTES == GDN_OUT_SMEM, "gdn_chunk_out shared memory differs from gdn.rs out_smem");
+
+// grid (Tp / C, GV_HEADS), block 256 = 8 warps. Dynamic smem: q, k split
+// [C][OUT_LD], S0^T split [D][OUT_LD], Vn^T split [D][OUT_LDC], P split
+// [C][OUT_LDC], G [C]; 188 KB at D = 128 (one block per SM). Three cp.async
+// groups (q, k, G | S0^T | Vn^T) so each phase starts when its operands are in:
+//   1  P = (q k^T) ⊙ Gamma, lower incl. diagonal, split into shared memory:
+//      the 10 lower 16x16 blocks, warp w takes blocks w and w + 8
+//   2  warp w: rows 16 (w % 4) .. +16, value columns (w / 4) D/2 .. +D/2:
+//      acc = diag(e^G) q S0 (D/16 k-steps x D/32 column pairs, 192 mma at
+//      D = 128)
+//   3  acc += P Vn over the k-steps up to the diagonal; acc -> o (f32).
+extern "C" __global__ void __launch_bounds__(256, 1)
+gdn_chunk_out(const __grid_constant__ GdnOutParams p) {
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    bf16* sQ = reinterpret_cast<bf16*>(gdn_smem);
+    bf16* sK = sQ + GDN_CHUNK * OUT_LD;
+    bf16* sS = sK + GDN_CHUNK * OUT_LD;
+    bf16* sV = sS + GDN_D * OUT_LD;
+    bf16* sP = sV + GDN_D * OUT_LDC;
+    float* sG = reinterpret_cast<float*>(sP + GDN_CHUNK * OUT_LDC);
+    const int c = blockIdx.x, h = blockIdx.y, kh = h / GDN_RATIO;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int nch = p.Tp / GDN_CHUNK;
+    const size_t row0 = (size_t)h * p.Tp + (size_t)c * GDN_CHUNK;
+    const size_t krow0 = (size_t)kh * p.Tp + (size_t)c * GDN_CHUNK;
+
+    cp_rows(sQ, OUT_LD * 2, p.q + krow0 * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
+    cp_rows(sK, OUT_LD * 2, p.k + krow0 * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
+    cp_rows(sG, GDN_CHUNK * 4, p.gc + row0, GDN_CHUNK * 4, 1);
+    cp_async_commit();
+    cp_rows(sS, OUT_LD * 2, p.hs + ((size_t)h * nch + c) * GDN_D * 2 * GDN_D, 4 * GDN_D, GDN_D);
+    cp_async_commit();
+    cp_rows(sV, OUT_LDC * 2, p.vu + row0 * GDN_D, 4 * GDN_CHUNK, GDN_D);
+    cp_async_commit();
+
+    // ---- 1: P
+    cp_async_wait<2>();
+    __syncthreads();
+    for (int b = warp; b < 10; b += 8) {
+        const int I = tri_i(b), J = tri_j(b);
+        float acc[2][4] = {};
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
+        for (int ks = 0; ks < GDN_D / 16; ++ks) {
+            u32 ah[4], al[4], bh[4], bl[4];
+            lda_split(ah, al, smem_u32(sQ), OUT_LD, GDN_D, 16 * I, 16 * ks);
+            ldb_split_nk(bh, bl, smem_u32(sK), OUT_LD, GDN_D, 16 * J, 16 * ks);
+            mma3x2(acc, ah, al, bh, bl);
+        }
 #pragma unroll
-                for (int q = 0; q < 4; ++q) acc[r][q] = 0.f;
-            for (int k = 0; k < GK_DIM; ++k) {
-                const float4 sv = *reinterpret_cast<const float4*>(S + k * CB_LDV + 4 * cj);
-                const float s_[4] = {sv.x, sv.y, sv.z, sv.w};
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const float qv = qg[(2 * ri + r) * CB_LDR + k];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) acc[r][q] = fmaf(qv, s_[q], acc[r][q]);
-                }
-            }
-            for (int j = 0; j < GDN_CHUNK; ++j) {
-                const float4 nv = *reinterpret_cast<const float4*>(vn + j * CB_LDV + 4 * cj);
-                const float n_[4] = {nv.x, nv.y, nv.z, nv.w};
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const float av = a[(2 * ri + r) * CB_LDA + j];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) acc[r][q] = fmaf(av, n_[q], acc[r][q]);
-                }
-            }
+        for (int j = 0; j < 2; ++j)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float* o = p.O + (size_t)(t0 + 2 * ri + r) * GDN_VAL + h * GV_DIM + v0 + 4 * cj;
-                *reinterpret_cast<float4*>(o) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+                const int i = 16 * I + g + 8 * r, col = 16 * J + 8 * j + 2 * tq;
+                const float x0 = col <= i ? acc[j][2 * r] * expf(sG[i] - sG[col]) : 0.f;
+                const float x1 = col + 1 <= i ? acc[j][2 * r + 1] * expf(sG[i] - sG[col + 1]) : 0.f;
+                u32 hi, lo;
+                split2(x0, x1, hi, lo);
+                *reinterpret_cast<u32*>(sP + i * OUT_LDC + col) = hi;
+                *reinterpret_cast<u32*>(sP + i * OUT_LDC + GDN_CHUNK + col) = lo;
             }
-        }
-        __syncthreads();
-
-        // S = exp(G_last) S + kd^T Vn: k rows 4 * rk .. +4 (rk = tid / 8), columns 4 * cj .. +4.
-        {
-            const int rk = tid >> 3;
-            const float gl = expf(glast);
-            for (int kb = 4 * rk; kb < GK_DIM; kb += 128) {
-                float acc[4][4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) acc[r][q] = 0.f;
-                for (int i = 0; i < GDN_CHUNK; ++i) {
-                    const float4 kv = *reinterpret_cast<const float4*>(kd + i * CB_LDR + kb);
-                    const float4 nv = *reinterpret_cast<const float4*>(vn + i * CB_LDV + 4 * cj);
-                    const float k_[4] = {kv.x, kv.y, kv.z, kv.w}, n_[4] = {nv.x, nv.y, nv.z, nv.w};
-#pragma unroll
-                    for (int r = 0; r < 4; ++r)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) acc[r][q] = fmaf(k_[r], n_[q], acc[r][q]);
-                }
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        float* sp = S + (kb + r) * CB_LDV + 4 * cj + q;
-                        *sp = fmaf(gl, *sp, acc[r][q]);
-                    }
-            }
-        }
-        __syncthreads();
     }
-    for (int i = tid; i < GK_DIM * CB_COLS; i += 256) {
-        const int k = i / CB_COLS, v = i - k * CB_COLS;
-        Sg[(size_t)k * GV_DIM + v0 + v] = S[k * CB_LDV + v];
+
+    // ---- 2: diag(e^G) q S0
+    const int rb = warp & 3, vc = (warp >> 2) * (GDN_D / 2);
+    float acc[GDN_D / 16][4] = {};
+    cp_async_wait<1>();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < GDN_D / 16; ++ks) {
+        u32 ah[4], al[4];
+        lda_split(ah, al, smem_u32(sQ), OUT_LD, GDN_D, 16 * rb, 16 * ks);
+#pragma unroll
+        for (int np = 0; np < GDN_D / 32; ++np) {
+            u32 bh[4], bl[4];
+            ldb_split_nk(bh, bl, smem_u32(sS), OUT_LD, GDN_D, vc + 16 * np, 16 * ks);
+            mma3x2(acc + 2 * np, ah, al, bh, bl);
+        }
+    }
+    const float e0 = expf(sG[16 * rb + g]), e8 = expf(sG[16 * rb + g + 8]);
+#pragma unroll
+    for (int nt = 0; nt < GDN_D / 16; ++nt) {
+        acc[nt][0] *= e0;
+        acc[nt][1] *= e0;
+        acc[nt][2] *= e8;
+        acc[nt][3] *= e8;
+    }
+
+    // ---- 3: + P Vn
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < GDN_CHUNK / 16; ++kk) {
+        if (kk > rb) continue;
+        u32 ah[4], al[4];
+        lda_split(ah, al, smem_u32(sP), OUT_LDC, GDN_CHUNK, 16 * rb, 16 * kk);
+#pragma unroll
+        for (int np = 0; np < GDN_D / 32; ++np) {
+            u32 bh[4], bl[4];
+            ldb_split_nk(bh, bl, smem_u32(sV), OUT_LDC, GDN_CHUNK, vc + 16 * np, 16 * kk);
+            mma3x2(acc + 2 * np, ah, al, bh, bl);
+        }
+    }
+    float* o = p.o + ((size_t)c * GDN_CHUNK + 16 * rb + g) * GDN_VAL + (size_t)h * GDN_D + vc + 2 * tq;
+#pragma unroll
+    for (int nt = 0; nt < GDN_D / 16; ++nt) {
+        *reinterpret_cast<float2*>(o + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2*>(o + 8 * GDN_VAL + 8 * nt) = make_float2(acc[nt][2], acc[nt][3]);
     }
 }
 
@@ -603,6 +970,7 @@ struct GdnGatedNormParams {
     int proj_stride;
     float eps;
 };
+GDN_LAYOUT(GdnGatedNormParams, GDN_GATED_NORM_PARAMS_BYTES);
 
 extern "C" __global__ void __launch_bounds__(256)
 gdn_gated_norm(const __grid_constant__ GdnGatedNormParams p) {

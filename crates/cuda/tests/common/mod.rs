@@ -10,7 +10,10 @@ use rand::{Rng as _, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
+use lily_core::config::{production, Format};
+use lily_core::ModelConfig;
 use lily_cuda::device::{read_device, DeviceBuffer, Gpu};
+use lily_cuda::dims::Dims;
 use lily_cuda::weights::QMat;
 
 /// tests/fixtures/tiny of the repository: the path known at build time, or
@@ -22,6 +25,28 @@ pub fn fixtures_dir() -> std::path::PathBuf {
         return built;
     }
     std::path::PathBuf::from("tests/fixtures/tiny")
+}
+
+/// The real Qwen3.6-35B-A3B shape.
+pub fn prod_dims() -> Dims {
+    Dims::from_config(&production()).expect("production dims")
+}
+
+/// The tiny fixture's shape (head dim 32).
+pub fn tiny_dims() -> Dims {
+    let dir = fixtures_dir().join("mlx-q4");
+    Dims::from_config(&ModelConfig::from_dir(&dir).expect("fixture config")).expect("tiny dims")
+}
+
+/// The tiny synthetic preset's shape (head dim 64).
+pub fn synth_tiny_dims() -> Dims {
+    let cfg = lily_synth::preset_config(lily_synth::Preset::Tiny, None, Format::MlxQ4).expect("tiny preset");
+    Dims::from_config(&cfg).expect("synth tiny dims")
+}
+
+/// The tiny fixture's shape and the real one.
+pub fn both() -> [(&'static str, Dims); 2] {
+    [("tiny", tiny_dims()), ("production", prod_dims())]
 }
 
 /// The GPU, or None after printing a visible skip line. With
