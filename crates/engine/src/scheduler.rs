@@ -20,8 +20,10 @@
 //! client sees a pause, not an error. Only a request that could never fit
 //! the whole pool fails.
 //!
-//! This file owns no threading or queue (`engine.rs`), no token choice
-//! (`sampling.rs`), no text handling (`text.rs`) and no cache policy
+//! This file owns the requests and the order of work. It owns no threading
+//! or queue (`engine.rs`), no token choice (`sampling.rs`), no text
+//! handling (`text.rs`), no account of backend memory (which sequences are
+//! held, what fits the KV pool, snapshots: `kv.rs`) and no cache policy
 //! (`prefix_cache.rs`): it calls them.
 
 use std::collections::VecDeque;
@@ -37,7 +39,8 @@ use crate::api::{
     EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission,
     TokenLogprob,
 };
-use crate::prefix_cache::{prompt_boundary_wanted, PrefixCache};
+use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
+use crate::prefix_cache::PrefixCache;
 use crate::sampling::Sampler;
 use crate::text::TextStream;
 
@@ -45,15 +48,6 @@ use crate::text::TextStream;
 enum Outcome {
     Finished(FinishReason),
     Failed(EngineError),
-}
-
-/// Whether a request's KV memory fits the backend's pool.
-enum KvFit {
-    Fits,
-    /// Not beside what is held now.
-    NotNow,
-    /// Not even in the empty pool (which holds this many tokens).
-    Never(usize),
 }
 
 /// Which running request gave its KV memory back, and how.
@@ -73,18 +67,11 @@ impl Released {
     }
 }
 
-/// What admission got for a request.
-enum Acquired {
-    /// A sequence holding `cached` tokens of the request's prefix.
-    Go(SeqId, usize),
-    /// Running requests hold what it needs: try again when one ends.
-    Wait,
-    Fail(EngineError),
-}
-
-/// A request that holds a backend sequence.
+/// An admitted request (its backend sequence, if it holds one, is in the
+/// ledger under its `age`).
 struct Active {
     id: u64,
+    age: Age,
     events: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
     deadline: Option<Instant>,
@@ -94,15 +81,11 @@ struct Active {
     stop_ids: Vec<u32>,
     sampler: Sampler,
     text: TextStream,
-    /// The backend sequence; `None` while preempted (waiting for KV memory
-    /// to be recomputed).
-    seq: Option<SeqId>,
-    /// The prompt followed by the generated tokens.
+    /// The prompt followed by the generated tokens. The ledger's `fed`
+    /// says how many of them the backend sequence has consumed: while
+    /// prefilling, fewer than `target()`; while generating, all but the
+    /// last (which the next decode feeds).
     tokens: Vec<u32>,
-    /// How many of `tokens` the backend sequence has consumed. While
-    /// prefilling, `fed < target()`; while generating, `fed ==
-    /// tokens.len() - 1` (the last sampled token is fed by the next decode).
-    fed: usize,
     cached_tokens: usize,
 }
 
@@ -118,14 +101,6 @@ impl Active {
         }
     }
 
-    fn generating(&self) -> bool {
-        self.seq.is_some() && self.fed >= self.target()
-    }
-
-    fn prefilling(&self) -> bool {
-        self.seq.is_some() && self.fed < self.target()
-    }
-
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -135,7 +110,9 @@ pub(crate) struct Scheduler {
     backend: Box<dyn Backend>,
     tokenizer: Arc<Tokenizer>,
     shared: Arc<Shared>,
-    cache: PrefixCache,
+    kv: KvLedger,
+    /// Age of the next admitted request.
+    next_age: Age,
     max_batch: usize,
     prefill_chunk: usize,
     eos: Vec<u32>,
@@ -155,15 +132,17 @@ impl Scheduler {
     ) -> Self {
         let eos = backend.config().eos_token_ids.clone();
         let text_vocab = tokenizer.vocab_size();
+        let cache = PrefixCache::new(
+            opts.snapshot_interval,
+            opts.prefix_cache_tokens,
+            opts.prefix_cache_max_entries,
+        );
         Scheduler {
+            kv: KvLedger::new(backend.max_sequences(), cache),
+            next_age: 0,
             backend,
             tokenizer,
             shared,
-            cache: PrefixCache::new(
-                opts.snapshot_interval,
-                opts.prefix_cache_tokens,
-                opts.prefix_cache_max_entries,
-            ),
             max_batch: opts.max_batch.max(1),
             prefill_chunk: opts.prefill_chunk.max(1),
             eos,
@@ -193,34 +172,27 @@ impl Scheduler {
     /// Fails every request (after a panic inside a step, whose state is
     /// unknown) and drops the cache; the engine then carries on.
     pub(crate) fn fail_all(&mut self, why: &str) {
+        self.kv.clear(self.backend.as_mut());
         for a in std::mem::take(&mut self.running) {
-            if let Some(seq) = a.seq {
-                self.backend.free(seq);
-            }
             self.send_outcome_active(&a, Outcome::Failed(EngineError::Backend(why.to_string())));
-        }
-        for seq in self.cache.clear() {
-            self.backend.free(seq);
         }
         self.publish_gauges();
     }
 
     /// Frees every snapshot (at shutdown).
     pub(crate) fn clear_cache(&mut self) {
-        for seq in self.cache.clear() {
-            self.backend.free(seq);
-        }
+        self.kv.clear_cache(self.backend.as_mut());
         self.publish_gauges();
     }
 
     fn publish_gauges(&self) {
         let running = self.running.len();
-        let (entries, held, evictions) = (
-            self.cache.len(),
-            self.cache.held_tokens(),
-            self.cache.evictions(),
-        );
-        let kv = self.backend.kv_room().map(|r| (r.free_tokens, r.total_tokens));
+        let cache = &self.kv.cache;
+        let (entries, held, evictions) = (cache.len(), cache.held_tokens(), cache.evictions());
+        let kv = self
+            .backend
+            .kv_room()
+            .map(|r| (r.free_tokens, r.total_tokens));
         self.shared.with_stats(|s| {
             s.running = running;
             s.kv_tokens = kv;
@@ -278,9 +250,7 @@ impl Scheduler {
     /// prefill queue relies on), frees its sequence and sends its end.
     fn retire(&mut self, i: usize, outcome: Outcome) {
         let a = self.running.remove(i);
-        if let Some(seq) = a.seq {
-            self.backend.free(seq);
-        }
+        self.kv.release(self.backend.as_mut(), a.age);
         // Gauges first, so a caller that reads stats after the final event
         // sees this request gone.
         self.publish_gauges();
@@ -321,133 +291,21 @@ impl Scheduler {
 
     // ----- admission -------------------------------------------------------
 
-    /// Running requests that hold a backend sequence (not preempted).
-    fn holders(&self) -> usize {
-        self.running.iter().filter(|a| a.seq.is_some()).count()
-    }
-
-    /// Backend sequences in use: running requests plus cache snapshots.
-    fn slots_used(&self) -> usize {
-        self.holders() + self.cache.len()
-    }
-
-    /// Evicts snapshots until one more sequence fits; false if it cannot.
-    fn make_room_for_one(&mut self) -> bool {
-        while self.slots_used() + 1 > self.backend.max_sequences() {
-            match self.cache.evict_lru() {
-                Some(seq) => self.backend.free(seq),
-                None => return false,
-            }
-        }
-        true
-    }
-
-    /// KV blocks the admitted requests still have to take to finish their
-    /// prefill.
-    fn pending_prefill_blocks(&self, block: usize) -> usize {
-        self.running
-            .iter()
-            .filter(|a| a.prefilling())
-            .map(|a| a.target().div_ceil(block) - a.fed.div_ceil(block))
-            .sum()
-    }
-
-    /// Whether a request that prefills up to `target` tokens, `cached` of
-    /// them restored from a snapshot, fits the KV pool now, beside what the
-    /// admitted requests still have to prefill and with one block to grow
-    /// into. Backends without a fixed pool always have room.
-    fn kv_fits(&self, target: usize, cached: usize) -> KvFit {
-        let Some(room) = self.backend.kv_room() else {
-            return KvFit::Fits;
-        };
-        let b = room.block_tokens.max(1);
-        // A fork shares the snapshot's full blocks and copies the last one.
-        let need = target.div_ceil(b) - cached / b + 1;
-        if target.div_ceil(b) + 1 > room.total_tokens / b {
-            return KvFit::Never(room.total_tokens);
-        }
-        let free = (room.free_tokens / b).saturating_sub(self.pending_prefill_blocks(b));
-        if free >= need {
-            KvFit::Fits
-        } else {
-            KvFit::NotNow
-        }
-    }
-
-    /// A sequence for a request about to prefill `tokens[..target]`: a fork
-    /// of the longest cached prefix, or a fresh one. Snapshots are evicted
-    /// for a free slot or KV memory; the request waits (`Wait`) while
-    /// running requests hold what it needs, and fails only when it could
-    /// never be served.
-    fn acquire(&mut self, tokens: &[u32], target: usize) -> Acquired {
-        if !self.make_room_for_one() {
-            if self.holders() == 0 {
-                // No slot will ever free up (a backend with no sequences).
-                return Acquired::Fail(EngineError::Capacity(format!(
-                    "the backend holds at most {} sequences",
-                    self.backend.max_sequences()
-                )));
-            }
-            return Acquired::Wait;
-        }
-        let hit = loop {
-            let hit = self.cache.lookup(&tokens[..target]);
-            match self.kv_fits(target, hit.map_or(0, |h| h.1)) {
-                KvFit::Fits => break hit,
-                KvFit::Never(total) => {
-                    return Acquired::Fail(EngineError::Capacity(format!(
-                        "KV cache full: this request needs {target} tokens of KV cache \
-                         and some room to grow; the whole pool holds {total}"
-                    )))
-                }
-                KvFit::NotNow => match self.cache.evict_lru() {
-                    Some(seq) => self.backend.free(seq),
-                    // Memory comes back as running requests end.
-                    None if self.holders() > 0 => return Acquired::Wait,
-                    None => break hit,
-                },
-            }
-        };
-        // Restore from the snapshot. If the backend has no memory for the
-        // copy, fall back to a fresh sequence (whose retry loop may evict
-        // snapshots, the hit included) rather than fail.
-        let forked = hit.and_then(|(snap, len)| match self.backend.fork(snap) {
-            Ok(seq) => Some(Ok((seq, len))),
-            Err(ModelError::Capacity(_)) => None,
-            Err(e) => Some(Err(e)),
-        });
-        let got = forked.unwrap_or_else(|| {
-            evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc()).map(|s| (s, 0))
-        });
-        match got {
-            Ok((seq, cached)) => Acquired::Go(seq, cached),
-            Err(ModelError::Capacity(m)) if self.holders() > 0 => {
-                tracing::debug!("admission deferred: {m}");
-                Acquired::Wait
-            }
-            Err(e) => Acquired::Fail(model_error(e)),
-        }
-    }
-
     fn admit(&mut self) {
         // Preempted requests first, oldest first: they were admitted before
         // anything that is waiting, and nothing overtakes them.
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].seq.is_some() {
+            let a = &self.running[i];
+            if self.kv.holding(a.age).is_some() {
                 i += 1;
                 continue;
             }
-            // Lend the tokens to `acquire` (which needs `&mut self`).
-            let target = self.running[i].target();
-            let tokens = std::mem::take(&mut self.running[i].tokens);
-            let got = self.acquire(&tokens, target);
-            self.running[i].tokens = tokens;
-            match got {
+            let target = a.target();
+            match self.kv.acquire(self.backend.as_mut(), &a.tokens, target) {
                 Acquired::Go(seq, cached) => {
-                    tracing::debug!(request = self.running[i].id, cached, "resumed after preemption");
-                    self.running[i].seq = Some(seq);
-                    self.running[i].fed = cached;
+                    tracing::debug!(request = a.id, cached, "resumed after preemption");
+                    self.kv.hold(a.age, seq, cached, target);
                     i += 1;
                 }
                 Acquired::Wait => return,
@@ -459,7 +317,10 @@ impl Scheduler {
                 break;
             };
             let target = sub.req.prompt.len();
-            let outcome = match self.acquire(&sub.req.prompt, target) {
+            let outcome = match self
+                .kv
+                .acquire(self.backend.as_mut(), &sub.req.prompt, target)
+            {
                 Acquired::Wait => {
                     self.waiting.push_front(sub);
                     break;
@@ -468,8 +329,9 @@ impl Scheduler {
                 Acquired::Fail(e) => Err(e),
             };
             // One lookup per request that got an answer.
+            let lookups = u64::from(self.kv.cache.enabled());
             self.shared
-                .with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
+                .with_stats(|s| s.prefix_cache_lookups += lookups);
             match outcome {
                 Ok((seq, cached)) => self.start(sub, seq, cached),
                 Err(e) => self.end_waiting(sub, Outcome::Failed(e)),
@@ -497,8 +359,11 @@ impl Scheduler {
         let prompt_len = prompt.len();
         let mut stop_ids = self.eos.clone();
         stop_ids.extend(stop_token_ids);
+        let age = self.next_age;
+        self.next_age += 1;
         let a = Active {
             id,
+            age,
             cancel,
             deadline,
             prompt_len,
@@ -507,9 +372,7 @@ impl Scheduler {
             stop_ids,
             sampler: Sampler::new(sampling, &prompt),
             text: TextStream::new(self.tokenizer.stream_decoder(), stop_strings),
-            seq: Some(seq),
             tokens: prompt,
-            fed: cached,
             cached_tokens: cached,
             events,
         };
@@ -532,6 +395,7 @@ impl Scheduler {
             self.send_outcome_active(&a, Outcome::Finished(FinishReason::Cancelled));
             return;
         }
+        self.kv.hold(age, seq, cached, prompt_len);
         self.running.push(a);
     }
 
@@ -542,14 +406,17 @@ impl Scheduler {
             .running
             .iter()
             .enumerate()
-            .filter(|(_, a)| a.generating())
-            .filter_map(|(i, a)| Some((i, (a.seq?, a.tokens[a.fed]))))
+            .filter_map(|(i, a)| {
+                let h = self.kv.holding(a.age).filter(|h| !h.prefilling())?;
+                Some((i, (h.seq, a.tokens[h.fed])))
+            })
             .unzip();
         if idx.is_empty() {
             return;
         }
-        let decoded =
-            evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.decode(&batch));
+        let decoded = self
+            .kv
+            .evicting(self.backend.as_mut(), |b| b.decode(&batch));
         // One result per entry of `idx`, except that the isolation below may
         // have preempted or failed the youngest entries: `results` then
         // covers a prefix of `idx`, still valid as indices into `running`.
@@ -577,7 +444,9 @@ impl Scheduler {
         for (&i, res) in idx.iter().zip(results) {
             match res {
                 Ok(mut logits) => {
-                    self.running[i].fed += 1;
+                    if let Some(h) = self.kv.holding_mut(self.running[i].age) {
+                        h.fed += 1;
+                    }
                     self.maybe_snapshot(i);
                     if let Some(o) = self.sample_and_emit(i, &mut logits) {
                         ends.push((i, o));
@@ -629,8 +498,9 @@ impl Scheduler {
         while out.len() < end {
             let k = out.len();
             let (seq, tok) = batch[k];
+            let fed = self.kv.holding(self.running[idx[k]].age).map(|h| h.fed);
             match self.backend.seq_len(seq) {
-                Ok(n) if n == self.running[idx[k]].fed => {}
+                Ok(n) if Some(n) == fed => {}
                 Ok(_) => {
                     out.push(Err(model_error(ModelError::Device(format!(
                         "batched decode failed part-way: {err}"
@@ -642,9 +512,9 @@ impl Scheduler {
                     continue;
                 }
             }
-            let r = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
-                b.decode(&[(seq, tok)])
-            });
+            let r = self
+                .kv
+                .evicting(self.backend.as_mut(), |b| b.decode(&[(seq, tok)]));
             match r {
                 Ok(mut rows) if rows.len() == 1 => out.push(Ok(rows.remove(0))),
                 Ok(rows) => out.push(Err(EngineError::Backend(format!(
@@ -675,10 +545,14 @@ impl Scheduler {
     /// memory is back), or failed when even the empty pool could not hold
     /// it. `None` when no request holds a sequence.
     fn release_youngest(&mut self, why: &str) -> Option<Released> {
-        let v = self.running.iter().rposition(|a| a.seq.is_some())?;
+        let age = self.kv.youngest()?;
+        let v = self.running.binary_search_by_key(&age, |a| a.age).ok()?;
         let target = self.running[v].target();
-        let never = matches!(self.kv_fits(target, 0), KvFit::Never(_));
-        if never || self.holders() == 1 {
+        let never = matches!(
+            self.kv.fits(self.backend.as_ref(), target, 0),
+            KvFit::Never(_)
+        );
+        if never || self.kv.holders() == 1 {
             // Nobody else holds memory to give back: it cannot fit at all.
             let e = EngineError::Capacity(format!(
                 "KV cache full: this request needs more KV memory than the whole pool ({why})"
@@ -686,12 +560,13 @@ impl Scheduler {
             self.retire(v, Outcome::Failed(e));
             return Some(Released::Failed(v));
         }
-        let a = &mut self.running[v];
-        if let Some(seq) = a.seq.take() {
-            self.backend.free(seq);
-        }
-        a.fed = 0;
-        tracing::info!(request = a.id, tokens = a.tokens.len(), "out of KV memory: preempted, will be recomputed");
+        let a = &self.running[v];
+        self.kv.release(self.backend.as_mut(), a.age);
+        tracing::info!(
+            request = a.id,
+            tokens = a.tokens.len(),
+            "out of KV memory: preempted, will be recomputed"
+        );
         self.shared.with_stats(|s| s.preemptions += 1);
         Some(Released::Paused(v))
     }
@@ -701,14 +576,21 @@ impl Scheduler {
         let mut i = 0;
         // Oldest admitted first (`running` is in admission order).
         while budget > 0 && i < self.running.len() {
-            let Some(seq) = self.running[i].seq.filter(|_| self.running[i].prefilling()) else {
+            let a = &self.running[i];
+            let Some((seq, start, target)) = self
+                .kv
+                .holding(a.age)
+                .filter(|h| h.prefilling())
+                .map(|h| (h.seq, h.fed, h.prefill_to))
+            else {
                 i += 1;
                 continue;
             };
-            let (start, target) = (self.running[i].fed, self.running[i].target());
-            let end = self.chunk_end(i, start, target.min(start + budget));
+            let end = self
+                .kv
+                .chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
             let chunk = &self.running[i].tokens[start..end];
-            let result = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
+            let result = self.kv.evicting(self.backend.as_mut(), |b| {
                 b.prefill(seq, chunk, LogitsWanted::Last)
             });
             let outcome = match result {
@@ -723,7 +605,9 @@ impl Scheduler {
                         // already the next), or a younger one gave way and
                         // this chunk is tried again.
                         Some(_) => {}
-                        None => self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m)))),
+                        None => {
+                            self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m))))
+                        }
                     }
                     continue;
                 }
@@ -732,7 +616,9 @@ impl Scheduler {
                     budget -= end - start;
                     self.shared
                         .with_stats(|s| s.prefill_tokens += (end - start) as u64);
-                    self.running[i].fed = end;
+                    if let Some(h) = self.kv.holding_mut(self.running[i].age) {
+                        h.fed = end;
+                    }
                     self.maybe_snapshot(i);
                     if end < target {
                         None
@@ -758,62 +644,11 @@ impl Scheduler {
         }
     }
 
-    /// Where a prefill chunk of request `i` from `start` ends: at `limit`,
-    /// or earlier at the first boundary that will be snapshotted, so the
-    /// snapshot holds exactly that prefix. Other boundaries do not cut the
-    /// chunk (large chunks keep prefill efficient).
-    fn chunk_end(&self, i: usize, start: usize, limit: usize) -> usize {
-        let a = &self.running[i];
-        let interval = self.cache.interval();
-        let mut b = match self.cache.next_boundary(start) {
-            Some(b) => b,
-            None => return limit,
-        };
-        while b < limit {
-            if prompt_boundary_wanted(b, a.prompt_len, interval)
-                && self.cache.admits(&a.tokens[..b])
-                && !self.cache.contains(&a.tokens[..b])
-            {
-                return b;
-            }
-            b += interval;
-        }
-        limit
-    }
-
-    /// Hands the cache a copy of request `i`'s sequence if it sits at a
-    /// boundary worth a snapshot (see `prompt_boundary_wanted`; every
-    /// boundary while generating) that the cache does not hold yet.
+    /// Offers the prefix cache a snapshot of request `i`'s sequence.
     fn maybe_snapshot(&mut self, i: usize) {
         let a = &self.running[i];
-        let fed = a.fed;
-        if fed == 0 || self.cache.next_boundary(fed - 1) != Some(fed) {
-            return;
-        }
-        let in_prompt = fed <= a.prompt_len;
-        if in_prompt && !prompt_boundary_wanted(fed, a.prompt_len, self.cache.interval()) {
-            return;
-        }
-        if !self.cache.wants(&self.running[i].tokens[..fed]) {
-            return;
-        }
-        // A snapshot never takes a slot a request could use: only evict
-        // other snapshots for it.
-        if !self.make_room_for_one() {
-            return;
-        }
-        let Some(seq) = self.running[i].seq else {
-            return;
-        };
-        match self.backend.fork(seq) {
-            Ok(copy) => {
-                for seq in self.cache.insert(&self.running[i].tokens[..fed], copy) {
-                    self.backend.free(seq);
-                }
-            }
-            // No memory for a snapshot is not an error for the request.
-            Err(e) => tracing::debug!("prefix snapshot skipped: {e}"),
-        }
+        self.kv
+            .maybe_snapshot(self.backend.as_mut(), a.age, &a.tokens, a.prompt_len);
     }
 
     /// Samples from request `i`'s logits, emits the token, and says whether
@@ -903,51 +738,4 @@ fn token_text(tok: &Tokenizer, id: u32) -> String {
     tok.token_bytes(id)
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default()
-}
-
-/// Runs `f`, a backend call that may need memory (alloc, prefill, decode);
-/// on a capacity error evicts the least recently used snapshot and retries,
-/// until `f` succeeds or no snapshot is left. Snapshots are the only memory
-/// the engine can give back without failing a request. Retrying is sound
-/// because a backend that answers `Capacity` has changed no sequence's
-/// length (the CUDA backend reserves KV blocks before it runs anything).
-///
-/// A free function over the two fields it needs, so a caller can lend `f`
-/// a borrow of a request's tokens (a method on `self` could not).
-fn evicting_snapshots<T>(
-    backend: &mut dyn Backend,
-    cache: &mut PrefixCache,
-    mut f: impl FnMut(&mut dyn Backend) -> Result<T, ModelError>,
-) -> Result<T, ModelError> {
-    loop {
-        match f(backend) {
-            Err(ModelError::Capacity(m)) => match cache.evict_lru() {
-                Some(seq) => {
-                    tracing::debug!("out of backend memory ({m}); evicting a prefix snapshot");
-                    backend.free(seq);
-                }
-                None => return Err(ModelError::Capacity(m)),
-            },
-            other => return other,
-        }
-    }
-}
-
-/// The error for a request whose prefill or decode failed. Out of memory
-/// there means the KV cache is full even with every snapshot evicted.
-fn work_error(e: ModelError) -> EngineError {
-    match e {
-        ModelError::Capacity(m) => EngineError::Capacity(format!(
-            "KV cache full: no memory left for this request after evicting every \
-             prefix-cache snapshot ({m})"
-        )),
-        other => model_error(other),
-    }
-}
-
-fn model_error(e: ModelError) -> EngineError {
-    match e {
-        ModelError::Capacity(m) => EngineError::Capacity(m),
-        other => EngineError::Backend(other.to_string()),
-    }
 }

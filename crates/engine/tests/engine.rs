@@ -11,7 +11,9 @@ use lily_engine::{
     Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
     SamplingParams, SubmitError,
 };
-use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS};
+use support::{
+    collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS,
+};
 
 fn opts() -> EngineOptions {
     EngineOptions {
@@ -47,7 +49,8 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// cache's snapshots (anything more is a sequence some request leaked).
 fn assert_only_snapshots_hold_sequences(probe: &Mutex<Probe>, h: &EngineHandle) {
     assert!(
-        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == h.stats().prefix_cache_entries),
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
+            == h.stats().prefix_cache_entries),
         "live sequences {} != snapshots {}",
         probe.lock().expect("probe").live,
         h.stats().prefix_cache_entries
@@ -786,7 +789,10 @@ fn kv_memory_running_out_mid_generation_preempts_the_youngest_which_resumes() {
         (Some(FinishReason::Length), 20),
         "{younger:?}"
     );
-    assert_eq!(younger.ids, (1..=20).map(|k| A + 100 + k).collect::<Vec<_>>());
+    assert_eq!(
+        younger.ids,
+        (1..=20).map(|k| A + 100 + k).collect::<Vec<_>>()
+    );
     assert!(probe.lock().expect("probe").pool_refusals > 0);
     let s = h.stats();
     assert!(s.preemptions >= 1, "{s:?}");
@@ -819,8 +825,14 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             Some(n) => fake.kv_pool(n),
             None => fake,
         };
-        let h = start(fake.delay(Duration::from_micros(200)), cache_opts(16, 10_000));
-        let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+        let h = start(
+            fake.delay(Duration::from_micros(200)),
+            cache_opts(16, 10_000),
+        );
+        let streams: Vec<_> = requests
+            .iter()
+            .map(|r| h.submit(r.clone()).expect("submit"))
+            .collect();
         let outs: Vec<_> = streams
             .into_iter()
             .map(|s| std::thread::spawn(move || collect(s)))
@@ -836,7 +848,11 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
     assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
     assert_eq!(stats.requests_failed, 0, "{stats:?}");
     for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
-        assert_eq!((t.finish, t.completion_tokens), (Some(FinishReason::Length), 30), "request {k}: {t:?}");
+        assert_eq!(
+            (t.finish, t.completion_tokens),
+            (Some(FinishReason::Length), 30),
+            "request {k}: {t:?}"
+        );
         assert_eq!(t.ids, r.ids, "request {k}: tokens differ after preemption");
         assert_eq!(t.text, r.text, "request {k}");
     }
@@ -918,7 +934,10 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
         (Some(FinishReason::Length), 4),
         "{younger:?}"
     );
-    assert_eq!(younger.ids, (1..=4).map(|k| A + 100 + k).collect::<Vec<_>>());
+    assert_eq!(
+        younger.ids,
+        (1..=4).map(|k| A + 100 + k).collect::<Vec<_>>()
+    );
     let s = h.stats();
     assert_eq!((s.requests_failed, s.preemptions), (0, 0), "{s:?}");
     // It never touched the pool before `older` was done.
