@@ -111,7 +111,7 @@ impl CudaBackend {
         let mut out = Vec::with_capacity(n);
         for ((st, token), logprob) in states.iter_mut().zip(tokens).zip(logprobs) {
             st.record_draw(token);
-            out.push(Sampled { token, logprob });
+            out.push(Sampled { token, logprob, top: Vec::new() });
         }
         Ok(out)
     }
@@ -185,6 +185,21 @@ impl Backend for CudaBackend {
             if !self.model.mem.seqs.contains_key(s) {
                 return Err(ModelError::UnknownSequence(*s));
             }
+        }
+        // `sample_rows` does not limit the vocabulary or report
+        // alternatives yet: such draws take the host math on copied logits
+        // (the device count tables then miss them, so they upload again).
+        let vocab = self.model.dims.vocab;
+        if states.iter().any(|s| s.params.top_logprobs > 0 || s.params.row_len(vocab) < vocab) {
+            let logits = self.decode(batch)?;
+            return Ok(logits
+                .iter()
+                .zip(states.iter_mut())
+                .map(|(l, s)| {
+                    s.set_device_copy(None);
+                    lily_model::sample::sample_host(l, s)
+                })
+                .collect());
         }
         Ok(self.sample_on_device(batch, states)?)
     }

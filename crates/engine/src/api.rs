@@ -43,8 +43,10 @@ pub struct SamplingParams {
     /// HF: for tokens seen in prompt or output, divide a positive logit by it
     /// and multiply a negative one (1.0 = off).
     pub repetition_penalty: f32,
-    /// Seeds the request's own ChaCha RNG; the same seed and request give the
-    /// same text. `None` draws a seed from the OS.
+    /// Seeds the request's draws (`lily_model::sample`: draw `k` uses
+    /// Philox4x32-10 keyed by the seed with counter `k`); the same seed and
+    /// request give the same text. `None` draws a random seed once, when
+    /// the request is admitted.
     pub seed: Option<u64>,
 }
 

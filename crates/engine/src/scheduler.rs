@@ -15,7 +15,7 @@
 //! have to prefill, plus a block to grow into; otherwise it waits (snapshots
 //! are evicted first). When decoding outgrows the pool anyway, snapshots go
 //! first, then the youngest running request is preempted: its sequence is
-//! freed and it waits, keeping its tokens and sampler, to be recomputed
+//! freed and it waits, keeping its tokens and sampling state, to be recomputed
 //! (prefilled again up to its last token) when memory is back, so the
 //! client sees a pause, not an error. Only a request that could never fit
 //! the whole pool fails.
@@ -32,16 +32,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
-use lily_model::{Backend, LogitsWanted, ModelError, SeqId};
+use lily_model::sample::sample_host;
+use lily_model::{Backend, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{
     EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission,
-    TokenLogprob,
 };
 use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
-use crate::sampling::Sampler;
+use crate::sampling::{logprob_report, request_seed, sample_params};
 use crate::text::TextStream;
 
 /// How a request left the running set.
@@ -79,7 +79,8 @@ struct Active {
     max_tokens: usize,
     logprobs: Option<usize>,
     stop_ids: Vec<u32>,
-    sampler: Sampler,
+    /// Parameters, random-stream position and penalty counts of its draws.
+    sampling: SampleState,
     text: TextStream,
     /// The prompt followed by the generated tokens. The ledger's `fed`
     /// says how many of them the backend sequence has consumed: while
@@ -117,7 +118,7 @@ pub(crate) struct Scheduler {
     prefill_chunk: usize,
     eos: Vec<u32>,
     /// Ids at or above this have no text (the embedding is padded past the
-    /// tokenizer); they are masked out before sampling.
+    /// tokenizer); they are never drawn (`SampleParams::vocab_limit`).
     text_vocab: usize,
     waiting: VecDeque<Submission>,
     running: Vec<Active>,
@@ -370,7 +371,15 @@ impl Scheduler {
             max_tokens,
             logprobs,
             stop_ids,
-            sampler: Sampler::new(sampling, &prompt),
+            sampling: SampleState::new(
+                sample_params(
+                    &sampling,
+                    request_seed(&sampling),
+                    logprobs,
+                    self.text_vocab,
+                ),
+                &prompt,
+            ),
             text: TextStream::new(self.tokenizer.stream_decoder(), stop_strings),
             tokens: prompt,
             cached_tokens: cached,
@@ -414,17 +423,23 @@ impl Scheduler {
         if idx.is_empty() {
             return;
         }
-        let decoded = self
-            .kv
-            .evicting(self.backend.as_mut(), |b| b.decode(&batch));
+        // One call samples every sequence (on the device where the backend
+        // can); the states are lent to it and put back.
+        let mut states: Vec<SampleState> = idx.iter().map(|&i| self.lend_state(i)).collect();
+        let decoded = self.kv.evicting(self.backend.as_mut(), |b| {
+            b.decode_sample(&batch, &mut states)
+        });
+        for (&i, st) in idx.iter().zip(states) {
+            self.running[i].sampling = st;
+        }
         // One result per entry of `idx`, except that the isolation below may
         // have preempted or failed the youngest entries: `results` then
         // covers a prefix of `idx`, still valid as indices into `running`.
-        let results: Vec<Result<Vec<f32>, EngineError>> = match decoded {
+        let results: Vec<Result<Sampled, EngineError>> = match decoded {
             Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
             Ok(rows) => {
                 let e = EngineError::Backend(format!(
-                    "decode returned {} rows for a batch of {}",
+                    "decode returned {} tokens for a batch of {}",
                     rows.len(),
                     batch.len()
                 ));
@@ -443,12 +458,12 @@ impl Scheduler {
         let mut ends: Vec<(usize, Outcome)> = Vec::new();
         for (&i, res) in idx.iter().zip(results) {
             match res {
-                Ok(mut logits) => {
+                Ok(picked) => {
                     if let Some(h) = self.kv.holding_mut(self.running[i].age) {
                         h.fed += 1;
                     }
                     self.maybe_snapshot(i);
-                    if let Some(o) = self.sample_and_emit(i, &mut logits) {
+                    if let Some(o) = self.emit(i, picked) {
                         ends.push((i, o));
                     }
                 }
@@ -485,7 +500,7 @@ impl Scheduler {
         idx: &[usize],
         batch: &[(SeqId, u32)],
         err: ModelError,
-    ) -> Vec<Result<Vec<f32>, EngineError>> {
+    ) -> Vec<Result<Sampled, EngineError>> {
         tracing::warn!(batch = batch.len(), error = %err, "batched decode failed; retrying sequences one by one");
         // A lone sequence's fault is its own; out of memory may still be
         // settled by a younger request that is prefilling.
@@ -512,13 +527,16 @@ impl Scheduler {
                     continue;
                 }
             }
-            let r = self
-                .kv
-                .evicting(self.backend.as_mut(), |b| b.decode(&[(seq, tok)]));
+            let mut state = [self.lend_state(idx[k])];
+            let r = self.kv.evicting(self.backend.as_mut(), |b| {
+                b.decode_sample(&[(seq, tok)], &mut state)
+            });
+            let [state] = state;
+            self.running[idx[k]].sampling = state;
             match r {
                 Ok(mut rows) if rows.len() == 1 => out.push(Ok(rows.remove(0))),
                 Ok(rows) => out.push(Err(EngineError::Backend(format!(
-                    "decode returned {} rows for one sequence",
+                    "decode returned {} tokens for one sequence",
                     rows.len()
                 )))),
                 Err(ModelError::Capacity(m)) => {
@@ -541,7 +559,7 @@ impl Scheduler {
     }
 
     /// Frees the KV memory of the youngest request holding a sequence: it
-    /// is preempted (waits, tokens and sampler kept, to be recomputed when
+    /// is preempted (waits, tokens and sampling state kept, to be recomputed when
     /// memory is back), or failed when even the empty pool could not hold
     /// it. `None` when no request holds a sequence.
     fn release_youngest(&mut self, why: &str) -> Option<Released> {
@@ -629,7 +647,12 @@ impl Scheduler {
                         None
                     } else {
                         match rows.pop() {
-                            Some(mut logits) => self.sample_and_emit(i, &mut logits),
+                            Some(logits) => {
+                                // The first token, on the host with the
+                                // same math as every later one.
+                                let picked = sample_host(&logits, &mut self.running[i].sampling);
+                                self.emit(i, picked)
+                            }
                             None => Some(Outcome::Failed(EngineError::Backend(
                                 "prefill returned no logits".into(),
                             ))),
@@ -651,17 +674,18 @@ impl Scheduler {
             .maybe_snapshot(self.backend.as_mut(), a.age, &a.tokens, a.prompt_len);
     }
 
-    /// Samples from request `i`'s logits, emits the token, and says whether
-    /// the request ends.
-    fn sample_and_emit(&mut self, i: usize, logits: &mut [f32]) -> Option<Outcome> {
-        if logits.len() > self.text_vocab {
-            logits[self.text_vocab..].fill(f32::NEG_INFINITY);
-        }
-        let a = &mut self.running[i];
-        let picked = a.sampler.sample(logits, a.logprobs);
+    /// Takes request `i`'s sampling state for a backend call; the caller
+    /// puts it back (the placeholder left meanwhile allocates nothing).
+    fn lend_state(&mut self, i: usize) -> SampleState {
+        let placeholder = SampleState::new(SampleParams::default(), &[]);
+        std::mem::replace(&mut self.running[i].sampling, placeholder)
+    }
+
+    /// Emits request `i`'s drawn token (already recorded in its sampling
+    /// state) and says whether the request ends.
+    fn emit(&mut self, i: usize, picked: Sampled) -> Option<Outcome> {
         let token = picked.token;
-        a.sampler.accept(token);
-        a.tokens.push(token);
+        self.running[i].tokens.push(token);
         self.shared.with_stats(|s| s.generated_tokens += 1);
 
         let a = &mut self.running[i];
@@ -692,31 +716,15 @@ impl Scheduler {
                 }
             }
         };
-        let logprob = if a.stop_ids.contains(&token) {
+        let logprob = if a.stop_ids.contains(&token) || a.logprobs.is_none() {
             None
         } else {
-            picked.logprobs.map(|(lp, top)| TokenLogprob {
-                token: token_text(&self.tokenizer, token),
-                logprob: lp,
-                bytes: self
-                    .tokenizer
-                    .token_bytes(token)
-                    .map(<[u8]>::to_vec)
-                    .unwrap_or_default(),
-                top: top
-                    .into_iter()
-                    .map(|(t, l)| {
-                        (
-                            token_text(&self.tokenizer, t),
-                            l,
-                            self.tokenizer
-                                .token_bytes(t)
-                                .map(<[u8]>::to_vec)
-                                .unwrap_or_default(),
-                        )
-                    })
-                    .collect(),
-            })
+            Some(logprob_report(
+                &self.tokenizer,
+                token,
+                picked.logprob,
+                &picked.top,
+            ))
         };
         let a = &self.running[i];
         if a.events
@@ -731,11 +739,4 @@ impl Scheduler {
         }
         reason.map(Outcome::Finished)
     }
-}
-
-/// A token's text on its own (lossy for a fragment of a character).
-fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.token_bytes(id)
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_default()
 }

@@ -474,6 +474,41 @@ fn logprobs_report_chosen_and_alternatives() {
     assert!(c.logprobs.iter().all(Option::is_none));
 }
 
+#[test]
+fn decode_steps_sample_in_the_backend_within_the_tokenizer_vocabulary() {
+    let (fake, probe) = Fake::new(Mode::Hash);
+    let h = start(fake, opts());
+    let req = GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_k: 50,
+            seed: Some(11),
+            ..SamplingParams::default()
+        },
+        logprobs: Some(2),
+        ..GenerateRequest::new(pseudo_prompt(5, 1), 6)
+    };
+    let c = collect(h.submit(req).expect("submit"));
+    assert_eq!(c.completion_tokens, 6);
+    assert!(c
+        .logprobs
+        .iter()
+        .all(|l| l.as_ref().is_some_and(|l| l.top.len() == 2)));
+    let p = probe.lock().expect("probe");
+    // Every decode step sampled in the backend: no logits came back.
+    assert_eq!(p.logits_decodes, 0);
+    let params = p.last_params.first().expect("a decode_sample call");
+    assert_eq!(
+        (
+            params.vocab_limit as usize,
+            params.top_logprobs,
+            params.seed,
+            params.top_k
+        ),
+        (tokenizer().vocab_size(), 2, 11, 50)
+    );
+}
+
 fn cache_opts(interval: usize, budget: usize) -> EngineOptions {
     EngineOptions {
         prefix_cache_tokens: budget,

@@ -9,7 +9,7 @@
 pub mod contract;
 pub mod sample;
 
-pub use sample::{SampleParams, SampleState, Sampled};
+pub use sample::{SampleParams, SampleState, Sampled, MAX_TOP_LOGPROBS};
 
 use lily_core::ModelConfig;
 
@@ -65,7 +65,12 @@ pub trait Backend: Send {
 
     /// Appends `tokens` to the sequence and returns logits (`vocab_size`
     /// floats per returned position).
-    fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>>;
+    fn prefill(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        wanted: LogitsWanted,
+    ) -> ModelResult<Vec<Vec<f32>>>;
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
@@ -74,7 +79,9 @@ pub trait Backend: Send {
     /// take the argmax on the device override this to avoid copying logits.
     fn prefill_greedy(&mut self, seq: SeqId, tokens: &[u32]) -> ModelResult<u32> {
         let logits = self.prefill(seq, tokens, LogitsWanted::Last)?;
-        let last = logits.last().ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
+        let last = logits
+            .last()
+            .ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
         Ok(argmax(last))
     }
 
@@ -95,15 +102,31 @@ pub trait Backend: Send {
     /// One decode step for a batch (as `decode`) that also chooses each
     /// sequence's next token with its `SampleState` (same order, one per
     /// entry) and advances that state (`SampleState::record_draw`). The
-    /// chosen tokens are not fed; the next call feeds them. Backends that
+    /// chosen tokens are not fed; the next call feeds them. The draw is
+    /// `sample::sample_host`'s, whatever the device: `vocab_limit` and
+    /// `top_logprobs` included. On an error no state has advanced; as with
+    /// `decode`, a `Capacity` error changed no sequence. Backends that
     /// sample on the device override this to avoid copying logits; this
-    /// default samples on the host with the same math (sample.rs).
-    fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
+    /// default samples on the host (sample.rs). The engine decodes through
+    /// this (or `submit_decode`), never through `decode`.
+    fn decode_sample(
+        &mut self,
+        batch: &[(SeqId, u32)],
+        states: &mut [SampleState],
+    ) -> ModelResult<Vec<Sampled>> {
         if states.len() != batch.len() {
-            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
+            return Err(ModelError::Invalid(format!(
+                "{} sampling states for a batch of {}",
+                states.len(),
+                batch.len()
+            )));
         }
         let logits = self.decode(batch)?;
-        Ok(logits.iter().zip(states.iter_mut()).map(|(l, s)| sample::sample_host(l, s)).collect())
+        Ok(logits
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(l, s)| sample::sample_host(l, s))
+            .collect())
     }
 
     /// Bytes of device memory in use (weights + state), if the backend knows.

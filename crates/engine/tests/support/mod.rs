@@ -4,7 +4,8 @@
 //! logits from them, so a wrongly restored or truncated state changes the
 //! output. It records every call (alloc/fork/free counts, prefill chunk
 //! lengths, decode batch sizes) in a `Probe` the test keeps a handle to, can
-//! sleep per call to make timing visible, fails any call that touches a
+//! sleep per call to make timing visible, samples in `decode_sample` (with
+//! `lily_model`'s host math) and counts the calls that hand logits back, fails any call that touches a
 //! "poison" token, to test fault isolation, and can share one token pool
 //! among all sequences (snapshots included), as the CUDA backend shares its
 //! KV blocks, to test running out of memory.
@@ -18,7 +19,11 @@ use std::time::Duration;
 use lily_core::tokenizer::Tokenizer;
 use lily_core::ModelConfig;
 use lily_engine::{Event, FinishReason, RequestStream};
-use lily_model::{Backend, KvRoom, LogitsWanted, ModelError, ModelResult, SeqId};
+use lily_model::sample::sample_host;
+use lily_model::{
+    Backend, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams, SampleState, Sampled,
+    SeqId,
+};
 
 pub const VOCAB: usize = 256;
 pub const EOS: u32 = 255;
@@ -49,6 +54,10 @@ pub struct Probe {
     pub calls: Vec<Call>,
     /// Calls refused because the token pool was full.
     pub pool_refusals: usize,
+    /// `decode` calls (logits handed back to the engine for a decode step).
+    pub logits_decodes: usize,
+    /// The sampling parameters of the last `decode_sample` batch.
+    pub last_params: Vec<SampleParams>,
 }
 
 pub struct Fake {
@@ -298,6 +307,30 @@ impl Backend for Fake {
         })
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
+        self.lock().logits_decodes += 1;
+        self.decode_rows(batch)
+    }
+    fn decode_sample(
+        &mut self,
+        batch: &[(SeqId, u32)],
+        states: &mut [SampleState],
+    ) -> ModelResult<Vec<Sampled>> {
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid("one sampling state per entry".into()));
+        }
+        let rows = self.decode_rows(batch)?;
+        self.lock().last_params = states.iter().map(|s| s.params).collect();
+        Ok(rows
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(l, s)| sample_host(l, s))
+            .collect())
+    }
+}
+
+impl Fake {
+    /// One decode step's logits (what `decode` returns).
+    fn decode_rows(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.pass_gate();
         std::thread::sleep(self.delay);
         // Check everything first: a failed batch leaves every state as it was.
