@@ -347,8 +347,12 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Most requests waiting for admission; beyond it submit says QueueFull.
     pub max_queue: usize,
-    /// Prompt tokens prefilled per engine step, so a long prompt does not
-    /// stall running streams.
+    /// Prompt tokens prefilled per engine step, for all requests together
+    /// (oldest first; a preempted request's recompute counts too). Every
+    /// step also runs one decode step for every generating request, so a
+    /// running stream waits at most this much prefill between two tokens
+    /// however many prompts arrive, while a long prompt takes
+    /// `prompt / prefill_chunk` steps to start. At least 1.
     pub prefill_chunk: usize,
     /// Context cap below the backend's `max_seq_len` (None = the backend's).
     pub max_seq_len: Option<usize>,

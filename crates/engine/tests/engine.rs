@@ -186,6 +186,63 @@ fn long_prefill_is_chunked_and_interleaved_with_decode() {
     );
 }
 
+/// Prompt tokens prefilled between consecutive decode steps, in order.
+fn prefill_between_decodes(calls: &[Call]) -> Vec<usize> {
+    let mut windows = vec![0];
+    for c in calls {
+        match c {
+            Call::Decode { .. } => windows.push(0),
+            Call::Prefill { tokens, .. } => *windows.last_mut().expect("a window") += tokens,
+        }
+    }
+    windows
+}
+
+#[test]
+fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
+    // Three 100-token prompts arrive at once beside a running stream: they
+    // share one 32-token prefill budget per step, and the stream gets a
+    // decode step between every two budgets.
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(
+        fake.gate(gate.clone()),
+        EngineOptions {
+            prefill_chunk: 32,
+            ..opts()
+        },
+    );
+    let held = gate.lock().expect("gate");
+    let mut stream = h.submit(greedy(vec![A], 60)).expect("submit");
+    let started = wait_started(&mut stream);
+    let prompts: Vec<Vec<u32>> = (0..3).map(|k| pseudo_prompt(100, 20 + k)).collect();
+    let longs: Vec<_> = prompts
+        .iter()
+        .map(|p| h.submit(greedy(p.clone(), 2)).expect("submit"))
+        .collect();
+    drop(held);
+    let longs: Vec<_> = longs.into_iter().map(collect).collect();
+    let stream = collect_rest(stream, started);
+    assert_eq!(stream.ids, (1..=60).map(|k| A + k).collect::<Vec<_>>());
+    for (c, p) in longs.iter().zip(&prompts) {
+        assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
+        assert_eq!(c.ids[0], (p[99] + 1) % 256);
+    }
+    let calls = probe.lock().expect("probe").calls.clone();
+    let windows = prefill_between_decodes(&calls);
+    assert_eq!(windows.iter().sum::<usize>(), 301);
+    assert!(windows.iter().all(|&n| n <= 32), "{windows:?}");
+    // The 300 prompt tokens took ten steps, each with a decode step for the
+    // running stream before the next.
+    assert!(
+        windows.iter().filter(|&&n| n > 0).count() >= 10,
+        "{windows:?}"
+    );
+    // All of it while the stream ran (it decodes 59 of its 60 tokens).
+    let busy = windows.iter().rposition(|&n| n > 0).expect("prefill ran");
+    assert!(busy < 59, "{windows:?}");
+}
+
 #[test]
 fn dropping_the_stream_cancels_and_frees_the_sequence() {
     let (fake, probe) = Fake::new(Mode::Count);
