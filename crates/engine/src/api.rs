@@ -362,6 +362,11 @@ pub struct EngineOptions {
     pub prefix_cache_max_entries: usize,
     /// A snapshot is taken every `snapshot_interval` prompt tokens.
     pub snapshot_interval: usize,
+    /// Submit each decode step before collecting the previous one
+    /// (`Backend::submit_decode`), so the device never waits for the host
+    /// to stream tokens. A request that stops has had one more step
+    /// computed, whose draw is discarded. Same tokens either way.
+    pub run_ahead: bool,
 }
 
 impl Default for EngineOptions {
@@ -376,6 +381,7 @@ impl Default for EngineOptions {
             prefix_cache_tokens: 262_144,
             prefix_cache_max_entries: 64,
             snapshot_interval: 256,
+            run_ahead: true,
         }
     }
 }

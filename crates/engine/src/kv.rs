@@ -9,6 +9,10 @@
 //!
 //! Requests are known here only by their admission age (`Age`, increasing
 //! in admission order), so the oldest-first policies need no request data.
+//! A sequence can be ahead of its request: fed by decode steps submitted
+//! and not yet collected (`Backend::submit_decode`). Such a sequence is
+//! never freed while a step still computes on it: when its request ends
+//! meanwhile it becomes an orphan, freed as its last step is collected.
 //! This file owns no request state (tokens, events, sampling: the
 //! scheduler) and no cache policy (which prefixes to keep: `prefix_cache.rs`);
 //! it holds the cache as the memory the engine can take back at will.
@@ -26,11 +30,16 @@ pub(crate) type Age = u64;
 /// The backend sequence an admitted request holds.
 pub(crate) struct Holding {
     pub(crate) seq: SeqId,
-    /// Tokens the sequence has consumed.
+    /// Tokens the sequence has consumed, those fed by steps in flight
+    /// included.
     pub(crate) fed: usize,
     /// Where the prefill ends: the prompt, or after a preemption every
     /// token but the last sampled one (the next decode feeds that one).
     pub(crate) prefill_to: usize,
+    /// Decode steps submitted with this sequence and not collected yet.
+    pub(crate) ahead: usize,
+    /// The largest `fed` already offered to the prefix cache.
+    offered: usize,
 }
 
 impl Holding {
@@ -74,6 +83,8 @@ pub(crate) struct KvLedger {
     pub(crate) cache: PrefixCache,
     /// Sequences held by admitted requests, oldest first.
     held: BTreeMap<Age, Holding>,
+    /// Sequences of ended requests that steps in flight still compute on.
+    orphans: BTreeMap<Age, Holding>,
 }
 
 impl KvLedger {
@@ -82,6 +93,7 @@ impl KvLedger {
             max_sequences,
             cache,
             held: BTreeMap::new(),
+            orphans: BTreeMap::new(),
         }
     }
 
@@ -113,21 +125,52 @@ impl KvLedger {
                 seq,
                 fed,
                 prefill_to,
+                ahead: 0,
+                offered: fed,
             },
         );
     }
 
-    /// Frees request `age`'s sequence, if it holds one.
+    /// Frees request `age`'s sequence, if it holds one; one that steps in
+    /// flight still compute on is freed when the last of them is collected.
     pub(crate) fn release(&mut self, backend: &mut dyn Backend, age: Age) {
-        if let Some(h) = self.held.remove(&age) {
-            backend.free(h.seq);
+        match self.held.remove(&age) {
+            Some(h) if h.ahead > 0 => {
+                self.orphans.insert(age, h);
+            }
+            Some(h) => backend.free(h.seq),
+            None => {}
+        }
+    }
+
+    /// A decode step feeding request `age`'s sequence one token was
+    /// submitted.
+    pub(crate) fn submitted(&mut self, age: Age) {
+        if let Some(h) = self.held.get_mut(&age) {
+            h.fed += 1;
+            h.ahead += 1;
+        }
+    }
+
+    /// A submitted step with request `age`'s sequence was collected; an
+    /// orphan no step computes on any more is freed.
+    pub(crate) fn landed(&mut self, backend: &mut dyn Backend, age: Age) {
+        if let Some(h) = self.held.get_mut(&age) {
+            h.ahead = h.ahead.saturating_sub(1);
+        } else if let Some(h) = self.orphans.get_mut(&age) {
+            h.ahead = h.ahead.saturating_sub(1);
+            if h.ahead == 0 {
+                backend.free(h.seq);
+                self.orphans.remove(&age);
+            }
         }
     }
 
     /// Frees every sequence, requests' and snapshots' alike (after a panic,
     /// or at shutdown when no request is left).
     pub(crate) fn clear(&mut self, backend: &mut dyn Backend) {
-        for (_, h) in std::mem::take(&mut self.held) {
+        let orphans = std::mem::take(&mut self.orphans);
+        for (_, h) in std::mem::take(&mut self.held).into_iter().chain(orphans) {
             backend.free(h.seq);
         }
         self.clear_cache(backend);
@@ -140,9 +183,9 @@ impl KvLedger {
         }
     }
 
-    /// Backend sequences in use: requests' plus snapshots.
+    /// Backend sequences in use: requests', orphans and snapshots.
     fn slots_used(&self) -> usize {
-        self.held.len() + self.cache.len()
+        self.held.len() + self.orphans.len() + self.cache.len()
     }
 
     /// Evicts snapshots until one more sequence fits; false if it cannot.
@@ -271,7 +314,11 @@ impl KvLedger {
     /// Hands the cache a copy of request `age`'s sequence, whose consumed
     /// tokens are `tokens[..fed]` (a prompt of `prompt_len`), if it sits at
     /// a boundary worth a snapshot (see `prompt_boundary_wanted`; every
-    /// boundary while generating) that the cache does not hold yet.
+    /// boundary while generating) that the cache does not hold yet. Each
+    /// length is offered once, as soon as the request knows every token the
+    /// sequence consumed (a step in flight may have fed one it has not seen
+    /// yet); a sequence fed a token its request never keeps (a step run
+    /// ahead past a stop) is never offered, since the request has ended.
     pub(crate) fn maybe_snapshot(
         &mut self,
         backend: &mut dyn Backend,
@@ -279,11 +326,15 @@ impl KvLedger {
         tokens: &[u32],
         prompt_len: usize,
     ) {
-        let Some(h) = self.held.get(&age) else {
+        let Some(h) = self.held.get_mut(&age) else {
             return;
         };
         let (seq, fed) = (h.seq, h.fed);
-        if fed == 0 || fed > tokens.len() || self.cache.next_boundary(fed - 1) != Some(fed) {
+        if fed <= h.offered || fed > tokens.len() {
+            return;
+        }
+        h.offered = fed;
+        if self.cache.next_boundary(fed - 1) != Some(fed) {
             return;
         }
         let in_prompt = fed <= prompt_len;

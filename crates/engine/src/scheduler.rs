@@ -10,6 +10,13 @@
 //! prompt is done. Every accepted request gets exactly one `Finished` or
 //! `Failed`; a backend error fails only the request(s) it concerns.
 //!
+//! Decode runs ahead of the host (`Backend::submit_decode`): a step's batch
+//! is submitted before the previous step is collected, each sequence fed
+//! the token the previous step drew on the device, so the device computes
+//! step t+1 while the host detokenises and streams step t (see
+//! `decode_step` for stops, and `release_youngest` for preemption while a
+//! step is in flight).
+//!
 //! KV memory (backends with a fixed pool, `Backend::kv_room`): a request
 //! is admitted only when its prompt fits beside what admitted requests still
 //! have to prefill, plus a block to grow into; otherwise it waits (snapshots
@@ -33,7 +40,9 @@ use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_model::sample::sample_host;
-use lily_model::{Backend, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId};
+use lily_model::{
+    Backend, Feed, InFlight, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{
@@ -53,18 +62,13 @@ enum Outcome {
 /// Which running request gave its KV memory back, and how.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Released {
-    /// Preempted: still in `running` at this index, without a sequence.
-    Paused(usize),
-    /// Failed and removed from `running` (it was at this index).
-    Failed(usize),
-}
-
-impl Released {
-    fn index(self) -> usize {
-        match self {
-            Released::Paused(i) | Released::Failed(i) => i,
-        }
-    }
+    /// Preempted: still in `running`, without a sequence.
+    Paused(Age),
+    /// Failed and removed from `running`.
+    Failed(Age),
+    /// Its sequence was in a step in flight: every step in flight was
+    /// collected instead, and the caller tries again.
+    Drained,
 }
 
 /// An admitted request (its backend sequence, if it holds one, is in the
@@ -121,7 +125,21 @@ pub(crate) struct Scheduler {
     /// tokenizer); they are never drawn (`SampleParams::vocab_limit`).
     text_vocab: usize,
     waiting: VecDeque<Submission>,
+    /// Admitted requests, in admission (age) order.
     running: Vec<Active>,
+    /// Decode steps submitted and not collected yet, oldest first (at most
+    /// one between engine steps, two inside one).
+    in_flight: VecDeque<Step>,
+    /// Whether the next step is submitted before the last one is collected
+    /// (`EngineOptions::run_ahead`).
+    run_ahead: bool,
+}
+
+/// A decode step in flight.
+struct Step {
+    handle: InFlight,
+    /// The requests it decodes, by age, in batch order.
+    members: Vec<Age>,
 }
 
 impl Scheduler {
@@ -150,6 +168,8 @@ impl Scheduler {
             text_vocab,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            in_flight: VecDeque::new(),
+            run_ahead: opts.run_ahead,
         }
     }
 
@@ -157,8 +177,10 @@ impl Scheduler {
         self.waiting.push_back(sub);
     }
 
+    /// Nothing to do: no request waiting or running, no step in flight
+    /// (whose sequences are freed as it is collected).
     pub(crate) fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
     }
 
     /// One engine step (see the file comment).
@@ -173,6 +195,15 @@ impl Scheduler {
     /// Fails every request (after a panic inside a step, whose state is
     /// unknown) and drops the cache; the engine then carries on.
     pub(crate) fn fail_all(&mut self, why: &str) {
+        // Steps in flight are waited for (their draws dropped) before their
+        // sequences are freed.
+        for step in std::mem::take(&mut self.in_flight) {
+            let mut states: Vec<SampleState> =
+                step.members.iter().map(|_| placeholder_state()).collect();
+            if let Err(e) = self.backend.collect_decode(step.handle, &mut states) {
+                tracing::warn!("collecting a decode step after a panic: {e}");
+            }
+        }
         self.kv.clear(self.backend.as_mut());
         for a in std::mem::take(&mut self.running) {
             self.send_outcome_active(&a, Outcome::Failed(EngineError::Backend(why.to_string())));
@@ -408,78 +439,175 @@ impl Scheduler {
         self.running.push(a);
     }
 
-    // ----- work ------------------------------------------------------------
+    // ----- decode ----------------------------------------------------------
 
+    /// One decode step for every generating request, run ahead of the host:
+    /// the step is submitted first, then the step before it (if any) is
+    /// collected and its tokens streamed while the new one runs on the
+    /// device. A request still in the step in flight is fed
+    /// `Feed::Previous`, one that is not (it just finished its prefill, or
+    /// the pipeline was drained) its last token. A request whose steps in
+    /// flight already produce its last token (`max_tokens`) is left out;
+    /// one that stops at a step already fed the next (EOS, stop string,
+    /// cancel): that step's draw is discarded and its sequence freed as the
+    /// step is collected. Without `run_ahead`, or when there is nothing to
+    /// submit, every step in flight is collected before the step ends.
     fn decode_step(&mut self) {
-        let (idx, batch): (Vec<usize>, Vec<(SeqId, u32)>) = self
-            .running
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| {
-                let h = self.kv.holding(a.age).filter(|h| !h.prefilling())?;
-                Some((i, (h.seq, a.tokens[h.fed])))
-            })
-            .unzip();
-        if idx.is_empty() {
-            return;
-        }
-        // One call samples every sequence (on the device where the backend
-        // can); the states are lent to it and put back.
-        let mut states: Vec<SampleState> = idx.iter().map(|&i| self.lend_state(i)).collect();
-        let decoded = self.kv.evicting(self.backend.as_mut(), |b| {
-            b.decode_sample(&batch, &mut states)
-        });
-        for (&i, st) in idx.iter().zip(states) {
-            self.running[i].sampling = st;
-        }
-        // One result per entry of `idx`, except that the isolation below may
-        // have preempted or failed the youngest entries: `results` then
-        // covers a prefix of `idx`, still valid as indices into `running`.
-        let results: Vec<Result<Sampled, EngineError>> = match decoded {
-            Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
-            Ok(rows) => {
-                let e = EngineError::Backend(format!(
-                    "decode returned {} tokens for a batch of {}",
-                    rows.len(),
-                    batch.len()
-                ));
-                vec![Err(e); batch.len()]
+        let mut members = Vec::new();
+        let mut batch = Vec::new();
+        for a in &self.running {
+            let Some(h) = self.kv.holding(a.age) else {
+                continue;
+            };
+            if h.prefilling() || a.generated() + h.ahead >= a.max_tokens {
+                continue;
             }
-            Err(e) => self.isolate_decode_failure(&idx, &batch, e),
-        };
-        self.shared.with_stats(|s| {
-            s.decode_steps += 1;
-            if s.decode_batch_sizes.len() <= batch.len() {
-                s.decode_batch_sizes.resize(batch.len() + 1, 0);
-            }
-            s.decode_batch_sizes[batch.len()] += 1;
-        });
-        // Retire from the back so earlier indices stay valid.
-        let mut ends: Vec<(usize, Outcome)> = Vec::new();
-        for (&i, res) in idx.iter().zip(results) {
-            match res {
-                Ok(picked) => {
-                    if let Some(h) = self.kv.holding_mut(self.running[i].age) {
-                        h.fed += 1;
-                    }
-                    self.maybe_snapshot(i);
-                    if let Some(o) = self.emit(i, picked) {
-                        ends.push((i, o));
-                    }
-                }
-                Err(e) => ends.push((i, Outcome::Failed(e))),
-            }
+            let feed = if h.ahead > 0 {
+                Feed::Previous
+            } else {
+                Feed::Token(a.tokens[h.fed])
+            };
+            members.push(a.age);
+            batch.push((h.seq, feed));
         }
-        ends.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
-        for (i, o) in ends {
-            self.retire(i, o);
+        let submitted = !batch.is_empty() && self.submit(members, &batch);
+        let keep = usize::from(self.run_ahead && submitted);
+        while self.in_flight.len() > keep {
+            self.collect_oldest();
         }
     }
 
-    /// A batched decode failed (after snapshots were evicted for it, if it
-    /// was out of memory). Sequences the backend left untouched are retried
+    /// Submits one decode step for `members` (request ages, batch order);
+    /// false if it failed, in which case the steps in flight were collected
+    /// and the requests decoded one by one instead.
+    fn submit(&mut self, members: Vec<Age>, batch: &[(SeqId, Feed)]) -> bool {
+        let mut states = self.lend_states(&members);
+        let r = self.kv.evicting(self.backend.as_mut(), |b| {
+            b.submit_decode(batch, &mut states)
+        });
+        self.return_states(&members, states);
+        self.count_decode_step(batch.len());
+        match r {
+            Ok(handle) => {
+                for &age in &members {
+                    self.kv.submitted(age);
+                }
+                // A request that was fed a token it knows offers its new
+                // length to the cache now; one fed `Previous` does when
+                // that token is collected.
+                for &age in &members {
+                    if let Some(i) = self.find(age) {
+                        self.maybe_snapshot(i);
+                    }
+                }
+                self.in_flight.push_back(Step { handle, members });
+                true
+            }
+            Err(e) => {
+                self.drain();
+                self.decode_isolated(e);
+                false
+            }
+        }
+    }
+
+    fn count_decode_step(&self, n: usize) {
+        self.shared.with_stats(|s| {
+            s.decode_steps += 1;
+            if s.decode_batch_sizes.len() <= n {
+                s.decode_batch_sizes.resize(n + 1, 0);
+            }
+            s.decode_batch_sizes[n] += 1;
+        });
+    }
+
+    /// Collects the oldest step in flight and streams its tokens; the draws
+    /// of requests that ended meanwhile are discarded.
+    fn collect_oldest(&mut self) {
+        let Some(step) = self.in_flight.pop_front() else {
+            return;
+        };
+        let mut states = self.lend_states(&step.members);
+        let r = self.backend.collect_decode(step.handle, &mut states);
+        self.return_states(&step.members, states);
+        for &age in &step.members {
+            self.kv.landed(self.backend.as_mut(), age);
+        }
+        let draws = match r {
+            Ok(d) if d.len() == step.members.len() => d,
+            // The step's draws are lost and its sequences' states unknown.
+            other => {
+                let e = match other {
+                    Ok(d) => EngineError::Backend(format!(
+                        "collect returned {} tokens for a batch of {}",
+                        d.len(),
+                        step.members.len()
+                    )),
+                    Err(e) => model_error(e),
+                };
+                for &age in &step.members {
+                    if let Some(i) = self.find(age) {
+                        self.retire(i, Outcome::Failed(e.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        for (&age, picked) in step.members.iter().zip(draws) {
+            let Some(i) = self.find(age) else {
+                continue;
+            };
+            match self.emit(i, picked) {
+                Some(o) => self.retire(i, o),
+                None => self.maybe_snapshot(i),
+            }
+        }
+    }
+
+    /// Collects every step in flight (streaming their tokens), so that no
+    /// sequence is ahead of its request.
+    fn drain(&mut self) {
+        while !self.in_flight.is_empty() {
+            self.collect_oldest();
+        }
+    }
+
+    /// A batched decode step failed (after snapshots were evicted for it,
+    /// if it was out of memory) and nothing is in flight any more: every
+    /// generating request is decoded once more, one by one
+    /// (`isolate_decode_failure`), and its token streamed.
+    fn decode_isolated(&mut self, err: ModelError) {
+        let members: Vec<(Age, SeqId, u32)> = self
+            .running
+            .iter()
+            .filter_map(|a| {
+                let h = self.kv.holding(a.age).filter(|h| !h.prefilling())?;
+                Some((a.age, h.seq, *a.tokens.get(h.fed)?))
+            })
+            .collect();
+        if members.is_empty() {
+            return;
+        }
+        for (age, res) in self.isolate_decode_failure(&members, err) {
+            let Some(i) = self.find(age) else {
+                continue;
+            };
+            match res {
+                Ok(picked) => {
+                    self.maybe_snapshot(i);
+                    if let Some(o) = self.emit(i, picked) {
+                        self.retire(i, o);
+                    }
+                }
+                Err(e) => self.retire(i, Outcome::Failed(e)),
+            }
+        }
+    }
+
+    /// Decodes `members` (age, sequence, token to feed; admission order)
     /// one by one in admission order, so a fault in one request fails only
-    /// that one; a sequence whose length moved (state unknown) fails.
+    /// that one; a sequence whose length moved in the failed batch (state
+    /// unknown) fails.
     ///
     /// Out of memory is settled by age: when an entry still gets no memory
     /// and no snapshot is left, the youngest request holding a sequence is
@@ -492,79 +620,97 @@ impl Scheduler {
     /// request still prefilling a long prompt would hold on to memory the
     /// older ones need.
     ///
-    /// Returns results for a prefix of `idx`; the entries past it were
-    /// preempted (or failed) here. Only the youngest holders are touched,
-    /// so the indices of the prefix stay valid.
+    /// Returns results for a prefix of `members`; the entries past it were
+    /// preempted (or failed) here.
     fn isolate_decode_failure(
         &mut self,
-        idx: &[usize],
-        batch: &[(SeqId, u32)],
+        members: &[(Age, SeqId, u32)],
         err: ModelError,
-    ) -> Vec<Result<Sampled, EngineError>> {
-        tracing::warn!(batch = batch.len(), error = %err, "batched decode failed; retrying sequences one by one");
+    ) -> Vec<(Age, Result<Sampled, EngineError>)> {
+        tracing::warn!(batch = members.len(), error = %err, "batched decode failed; retrying sequences one by one");
         // A lone sequence's fault is its own; out of memory may still be
         // settled by a younger request that is prefilling.
-        if batch.len() == 1 && !matches!(err, ModelError::Capacity(_)) {
-            return vec![Err(model_error(err))];
+        if members.len() == 1 && !matches!(err, ModelError::Capacity(_)) {
+            return vec![(members[0].0, Err(model_error(err)))];
         }
-        let mut out = Vec::with_capacity(batch.len());
+        let mut out = Vec::with_capacity(members.len());
         // Entries `out.len()..end` are still to be decoded.
-        let mut end = batch.len();
+        let mut end = members.len();
         while out.len() < end {
-            let k = out.len();
-            let (seq, tok) = batch[k];
-            let fed = self.kv.holding(self.running[idx[k]].age).map(|h| h.fed);
+            let (age, seq, tok) = members[out.len()];
+            let fed = self.kv.holding(age).map(|h| h.fed);
+            let Some(i) = self.find(age).filter(|_| fed.is_some()) else {
+                out.push((age, Err(EngineError::Backend("sequence lost".into()))));
+                continue;
+            };
             match self.backend.seq_len(seq) {
                 Ok(n) if Some(n) == fed => {}
                 Ok(_) => {
-                    out.push(Err(model_error(ModelError::Device(format!(
-                        "batched decode failed part-way: {err}"
-                    )))));
+                    let e = ModelError::Device(format!("batched decode failed part-way: {err}"));
+                    out.push((age, Err(model_error(e))));
                     continue;
                 }
                 Err(e) => {
-                    out.push(Err(model_error(e)));
+                    out.push((age, Err(model_error(e))));
                     continue;
                 }
             }
-            let mut state = [self.lend_state(idx[k])];
+            let mut state = [self.lend_state(i)];
             let r = self.kv.evicting(self.backend.as_mut(), |b| {
                 b.decode_sample(&[(seq, tok)], &mut state)
             });
             let [state] = state;
-            self.running[idx[k]].sampling = state;
+            self.running[i].sampling = state;
             match r {
-                Ok(mut rows) if rows.len() == 1 => out.push(Ok(rows.remove(0))),
-                Ok(rows) => out.push(Err(EngineError::Backend(format!(
-                    "decode returned {} tokens for one sequence",
-                    rows.len()
-                )))),
+                Ok(mut rows) if rows.len() == 1 => {
+                    if let Some(h) = self.kv.holding_mut(age) {
+                        h.fed += 1;
+                    }
+                    out.push((age, Ok(rows.remove(0))));
+                }
+                Ok(rows) => out.push((
+                    age,
+                    Err(EngineError::Backend(format!(
+                        "decode returned {} tokens for one sequence",
+                        rows.len()
+                    ))),
+                )),
                 Err(ModelError::Capacity(m)) => {
                     // The youngest holder gives its memory back: a
                     // prefilling one, the youngest entry still waiting in
-                    // this batch, or entry `k` itself. Entries already
-                    // decoded are older than `k`, so never chosen.
-                    let Some(youngest) = self.release_youngest(&m).map(Released::index) else {
-                        out.push(Err(work_error(ModelError::Capacity(m))));
-                        continue;
-                    };
-                    if idx[end - 1] == youngest {
-                        end -= 1;
+                    // this batch, or this entry itself. Entries already
+                    // decoded are older, so never chosen.
+                    match self.release_youngest(&m) {
+                        None => out.push((age, Err(work_error(ModelError::Capacity(m))))),
+                        Some(Released::Paused(v) | Released::Failed(v)) => {
+                            if members[end - 1].0 == v {
+                                end -= 1;
+                            }
+                        }
+                        // Nothing is in flight here; retry all the same.
+                        Some(Released::Drained) => {}
                     }
                 }
-                Err(e) => out.push(Err(model_error(e))),
+                Err(e) => out.push((age, Err(model_error(e)))),
             }
         }
         out
     }
 
     /// Frees the KV memory of the youngest request holding a sequence: it
-    /// is preempted (waits, tokens and sampling state kept, to be recomputed when
-    /// memory is back), or failed when even the empty pool could not hold
-    /// it. `None` when no request holds a sequence.
+    /// is preempted (waits, tokens and sampling state kept, to be
+    /// recomputed when memory is back), or failed when even the empty pool
+    /// could not hold it. If steps in flight still compute on its sequence,
+    /// they are collected first instead (`Drained`; the caller retries, and
+    /// requests ending there may have given memory back already). `None`
+    /// when no request holds a sequence.
     fn release_youngest(&mut self, why: &str) -> Option<Released> {
         let age = self.kv.youngest()?;
-        let v = self.running.binary_search_by_key(&age, |a| a.age).ok()?;
+        if self.kv.holding(age).is_some_and(|h| h.ahead > 0) {
+            self.drain();
+            return Some(Released::Drained);
+        }
+        let v = self.find(age)?;
         let target = self.running[v].target();
         let never = matches!(
             self.kv.fits(self.backend.as_ref(), target, 0),
@@ -576,7 +722,7 @@ impl Scheduler {
                 "KV cache full: this request needs more KV memory than the whole pool ({why})"
             ));
             self.retire(v, Outcome::Failed(e));
-            return Some(Released::Failed(v));
+            return Some(Released::Failed(age));
         }
         let a = &self.running[v];
         self.kv.release(self.backend.as_mut(), a.age);
@@ -586,28 +732,40 @@ impl Scheduler {
             "out of KV memory: preempted, will be recomputed"
         );
         self.shared.with_stats(|s| s.preemptions += 1);
-        Some(Released::Paused(v))
+        Some(Released::Paused(age))
     }
 
+    // ----- prefill ---------------------------------------------------------
+
+    /// At most `prefill_chunk` prompt tokens of the requests still
+    /// prefilling, oldest first; a request whose prefill ends gets its
+    /// first token (drawn on the host with `lily_model`'s math).
     fn prefill_step(&mut self) {
         let mut budget = self.prefill_chunk;
-        let mut i = 0;
-        // Oldest admitted first (`running` is in admission order).
-        while budget > 0 && i < self.running.len() {
+        // By age: a preemption below may collect the step in flight, and
+        // requests ending there leave `running`.
+        let ages: Vec<Age> = self.running.iter().map(|a| a.age).collect();
+        let mut k = 0;
+        while budget > 0 && k < ages.len() {
+            let age = ages[k];
+            let Some(i) = self.find(age) else {
+                k += 1;
+                continue;
+            };
             let a = &self.running[i];
             let Some((seq, start, target)) = self
                 .kv
-                .holding(a.age)
+                .holding(age)
                 .filter(|h| h.prefilling())
                 .map(|h| (h.seq, h.fed, h.prefill_to))
             else {
-                i += 1;
+                k += 1;
                 continue;
             };
             let end = self
                 .kv
                 .chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
-            let chunk = &self.running[i].tokens[start..end];
+            let chunk = &a.tokens[start..end];
             let result = self.kv.evicting(self.backend.as_mut(), |b| {
                 b.prefill(seq, chunk, LogitsWanted::Last)
             });
@@ -617,14 +775,13 @@ impl Scheduler {
                 // one; then this chunk is tried again).
                 Err(ModelError::Capacity(m)) => {
                     match self.release_youngest(&m) {
-                        // This one paused: on to the next.
-                        Some(Released::Paused(v)) if v == i => i += 1,
-                        // This one failed (and left `running`, so `i` is
-                        // already the next), or a younger one gave way and
-                        // this chunk is tried again.
+                        // This one paused or failed: on to the next.
+                        Some(Released::Paused(v) | Released::Failed(v)) if v == age => k += 1,
+                        // A younger one gave way: this chunk is tried again.
                         Some(_) => {}
                         None => {
-                            self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m))))
+                            self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m))));
+                            k += 1;
                         }
                     }
                     continue;
@@ -634,7 +791,7 @@ impl Scheduler {
                     budget -= end - start;
                     self.shared
                         .with_stats(|s| s.prefill_tokens += (end - start) as u64);
-                    if let Some(h) = self.kv.holding_mut(self.running[i].age) {
+                    if let Some(h) = self.kv.holding_mut(age) {
                         h.fed = end;
                     }
                     self.maybe_snapshot(i);
@@ -660,11 +817,18 @@ impl Scheduler {
                     }
                 }
             };
-            match outcome {
-                Some(o) => self.retire(i, o),
-                None => i += 1,
+            if let Some(o) = outcome {
+                self.retire(i, o);
             }
+            k += 1;
         }
+    }
+
+    // ----- per request -----------------------------------------------------
+
+    /// The index in `running` of the request of age `age`, if it runs.
+    fn find(&self, age: Age) -> Option<usize> {
+        self.running.binary_search_by_key(&age, |a| a.age).ok()
     }
 
     /// Offers the prefix cache a snapshot of request `i`'s sequence.
@@ -674,11 +838,30 @@ impl Scheduler {
             .maybe_snapshot(self.backend.as_mut(), a.age, &a.tokens, a.prompt_len);
     }
 
+    /// The sampling states of the requests of `ages` for a backend call
+    /// (`return_states` puts them back); a request that ended lends a
+    /// placeholder (its draw is discarded).
+    fn lend_states(&mut self, ages: &[Age]) -> Vec<SampleState> {
+        ages.iter()
+            .map(|&age| match self.find(age) {
+                Some(i) => self.lend_state(i),
+                None => placeholder_state(),
+            })
+            .collect()
+    }
+
+    fn return_states(&mut self, ages: &[Age], states: Vec<SampleState>) {
+        for (&age, st) in ages.iter().zip(states) {
+            if let Some(i) = self.find(age) {
+                self.running[i].sampling = st;
+            }
+        }
+    }
+
     /// Takes request `i`'s sampling state for a backend call; the caller
     /// puts it back (the placeholder left meanwhile allocates nothing).
     fn lend_state(&mut self, i: usize) -> SampleState {
-        let placeholder = SampleState::new(SampleParams::default(), &[]);
-        std::mem::replace(&mut self.running[i].sampling, placeholder)
+        std::mem::replace(&mut self.running[i].sampling, placeholder_state())
     }
 
     /// Emits request `i`'s drawn token (already recorded in its sampling
@@ -739,4 +922,10 @@ impl Scheduler {
         }
         reason.map(Outcome::Finished)
     }
+}
+
+/// A sampling state that stands in for a lent or discarded one (allocates
+/// nothing).
+fn placeholder_state() -> SampleState {
+    SampleState::new(SampleParams::default(), &[])
 }

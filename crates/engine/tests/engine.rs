@@ -193,6 +193,7 @@ fn prefill_between_decodes(calls: &[Call]) -> Vec<usize> {
         match c {
             Call::Decode { .. } => windows.push(0),
             Call::Prefill { tokens, .. } => *windows.last_mut().expect("a window") += tokens,
+            Call::Collect { .. } | Call::Refused(_) => {}
         }
     }
     windows
@@ -913,8 +914,10 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
         .collect();
     let run = |pool: Option<usize>| {
         let (fake, probe) = Fake::new(Mode::Hash);
+        // The tight pool also runs on a pipelining fake that checks the
+        // engine never frees or prefills a sequence a step computes on.
         let fake = match pool {
-            Some(n) => fake.kv_pool(n),
+            Some(n) => fake.kv_pool(n).pipelined(),
             None => fake,
         };
         let h = start(
@@ -933,6 +936,10 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             .map(|t| t.join().expect("collect"))
             .collect();
         assert_only_snapshots_hold_sequences(&probe, &h);
+        assert_eq!(
+            probe.lock().expect("probe").violations,
+            Vec::<String>::new()
+        );
         (outs, h.stats())
     };
     let (roomy, _) = run(None);
@@ -1039,4 +1046,228 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
         .expect("probe")
         .live
         == 0));
+}
+
+// ----- running ahead ---------------------------------------------------------
+
+fn no_violations(probe: &Mutex<Probe>) {
+    assert_eq!(
+        probe.lock().expect("probe").violations,
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn running_ahead_gives_the_same_tokens_as_not() {
+    // Seeded, penalised sampling with stop ids and stop strings, so some
+    // requests stop at a step the run-ahead already fed the next one.
+    let requests: Vec<GenerateRequest> = (0..6u32)
+        .map(|k| GenerateRequest {
+            sampling: SamplingParams {
+                temperature: 0.9,
+                top_k: 40,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.3,
+                repetition_penalty: 1.2,
+                seed: Some(100 + u64::from(k)),
+                ..SamplingParams::default()
+            },
+            stop_token_ids: (0..12).map(|j| 20 + 17 * j + k).collect(),
+            stop_strings: vec!["q".into()],
+            logprobs: Some(2),
+            ..GenerateRequest::new(pseudo_prompt(12 + k as usize, 60 + k), 40)
+        })
+        .collect();
+    let run = |run_ahead: bool, pipelined: bool| {
+        let (fake, probe) = Fake::new(Mode::Hash);
+        let fake = if pipelined { fake.pipelined() } else { fake };
+        let h = start(
+            fake.delay(Duration::from_micros(300)),
+            EngineOptions {
+                run_ahead,
+                ..cache_opts(8, 10_000)
+            },
+        );
+        let streams: Vec<_> = requests
+            .iter()
+            .map(|r| h.submit(r.clone()).expect("submit"))
+            .collect();
+        let outs: Vec<_> = streams
+            .into_iter()
+            .map(|s| std::thread::spawn(move || collect(s)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().expect("collect"))
+            .collect();
+        assert_only_snapshots_hold_sequences(&probe, &h);
+        no_violations(&probe);
+        outs
+    };
+    let plain = run(false, false);
+    let stopped = plain
+        .iter()
+        .filter(|c| c.finish == Some(FinishReason::Stop) && c.completion_tokens < 40)
+        .count();
+    assert!(stopped >= 2, "too few early stops to test: {plain:?}");
+    for (label, ahead) in [
+        ("run ahead", run(true, false)),
+        ("pipelined", run(true, true)),
+    ] {
+        for (k, (a, p)) in ahead.iter().zip(&plain).enumerate() {
+            assert_eq!(a.ids, p.ids, "{label}, request {k}");
+            assert_eq!(
+                (&a.text, a.finish),
+                (&p.text, p.finish),
+                "{label}, request {k}"
+            );
+            assert_eq!(a.logprobs, p.logprobs, "{label}, request {k}");
+        }
+    }
+}
+
+#[test]
+fn a_stop_at_step_t_discards_step_t_plus_one_and_never_snapshots_it() {
+    // Prompt of 5 ending in 'a': greedy gives b, c, then d (a stop id).
+    // Running ahead, d is fed by one more step (the sequence then holds 8
+    // tokens, a snapshot boundary) whose draw is discarded.
+    let prompt = vec![A + 20, A + 21, A + 22, A + 23, A];
+    let req = GenerateRequest {
+        stop_token_ids: vec![A + 3],
+        ..greedy(prompt.clone(), 10)
+    };
+    for run_ahead in [false, true] {
+        let (fake, probe) = Fake::new(Mode::Count);
+        let h = start(
+            fake.pipelined(),
+            EngineOptions {
+                run_ahead,
+                ..cache_opts(8, 10_000)
+            },
+        );
+        let c = collect(h.submit(req.clone()).expect("submit"));
+        assert_eq!(c.ids, vec![A + 1, A + 2, A + 3], "run ahead {run_ahead}");
+        assert_eq!(
+            (c.text.as_str(), c.finish),
+            ("bc", Some(FinishReason::Stop))
+        );
+        let fed_stop = probe
+            .lock()
+            .expect("probe")
+            .fed
+            .iter()
+            .any(|f| f.1 == A + 3);
+        assert_eq!(fed_stop, run_ahead, "the stop token fed to a step");
+        assert!(eventually(Duration::from_secs(2), || probe
+            .lock()
+            .expect("probe")
+            .live
+            == 0));
+        no_violations(&probe);
+        assert_eq!(h.stats().prefix_cache_entries, 0, "run ahead {run_ahead}");
+        // The next turn finds no snapshot holding the stop token.
+        let mut next = prompt.clone();
+        next.extend([A + 1, A + 2, A + 3, A + 40]);
+        let c = collect(h.submit(greedy(next, 2)).expect("submit"));
+        assert_eq!((c.cached_tokens, c.ids[0]), (0, A + 41));
+    }
+}
+
+#[test]
+fn cancelling_mid_run_ahead_frees_the_sequence_once_its_step_is_collected() {
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(fake.pipelined().delay(Duration::from_millis(2)), opts());
+    let mut s = h.submit(greedy(vec![A], 1000)).expect("submit");
+    let mut tokens = 0;
+    while tokens < 3 {
+        if let Some(lily_engine::Event::Token { .. }) = s.blocking_recv() {
+            tokens += 1;
+        }
+    }
+    s.cancel();
+    let mut finish = None;
+    while let Some(ev) = s.blocking_recv() {
+        if let lily_engine::Event::Finished { reason, .. } = ev {
+            finish = Some(reason);
+        }
+    }
+    assert_eq!(finish, Some(FinishReason::Cancelled));
+    assert!(
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
+            == 0),
+        "sequence not freed"
+    );
+    no_violations(&probe);
+    // Every step submitted was collected.
+    let calls = probe.lock().expect("probe").calls.clone();
+    let submitted = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Decode { .. }))
+        .count();
+    let collected = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Collect { .. }))
+        .count();
+    assert_eq!(submitted, collected);
+    assert_eq!(
+        collect(h.submit(greedy(vec![A], 2)).expect("submit")).text,
+        "bc"
+    );
+}
+
+#[test]
+fn preemption_while_a_step_is_in_flight_collects_it_first() {
+    // `older` has a long prompt prefilled in chunks cut at snapshot
+    // boundaries; `younger`, admitted in the same step, fits in what a cut
+    // chunk leaves and generates (a step always in flight) while `older`
+    // still prefills. The 44-token pool runs out in one of `older`'s
+    // chunks: the youngest holder, `younger`, must give its memory back,
+    // but a step computes on its sequence, so that step is collected
+    // first, then it is preempted; it resumes once `older` is done.
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(
+        fake.kv_pool(44).pipelined().gate(gate.clone()),
+        EngineOptions {
+            prefill_chunk: 16,
+            ..cache_opts(8, 10_000)
+        },
+    );
+    let held = gate.lock().expect("gate");
+    let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
+    let started = wait_started(&mut blocker);
+    let older = h.submit(greedy(vec![A; 40], 3)).expect("submit");
+    let younger = h
+        .submit(greedy(vec![A + 100, A + 100], 12))
+        .expect("submit");
+    drop(held);
+    let blocker = collect_rest(blocker, started);
+    assert_eq!(blocker.finish, Some(FinishReason::Length));
+    let (older, younger) = (
+        std::thread::spawn(move || collect(older)),
+        std::thread::spawn(move || collect(younger)),
+    );
+    let (older, younger) = (
+        older.join().expect("older"),
+        younger.join().expect("younger"),
+    );
+    assert_eq!(older.ids, vec![A + 1, A + 2, A + 3], "{older:?}");
+    assert_eq!(
+        younger.ids,
+        (1..=12).map(|k| A + 100 + k).collect::<Vec<_>>(),
+        "{younger:?}"
+    );
+    let s = h.stats();
+    assert!(s.preemptions >= 1, "{s:?}");
+    assert_eq!(s.requests_failed, 0, "{s:?}");
+    no_violations(&probe);
+    // A prefill refused for memory was followed by collecting the step in
+    // flight (before anything was freed).
+    let calls = probe.lock().expect("probe").calls.clone();
+    assert!(
+        calls
+            .windows(2)
+            .any(|w| w[0] == Call::Refused("prefill") && matches!(w[1], Call::Collect { .. })),
+        "{calls:?}"
+    );
+    assert_only_snapshots_hold_sequences(&probe, &h);
 }

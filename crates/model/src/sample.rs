@@ -145,6 +145,8 @@ pub struct SampleState {
     pub step: u64,
     counts: HashMap<u32, u32>,
     device_copy: Option<SeqId>,
+    /// The token of the last draw recorded (`Feed::Previous` on the host).
+    last: Option<u32>,
 }
 
 impl SampleState {
@@ -160,6 +162,7 @@ impl SampleState {
             step: 0,
             counts,
             device_copy: None,
+            last: None,
         }
     }
 
@@ -171,11 +174,30 @@ impl SampleState {
     }
 
     /// Records the outcome of one draw: the token is counted and the step
-    /// advances. Backends call this; the device table, if any, made the
-    /// same change.
+    /// advances (`begin_draw` then `end_draw`). Backends call this; the
+    /// device table, if any, made the same change.
     pub fn record_draw(&mut self, token: u32) {
-        self.count(token);
+        self.begin_draw();
+        self.end_draw(token);
+    }
+
+    /// The first half of a draw whose token is not known yet (a pipelined
+    /// step, at submit): returns the draw's step and advances the counter.
+    pub fn begin_draw(&mut self) -> u64 {
         self.step += 1;
+        self.step - 1
+    }
+
+    /// The second half (at collect): counts the drawn token and makes it
+    /// `last_draw`.
+    pub fn end_draw(&mut self, token: u32) {
+        self.count(token);
+        self.last = Some(token);
+    }
+
+    /// The token of the last recorded draw.
+    pub fn last_draw(&self) -> Option<u32> {
+        self.last
     }
 
     fn count(&mut self, token: u32) {
