@@ -2,9 +2,11 @@
 //!
 //! A backend owns the weights on its device and the per-sequence state (KV
 //! cache for the attention layers, conv window and recurrent state for the
-//! DeltaNet layers). The engine only sees sequence handles, token ids and
-//! logits; how a backend fuses the layer sequence is its own business, and
-//! every backend is tested against the CPU reference and the goldens.
+//! DeltaNet layers). The engine only sees sequence handles, token ids,
+//! prefill logits and decode draws (sampled by the backend with the one
+//! definition in `sample`, possibly pipelined: `submit_decode`); how a
+//! backend fuses the layer sequence is its own business, and every backend
+//! is tested against the CPU reference and the goldens.
 
 pub mod contract;
 pub mod sample;

@@ -40,7 +40,7 @@ fn histogram(p: SampleParams, logits: &[f32], n: usize) -> Vec<usize> {
 fn noise(n: usize, salt: u64) -> Vec<f32> {
     (0..n as u64)
         .map(|i| {
-            let x = (i / 3 ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            let x = ((i / 3) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15))
                 .wrapping_mul(0xbf58_476d_1ce4_e5b9);
             let x = x ^ (x >> 29);
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
