@@ -43,8 +43,10 @@ pub struct SamplingParams {
     /// HF: for tokens seen in prompt or output, divide a positive logit by it
     /// and multiply a negative one (1.0 = off).
     pub repetition_penalty: f32,
-    /// Seeds the request's own ChaCha RNG; the same seed and request give the
-    /// same text. `None` draws a seed from the OS.
+    /// Seeds the request's draws (`lily_model::sample`: draw `k` uses
+    /// Philox4x32-10 keyed by the seed with counter `k`); the same seed and
+    /// request give the same text. `None` draws a random seed once, when
+    /// the request is admitted.
     pub seed: Option<u64>,
 }
 
@@ -345,8 +347,12 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Most requests waiting for admission; beyond it submit says QueueFull.
     pub max_queue: usize,
-    /// Prompt tokens prefilled per engine step, so a long prompt does not
-    /// stall running streams.
+    /// Prompt tokens prefilled per engine step, for all requests together
+    /// (oldest first; a preempted request's recompute counts too). Every
+    /// step also runs one decode step for every generating request, so a
+    /// running stream waits at most this much prefill between two tokens
+    /// however many prompts arrive, while a long prompt takes
+    /// `prompt / prefill_chunk` steps to start. At least 1.
     pub prefill_chunk: usize,
     /// Context cap below the backend's `max_seq_len` (None = the backend's).
     pub max_seq_len: Option<usize>,
@@ -356,6 +362,11 @@ pub struct EngineOptions {
     pub prefix_cache_max_entries: usize,
     /// A snapshot is taken every `snapshot_interval` prompt tokens.
     pub snapshot_interval: usize,
+    /// Submit each decode step before collecting the previous one
+    /// (`Backend::submit_decode`), so the device never waits for the host
+    /// to stream tokens. A request that stops has had one more step
+    /// computed, whose draw is discarded. Same tokens either way.
+    pub run_ahead: bool,
 }
 
 impl Default for EngineOptions {
@@ -370,6 +381,7 @@ impl Default for EngineOptions {
             prefix_cache_tokens: 262_144,
             prefix_cache_max_entries: 64,
             snapshot_interval: 256,
+            run_ahead: true,
         }
     }
 }

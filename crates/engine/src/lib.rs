@@ -12,6 +12,7 @@
 pub mod agree;
 pub mod api;
 mod engine;
+mod kv;
 pub mod prefix_cache;
 pub mod sampling;
 mod scheduler;

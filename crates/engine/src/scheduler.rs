@@ -10,18 +10,27 @@
 //! prompt is done. Every accepted request gets exactly one `Finished` or
 //! `Failed`; a backend error fails only the request(s) it concerns.
 //!
+//! Decode runs ahead of the host (`Backend::submit_decode`): a step's batch
+//! is submitted before the previous step is collected, each sequence fed
+//! the token the previous step drew on the device, so the device computes
+//! step t+1 while the host detokenises and streams step t (see
+//! `decode_step` for stops, and `release_youngest` for preemption while a
+//! step is in flight).
+//!
 //! KV memory (backends with a fixed pool, `Backend::kv_room`): a request
 //! is admitted only when its prompt fits beside what admitted requests still
 //! have to prefill, plus a block to grow into; otherwise it waits (snapshots
 //! are evicted first). When decoding outgrows the pool anyway, snapshots go
 //! first, then the youngest running request is preempted: its sequence is
-//! freed and it waits, keeping its tokens and sampler, to be recomputed
+//! freed and it waits, keeping its tokens and sampling state, to be recomputed
 //! (prefilled again up to its last token) when memory is back, so the
 //! client sees a pause, not an error. Only a request that could never fit
 //! the whole pool fails.
 //!
-//! This file owns no threading or queue (`engine.rs`), no token choice
-//! (`sampling.rs`), no text handling (`text.rs`) and no cache policy
+//! This file owns the requests and the order of work. It owns no threading
+//! or queue (`engine.rs`), no token choice (`sampling.rs`), no text
+//! handling (`text.rs`), no account of backend memory (which sequences are
+//! held, what fits the KV pool, snapshots: `kv.rs`) and no cache policy
 //! (`prefix_cache.rs`): it calls them.
 
 use std::collections::VecDeque;
@@ -30,15 +39,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
-use lily_model::{Backend, LogitsWanted, ModelError, SeqId};
+use lily_model::sample::sample_host;
+use lily_model::{
+    Backend, Feed, InFlight, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{
     EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission,
-    TokenLogprob,
 };
-use crate::prefix_cache::{prompt_boundary_wanted, PrefixCache};
-use crate::sampling::Sampler;
+use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
+use crate::prefix_cache::PrefixCache;
+use crate::sampling::{logprob_report, request_seed, sample_params};
 use crate::text::TextStream;
 
 /// How a request left the running set.
@@ -47,44 +59,23 @@ enum Outcome {
     Failed(EngineError),
 }
 
-/// Whether a request's KV memory fits the backend's pool.
-enum KvFit {
-    Fits,
-    /// Not beside what is held now.
-    NotNow,
-    /// Not even in the empty pool (which holds this many tokens).
-    Never(usize),
-}
-
 /// Which running request gave its KV memory back, and how.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Released {
-    /// Preempted: still in `running` at this index, without a sequence.
-    Paused(usize),
-    /// Failed and removed from `running` (it was at this index).
-    Failed(usize),
+    /// Preempted: still in `running`, without a sequence.
+    Paused(Age),
+    /// Failed and removed from `running`.
+    Failed(Age),
+    /// Its sequence was in a step in flight: every step in flight was
+    /// collected instead, and the caller tries again.
+    Drained,
 }
 
-impl Released {
-    fn index(self) -> usize {
-        match self {
-            Released::Paused(i) | Released::Failed(i) => i,
-        }
-    }
-}
-
-/// What admission got for a request.
-enum Acquired {
-    /// A sequence holding `cached` tokens of the request's prefix.
-    Go(SeqId, usize),
-    /// Running requests hold what it needs: try again when one ends.
-    Wait,
-    Fail(EngineError),
-}
-
-/// A request that holds a backend sequence.
+/// An admitted request (its backend sequence, if it holds one, is in the
+/// ledger under its `age`).
 struct Active {
     id: u64,
+    age: Age,
     events: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
     deadline: Option<Instant>,
@@ -92,17 +83,14 @@ struct Active {
     max_tokens: usize,
     logprobs: Option<usize>,
     stop_ids: Vec<u32>,
-    sampler: Sampler,
+    /// Parameters, random-stream position and penalty counts of its draws.
+    sampling: SampleState,
     text: TextStream,
-    /// The backend sequence; `None` while preempted (waiting for KV memory
-    /// to be recomputed).
-    seq: Option<SeqId>,
-    /// The prompt followed by the generated tokens.
+    /// The prompt followed by the generated tokens. The ledger's `fed`
+    /// says how many of them the backend sequence has consumed: while
+    /// prefilling, fewer than `target()`; while generating, all but the
+    /// last (which the next decode feeds).
     tokens: Vec<u32>,
-    /// How many of `tokens` the backend sequence has consumed. While
-    /// prefilling, `fed < target()`; while generating, `fed ==
-    /// tokens.len() - 1` (the last sampled token is fed by the next decode).
-    fed: usize,
     cached_tokens: usize,
 }
 
@@ -118,14 +106,6 @@ impl Active {
         }
     }
 
-    fn generating(&self) -> bool {
-        self.seq.is_some() && self.fed >= self.target()
-    }
-
-    fn prefilling(&self) -> bool {
-        self.seq.is_some() && self.fed < self.target()
-    }
-
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -135,15 +115,31 @@ pub(crate) struct Scheduler {
     backend: Box<dyn Backend>,
     tokenizer: Arc<Tokenizer>,
     shared: Arc<Shared>,
-    cache: PrefixCache,
+    kv: KvLedger,
+    /// Age of the next admitted request.
+    next_age: Age,
     max_batch: usize,
     prefill_chunk: usize,
     eos: Vec<u32>,
     /// Ids at or above this have no text (the embedding is padded past the
-    /// tokenizer); they are masked out before sampling.
+    /// tokenizer); they are never drawn (`SampleParams::vocab_limit`).
     text_vocab: usize,
     waiting: VecDeque<Submission>,
+    /// Admitted requests, in admission (age) order.
     running: Vec<Active>,
+    /// Decode steps submitted and not collected yet, oldest first (at most
+    /// one between engine steps, two inside one).
+    in_flight: VecDeque<Step>,
+    /// Whether the next step is submitted before the last one is collected
+    /// (`EngineOptions::run_ahead`).
+    run_ahead: bool,
+}
+
+/// A decode step in flight.
+struct Step {
+    handle: InFlight,
+    /// The requests it decodes, by age, in batch order.
+    members: Vec<Age>,
 }
 
 impl Scheduler {
@@ -155,21 +151,25 @@ impl Scheduler {
     ) -> Self {
         let eos = backend.config().eos_token_ids.clone();
         let text_vocab = tokenizer.vocab_size();
+        let cache = PrefixCache::new(
+            opts.snapshot_interval,
+            opts.prefix_cache_tokens,
+            opts.prefix_cache_max_entries,
+        );
         Scheduler {
+            kv: KvLedger::new(backend.max_sequences(), cache),
+            next_age: 0,
             backend,
             tokenizer,
             shared,
-            cache: PrefixCache::new(
-                opts.snapshot_interval,
-                opts.prefix_cache_tokens,
-                opts.prefix_cache_max_entries,
-            ),
             max_batch: opts.max_batch.max(1),
             prefill_chunk: opts.prefill_chunk.max(1),
             eos,
             text_vocab,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            in_flight: VecDeque::new(),
+            run_ahead: opts.run_ahead,
         }
     }
 
@@ -177,8 +177,10 @@ impl Scheduler {
         self.waiting.push_back(sub);
     }
 
+    /// Nothing to do: no request waiting or running, no step in flight
+    /// (whose sequences are freed as it is collected).
     pub(crate) fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
     }
 
     /// One engine step (see the file comment).
@@ -193,34 +195,36 @@ impl Scheduler {
     /// Fails every request (after a panic inside a step, whose state is
     /// unknown) and drops the cache; the engine then carries on.
     pub(crate) fn fail_all(&mut self, why: &str) {
-        for a in std::mem::take(&mut self.running) {
-            if let Some(seq) = a.seq {
-                self.backend.free(seq);
+        // Steps in flight are waited for (their draws dropped) before their
+        // sequences are freed.
+        for step in std::mem::take(&mut self.in_flight) {
+            let mut states: Vec<SampleState> =
+                step.members.iter().map(|_| placeholder_state()).collect();
+            if let Err(e) = self.backend.collect_decode(step.handle, &mut states) {
+                tracing::warn!("collecting a decode step after a panic: {e}");
             }
-            self.send_outcome_active(&a, Outcome::Failed(EngineError::Backend(why.to_string())));
         }
-        for seq in self.cache.clear() {
-            self.backend.free(seq);
+        self.kv.clear(self.backend.as_mut());
+        for a in std::mem::take(&mut self.running) {
+            self.send_outcome_active(&a, Outcome::Failed(EngineError::Backend(why.to_string())));
         }
         self.publish_gauges();
     }
 
     /// Frees every snapshot (at shutdown).
     pub(crate) fn clear_cache(&mut self) {
-        for seq in self.cache.clear() {
-            self.backend.free(seq);
-        }
+        self.kv.clear_cache(self.backend.as_mut());
         self.publish_gauges();
     }
 
     fn publish_gauges(&self) {
         let running = self.running.len();
-        let (entries, held, evictions) = (
-            self.cache.len(),
-            self.cache.held_tokens(),
-            self.cache.evictions(),
-        );
-        let kv = self.backend.kv_room().map(|r| (r.free_tokens, r.total_tokens));
+        let cache = &self.kv.cache;
+        let (entries, held, evictions) = (cache.len(), cache.held_tokens(), cache.evictions());
+        let kv = self
+            .backend
+            .kv_room()
+            .map(|r| (r.free_tokens, r.total_tokens));
         self.shared.with_stats(|s| {
             s.running = running;
             s.kv_tokens = kv;
@@ -278,9 +282,7 @@ impl Scheduler {
     /// prefill queue relies on), frees its sequence and sends its end.
     fn retire(&mut self, i: usize, outcome: Outcome) {
         let a = self.running.remove(i);
-        if let Some(seq) = a.seq {
-            self.backend.free(seq);
-        }
+        self.kv.release(self.backend.as_mut(), a.age);
         // Gauges first, so a caller that reads stats after the final event
         // sees this request gone.
         self.publish_gauges();
@@ -321,133 +323,21 @@ impl Scheduler {
 
     // ----- admission -------------------------------------------------------
 
-    /// Running requests that hold a backend sequence (not preempted).
-    fn holders(&self) -> usize {
-        self.running.iter().filter(|a| a.seq.is_some()).count()
-    }
-
-    /// Backend sequences in use: running requests plus cache snapshots.
-    fn slots_used(&self) -> usize {
-        self.holders() + self.cache.len()
-    }
-
-    /// Evicts snapshots until one more sequence fits; false if it cannot.
-    fn make_room_for_one(&mut self) -> bool {
-        while self.slots_used() + 1 > self.backend.max_sequences() {
-            match self.cache.evict_lru() {
-                Some(seq) => self.backend.free(seq),
-                None => return false,
-            }
-        }
-        true
-    }
-
-    /// KV blocks the admitted requests still have to take to finish their
-    /// prefill.
-    fn pending_prefill_blocks(&self, block: usize) -> usize {
-        self.running
-            .iter()
-            .filter(|a| a.prefilling())
-            .map(|a| a.target().div_ceil(block) - a.fed.div_ceil(block))
-            .sum()
-    }
-
-    /// Whether a request that prefills up to `target` tokens, `cached` of
-    /// them restored from a snapshot, fits the KV pool now, beside what the
-    /// admitted requests still have to prefill and with one block to grow
-    /// into. Backends without a fixed pool always have room.
-    fn kv_fits(&self, target: usize, cached: usize) -> KvFit {
-        let Some(room) = self.backend.kv_room() else {
-            return KvFit::Fits;
-        };
-        let b = room.block_tokens.max(1);
-        // A fork shares the snapshot's full blocks and copies the last one.
-        let need = target.div_ceil(b) - cached / b + 1;
-        if target.div_ceil(b) + 1 > room.total_tokens / b {
-            return KvFit::Never(room.total_tokens);
-        }
-        let free = (room.free_tokens / b).saturating_sub(self.pending_prefill_blocks(b));
-        if free >= need {
-            KvFit::Fits
-        } else {
-            KvFit::NotNow
-        }
-    }
-
-    /// A sequence for a request about to prefill `tokens[..target]`: a fork
-    /// of the longest cached prefix, or a fresh one. Snapshots are evicted
-    /// for a free slot or KV memory; the request waits (`Wait`) while
-    /// running requests hold what it needs, and fails only when it could
-    /// never be served.
-    fn acquire(&mut self, tokens: &[u32], target: usize) -> Acquired {
-        if !self.make_room_for_one() {
-            if self.holders() == 0 {
-                // No slot will ever free up (a backend with no sequences).
-                return Acquired::Fail(EngineError::Capacity(format!(
-                    "the backend holds at most {} sequences",
-                    self.backend.max_sequences()
-                )));
-            }
-            return Acquired::Wait;
-        }
-        let hit = loop {
-            let hit = self.cache.lookup(&tokens[..target]);
-            match self.kv_fits(target, hit.map_or(0, |h| h.1)) {
-                KvFit::Fits => break hit,
-                KvFit::Never(total) => {
-                    return Acquired::Fail(EngineError::Capacity(format!(
-                        "KV cache full: this request needs {target} tokens of KV cache \
-                         and some room to grow; the whole pool holds {total}"
-                    )))
-                }
-                KvFit::NotNow => match self.cache.evict_lru() {
-                    Some(seq) => self.backend.free(seq),
-                    // Memory comes back as running requests end.
-                    None if self.holders() > 0 => return Acquired::Wait,
-                    None => break hit,
-                },
-            }
-        };
-        // Restore from the snapshot. If the backend has no memory for the
-        // copy, fall back to a fresh sequence (whose retry loop may evict
-        // snapshots, the hit included) rather than fail.
-        let forked = hit.and_then(|(snap, len)| match self.backend.fork(snap) {
-            Ok(seq) => Some(Ok((seq, len))),
-            Err(ModelError::Capacity(_)) => None,
-            Err(e) => Some(Err(e)),
-        });
-        let got = forked.unwrap_or_else(|| {
-            evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.alloc()).map(|s| (s, 0))
-        });
-        match got {
-            Ok((seq, cached)) => Acquired::Go(seq, cached),
-            Err(ModelError::Capacity(m)) if self.holders() > 0 => {
-                tracing::debug!("admission deferred: {m}");
-                Acquired::Wait
-            }
-            Err(e) => Acquired::Fail(model_error(e)),
-        }
-    }
-
     fn admit(&mut self) {
         // Preempted requests first, oldest first: they were admitted before
         // anything that is waiting, and nothing overtakes them.
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].seq.is_some() {
+            let a = &self.running[i];
+            if self.kv.holding(a.age).is_some() {
                 i += 1;
                 continue;
             }
-            // Lend the tokens to `acquire` (which needs `&mut self`).
-            let target = self.running[i].target();
-            let tokens = std::mem::take(&mut self.running[i].tokens);
-            let got = self.acquire(&tokens, target);
-            self.running[i].tokens = tokens;
-            match got {
+            let target = a.target();
+            match self.kv.acquire(self.backend.as_mut(), &a.tokens, target) {
                 Acquired::Go(seq, cached) => {
-                    tracing::debug!(request = self.running[i].id, cached, "resumed after preemption");
-                    self.running[i].seq = Some(seq);
-                    self.running[i].fed = cached;
+                    tracing::debug!(request = a.id, cached, "resumed after preemption");
+                    self.kv.hold(a.age, seq, cached, target);
                     i += 1;
                 }
                 Acquired::Wait => return,
@@ -459,7 +349,10 @@ impl Scheduler {
                 break;
             };
             let target = sub.req.prompt.len();
-            let outcome = match self.acquire(&sub.req.prompt, target) {
+            let outcome = match self
+                .kv
+                .acquire(self.backend.as_mut(), &sub.req.prompt, target)
+            {
                 Acquired::Wait => {
                     self.waiting.push_front(sub);
                     break;
@@ -468,8 +361,9 @@ impl Scheduler {
                 Acquired::Fail(e) => Err(e),
             };
             // One lookup per request that got an answer.
+            let lookups = u64::from(self.kv.cache.enabled());
             self.shared
-                .with_stats(|s| s.prefix_cache_lookups += u64::from(self.cache.enabled()));
+                .with_stats(|s| s.prefix_cache_lookups += lookups);
             match outcome {
                 Ok((seq, cached)) => self.start(sub, seq, cached),
                 Err(e) => self.end_waiting(sub, Outcome::Failed(e)),
@@ -497,19 +391,28 @@ impl Scheduler {
         let prompt_len = prompt.len();
         let mut stop_ids = self.eos.clone();
         stop_ids.extend(stop_token_ids);
+        let age = self.next_age;
+        self.next_age += 1;
         let a = Active {
             id,
+            age,
             cancel,
             deadline,
             prompt_len,
             max_tokens,
             logprobs,
             stop_ids,
-            sampler: Sampler::new(sampling, &prompt),
+            sampling: SampleState::new(
+                sample_params(
+                    &sampling,
+                    request_seed(&sampling),
+                    logprobs,
+                    self.text_vocab,
+                ),
+                &prompt,
+            ),
             text: TextStream::new(self.tokenizer.stream_decoder(), stop_strings),
-            seq: Some(seq),
             tokens: prompt,
-            fed: cached,
             cached_tokens: cached,
             events,
         };
@@ -532,70 +435,179 @@ impl Scheduler {
             self.send_outcome_active(&a, Outcome::Finished(FinishReason::Cancelled));
             return;
         }
+        self.kv.hold(age, seq, cached, prompt_len);
         self.running.push(a);
     }
 
-    // ----- work ------------------------------------------------------------
+    // ----- decode ----------------------------------------------------------
 
+    /// One decode step for every generating request, run ahead of the host:
+    /// the step is submitted first, then the step before it (if any) is
+    /// collected and its tokens streamed while the new one runs on the
+    /// device. A request still in the step in flight is fed
+    /// `Feed::Previous`, one that is not (it just finished its prefill, or
+    /// the pipeline was drained) its last token. A request whose steps in
+    /// flight already produce its last token (`max_tokens`) is left out;
+    /// one that stops at a step already fed the next (EOS, stop string,
+    /// cancel): that step's draw is discarded and its sequence freed as the
+    /// step is collected. Without `run_ahead`, or when there is nothing to
+    /// submit, every step in flight is collected before the step ends.
     fn decode_step(&mut self) {
-        let (idx, batch): (Vec<usize>, Vec<(SeqId, u32)>) = self
-            .running
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.generating())
-            .filter_map(|(i, a)| Some((i, (a.seq?, a.tokens[a.fed]))))
-            .unzip();
-        if idx.is_empty() {
-            return;
+        let mut members = Vec::new();
+        let mut batch = Vec::new();
+        for a in &self.running {
+            let Some(h) = self.kv.holding(a.age) else {
+                continue;
+            };
+            if h.prefilling() || a.generated() + h.ahead >= a.max_tokens {
+                continue;
+            }
+            let feed = if h.ahead > 0 {
+                Feed::Previous
+            } else {
+                Feed::Token(a.tokens[h.fed])
+            };
+            members.push(a.age);
+            batch.push((h.seq, feed));
         }
-        let decoded =
-            evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| b.decode(&batch));
-        // One result per entry of `idx`, except that the isolation below may
-        // have preempted or failed the youngest entries: `results` then
-        // covers a prefix of `idx`, still valid as indices into `running`.
-        let results: Vec<Result<Vec<f32>, EngineError>> = match decoded {
-            Ok(rows) if rows.len() == batch.len() => rows.into_iter().map(Ok).collect(),
-            Ok(rows) => {
-                let e = EngineError::Backend(format!(
-                    "decode returned {} rows for a batch of {}",
-                    rows.len(),
-                    batch.len()
-                ));
-                vec![Err(e); batch.len()]
-            }
-            Err(e) => self.isolate_decode_failure(&idx, &batch, e),
-        };
-        self.shared.with_stats(|s| {
-            s.decode_steps += 1;
-            if s.decode_batch_sizes.len() <= batch.len() {
-                s.decode_batch_sizes.resize(batch.len() + 1, 0);
-            }
-            s.decode_batch_sizes[batch.len()] += 1;
-        });
-        // Retire from the back so earlier indices stay valid.
-        let mut ends: Vec<(usize, Outcome)> = Vec::new();
-        for (&i, res) in idx.iter().zip(results) {
-            match res {
-                Ok(mut logits) => {
-                    self.running[i].fed += 1;
-                    self.maybe_snapshot(i);
-                    if let Some(o) = self.sample_and_emit(i, &mut logits) {
-                        ends.push((i, o));
-                    }
-                }
-                Err(e) => ends.push((i, Outcome::Failed(e))),
-            }
-        }
-        ends.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
-        for (i, o) in ends {
-            self.retire(i, o);
+        let submitted = !batch.is_empty() && self.submit(members, &batch);
+        let keep = usize::from(self.run_ahead && submitted);
+        while self.in_flight.len() > keep {
+            self.collect_oldest();
         }
     }
 
-    /// A batched decode failed (after snapshots were evicted for it, if it
-    /// was out of memory). Sequences the backend left untouched are retried
+    /// Submits one decode step for `members` (request ages, batch order);
+    /// false if it failed, in which case the steps in flight were collected
+    /// and the requests decoded one by one instead.
+    fn submit(&mut self, members: Vec<Age>, batch: &[(SeqId, Feed)]) -> bool {
+        let mut states = self.lend_states(&members);
+        let r = self.kv.evicting(self.backend.as_mut(), |b| {
+            b.submit_decode(batch, &mut states)
+        });
+        self.return_states(&members, states);
+        self.count_decode_step(batch.len());
+        match r {
+            Ok(handle) => {
+                for &age in &members {
+                    self.kv.submitted(age);
+                }
+                // A request that was fed a token it knows offers its new
+                // length to the cache now; one fed `Previous` does when
+                // that token is collected.
+                for &age in &members {
+                    if let Some(i) = self.find(age) {
+                        self.maybe_snapshot(i);
+                    }
+                }
+                self.in_flight.push_back(Step { handle, members });
+                true
+            }
+            Err(e) => {
+                self.drain();
+                self.decode_isolated(e);
+                false
+            }
+        }
+    }
+
+    fn count_decode_step(&self, n: usize) {
+        self.shared.with_stats(|s| {
+            s.decode_steps += 1;
+            if s.decode_batch_sizes.len() <= n {
+                s.decode_batch_sizes.resize(n + 1, 0);
+            }
+            s.decode_batch_sizes[n] += 1;
+        });
+    }
+
+    /// Collects the oldest step in flight and streams its tokens; the draws
+    /// of requests that ended meanwhile are discarded.
+    fn collect_oldest(&mut self) {
+        let Some(step) = self.in_flight.pop_front() else {
+            return;
+        };
+        let mut states = self.lend_states(&step.members);
+        let r = self.backend.collect_decode(step.handle, &mut states);
+        self.return_states(&step.members, states);
+        for &age in &step.members {
+            self.kv.landed(self.backend.as_mut(), age);
+        }
+        let draws = match r {
+            Ok(d) if d.len() == step.members.len() => d,
+            // The step's draws are lost and its sequences' states unknown.
+            other => {
+                let e = match other {
+                    Ok(d) => EngineError::Backend(format!(
+                        "collect returned {} tokens for a batch of {}",
+                        d.len(),
+                        step.members.len()
+                    )),
+                    Err(e) => model_error(e),
+                };
+                for &age in &step.members {
+                    if let Some(i) = self.find(age) {
+                        self.retire(i, Outcome::Failed(e.clone()));
+                    }
+                }
+                return;
+            }
+        };
+        for (&age, picked) in step.members.iter().zip(draws) {
+            let Some(i) = self.find(age) else {
+                continue;
+            };
+            match self.emit(i, picked) {
+                Some(o) => self.retire(i, o),
+                None => self.maybe_snapshot(i),
+            }
+        }
+    }
+
+    /// Collects every step in flight (streaming their tokens), so that no
+    /// sequence is ahead of its request.
+    fn drain(&mut self) {
+        while !self.in_flight.is_empty() {
+            self.collect_oldest();
+        }
+    }
+
+    /// A batched decode step failed (after snapshots were evicted for it,
+    /// if it was out of memory) and nothing is in flight any more: every
+    /// generating request is decoded once more, one by one
+    /// (`isolate_decode_failure`), and its token streamed.
+    fn decode_isolated(&mut self, err: ModelError) {
+        let members: Vec<(Age, SeqId, u32)> = self
+            .running
+            .iter()
+            .filter_map(|a| {
+                let h = self.kv.holding(a.age).filter(|h| !h.prefilling())?;
+                Some((a.age, h.seq, *a.tokens.get(h.fed)?))
+            })
+            .collect();
+        if members.is_empty() {
+            return;
+        }
+        for (age, res) in self.isolate_decode_failure(&members, err) {
+            let Some(i) = self.find(age) else {
+                continue;
+            };
+            match res {
+                Ok(picked) => {
+                    self.maybe_snapshot(i);
+                    if let Some(o) = self.emit(i, picked) {
+                        self.retire(i, o);
+                    }
+                }
+                Err(e) => self.retire(i, Outcome::Failed(e)),
+            }
+        }
+    }
+
+    /// Decodes `members` (age, sequence, token to feed; admission order)
     /// one by one in admission order, so a fault in one request fails only
-    /// that one; a sequence whose length moved (state unknown) fails.
+    /// that one; a sequence whose length moved in the failed batch (state
+    /// unknown) fails.
     ///
     /// Out of memory is settled by age: when an entry still gets no memory
     /// and no snapshot is left, the youngest request holding a sequence is
@@ -608,107 +620,153 @@ impl Scheduler {
     /// request still prefilling a long prompt would hold on to memory the
     /// older ones need.
     ///
-    /// Returns results for a prefix of `idx`; the entries past it were
-    /// preempted (or failed) here. Only the youngest holders are touched,
-    /// so the indices of the prefix stay valid.
+    /// Returns results for a prefix of `members`; the entries past it were
+    /// preempted (or failed) here.
     fn isolate_decode_failure(
         &mut self,
-        idx: &[usize],
-        batch: &[(SeqId, u32)],
+        members: &[(Age, SeqId, u32)],
         err: ModelError,
-    ) -> Vec<Result<Vec<f32>, EngineError>> {
-        tracing::warn!(batch = batch.len(), error = %err, "batched decode failed; retrying sequences one by one");
+    ) -> Vec<(Age, Result<Sampled, EngineError>)> {
+        tracing::warn!(batch = members.len(), error = %err, "batched decode failed; retrying sequences one by one");
         // A lone sequence's fault is its own; out of memory may still be
         // settled by a younger request that is prefilling.
-        if batch.len() == 1 && !matches!(err, ModelError::Capacity(_)) {
-            return vec![Err(model_error(err))];
+        if members.len() == 1 && !matches!(err, ModelError::Capacity(_)) {
+            return vec![(members[0].0, Err(model_error(err)))];
         }
-        let mut out = Vec::with_capacity(batch.len());
+        let mut out = Vec::with_capacity(members.len());
         // Entries `out.len()..end` are still to be decoded.
-        let mut end = batch.len();
+        let mut end = members.len();
         while out.len() < end {
-            let k = out.len();
-            let (seq, tok) = batch[k];
+            let (age, seq, tok) = members[out.len()];
+            let fed = self.kv.holding(age).map(|h| h.fed);
+            let Some(i) = self.find(age).filter(|_| fed.is_some()) else {
+                out.push((age, Err(EngineError::Backend("sequence lost".into()))));
+                continue;
+            };
             match self.backend.seq_len(seq) {
-                Ok(n) if n == self.running[idx[k]].fed => {}
+                Ok(n) if Some(n) == fed => {}
                 Ok(_) => {
-                    out.push(Err(model_error(ModelError::Device(format!(
-                        "batched decode failed part-way: {err}"
-                    )))));
+                    let e = ModelError::Device(format!("batched decode failed part-way: {err}"));
+                    out.push((age, Err(model_error(e))));
                     continue;
                 }
                 Err(e) => {
-                    out.push(Err(model_error(e)));
+                    out.push((age, Err(model_error(e))));
                     continue;
                 }
             }
-            let r = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
-                b.decode(&[(seq, tok)])
+            let mut state = [self.lend_state(i)];
+            let r = self.kv.evicting(self.backend.as_mut(), |b| {
+                b.decode_sample(&[(seq, tok)], &mut state)
             });
+            let [state] = state;
+            self.running[i].sampling = state;
             match r {
-                Ok(mut rows) if rows.len() == 1 => out.push(Ok(rows.remove(0))),
-                Ok(rows) => out.push(Err(EngineError::Backend(format!(
-                    "decode returned {} rows for one sequence",
-                    rows.len()
-                )))),
+                Ok(mut rows) if rows.len() == 1 => {
+                    if let Some(h) = self.kv.holding_mut(age) {
+                        h.fed += 1;
+                    }
+                    out.push((age, Ok(rows.remove(0))));
+                }
+                Ok(rows) => out.push((
+                    age,
+                    Err(EngineError::Backend(format!(
+                        "decode returned {} tokens for one sequence",
+                        rows.len()
+                    ))),
+                )),
                 Err(ModelError::Capacity(m)) => {
                     // The youngest holder gives its memory back: a
                     // prefilling one, the youngest entry still waiting in
-                    // this batch, or entry `k` itself. Entries already
-                    // decoded are older than `k`, so never chosen.
-                    let Some(youngest) = self.release_youngest(&m).map(Released::index) else {
-                        out.push(Err(work_error(ModelError::Capacity(m))));
-                        continue;
-                    };
-                    if idx[end - 1] == youngest {
-                        end -= 1;
+                    // this batch, or this entry itself. Entries already
+                    // decoded are older, so never chosen.
+                    match self.release_youngest(&m) {
+                        None => out.push((age, Err(work_error(ModelError::Capacity(m))))),
+                        Some(Released::Paused(v) | Released::Failed(v)) => {
+                            if members[end - 1].0 == v {
+                                end -= 1;
+                            }
+                        }
+                        // Nothing is in flight here; retry all the same.
+                        Some(Released::Drained) => {}
                     }
                 }
-                Err(e) => out.push(Err(model_error(e))),
+                Err(e) => out.push((age, Err(model_error(e)))),
             }
         }
         out
     }
 
     /// Frees the KV memory of the youngest request holding a sequence: it
-    /// is preempted (waits, tokens and sampler kept, to be recomputed when
-    /// memory is back), or failed when even the empty pool could not hold
-    /// it. `None` when no request holds a sequence.
+    /// is preempted (waits, tokens and sampling state kept, to be
+    /// recomputed when memory is back), or failed when even the empty pool
+    /// could not hold it. If steps in flight still compute on its sequence,
+    /// they are collected first instead (`Drained`; the caller retries, and
+    /// requests ending there may have given memory back already). `None`
+    /// when no request holds a sequence.
     fn release_youngest(&mut self, why: &str) -> Option<Released> {
-        let v = self.running.iter().rposition(|a| a.seq.is_some())?;
+        let age = self.kv.youngest()?;
+        if self.kv.holding(age).is_some_and(|h| h.ahead > 0) {
+            self.drain();
+            return Some(Released::Drained);
+        }
+        let v = self.find(age)?;
         let target = self.running[v].target();
-        let never = matches!(self.kv_fits(target, 0), KvFit::Never(_));
-        if never || self.holders() == 1 {
+        let never = matches!(
+            self.kv.fits(self.backend.as_ref(), target, 0),
+            KvFit::Never(_)
+        );
+        if never || self.kv.holders() == 1 {
             // Nobody else holds memory to give back: it cannot fit at all.
             let e = EngineError::Capacity(format!(
                 "KV cache full: this request needs more KV memory than the whole pool ({why})"
             ));
             self.retire(v, Outcome::Failed(e));
-            return Some(Released::Failed(v));
+            return Some(Released::Failed(age));
         }
-        let a = &mut self.running[v];
-        if let Some(seq) = a.seq.take() {
-            self.backend.free(seq);
-        }
-        a.fed = 0;
-        tracing::info!(request = a.id, tokens = a.tokens.len(), "out of KV memory: preempted, will be recomputed");
+        let a = &self.running[v];
+        self.kv.release(self.backend.as_mut(), a.age);
+        tracing::info!(
+            request = a.id,
+            tokens = a.tokens.len(),
+            "out of KV memory: preempted, will be recomputed"
+        );
         self.shared.with_stats(|s| s.preemptions += 1);
-        Some(Released::Paused(v))
+        Some(Released::Paused(age))
     }
 
+    // ----- prefill ---------------------------------------------------------
+
+    /// At most `prefill_chunk` prompt tokens of the requests still
+    /// prefilling, oldest first; a request whose prefill ends gets its
+    /// first token (drawn on the host with `lily_model`'s math).
     fn prefill_step(&mut self) {
         let mut budget = self.prefill_chunk;
-        let mut i = 0;
-        // Oldest admitted first (`running` is in admission order).
-        while budget > 0 && i < self.running.len() {
-            let Some(seq) = self.running[i].seq.filter(|_| self.running[i].prefilling()) else {
-                i += 1;
+        // By age: a preemption below may collect the step in flight, and
+        // requests ending there leave `running`.
+        let ages: Vec<Age> = self.running.iter().map(|a| a.age).collect();
+        let mut k = 0;
+        while budget > 0 && k < ages.len() {
+            let age = ages[k];
+            let Some(i) = self.find(age) else {
+                k += 1;
                 continue;
             };
-            let (start, target) = (self.running[i].fed, self.running[i].target());
-            let end = self.chunk_end(i, start, target.min(start + budget));
-            let chunk = &self.running[i].tokens[start..end];
-            let result = evicting_snapshots(self.backend.as_mut(), &mut self.cache, |b| {
+            let a = &self.running[i];
+            let Some((seq, start, target)) = self
+                .kv
+                .holding(age)
+                .filter(|h| h.prefilling())
+                .map(|h| (h.seq, h.fed, h.prefill_to))
+            else {
+                k += 1;
+                continue;
+            };
+            let end = self
+                .kv
+                .chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
+            let chunk = &a.tokens[start..end];
+            let result = self.kv.evicting(self.backend.as_mut(), |b| {
                 b.prefill(seq, chunk, LogitsWanted::Last)
             });
             let outcome = match result {
@@ -717,13 +775,14 @@ impl Scheduler {
                 // one; then this chunk is tried again).
                 Err(ModelError::Capacity(m)) => {
                     match self.release_youngest(&m) {
-                        // This one paused: on to the next.
-                        Some(Released::Paused(v)) if v == i => i += 1,
-                        // This one failed (and left `running`, so `i` is
-                        // already the next), or a younger one gave way and
-                        // this chunk is tried again.
+                        // This one paused or failed: on to the next.
+                        Some(Released::Paused(v) | Released::Failed(v)) if v == age => k += 1,
+                        // A younger one gave way: this chunk is tried again.
                         Some(_) => {}
-                        None => self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m)))),
+                        None => {
+                            self.retire(i, Outcome::Failed(work_error(ModelError::Capacity(m))));
+                            k += 1;
+                        }
                     }
                     continue;
                 }
@@ -732,7 +791,9 @@ impl Scheduler {
                     budget -= end - start;
                     self.shared
                         .with_stats(|s| s.prefill_tokens += (end - start) as u64);
-                    self.running[i].fed = end;
+                    if let Some(h) = self.kv.holding_mut(age) {
+                        h.fed = end;
+                    }
                     self.maybe_snapshot(i);
                     if end < target {
                         None
@@ -743,7 +804,12 @@ impl Scheduler {
                         None
                     } else {
                         match rows.pop() {
-                            Some(mut logits) => self.sample_and_emit(i, &mut logits),
+                            Some(logits) => {
+                                // The first token, on the host with the
+                                // same math as every later one.
+                                let picked = sample_host(&logits, &mut self.running[i].sampling);
+                                self.emit(i, picked)
+                            }
                             None => Some(Outcome::Failed(EngineError::Backend(
                                 "prefill returned no logits".into(),
                             ))),
@@ -751,82 +817,58 @@ impl Scheduler {
                     }
                 }
             };
-            match outcome {
-                Some(o) => self.retire(i, o),
-                None => i += 1,
+            if let Some(o) = outcome {
+                self.retire(i, o);
             }
+            k += 1;
         }
     }
 
-    /// Where a prefill chunk of request `i` from `start` ends: at `limit`,
-    /// or earlier at the first boundary that will be snapshotted, so the
-    /// snapshot holds exactly that prefix. Other boundaries do not cut the
-    /// chunk (large chunks keep prefill efficient).
-    fn chunk_end(&self, i: usize, start: usize, limit: usize) -> usize {
-        let a = &self.running[i];
-        let interval = self.cache.interval();
-        let mut b = match self.cache.next_boundary(start) {
-            Some(b) => b,
-            None => return limit,
-        };
-        while b < limit {
-            if prompt_boundary_wanted(b, a.prompt_len, interval)
-                && self.cache.admits(&a.tokens[..b])
-                && !self.cache.contains(&a.tokens[..b])
-            {
-                return b;
-            }
-            b += interval;
-        }
-        limit
+    // ----- per request -----------------------------------------------------
+
+    /// The index in `running` of the request of age `age`, if it runs.
+    fn find(&self, age: Age) -> Option<usize> {
+        self.running.binary_search_by_key(&age, |a| a.age).ok()
     }
 
-    /// Hands the cache a copy of request `i`'s sequence if it sits at a
-    /// boundary worth a snapshot (see `prompt_boundary_wanted`; every
-    /// boundary while generating) that the cache does not hold yet.
+    /// Offers the prefix cache a snapshot of request `i`'s sequence.
     fn maybe_snapshot(&mut self, i: usize) {
         let a = &self.running[i];
-        let fed = a.fed;
-        if fed == 0 || self.cache.next_boundary(fed - 1) != Some(fed) {
-            return;
-        }
-        let in_prompt = fed <= a.prompt_len;
-        if in_prompt && !prompt_boundary_wanted(fed, a.prompt_len, self.cache.interval()) {
-            return;
-        }
-        if !self.cache.wants(&self.running[i].tokens[..fed]) {
-            return;
-        }
-        // A snapshot never takes a slot a request could use: only evict
-        // other snapshots for it.
-        if !self.make_room_for_one() {
-            return;
-        }
-        let Some(seq) = self.running[i].seq else {
-            return;
-        };
-        match self.backend.fork(seq) {
-            Ok(copy) => {
-                for seq in self.cache.insert(&self.running[i].tokens[..fed], copy) {
-                    self.backend.free(seq);
-                }
+        self.kv
+            .maybe_snapshot(self.backend.as_mut(), a.age, &a.tokens, a.prompt_len);
+    }
+
+    /// The sampling states of the requests of `ages` for a backend call
+    /// (`return_states` puts them back); a request that ended lends a
+    /// placeholder (its draw is discarded).
+    fn lend_states(&mut self, ages: &[Age]) -> Vec<SampleState> {
+        ages.iter()
+            .map(|&age| match self.find(age) {
+                Some(i) => self.lend_state(i),
+                None => placeholder_state(),
+            })
+            .collect()
+    }
+
+    fn return_states(&mut self, ages: &[Age], states: Vec<SampleState>) {
+        for (&age, st) in ages.iter().zip(states) {
+            if let Some(i) = self.find(age) {
+                self.running[i].sampling = st;
             }
-            // No memory for a snapshot is not an error for the request.
-            Err(e) => tracing::debug!("prefix snapshot skipped: {e}"),
         }
     }
 
-    /// Samples from request `i`'s logits, emits the token, and says whether
-    /// the request ends.
-    fn sample_and_emit(&mut self, i: usize, logits: &mut [f32]) -> Option<Outcome> {
-        if logits.len() > self.text_vocab {
-            logits[self.text_vocab..].fill(f32::NEG_INFINITY);
-        }
-        let a = &mut self.running[i];
-        let picked = a.sampler.sample(logits, a.logprobs);
+    /// Takes request `i`'s sampling state for a backend call; the caller
+    /// puts it back (the placeholder left meanwhile allocates nothing).
+    fn lend_state(&mut self, i: usize) -> SampleState {
+        std::mem::replace(&mut self.running[i].sampling, placeholder_state())
+    }
+
+    /// Emits request `i`'s drawn token (already recorded in its sampling
+    /// state) and says whether the request ends.
+    fn emit(&mut self, i: usize, picked: Sampled) -> Option<Outcome> {
         let token = picked.token;
-        a.sampler.accept(token);
-        a.tokens.push(token);
+        self.running[i].tokens.push(token);
         self.shared.with_stats(|s| s.generated_tokens += 1);
 
         let a = &mut self.running[i];
@@ -857,31 +899,15 @@ impl Scheduler {
                 }
             }
         };
-        let logprob = if a.stop_ids.contains(&token) {
+        let logprob = if a.stop_ids.contains(&token) || a.logprobs.is_none() {
             None
         } else {
-            picked.logprobs.map(|(lp, top)| TokenLogprob {
-                token: token_text(&self.tokenizer, token),
-                logprob: lp,
-                bytes: self
-                    .tokenizer
-                    .token_bytes(token)
-                    .map(<[u8]>::to_vec)
-                    .unwrap_or_default(),
-                top: top
-                    .into_iter()
-                    .map(|(t, l)| {
-                        (
-                            token_text(&self.tokenizer, t),
-                            l,
-                            self.tokenizer
-                                .token_bytes(t)
-                                .map(<[u8]>::to_vec)
-                                .unwrap_or_default(),
-                        )
-                    })
-                    .collect(),
-            })
+            Some(logprob_report(
+                &self.tokenizer,
+                token,
+                picked.logprob,
+                &picked.top,
+            ))
         };
         let a = &self.running[i];
         if a.events
@@ -898,56 +924,8 @@ impl Scheduler {
     }
 }
 
-/// A token's text on its own (lossy for a fragment of a character).
-fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.token_bytes(id)
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_default()
-}
-
-/// Runs `f`, a backend call that may need memory (alloc, prefill, decode);
-/// on a capacity error evicts the least recently used snapshot and retries,
-/// until `f` succeeds or no snapshot is left. Snapshots are the only memory
-/// the engine can give back without failing a request. Retrying is sound
-/// because a backend that answers `Capacity` has changed no sequence's
-/// length (the CUDA backend reserves KV blocks before it runs anything).
-///
-/// A free function over the two fields it needs, so a caller can lend `f`
-/// a borrow of a request's tokens (a method on `self` could not).
-fn evicting_snapshots<T>(
-    backend: &mut dyn Backend,
-    cache: &mut PrefixCache,
-    mut f: impl FnMut(&mut dyn Backend) -> Result<T, ModelError>,
-) -> Result<T, ModelError> {
-    loop {
-        match f(backend) {
-            Err(ModelError::Capacity(m)) => match cache.evict_lru() {
-                Some(seq) => {
-                    tracing::debug!("out of backend memory ({m}); evicting a prefix snapshot");
-                    backend.free(seq);
-                }
-                None => return Err(ModelError::Capacity(m)),
-            },
-            other => return other,
-        }
-    }
-}
-
-/// The error for a request whose prefill or decode failed. Out of memory
-/// there means the KV cache is full even with every snapshot evicted.
-fn work_error(e: ModelError) -> EngineError {
-    match e {
-        ModelError::Capacity(m) => EngineError::Capacity(format!(
-            "KV cache full: no memory left for this request after evicting every \
-             prefix-cache snapshot ({m})"
-        )),
-        other => model_error(other),
-    }
-}
-
-fn model_error(e: ModelError) -> EngineError {
-    match e {
-        ModelError::Capacity(m) => EngineError::Capacity(m),
-        other => EngineError::Backend(other.to_string()),
-    }
+/// A sampling state that stands in for a lent or discarded one (allocates
+/// nothing).
+fn placeholder_state() -> SampleState {
+    SampleState::new(SampleParams::default(), &[])
 }

@@ -11,7 +11,9 @@ use lily_engine::{
     Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
     SamplingParams, SubmitError,
 };
-use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS};
+use support::{
+    collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS,
+};
 
 fn opts() -> EngineOptions {
     EngineOptions {
@@ -47,7 +49,8 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// cache's snapshots (anything more is a sequence some request leaked).
 fn assert_only_snapshots_hold_sequences(probe: &Mutex<Probe>, h: &EngineHandle) {
     assert!(
-        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == h.stats().prefix_cache_entries),
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
+            == h.stats().prefix_cache_entries),
         "live sequences {} != snapshots {}",
         probe.lock().expect("probe").live,
         h.stats().prefix_cache_entries
@@ -181,6 +184,64 @@ fn long_prefill_is_chunked_and_interleaved_with_decode() {
         decodes_between >= long_chunks.len() - 1,
         "decode steps did not run between prefill chunks: {calls:?}"
     );
+}
+
+/// Prompt tokens prefilled between consecutive decode steps, in order.
+fn prefill_between_decodes(calls: &[Call]) -> Vec<usize> {
+    let mut windows = vec![0];
+    for c in calls {
+        match c {
+            Call::Decode { .. } => windows.push(0),
+            Call::Prefill { tokens, .. } => *windows.last_mut().expect("a window") += tokens,
+            Call::Collect { .. } | Call::Refused(_) => {}
+        }
+    }
+    windows
+}
+
+#[test]
+fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
+    // Three 100-token prompts arrive at once beside a running stream: they
+    // share one 32-token prefill budget per step, and the stream gets a
+    // decode step between every two budgets.
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(
+        fake.gate(gate.clone()),
+        EngineOptions {
+            prefill_chunk: 32,
+            ..opts()
+        },
+    );
+    let held = gate.lock().expect("gate");
+    let mut stream = h.submit(greedy(vec![A], 60)).expect("submit");
+    let started = wait_started(&mut stream);
+    let prompts: Vec<Vec<u32>> = (0..3).map(|k| pseudo_prompt(100, 20 + k)).collect();
+    let longs: Vec<_> = prompts
+        .iter()
+        .map(|p| h.submit(greedy(p.clone(), 2)).expect("submit"))
+        .collect();
+    drop(held);
+    let longs: Vec<_> = longs.into_iter().map(collect).collect();
+    let stream = collect_rest(stream, started);
+    assert_eq!(stream.ids, (1..=60).map(|k| A + k).collect::<Vec<_>>());
+    for (c, p) in longs.iter().zip(&prompts) {
+        assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
+        assert_eq!(c.ids[0], (p[99] + 1) % 256);
+    }
+    let calls = probe.lock().expect("probe").calls.clone();
+    let windows = prefill_between_decodes(&calls);
+    assert_eq!(windows.iter().sum::<usize>(), 301);
+    assert!(windows.iter().all(|&n| n <= 32), "{windows:?}");
+    // The 300 prompt tokens took ten steps, each with a decode step for the
+    // running stream before the next.
+    assert!(
+        windows.iter().filter(|&&n| n > 0).count() >= 10,
+        "{windows:?}"
+    );
+    // All of it while the stream ran (it decodes 59 of its 60 tokens).
+    let busy = windows.iter().rposition(|&n| n > 0).expect("prefill ran");
+    assert!(busy < 59, "{windows:?}");
 }
 
 #[test]
@@ -469,6 +530,41 @@ fn logprobs_report_chosen_and_alternatives() {
     }
     let c = collect(h.submit(greedy(vec![A], 2)).expect("submit"));
     assert!(c.logprobs.iter().all(Option::is_none));
+}
+
+#[test]
+fn decode_steps_sample_in_the_backend_within_the_tokenizer_vocabulary() {
+    let (fake, probe) = Fake::new(Mode::Hash);
+    let h = start(fake, opts());
+    let req = GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_k: 50,
+            seed: Some(11),
+            ..SamplingParams::default()
+        },
+        logprobs: Some(2),
+        ..GenerateRequest::new(pseudo_prompt(5, 1), 6)
+    };
+    let c = collect(h.submit(req).expect("submit"));
+    assert_eq!(c.completion_tokens, 6);
+    assert!(c
+        .logprobs
+        .iter()
+        .all(|l| l.as_ref().is_some_and(|l| l.top.len() == 2)));
+    let p = probe.lock().expect("probe");
+    // Every decode step sampled in the backend: no logits came back.
+    assert_eq!(p.logits_decodes, 0);
+    let params = p.last_params.first().expect("a decode_sample call");
+    assert_eq!(
+        (
+            params.vocab_limit as usize,
+            params.top_logprobs,
+            params.seed,
+            params.top_k
+        ),
+        (tokenizer().vocab_size(), 2, 11, 50)
+    );
 }
 
 fn cache_opts(interval: usize, budget: usize) -> EngineOptions {
@@ -786,7 +882,10 @@ fn kv_memory_running_out_mid_generation_preempts_the_youngest_which_resumes() {
         (Some(FinishReason::Length), 20),
         "{younger:?}"
     );
-    assert_eq!(younger.ids, (1..=20).map(|k| A + 100 + k).collect::<Vec<_>>());
+    assert_eq!(
+        younger.ids,
+        (1..=20).map(|k| A + 100 + k).collect::<Vec<_>>()
+    );
     assert!(probe.lock().expect("probe").pool_refusals > 0);
     let s = h.stats();
     assert!(s.preemptions >= 1, "{s:?}");
@@ -815,12 +914,20 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
         .collect();
     let run = |pool: Option<usize>| {
         let (fake, probe) = Fake::new(Mode::Hash);
+        // The tight pool also runs on a pipelining fake that checks the
+        // engine never frees or prefills a sequence a step computes on.
         let fake = match pool {
-            Some(n) => fake.kv_pool(n),
+            Some(n) => fake.kv_pool(n).pipelined(),
             None => fake,
         };
-        let h = start(fake.delay(Duration::from_micros(200)), cache_opts(16, 10_000));
-        let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+        let h = start(
+            fake.delay(Duration::from_micros(200)),
+            cache_opts(16, 10_000),
+        );
+        let streams: Vec<_> = requests
+            .iter()
+            .map(|r| h.submit(r.clone()).expect("submit"))
+            .collect();
         let outs: Vec<_> = streams
             .into_iter()
             .map(|s| std::thread::spawn(move || collect(s)))
@@ -829,6 +936,10 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             .map(|t| t.join().expect("collect"))
             .collect();
         assert_only_snapshots_hold_sequences(&probe, &h);
+        assert_eq!(
+            probe.lock().expect("probe").violations,
+            Vec::<String>::new()
+        );
         (outs, h.stats())
     };
     let (roomy, _) = run(None);
@@ -836,7 +947,11 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
     assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
     assert_eq!(stats.requests_failed, 0, "{stats:?}");
     for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
-        assert_eq!((t.finish, t.completion_tokens), (Some(FinishReason::Length), 30), "request {k}: {t:?}");
+        assert_eq!(
+            (t.finish, t.completion_tokens),
+            (Some(FinishReason::Length), 30),
+            "request {k}: {t:?}"
+        );
         assert_eq!(t.ids, r.ids, "request {k}: tokens differ after preemption");
         assert_eq!(t.text, r.text, "request {k}");
     }
@@ -918,7 +1033,10 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
         (Some(FinishReason::Length), 4),
         "{younger:?}"
     );
-    assert_eq!(younger.ids, (1..=4).map(|k| A + 100 + k).collect::<Vec<_>>());
+    assert_eq!(
+        younger.ids,
+        (1..=4).map(|k| A + 100 + k).collect::<Vec<_>>()
+    );
     let s = h.stats();
     assert_eq!((s.requests_failed, s.preemptions), (0, 0), "{s:?}");
     // It never touched the pool before `older` was done.
@@ -928,4 +1046,228 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
         .expect("probe")
         .live
         == 0));
+}
+
+// ----- running ahead ---------------------------------------------------------
+
+fn no_violations(probe: &Mutex<Probe>) {
+    assert_eq!(
+        probe.lock().expect("probe").violations,
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn running_ahead_gives_the_same_tokens_as_not() {
+    // Seeded, penalised sampling with stop ids and stop strings, so some
+    // requests stop at a step the run-ahead already fed the next one.
+    let requests: Vec<GenerateRequest> = (0..6u32)
+        .map(|k| GenerateRequest {
+            sampling: SamplingParams {
+                temperature: 0.9,
+                top_k: 40,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.3,
+                repetition_penalty: 1.2,
+                seed: Some(100 + u64::from(k)),
+                ..SamplingParams::default()
+            },
+            stop_token_ids: (0..12).map(|j| 20 + 17 * j + k).collect(),
+            stop_strings: vec!["q".into()],
+            logprobs: Some(2),
+            ..GenerateRequest::new(pseudo_prompt(12 + k as usize, 60 + k), 40)
+        })
+        .collect();
+    let run = |run_ahead: bool, pipelined: bool| {
+        let (fake, probe) = Fake::new(Mode::Hash);
+        let fake = if pipelined { fake.pipelined() } else { fake };
+        let h = start(
+            fake.delay(Duration::from_micros(300)),
+            EngineOptions {
+                run_ahead,
+                ..cache_opts(8, 10_000)
+            },
+        );
+        let streams: Vec<_> = requests
+            .iter()
+            .map(|r| h.submit(r.clone()).expect("submit"))
+            .collect();
+        let outs: Vec<_> = streams
+            .into_iter()
+            .map(|s| std::thread::spawn(move || collect(s)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().expect("collect"))
+            .collect();
+        assert_only_snapshots_hold_sequences(&probe, &h);
+        no_violations(&probe);
+        outs
+    };
+    let plain = run(false, false);
+    let stopped = plain
+        .iter()
+        .filter(|c| c.finish == Some(FinishReason::Stop) && c.completion_tokens < 40)
+        .count();
+    assert!(stopped >= 2, "too few early stops to test: {plain:?}");
+    for (label, ahead) in [
+        ("run ahead", run(true, false)),
+        ("pipelined", run(true, true)),
+    ] {
+        for (k, (a, p)) in ahead.iter().zip(&plain).enumerate() {
+            assert_eq!(a.ids, p.ids, "{label}, request {k}");
+            assert_eq!(
+                (&a.text, a.finish),
+                (&p.text, p.finish),
+                "{label}, request {k}"
+            );
+            assert_eq!(a.logprobs, p.logprobs, "{label}, request {k}");
+        }
+    }
+}
+
+#[test]
+fn a_stop_at_step_t_discards_step_t_plus_one_and_never_snapshots_it() {
+    // Prompt of 5 ending in 'a': greedy gives b, c, then d (a stop id).
+    // Running ahead, d is fed by one more step (the sequence then holds 8
+    // tokens, a snapshot boundary) whose draw is discarded.
+    let prompt = vec![A + 20, A + 21, A + 22, A + 23, A];
+    let req = GenerateRequest {
+        stop_token_ids: vec![A + 3],
+        ..greedy(prompt.clone(), 10)
+    };
+    for run_ahead in [false, true] {
+        let (fake, probe) = Fake::new(Mode::Count);
+        let h = start(
+            fake.pipelined(),
+            EngineOptions {
+                run_ahead,
+                ..cache_opts(8, 10_000)
+            },
+        );
+        let c = collect(h.submit(req.clone()).expect("submit"));
+        assert_eq!(c.ids, vec![A + 1, A + 2, A + 3], "run ahead {run_ahead}");
+        assert_eq!(
+            (c.text.as_str(), c.finish),
+            ("bc", Some(FinishReason::Stop))
+        );
+        let fed_stop = probe
+            .lock()
+            .expect("probe")
+            .fed
+            .iter()
+            .any(|f| f.1 == A + 3);
+        assert_eq!(fed_stop, run_ahead, "the stop token fed to a step");
+        assert!(eventually(Duration::from_secs(2), || probe
+            .lock()
+            .expect("probe")
+            .live
+            == 0));
+        no_violations(&probe);
+        assert_eq!(h.stats().prefix_cache_entries, 0, "run ahead {run_ahead}");
+        // The next turn finds no snapshot holding the stop token.
+        let mut next = prompt.clone();
+        next.extend([A + 1, A + 2, A + 3, A + 40]);
+        let c = collect(h.submit(greedy(next, 2)).expect("submit"));
+        assert_eq!((c.cached_tokens, c.ids[0]), (0, A + 41));
+    }
+}
+
+#[test]
+fn cancelling_mid_run_ahead_frees_the_sequence_once_its_step_is_collected() {
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(fake.pipelined().delay(Duration::from_millis(2)), opts());
+    let mut s = h.submit(greedy(vec![A], 1000)).expect("submit");
+    let mut tokens = 0;
+    while tokens < 3 {
+        if let Some(lily_engine::Event::Token { .. }) = s.blocking_recv() {
+            tokens += 1;
+        }
+    }
+    s.cancel();
+    let mut finish = None;
+    while let Some(ev) = s.blocking_recv() {
+        if let lily_engine::Event::Finished { reason, .. } = ev {
+            finish = Some(reason);
+        }
+    }
+    assert_eq!(finish, Some(FinishReason::Cancelled));
+    assert!(
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
+            == 0),
+        "sequence not freed"
+    );
+    no_violations(&probe);
+    // Every step submitted was collected.
+    let calls = probe.lock().expect("probe").calls.clone();
+    let submitted = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Decode { .. }))
+        .count();
+    let collected = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Collect { .. }))
+        .count();
+    assert_eq!(submitted, collected);
+    assert_eq!(
+        collect(h.submit(greedy(vec![A], 2)).expect("submit")).text,
+        "bc"
+    );
+}
+
+#[test]
+fn preemption_while_a_step_is_in_flight_collects_it_first() {
+    // `older` has a long prompt prefilled in chunks cut at snapshot
+    // boundaries; `younger`, admitted in the same step, fits in what a cut
+    // chunk leaves and generates (a step always in flight) while `older`
+    // still prefills. The 44-token pool runs out in one of `older`'s
+    // chunks: the youngest holder, `younger`, must give its memory back,
+    // but a step computes on its sequence, so that step is collected
+    // first, then it is preempted; it resumes once `older` is done.
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(
+        fake.kv_pool(44).pipelined().gate(gate.clone()),
+        EngineOptions {
+            prefill_chunk: 16,
+            ..cache_opts(8, 10_000)
+        },
+    );
+    let held = gate.lock().expect("gate");
+    let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
+    let started = wait_started(&mut blocker);
+    let older = h.submit(greedy(vec![A; 40], 3)).expect("submit");
+    let younger = h
+        .submit(greedy(vec![A + 100, A + 100], 12))
+        .expect("submit");
+    drop(held);
+    let blocker = collect_rest(blocker, started);
+    assert_eq!(blocker.finish, Some(FinishReason::Length));
+    let (older, younger) = (
+        std::thread::spawn(move || collect(older)),
+        std::thread::spawn(move || collect(younger)),
+    );
+    let (older, younger) = (
+        older.join().expect("older"),
+        younger.join().expect("younger"),
+    );
+    assert_eq!(older.ids, vec![A + 1, A + 2, A + 3], "{older:?}");
+    assert_eq!(
+        younger.ids,
+        (1..=12).map(|k| A + 100 + k).collect::<Vec<_>>(),
+        "{younger:?}"
+    );
+    let s = h.stats();
+    assert!(s.preemptions >= 1, "{s:?}");
+    assert_eq!(s.requests_failed, 0, "{s:?}");
+    no_violations(&probe);
+    // A prefill refused for memory was followed by collecting the step in
+    // flight (before anything was freed).
+    let calls = probe.lock().expect("probe").calls.clone();
+    assert!(
+        calls
+            .windows(2)
+            .any(|w| w[0] == Call::Refused("prefill") && matches!(w[1], Call::Collect { .. })),
+        "{calls:?}"
+    );
+    assert_only_snapshots_hold_sequences(&probe, &h);
 }

@@ -2,14 +2,44 @@
 //!
 //! A backend owns the weights on its device and the per-sequence state (KV
 //! cache for the attention layers, conv window and recurrent state for the
-//! DeltaNet layers). The engine only sees sequence handles, token ids and
-//! logits; how a backend fuses the layer sequence is its own business, and
-//! every backend is tested against the CPU reference and the goldens.
+//! DeltaNet layers). The engine only sees sequence handles, token ids,
+//! prefill logits and decode draws (sampled by the backend with the one
+//! definition in `sample`, possibly pipelined: `submit_decode`); how a
+//! backend fuses the layer sequence is its own business, and every backend
+//! is tested against the CPU reference and the goldens.
 
 pub mod contract;
 pub mod sample;
 
-pub use sample::{SampleParams, SampleState, Sampled};
+pub use sample::{SampleParams, SampleState, Sampled, MAX_TOP_LOGPROBS};
+
+/// Most pipelined decode steps in flight at once (`Backend::submit_decode`).
+pub const MAX_IN_FLIGHT: usize = 2;
+
+/// What a pipelined decode step feeds one sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feed {
+    /// This token: the sequence's first decode after a prefill, or any
+    /// step whose input the caller knows.
+    Token(u32),
+    /// The token this sequence's most recent submitted step drew, collected
+    /// or not (on a device it never leaves the device). Valid only when
+    /// that step was a `submit_decode` of this backend and nothing was fed
+    /// to the sequence since.
+    Previous,
+}
+
+/// A decode step submitted with `Backend::submit_decode` and not collected
+/// yet. Handed back to `collect_decode`, oldest first.
+#[must_use = "a submitted step must be collected"]
+#[derive(Debug)]
+pub enum InFlight {
+    /// Already computed (the synchronous default): the draws, batch order.
+    Ready(Vec<Sampled>),
+    /// Still running on the device: the backend's own tag and the batch
+    /// size.
+    Device { ticket: u64, len: usize },
+}
 
 use lily_core::ModelConfig;
 
@@ -65,7 +95,12 @@ pub trait Backend: Send {
 
     /// Appends `tokens` to the sequence and returns logits (`vocab_size`
     /// floats per returned position).
-    fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>>;
+    fn prefill(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        wanted: LogitsWanted,
+    ) -> ModelResult<Vec<Vec<f32>>>;
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
@@ -74,7 +109,9 @@ pub trait Backend: Send {
     /// take the argmax on the device override this to avoid copying logits.
     fn prefill_greedy(&mut self, seq: SeqId, tokens: &[u32]) -> ModelResult<u32> {
         let logits = self.prefill(seq, tokens, LogitsWanted::Last)?;
-        let last = logits.last().ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
+        let last = logits
+            .last()
+            .ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
         Ok(argmax(last))
     }
 
@@ -113,15 +150,111 @@ pub trait Backend: Send {
     /// One decode step for a batch (as `decode`) that also chooses each
     /// sequence's next token with its `SampleState` (same order, one per
     /// entry) and advances that state (`SampleState::record_draw`). The
-    /// chosen tokens are not fed; the next call feeds them. Backends that
+    /// chosen tokens are not fed; the next call feeds them. The draw is
+    /// `sample::sample_host`'s, whatever the device: `vocab_limit` and
+    /// `top_logprobs` included. On an error no state has advanced; as with
+    /// `decode`, a `Capacity` error changed no sequence. Backends that
     /// sample on the device override this to avoid copying logits; this
-    /// default samples on the host with the same math (sample.rs).
-    fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
+    /// default samples on the host (sample.rs). The engine decodes through
+    /// this (or `submit_decode`), never through `decode`.
+    fn decode_sample(
+        &mut self,
+        batch: &[(SeqId, u32)],
+        states: &mut [SampleState],
+    ) -> ModelResult<Vec<Sampled>> {
         if states.len() != batch.len() {
-            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
+            return Err(ModelError::Invalid(format!(
+                "{} sampling states for a batch of {}",
+                states.len(),
+                batch.len()
+            )));
         }
         let logits = self.decode(batch)?;
-        Ok(logits.iter().zip(states.iter_mut()).map(|(l, s)| sample::sample_host(l, s)).collect())
+        Ok(logits
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(l, s)| sample::sample_host(l, s))
+            .collect())
+    }
+
+    /// Pipelined decode, first half: starts one decode step for a batch of
+    /// distinct sequences (as `decode_sample`, states in the same order)
+    /// and returns before its draws are known, so the caller can stream the
+    /// previous step's tokens while this one runs. `collect_decode` hands
+    /// back the draws.
+    ///
+    /// Contract:
+    /// - At most `MAX_IN_FLIGHT` steps are uncollected at once; they are
+    ///   collected in submission order. A sequence may be in both (the
+    ///   second feeds it `Feed::Previous`).
+    /// - When this returns `Ok`, every sequence of the batch has consumed
+    ///   its fed token: `seq_len` counts it, and its KV room was reserved.
+    /// - Each state's `step` has advanced by one (`begin_draw`: the draw's
+    ///   counter is the value before). The drawn token is counted in the
+    ///   state and is its `last_draw` (`end_draw`) by the time
+    ///   `collect_decode` returns; a backend may do that earlier (the
+    ///   default, which draws here, does it here). A backend that mirrors
+    ///   the counts on its device keeps its table exact across the steps
+    ///   in flight (the host counts lag until the collect).
+    /// - While a sequence is in an uncollected step, the caller may fork it
+    ///   (the copy holds every submitted token, in-flight ones included)
+    ///   and ask its `seq_len`, and must not free, prefill or decode it by
+    ///   another call. Other sequences may be used freely meanwhile.
+    /// - On an error nothing was started and no state advanced; as with
+    ///   `decode`, `Capacity` changed no sequence, and another error may
+    ///   have (the caller compares `seq_len`). Steps already in flight are
+    ///   unaffected and still to be collected.
+    ///
+    /// The default runs the step synchronously through `decode_sample`
+    /// (`Feed::Previous` is the state's `last_draw`) and returns it ready.
+    fn submit_decode(
+        &mut self,
+        batch: &[(SeqId, Feed)],
+        states: &mut [SampleState],
+    ) -> ModelResult<InFlight> {
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid(format!(
+                "{} sampling states for a batch of {}",
+                states.len(),
+                batch.len()
+            )));
+        }
+        let mut fed = Vec::with_capacity(batch.len());
+        for (&(seq, feed), st) in batch.iter().zip(states.iter()) {
+            let token = match feed {
+                Feed::Token(t) => t,
+                Feed::Previous => st.last_draw().ok_or_else(|| {
+                    ModelError::Invalid(format!("{seq:?} is fed its previous draw but has none"))
+                })?,
+            };
+            fed.push((seq, token));
+        }
+        Ok(InFlight::Ready(self.decode_sample(&fed, states)?))
+    }
+
+    /// Pipelined decode, second half: waits for the oldest uncollected
+    /// step (`step`, as `submit_decode` returned it) and returns its draws
+    /// in batch order. `states` are the step's sequences' states in the
+    /// same order; for a sequence whose draw the caller will discard (its
+    /// request ended meanwhile) any state may stand in. On an error the
+    /// step's draws are lost and its sequences' states are unknown (the
+    /// caller frees them).
+    fn collect_decode(
+        &mut self,
+        step: InFlight,
+        states: &mut [SampleState],
+    ) -> ModelResult<Vec<Sampled>> {
+        match step {
+            InFlight::Ready(draws) if draws.len() == states.len() => Ok(draws),
+            InFlight::Ready(draws) => Err(ModelError::Invalid(format!(
+                "{} sampling states to collect a step of {}",
+                states.len(),
+                draws.len()
+            ))),
+            InFlight::Device { .. } => Err(ModelError::Invalid(
+                "a device step handed to a backend that runs steps synchronously".into(),
+            )),
+        }
     }
 
     /// Bytes of device memory in use (weights + state), if the backend knows.
@@ -157,4 +290,163 @@ pub fn argmax(values: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// Logits from a hash of each sequence's history, so a wrong feed
+    /// changes the draws.
+    struct Toy {
+        config: ModelConfig,
+        seqs: HashMap<SeqId, Vec<u32>>,
+    }
+
+    impl Toy {
+        fn new() -> Self {
+            let mut config = lily_core::config::production();
+            config.vocab_size = 64;
+            Toy {
+                config,
+                seqs: HashMap::new(),
+            }
+        }
+        fn logits(history: &[u32]) -> Vec<f32> {
+            let h = history.iter().fold(0x9e37u64, |h, &t| {
+                (h ^ t as u64).wrapping_mul(0x100_0000_01b3)
+            });
+            (0..64u64)
+                .map(|j| ((h ^ j).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 40) as f32 / 4e6)
+                .collect()
+        }
+    }
+
+    impl Backend for Toy {
+        fn name(&self) -> String {
+            "toy".into()
+        }
+        fn config(&self) -> &ModelConfig {
+            &self.config
+        }
+        fn max_seq_len(&self) -> usize {
+            1024
+        }
+        fn max_sequences(&self) -> usize {
+            8
+        }
+        fn alloc(&mut self) -> ModelResult<SeqId> {
+            let id = SeqId(self.seqs.len() as u64);
+            self.seqs.insert(id, Vec::new());
+            Ok(id)
+        }
+        fn free(&mut self, seq: SeqId) {
+            self.seqs.remove(&seq);
+        }
+        fn fork(&mut self, _seq: SeqId) -> ModelResult<SeqId> {
+            Err(ModelError::Invalid("not needed".into()))
+        }
+        fn seq_len(&self, seq: SeqId) -> ModelResult<usize> {
+            self.seqs
+                .get(&seq)
+                .map(Vec::len)
+                .ok_or(ModelError::UnknownSequence(seq))
+        }
+        fn prefill(
+            &mut self,
+            seq: SeqId,
+            tokens: &[u32],
+            _: LogitsWanted,
+        ) -> ModelResult<Vec<Vec<f32>>> {
+            let h = self
+                .seqs
+                .get_mut(&seq)
+                .ok_or(ModelError::UnknownSequence(seq))?;
+            h.extend_from_slice(tokens);
+            Ok(vec![Toy::logits(h)])
+        }
+        fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
+            let mut out = Vec::new();
+            for &(seq, t) in batch {
+                let h = self
+                    .seqs
+                    .get_mut(&seq)
+                    .ok_or(ModelError::UnknownSequence(seq))?;
+                h.push(t);
+                out.push(Toy::logits(h));
+            }
+            Ok(out)
+        }
+    }
+
+    #[test]
+    fn default_pipeline_equals_decode_sample_step_by_step() {
+        let params = SampleParams {
+            seed: 3,
+            presence_penalty: 0.5,
+            ..Default::default()
+        };
+        // Reference: decode_sample, feeding each draw back.
+        let mut reference = Toy::new();
+        let seq = reference.alloc().expect("alloc");
+        let mut st = SampleState::new(params, &[1, 2]);
+        let first = sample::sample_host(
+            &reference
+                .prefill(seq, &[1, 2], LogitsWanted::Last)
+                .expect("prefill")[0],
+            &mut st,
+        );
+        let mut want = vec![first.token];
+        for _ in 0..6 {
+            let t = *want.last().expect("a token");
+            want.push(
+                reference
+                    .decode_sample(&[(seq, t)], std::slice::from_mut(&mut st))
+                    .expect("decode")[0]
+                    .token,
+            );
+        }
+        // Pipelined: the first step fed the token, then Previous, two in flight.
+        let mut toy = Toy::new();
+        let seq = toy.alloc().expect("alloc");
+        let mut st = SampleState::new(params, &[1, 2]);
+        let first = sample::sample_host(
+            &toy.prefill(seq, &[1, 2], LogitsWanted::Last)
+                .expect("prefill")[0],
+            &mut st,
+        );
+        let mut got = vec![first.token];
+        let states = std::slice::from_mut(&mut st);
+        let mut pending = std::collections::VecDeque::new();
+        pending.push_back(
+            toy.submit_decode(&[(seq, Feed::Token(first.token))], states)
+                .expect("submit"),
+        );
+        for _ in 0..5 {
+            pending.push_back(
+                toy.submit_decode(&[(seq, Feed::Previous)], states)
+                    .expect("submit"),
+            );
+            assert_eq!(pending.len(), MAX_IN_FLIGHT);
+            let step = pending.pop_front().expect("in flight");
+            got.push(toy.collect_decode(step, states).expect("collect")[0].token);
+        }
+        let step = pending.pop_front().expect("in flight");
+        got.push(toy.collect_decode(step, states).expect("collect")[0].token);
+        assert_eq!(got, want);
+        assert_eq!((st.step, st.last_draw()), (7, want.last().copied()));
+        assert_eq!(toy.seq_len(seq).expect("len"), 2 + 6);
+        // Previous with no draw yet, and a step collected with the wrong
+        // number of states, are refused.
+        let fresh = toy.alloc().expect("alloc");
+        let mut none = [SampleState::new(params, &[])];
+        assert!(toy
+            .submit_decode(&[(fresh, Feed::Previous)], &mut none)
+            .is_err());
+        let step = toy
+            .submit_decode(&[(fresh, Feed::Token(4))], &mut none)
+            .expect("submit");
+        assert!(toy.collect_decode(step, &mut []).is_err());
+    }
 }

@@ -1,21 +1,44 @@
-//! Sampling for `Backend::decode_sample`: the per-sequence parameters and
-//! penalty state, and the host implementation of the math (the default
-//! `decode_sample` and the reference the CUDA kernel is tested against).
+//! Sampling: the one definition of how a token is chosen from a row of
+//! logits. It owns the per-sequence parameters and penalty state and the
+//! host implementation of the math, used by the engine (the first token of
+//! every request, after its prefill), by the default `Backend::decode_sample`
+//! (the CPU backend), and as the reference the CUDA kernel `sample_rows` is
+//! tested against. It owns no request handling (the engine maps API
+//! parameters onto `SampleParams` and builds logprob reports).
 //!
-//! The semantics are the engine's host sampler (crates/engine/src/sampling.rs):
-//! repetition penalty on tokens seen in the prompt or output, then presence /
-//! frequency penalties on generated tokens; the logprob is the log-softmax of
-//! the penalised logits before temperature; temperature 0 is the argmax
-//! (lowest id on ties); otherwise weights exp((l - max) / T), then min-p,
-//! top-k and top-p (ties ordered by id), and one inverse-CDF draw in id
-//! order. `vocab_limit` cuts the row first (ids at or beyond it are never
-//! drawn nor reported); `top_logprobs` reports the most likely ids of the
-//! penalised distribution (ordered by the penalised logit, descending, then
-//! by id; a NaN logit ranks as -inf).
-//! What differs from the engine is the random stream: the uniform of
-//! step `s` is Philox4x32-10 keyed by the seed with counter `s`, so a device
-//! can draw it without state and a step replays exactly.
+//! Order of operations, fixed because it changes results:
+//! 1. the row is `logits[..vocab_limit]` (0: the whole row): ids at or
+//!    above the limit (the embedding is padded past the tokenizer) take no
+//!    part at all, so they are never drawn, never reported, and are not in
+//!    the log-softmax;
+//! 2. penalties: the repetition penalty (HF) on every token seen in the
+//!    prompt or generated divides a positive logit by it and multiplies a
+//!    negative one; then presence / frequency (OpenAI), on generated tokens
+//!    only: `l -= presence + frequency * count`;
+//! 3. the chosen token's `logprob` and the `top_logprobs` best alternatives
+//!    (`top`, by logprob descending, then id ascending) come from the
+//!    log-softmax of these penalised logits, before temperature and
+//!    truncation, so they describe the (penalised) model and stay finite;
+//! 4. temperature 0 (or no finite logit) takes the argmax (lowest id on
+//!    ties, NaN never wins);
+//! 5. otherwise weights `w = exp((l - max) / T)` (the top token has 1), then
+//!    min-p (`w >= min_p`, relative to the top token), then top-k (the `k`
+//!    heaviest, ties to the lower id), then top-p (the shortest run, in
+//!    order of weight descending then id ascending, whose mass reaches
+//!    `top_p` of what is left), each on what the previous one kept;
+//! 6. one inverse-CDF draw over the kept tokens in id order: the first
+//!    token whose running mass exceeds `u * total` (rounding that leaves it
+//!    unreached picks the last kept token).
+//!
+//! Seeds and draws: the uniform `u` of a sequence's draw number `step`
+//! (0 for the first generated token, counting every draw) is
+//! Philox4x32-10 with key = the 64-bit seed and counter = (step, 0), its
+//! first two output words giving 53 bits (`philox_uniform`). A draw thus
+//! depends only on (seed, step, logits, counts), so a device draws it
+//! without state and a step replays exactly. The engine gives a request
+//! without a seed a random seed, drawn once when the request is admitted.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use crate::SeqId;
@@ -23,6 +46,15 @@ use crate::SeqId;
 /// Marks a token seen in the prompt in a count-table entry; the low 31 bits
 /// count the times it was generated.
 pub const SEEN_IN_PROMPT: u32 = 0x8000_0000;
+
+/// Most alternatives `SampleParams::top_logprobs` reports (OpenAI's limit);
+/// larger values report this many.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// How many of the heaviest candidates top-p sorts before it falls back to
+/// sorting them all: enough for any peaked distribution, small next to a
+/// 248k vocabulary.
+const TOP_P_HEAD: usize = 1024;
 
 /// One sequence's sampling parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,11 +72,11 @@ pub struct SampleParams {
     /// 1 = off.
     pub repetition_penalty: f32,
     pub seed: u64,
-    /// How many of the most likely ids to report with their logprobs
-    /// (`Sampled::top`); 0 = none.
+    /// How many of the most likely ids to report in `Sampled::top` (0 =
+    /// none; at most `MAX_TOP_LOGPROBS`).
     pub top_logprobs: u32,
-    /// Ids at or beyond this are never drawn nor reported (the tokenizer's
-    /// vocabulary inside a padded lm_head); 0 = the whole row.
+    /// Ids at or above this are never drawn and never reported (0 = the
+    /// whole logits row).
     pub vocab_limit: u32,
 }
 
@@ -67,21 +99,37 @@ impl Default for SampleParams {
 
 impl SampleParams {
     pub fn greedy() -> Self {
-        SampleParams { temperature: 0.0, ..Default::default() }
+        SampleParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
     /// Whether any penalty changes the logits (a count table is needed).
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+    /// How many leading entries of a logits row of `len` take part.
+    pub fn row_len(&self, len: usize) -> usize {
+        match self.vocab_limit {
+            0 => len,
+            v => len.min(v as usize),
+        }
+    }
+    /// How many alternatives a draw reports.
+    pub fn top_count(&self) -> usize {
+        self.top_logprobs.min(MAX_TOP_LOGPROBS) as usize
     }
 }
 
-/// The chosen token and its logprob (penalised, before temperature).
+/// The chosen token, its logprob (penalised, before temperature), and the
+/// `top_logprobs` most likely ids with theirs, most likely first (ties: the
+/// lower id first).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: u32,
     pub logprob: f32,
-    /// The `top_logprobs` most likely (id, logprob) of the same
-    /// distribution, most likely first (ties: lower id first).
     pub top: Vec<(u32, f32)>,
 }
 
@@ -97,6 +145,8 @@ pub struct SampleState {
     pub step: u64,
     counts: HashMap<u32, u32>,
     device_copy: Option<SeqId>,
+    /// The token of the last draw recorded (`Feed::Previous` on the host).
+    last: Option<u32>,
 }
 
 impl SampleState {
@@ -107,22 +157,47 @@ impl SampleState {
                 *counts.entry(t).or_insert(0) |= SEEN_IN_PROMPT;
             }
         }
-        SampleState { params, step: 0, counts, device_copy: None }
+        SampleState {
+            params,
+            step: 0,
+            counts,
+            device_copy: None,
+            last: None,
+        }
     }
 
-    /// Records a generated token that did not come from `decode_sample`
-    /// (e.g. one the caller forced).
+    /// Records a generated token that did not come from a draw (e.g. one
+    /// the caller forced).
     pub fn accept(&mut self, token: u32) {
         self.count(token);
         self.device_copy = None;
     }
 
-    /// Records the outcome of one `decode_sample` draw: the token is counted
-    /// and the step advances. Backends call this; the device table, if any,
-    /// made the same change.
+    /// Records the outcome of one draw: the token is counted and the step
+    /// advances (`begin_draw` then `end_draw`). Backends call this; the
+    /// device table, if any, made the same change.
     pub fn record_draw(&mut self, token: u32) {
-        self.count(token);
+        self.begin_draw();
+        self.end_draw(token);
+    }
+
+    /// The first half of a draw whose token is not known yet (a pipelined
+    /// step, at submit): returns the draw's step and advances the counter.
+    pub fn begin_draw(&mut self) -> u64 {
         self.step += 1;
+        self.step - 1
+    }
+
+    /// The second half (at collect): counts the drawn token and makes it
+    /// `last_draw`.
+    pub fn end_draw(&mut self, token: u32) {
+        self.count(token);
+        self.last = Some(token);
+    }
+
+    /// The token of the last recorded draw.
+    pub fn last_draw(&self) -> Option<u32> {
+        self.last
     }
 
     fn count(&mut self, token: u32) {
@@ -159,7 +234,11 @@ pub fn penalised(logit: f32, entry: u32, p: &SampleParams) -> f32 {
     let mut l = logit;
     let gen = entry & !SEEN_IN_PROMPT;
     if p.repetition_penalty != 1.0 && entry != 0 {
-        l = if l > 0.0 { l / p.repetition_penalty } else { l * p.repetition_penalty };
+        l = if l > 0.0 {
+            l / p.repetition_penalty
+        } else {
+            l * p.repetition_penalty
+        };
     }
     if gen != 0 && (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) {
         l -= p.presence_penalty + p.frequency_penalty * gen as f32;
@@ -167,14 +246,15 @@ pub fn penalised(logit: f32, entry: u32, p: &SampleParams) -> f32 {
     l
 }
 
-/// Everything one draw depends on: the penalised logits (of the row up to
-/// `vocab_limit`), their log-sum-exp, the argmax, the reported top
-/// logprobs, and (when sampling) the candidates left after min-p, top-k and
-/// top-p as (id, weight) in id order.
+/// Everything one draw depends on: the penalised logits of the row (the
+/// first `vocab_limit`), their log-sum-exp, the argmax, the reported
+/// alternatives, and (when sampling) the candidates left after min-p, top-k
+/// and top-p as (id, weight) in id order.
 pub struct Distribution {
     pub penalised: Vec<f32>,
     pub lse: f64,
     pub argmax: u32,
+    /// The `top_logprobs` most likely ids and their logprobs.
     pub top: Vec<(u32, f32)>,
     /// None for greedy (temperature 0 or no finite logit).
     pub candidates: Option<Vec<(u32, f32)>>,
@@ -183,46 +263,45 @@ pub struct Distribution {
 impl Distribution {
     pub fn new(logits: &[f32], state: &SampleState) -> Self {
         let p = &state.params;
-        let limit = if p.vocab_limit == 0 { logits.len() } else { logits.len().min(p.vocab_limit as usize) };
-        let logits = &logits[..limit];
-        let penalised: Vec<f32> = logits.iter().enumerate().map(|(i, &l)| penalised(l, state.count_of(i as u32), p)).collect();
-        let argmax = first_max(&penalised);
-        let m = penalised.get(argmax as usize).copied().unwrap_or(f32::NEG_INFINITY);
-        let lse = m as f64 + penalised.iter().map(|&l| (l - m).exp() as f64).sum::<f64>().ln();
-        let top = top_logprobs(&penalised, lse, p.top_logprobs as usize);
-        if p.temperature <= 0.0 || !m.is_finite() {
-            return Distribution { penalised, lse, argmax, top, candidates: None };
-        }
-        let inv_t = 1.0 / p.temperature;
-        let mut cand: Vec<(u32, f32)> = penalised
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| {
-                let e = ((l - m) * inv_t).exp();
-                (i as u32, if e.is_nan() { 0.0 } else { e })
-            })
-            .filter(|&(_, w)| w > 0.0 && w >= p.min_p)
-            .collect();
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 && (p.top_k as usize) < cand.len() {
-            cand.truncate(p.top_k as usize);
-        }
-        if p.top_p < 1.0 {
-            let total: f64 = cand.iter().map(|c| c.1 as f64).sum();
-            let target = p.top_p as f64 * total;
-            let mut acc = 0.0f64;
-            if let Some(n) = cand.iter().position(|c| {
-                acc += c.1 as f64;
-                acc >= target
-            }) {
-                cand.truncate(n + 1);
+        let mut penalised = logits[..p.row_len(logits.len())].to_vec();
+        // Entries with a zero count are left as they are by `penalised`.
+        for (&t, &c) in &state.counts {
+            if let Some(l) = penalised.get_mut(t as usize) {
+                *l = self::penalised(*l, c, p);
             }
         }
-        cand.sort_by_key(|c| c.0);
-        Distribution { penalised, lse, argmax, top, candidates: Some(cand) }
+        let argmax = first_max(&penalised);
+        let m = penalised
+            .get(argmax as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY);
+        let lse = m as f64
+            + penalised
+                .iter()
+                .map(|&l| (l - m).exp() as f64)
+                .sum::<f64>()
+                .ln();
+        let top = top_logprobs(&penalised, lse, p.top_count());
+        let candidates =
+            (p.temperature > 0.0 && m.is_finite()).then(|| candidates(&penalised, m, p));
+        Distribution {
+            penalised,
+            lse,
+            argmax,
+            top,
+            candidates,
+        }
     }
 
-    /// The token for a uniform `u` in [0, 1), and its logprob.
+    /// The logprob of `token` (penalised, before temperature).
+    pub fn logprob(&self, token: u32) -> f32 {
+        self.penalised
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| (l as f64 - self.lse) as f32)
+    }
+
+    /// The token for a uniform `u` in [0, 1), its logprob and the reported
+    /// alternatives.
     pub fn draw(&self, u: f64) -> Sampled {
         let token = match &self.candidates {
             None => self.argmax,
@@ -242,35 +321,102 @@ impl Distribution {
                 pick
             }
         };
-        let logprob = self.penalised.get(token as usize).map_or(f32::NEG_INFINITY, |&l| (l as f64 - self.lse) as f32);
-        Sampled { token, logprob, top: self.top.clone() }
+        Sampled {
+            token,
+            logprob: self.logprob(token),
+            top: self.top.clone(),
+        }
     }
 }
 
-/// The `n` most likely ids of `penalised` as (id, logprob), ordered by the
-/// penalised logit descending (exact, where rounded logprobs could tie),
-/// then by id; a NaN logit ranks as -inf.
+/// One draw on the host for `state` (the default `decode_sample`, and the
+/// engine's first token after a prefill); advances the state as a device
+/// draw does.
+pub fn sample_host(logits: &[f32], state: &mut SampleState) -> Sampled {
+    let s = Distribution::new(logits, state).draw(philox_uniform(state.params.seed, state.step));
+    state.record_draw(s.token);
+    s
+}
+
+/// Order of weight (or logprob) descending, then id ascending; NaN sorts
+/// last. A strict total order on distinct ids, so selecting by it is exact.
+fn heavier_first(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    let key = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    key(b.1).total_cmp(&key(a.1)).then(a.0.cmp(&b.0))
+}
+
+/// The `n` most likely ids of the penalised row as (id, logprob), most
+/// likely first.
 fn top_logprobs(penalised: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
     let n = n.min(penalised.len());
     if n == 0 {
         return Vec::new();
     }
-    let mut idx: Vec<(u32, f32)> = penalised.iter().enumerate().map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })).collect();
-    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if n < idx.len() {
-        idx.select_nth_unstable_by(n - 1, order);
-        idx.truncate(n);
+    let mut all: Vec<(u32, f32)> = penalised
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, (l as f64 - lse) as f32))
+        .collect();
+    if n < all.len() {
+        all.select_nth_unstable_by(n - 1, heavier_first);
+        all.truncate(n);
     }
-    idx.sort_unstable_by(order);
-    idx.into_iter().map(|(i, l)| (i, (l as f64 - lse) as f32)).collect()
+    all.sort_unstable_by(heavier_first);
+    all
 }
 
-/// One draw on the host for `state` (the default `decode_sample`); advances
-/// the state as a device draw does.
-pub fn sample_host(logits: &[f32], state: &mut SampleState) -> Sampled {
-    let s = Distribution::new(logits, state).draw(philox_uniform(state.params.seed, state.step));
-    state.record_draw(s.token);
-    s
+/// The candidates of a sampled draw (see the file comment, step 5), in id
+/// order; `m` is the largest penalised logit (finite).
+fn candidates(penalised: &[f32], m: f32, p: &SampleParams) -> Vec<(u32, f32)> {
+    let inv_t = 1.0 / p.temperature;
+    let mut cand: Vec<(u32, f32)> = penalised
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let e = ((l - m) * inv_t).exp();
+            (i as u32, if e.is_nan() { 0.0 } else { e })
+        })
+        .filter(|&(_, w)| w > 0.0 && w >= p.min_p)
+        .collect();
+    if p.top_k > 0 && (p.top_k as usize) < cand.len() {
+        let k = p.top_k as usize;
+        cand.select_nth_unstable_by(k - 1, heavier_first);
+        cand.truncate(k);
+        cand.sort_unstable_by_key(|c| c.0);
+    }
+    if p.top_p < 1.0 && !cand.is_empty() {
+        let total: f64 = cand.iter().map(|c| c.1 as f64).sum();
+        let target = p.top_p as f64 * total;
+        // Only the heaviest tokens are sorted when they reach the target
+        // already; the kept set is the same as with a full sort.
+        let head = TOP_P_HEAD.min(cand.len());
+        if head < cand.len() {
+            cand.select_nth_unstable_by(head - 1, heavier_first);
+        }
+        cand[..head].sort_unstable_by(heavier_first);
+        let keep = match mass_prefix(&cand[..head], target) {
+            Some(n) => n,
+            None => {
+                cand.sort_unstable_by(heavier_first);
+                mass_prefix(&cand, target).unwrap_or(cand.len())
+            }
+        };
+        cand.truncate(keep);
+        cand.sort_unstable_by_key(|c| c.0);
+    }
+    cand
+}
+
+/// Length of the shortest prefix of `sorted` whose mass reaches `target`.
+fn mass_prefix(sorted: &[(u32, f32)], target: f64) -> Option<usize> {
+    let mut acc = 0.0f64;
+    sorted
+        .iter()
+        .position(|c| {
+            acc += c.1 as f64;
+            acc >= target
+        })
+        .map(|i| i + 1)
 }
 
 /// Index of the largest value, NaN never winning (ties: lowest id).
@@ -306,113 +452,4 @@ pub fn philox_uniform(seed: u64, step: u64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state(f: impl FnOnce(&mut SampleParams)) -> SampleState {
-        let mut p = SampleParams { seed: 7, ..Default::default() };
-        f(&mut p);
-        SampleState::new(p, &[])
-    }
-
-    #[test]
-    fn philox_matches_the_published_known_answer() {
-        // Random123's kat_vectors: philox4x32-10 with counter and key all
-        // zero gives 6627e8d5 e169c58d bc57ac4c 9b00dbd8.
-        let u = philox_uniform(0, 0);
-        let want = ((0x6627_e8d5u64 << 32 | 0xe169_c58d) >> 11) as f64 / 9_007_199_254_740_992.0;
-        assert_eq!(u, want);
-        assert_ne!(philox_uniform(1, 0), philox_uniform(1, 1));
-    }
-
-    #[test]
-    fn greedy_is_first_argmax_and_logprob_is_log_softmax() {
-        let mut s = SampleState::new(SampleParams::greedy(), &[]);
-        let out = sample_host(&[1.0, 3.0, 3.0, 0.0], &mut s);
-        assert_eq!(out.token, 1);
-        let lse = (1f64.exp() + 2.0 * 3f64.exp() + 1.0).ln();
-        assert!((out.logprob as f64 - (3.0 - lse)).abs() < 1e-6);
-        assert_eq!(s.step, 1);
-    }
-
-    #[test]
-    fn truncations_keep_the_engine_sets() {
-        // Probabilities 0.5, 0.3, 0.15, 0.05.
-        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.15f32.ln(), 0.05f32.ln()];
-        let ids = |s: &SampleState| -> Vec<u32> {
-            Distribution::new(&logits, s).candidates.unwrap_or_default().iter().map(|c| c.0).collect()
-        };
-        assert_eq!(ids(&state(|p| p.top_p = 0.75)), vec![0, 1]);
-        assert_eq!(ids(&state(|p| p.top_p = 0.85)), vec![0, 1, 2]);
-        assert_eq!(ids(&state(|p| p.top_k = 3)), vec![0, 1, 2]);
-        assert_eq!(ids(&state(|p| p.min_p = 0.5)), vec![0, 1]);
-        // Ties at the top-k boundary go to the lower id.
-        let flat = [1.0f32; 6];
-        let s = state(|p| p.top_k = 2);
-        let c: Vec<u32> = Distribution::new(&flat, &s).candidates.unwrap_or_default().iter().map(|c| c.0).collect();
-        assert_eq!(c, vec![0, 1]);
-    }
-
-    #[test]
-    fn penalties_follow_the_engine_order() {
-        let p = SampleParams { repetition_penalty: 2.0, presence_penalty: 0.5, frequency_penalty: 0.25, ..Default::default() };
-        let mut s = SampleState::new(p, &[0, 1]);
-        s.accept(3);
-        s.accept(3);
-        let d = Distribution::new(&[4.0, -1.0, 3.0, 2.5], &s);
-        assert_eq!(d.penalised, vec![2.0, -2.0, 3.0, 1.25 - 0.5 - 0.5]);
-        assert_eq!(s.count_of(0), SEEN_IN_PROMPT);
-        assert_eq!(s.count_of(3), 2);
-        assert_eq!(s.dense_counts(5), vec![SEEN_IN_PROMPT, SEEN_IN_PROMPT, 0, 2, 0]);
-    }
-
-    #[test]
-    fn top_logprobs_are_ordered_by_logit_then_id() {
-        let logits = [1.0f32, 3.0, 2.0, 3.0, f32::NEG_INFINITY, -1.0];
-        let d = Distribution::new(&logits, &state(|p| p.top_logprobs = 4));
-        assert_eq!(d.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2, 0]);
-        for &(id, lp) in &d.top {
-            assert_eq!(lp, (logits[id as usize] as f64 - d.lse) as f32);
-        }
-        // More asked than the row holds: every id, -inf last.
-        let d = Distribution::new(&logits, &state(|p| p.top_logprobs = 20));
-        assert_eq!(d.top.len(), 6);
-        assert_eq!(d.top[5], (4, f32::NEG_INFINITY));
-        let out = sample_host(&logits, &mut state(|p| p.top_logprobs = 2));
-        assert_eq!(out.top, d.top[..2].to_vec());
-        assert!(sample_host(&logits, &mut state(|_| {})).top.is_empty());
-        // A NaN ranks as -inf (after it by id), never first.
-        let d = Distribution::new(&[f32::NEG_INFINITY, f32::NAN, 0.5], &state(|p| p.top_logprobs = 3));
-        assert_eq!(d.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![2, 0, 1]);
-    }
-
-    #[test]
-    fn vocab_limit_hides_the_ids_beyond_it() {
-        // The largest logit sits beyond the limit.
-        let logits = [0.5f32, 1.0, 0.25, 9.0, 8.0];
-        let mut g = SampleState::new(SampleParams { vocab_limit: 3, top_logprobs: 5, ..SampleParams::greedy() }, &[]);
-        let out = sample_host(&logits, &mut g);
-        assert_eq!(out.token, 1);
-        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 0, 2]);
-        let lse = (0.5f64.exp() + 1f64.exp() + 0.25f64.exp()).ln();
-        assert!((out.logprob as f64 - (1.0 - lse)).abs() < 1e-6);
-        let mut s = state(|p| p.vocab_limit = 3);
-        for _ in 0..200 {
-            assert!(sample_host(&logits, &mut s).token < 3);
-        }
-        // A limit beyond the row is the whole row.
-        assert_eq!(Distribution::new(&logits, &state(|p| p.vocab_limit = 100)).argmax, 3);
-    }
-
-    #[test]
-    fn draws_follow_the_probabilities() {
-        let logits = [1f32.ln(), 2f32.ln(), 7f32.ln()];
-        let mut s = state(|_| {});
-        let mut h = [0usize; 3];
-        for _ in 0..20_000 {
-            h[sample_host(&logits, &mut s).token as usize] += 1;
-        }
-        let f: Vec<f64> = h.iter().map(|&c| c as f64 / 20_000.0).collect();
-        assert!((f[0] - 0.1).abs() < 0.015 && (f[1] - 0.2).abs() < 0.015 && (f[2] - 0.7).abs() < 0.015, "{f:?}");
-    }
-}
+mod tests;

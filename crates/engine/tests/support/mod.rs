@@ -4,21 +4,29 @@
 //! logits from them, so a wrongly restored or truncated state changes the
 //! output. It records every call (alloc/fork/free counts, prefill chunk
 //! lengths, decode batch sizes) in a `Probe` the test keeps a handle to, can
-//! sleep per call to make timing visible, fails any call that touches a
+//! sleep per call to make timing visible, samples in `decode_sample` (with
+//! `lily_model`'s host math) and counts the calls that hand logits back,
+//! can pipeline decode steps as a device does (`pipelined`: draws kept
+//! until collected, `Feed::Previous` from its own record, counts mirrored)
+//! while checking the engine keeps the pipelining contract, fails any call that touches a
 //! "poison" token, to test fault isolation, and can share one token pool
 //! among all sequences (snapshots included), as the CUDA backend shares its
 //! KV blocks, to test running out of memory.
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_core::ModelConfig;
 use lily_engine::{Event, FinishReason, RequestStream};
-use lily_model::{Backend, KvRoom, LogitsWanted, ModelError, ModelResult, SeqId};
+use lily_model::sample::{philox_uniform, sample_host, Distribution};
+use lily_model::{
+    Backend, Feed, InFlight, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams,
+    SampleState, Sampled, SeqId, MAX_IN_FLIGHT,
+};
 
 pub const VOCAB: usize = 256;
 pub const EOS: u32 = 255;
@@ -36,8 +44,19 @@ pub enum Mode {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
-    Prefill { seq: SeqId, tokens: usize },
-    Decode { batch: usize },
+    Prefill {
+        seq: SeqId,
+        tokens: usize,
+    },
+    Decode {
+        batch: usize,
+    },
+    /// A pipelined step collected.
+    Collect {
+        batch: usize,
+    },
+    /// A call refused because the token pool was full.
+    Refused(&'static str),
 }
 
 #[derive(Default, Debug)]
@@ -49,6 +68,24 @@ pub struct Probe {
     pub calls: Vec<Call>,
     /// Calls refused because the token pool was full.
     pub pool_refusals: usize,
+    /// `decode` calls (logits handed back to the engine for a decode step).
+    pub logits_decodes: usize,
+    /// The sampling parameters of the last `decode_sample` batch.
+    pub last_params: Vec<SampleParams>,
+    /// Every token fed by a decode step, with its sequence.
+    pub fed: Vec<(SeqId, u32)>,
+    /// Breaches of the pipelining contract by the engine.
+    pub violations: Vec<String>,
+}
+
+/// Decode steps in flight, as a device would hold them.
+#[derive(Default)]
+struct Pipe {
+    /// (ticket, each entry's sequence and draw), oldest first.
+    steps: VecDeque<(u64, Vec<(SeqId, Sampled)>)>,
+    next_ticket: u64,
+    /// Each sequence's last draw, which `Feed::Previous` feeds.
+    last: HashMap<SeqId, u32>,
 }
 
 pub struct Fake {
@@ -60,6 +97,7 @@ pub struct Fake {
     poison: Option<u32>,
     pool: Option<usize>,
     gate: Option<Arc<Mutex<()>>>,
+    pipe: Option<Pipe>,
     seqs: HashMap<SeqId, Vec<u32>>,
     next: u64,
     probe: Arc<Mutex<Probe>>,
@@ -80,6 +118,7 @@ impl Fake {
             poison: None,
             pool: None,
             gate: None,
+            pipe: None,
             seqs: HashMap::new(),
             next: 1,
             probe: probe.clone(),
@@ -124,6 +163,31 @@ impl Fake {
         self
     }
 
+    /// Decode steps stay in flight until collected, as on a device: each
+    /// is drawn at submit (from the counts the device would hold, the
+    /// uncollected draws included) and handed out at collect, which records
+    /// the draws in the caller's states. Freeing, prefilling or decoding
+    /// a sequence some uncollected step computes on, more than
+    /// `MAX_IN_FLIGHT` steps, collecting out of order and `Previous` for a
+    /// sequence without a device draw are recorded as violations.
+    pub fn pipelined(mut self) -> Self {
+        self.pipe = Some(Pipe::default());
+        self
+    }
+
+    fn in_flight(&self, seq: SeqId) -> bool {
+        self.pipe.as_ref().is_some_and(|p| {
+            p.steps
+                .iter()
+                .any(|(_, v)| v.iter().any(|(s, _)| *s == seq))
+        })
+    }
+
+    fn violation(&self, what: String) -> ModelError {
+        self.lock().violations.push(what.clone());
+        ModelError::Invalid(what)
+    }
+
     fn pass_gate(&self) {
         if let Some(g) = &self.gate {
             drop(g.lock().expect("gate lock"));
@@ -136,13 +200,16 @@ impl Fake {
     }
 
     /// Refuses `extra` more tokens if the pool cannot hold them.
-    fn pool_room(&self, extra: usize) -> ModelResult<()> {
+    fn pool_room(&self, extra: usize, op: &'static str) -> ModelResult<()> {
         let Some(n) = self.pool else {
             return Ok(());
         };
         let used = self.pool_used();
         if used + extra > n {
-            self.lock().pool_refusals += 1;
+            let mut p = self.lock();
+            p.pool_refusals += 1;
+            p.calls.push(Call::Refused(op));
+            drop(p);
             return Err(ModelError::Capacity(format!(
                 "token pool full: {used} held + {extra} needed > {n}"
             )));
@@ -236,6 +303,9 @@ impl Backend for Fake {
         Ok(id)
     }
     fn free(&mut self, seq: SeqId) {
+        if self.in_flight(seq) {
+            self.violation(format!("{seq:?} freed while a step computes on it"));
+        }
         if self.seqs.remove(&seq).is_some() {
             let mut p = self.lock();
             p.live -= 1;
@@ -251,7 +321,7 @@ impl Backend for Fake {
         if self.seqs.len() >= self.max_seqs {
             return Err(ModelError::Capacity("no free sequence".into()));
         }
-        self.pool_room(h.len())?;
+        self.pool_room(h.len(), "fork")?;
         let id = SeqId(self.next);
         self.next += 1;
         self.seqs.insert(id, h);
@@ -275,10 +345,13 @@ impl Backend for Fake {
         self.pass_gate();
         std::thread::sleep(self.delay);
         self.check(seq, tokens)?;
+        if self.in_flight(seq) {
+            return Err(self.violation(format!("{seq:?} prefilled while a step computes on it")));
+        }
         if tokens.is_empty() {
             return Err(ModelError::Invalid("empty prefill".into()));
         }
-        self.pool_room(tokens.len())?;
+        self.pool_room(tokens.len(), "prefill")?;
         self.lock().calls.push(Call::Prefill {
             seq,
             tokens: tokens.len(),
@@ -298,14 +371,162 @@ impl Backend for Fake {
         })
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
+        self.lock().logits_decodes += 1;
+        self.decode_rows(batch, false)
+    }
+    fn decode_sample(
+        &mut self,
+        batch: &[(SeqId, u32)],
+        states: &mut [SampleState],
+    ) -> ModelResult<Vec<Sampled>> {
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid("one sampling state per entry".into()));
+        }
+        let rows = self.decode_rows(batch, false)?;
+        self.lock().last_params = states.iter().map(|s| s.params).collect();
+        Ok(rows
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(l, s)| sample_host(l, s))
+            .collect())
+    }
+
+    fn submit_decode(
+        &mut self,
+        batch: &[(SeqId, Feed)],
+        states: &mut [SampleState],
+    ) -> ModelResult<InFlight> {
+        if self.pipe.is_none() {
+            return self.submit_now(batch, states);
+        }
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid("one sampling state per entry".into()));
+        }
+        let in_flight = self.pipe.as_ref().map_or(0, |p| p.steps.len());
+        if in_flight >= MAX_IN_FLIGHT {
+            return Err(self.violation(format!("a step submitted with {in_flight} in flight")));
+        }
+        let mut fed = Vec::with_capacity(batch.len());
+        for &(seq, feed) in batch {
+            let token = match feed {
+                Feed::Token(t) => t,
+                Feed::Previous => match self.pipe.as_ref().and_then(|p| p.last.get(&seq)) {
+                    Some(&t) => t,
+                    None => {
+                        return Err(self.violation(format!("{seq:?} fed Previous without a draw")))
+                    }
+                },
+            };
+            fed.push((seq, token));
+        }
+        let rows = self.decode_rows(&fed, true)?;
+        let Some(pipe) = self.pipe.as_mut() else {
+            return Err(ModelError::Invalid("not pipelined".into()));
+        };
+        let mut draws = Vec::with_capacity(batch.len());
+        for ((&(seq, _), row), st) in batch.iter().zip(&rows).zip(states.iter_mut()) {
+            // The device's counts: the host's plus the draws not collected.
+            let mut device = st.clone();
+            for (_, step) in &pipe.steps {
+                for (s, d) in step {
+                    if *s == seq {
+                        device.accept(d.token);
+                    }
+                }
+            }
+            let n = st.begin_draw();
+            let d = Distribution::new(row, &device).draw(philox_uniform(st.params.seed, n));
+            pipe.last.insert(seq, d.token);
+            draws.push((seq, d));
+        }
+        let ticket = pipe.next_ticket;
+        pipe.next_ticket += 1;
+        pipe.steps.push_back((ticket, draws));
+        Ok(InFlight::Device {
+            ticket,
+            len: batch.len(),
+        })
+    }
+
+    fn collect_decode(
+        &mut self,
+        step: InFlight,
+        states: &mut [SampleState],
+    ) -> ModelResult<Vec<Sampled>> {
+        let ticket = match step {
+            InFlight::Device { ticket, .. } if self.pipe.is_some() => ticket,
+            InFlight::Ready(draws) if self.pipe.is_none() && draws.len() == states.len() => {
+                return Ok(draws)
+            }
+            other => return Err(self.violation(format!("collected {other:?}"))),
+        };
+        let oldest = self.pipe.as_mut().and_then(|p| p.steps.pop_front());
+        let Some((t, draws)) = oldest else {
+            return Err(self.violation("collected with nothing in flight".into()));
+        };
+        if t != ticket || draws.len() != states.len() {
+            return Err(self.violation(format!(
+                "collected step {ticket} with {} states; the oldest is {t} of {}",
+                states.len(),
+                draws.len()
+            )));
+        }
+        self.lock().calls.push(Call::Collect { batch: draws.len() });
+        Ok(draws
+            .into_iter()
+            .zip(states.iter_mut())
+            .map(|((_, d), st)| {
+                st.end_draw(d.token);
+                d
+            })
+            .collect())
+    }
+}
+
+impl Fake {
+    /// `Backend::submit_decode`'s default: the step runs now.
+    fn submit_now(
+        &mut self,
+        batch: &[(SeqId, Feed)],
+        states: &mut [SampleState],
+    ) -> ModelResult<InFlight> {
+        let fed = batch
+            .iter()
+            .zip(states.iter())
+            .map(|(&(seq, feed), st)| match feed {
+                Feed::Token(t) => Ok((seq, t)),
+                Feed::Previous => st
+                    .last_draw()
+                    .map(|t| (seq, t))
+                    .ok_or_else(|| ModelError::Invalid("no previous draw".into())),
+            })
+            .collect::<ModelResult<Vec<_>>>()?;
+        Ok(InFlight::Ready(self.decode_sample(&fed, states)?))
+    }
+
+    /// One decode step's logits (what `decode` returns). `pipelined`: a
+    /// submitted step, which may feed sequences of the step in flight.
+    fn decode_rows(
+        &mut self,
+        batch: &[(SeqId, u32)],
+        pipelined: bool,
+    ) -> ModelResult<Vec<Vec<f32>>> {
+        if !pipelined {
+            if let Some(&(seq, _)) = batch.iter().find(|(s, _)| self.in_flight(*s)) {
+                return Err(self.violation(format!("{seq:?} decoded while a step computes on it")));
+            }
+        }
         self.pass_gate();
         std::thread::sleep(self.delay);
         // Check everything first: a failed batch leaves every state as it was.
         for &(seq, t) in batch {
             self.check(seq, &[t])?;
         }
-        self.pool_room(batch.len())?;
-        self.lock().calls.push(Call::Decode { batch: batch.len() });
+        self.pool_room(batch.len(), "decode")?;
+        let mut p = self.lock();
+        p.calls.push(Call::Decode { batch: batch.len() });
+        p.fed.extend_from_slice(batch);
+        drop(p);
         let mut out = Vec::with_capacity(batch.len());
         for &(seq, t) in batch {
             let h = self

@@ -72,6 +72,12 @@ pub struct Args {
     /// Most requests waiting for a slot; beyond it, 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Prompt tokens prefilled per engine step, all new requests together.
+    /// Running streams get one token per step, so each waits at most this
+    /// much prefill between two tokens; larger starts long prompts sooner,
+    /// smaller keeps streams smoother while prompts arrive.
+    #[arg(long, default_value_t = EngineOptions::default().prefill_chunk as u64, value_parser = clap::value_parser!(u64).range(16..=65536))]
+    prefill_chunk: u64,
     /// Per-request time limit in seconds (0 = none); a request past it ends
     /// with a `timeout` error.
     #[arg(long, default_value_t = 0)]
@@ -235,6 +241,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_batch: args.max_concurrent,
         max_queue: args.max_queue,
         max_seq_len: args.max_seq,
+        prefill_chunk: args.prefill_chunk as usize,
         ..EngineOptions::default()
     };
     // Room for every running request plus the prefix cache's snapshots.
