@@ -36,7 +36,7 @@ fn parse() -> Result<Args, String> {
             "--model" => a.model = Some(PathBuf::from(val()?)),
             "--synth-layers" => a.synth_layers = Some(val()?.parse().map_err(|e| format!("--synth-layers: {e}"))?),
             "--random-layers" => a.random_layers = Some(val()?.parse().map_err(|e| format!("--random-layers: {e}"))?),
-            "--lengths" => a.lengths = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--lengths: {e}"))).collect::<Result<_, _>>()?,
+            "--lengths" => a.lengths = val()?.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().map_err(|e| format!("--lengths: {e}"))).collect::<Result<_, _>>()?,
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
             "--profile" => a.profile = true,
@@ -153,6 +153,15 @@ fn run() -> Result<(), String> {
             dt * 1e3 / steps as f64,
             fnv1a_digest(&ids[0])
         );
+        if args.profile {
+            let next: Vec<_> = batch.iter().zip(&ids).map(|(e, v)| (e.0, *v.last().unwrap_or(&e.1))).collect();
+            let prof = be.model_mut().profile_decode(&next).map_err(|e| e.to_string())?;
+            let total: f64 = prof.iter().map(|p| p.1).sum();
+            eprintln!("decode step of batch {b}: {:.3} ms of GPU time by kernel group (no graph, groups serialised)", total / 1000.0);
+            for (name, us) in &prof {
+                eprintln!("  {name:<24} {:9.1} us  {:5.1}%", us, 100.0 * us / total);
+            }
+        }
         for (s, _) in batch {
             lily_model::Backend::free(&mut be, s);
         }

@@ -161,6 +161,7 @@ impl Model {
         let l = &self.weights.layers[i];
         let combine = if combine_prev { Some((dec.y, dec.topk_w)) } else { None };
         qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.px_in, n)?;
+        self.mark("xnorm (+ moe combine)")?;
         let ps = d.proj_stride();
         let projs = self.in_projections(l);
         let segs: Vec<DenseSeg> = projs
@@ -582,6 +583,35 @@ impl Model {
         let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
         r?;
         self.gpu.synchronize()?;
+        let mut totals: Vec<(&'static str, f64)> = Vec::new();
+        for w in marks.windows(2) {
+            let us = w[0].1.elapsed_ms(&w[1].1).ctx("cuEventElapsedTime")? as f64 * 1000.0;
+            match totals.iter_mut().find(|t| t.0 == w[1].0) {
+                Some(t) => t.1 += us,
+                None => totals.push((w[1].0, us)),
+            }
+        }
+        Ok(totals)
+    }
+
+    /// GPU time of each kernel group of one decode step of `batch` (direct
+    /// launches with an event after every group, no graph, so each group
+    /// starts after the previous one ends: what each costs alone), summed
+    /// over layers: (group, microseconds). The step advances the sequences.
+    pub fn profile_decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<(&'static str, f64)>> {
+        self.gpu.bind()?;
+        self.reserve_batch(batch)?;
+        self.stage_batch(batch)?;
+        *self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))? = Some(Vec::new());
+        let r = self.mark("start").and_then(|_| self.step_launches(batch.len(), Head::Logits));
+        let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
+        r?;
+        self.gpu.synchronize()?;
+        for (id, _) in batch {
+            if let Some(s) = self.mem.seqs.get_mut(id) {
+                s.len += 1;
+            }
+        }
         let mut totals: Vec<(&'static str, f64)> = Vec::new();
         for w in marks.windows(2) {
             let us = w[0].1.elapsed_ms(&w[1].1).ctx("cuEventElapsedTime")? as f64 * 1000.0;
