@@ -108,6 +108,9 @@ impl Dims {
         rule(self.n_experts >= 1 && self.n_experts <= 1024, "num_experts", "1 to 1024", self.n_experts)?;
         rule(self.topk >= 1 && self.topk <= 32 && self.topk <= self.n_experts, "num_experts_per_tok", "1 to 32", self.topk)?;
         rule(self.moe_inter.is_multiple_of(64), "moe_intermediate_size", "a multiple of 64", self.moe_inter)?;
+        // The decode matrix kernels split K over at most 8 warps of 512.
+        let widest = self.hidden.max(self.moe_inter).max(self.gdn_val_dim()).max(self.a_heads * self.a_head_dim);
+        rule(widest <= 4096, "hidden_size / intermediate / mixer widths", "at most 4096", widest)?;
         Ok(())
     }
 

@@ -27,8 +27,9 @@ pub const QMM_RING: usize = 8;
 /// Bytes of one stage: 16 rows x 2 groups x 32 bytes of codes, then scales
 /// and biases (qmm.cu, "Stage layout").
 pub const QMM_STAGE_BYTES: usize = 1152;
-/// Warps sharing one 16-row task, each a fixed quarter of K.
-pub const QMM_KQ: usize = 4;
+/// Warps of a matrix block: a 16-row task is shared by K / 512 of them
+/// (1..=8, each a fixed slice of K), the rest take other tasks.
+pub const QMM_WARPS: usize = 8;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
@@ -135,6 +136,7 @@ unsafe impl DeviceRepr for RouterParamsC {}
 pub fn defines(dims: &Dims) -> Vec<String> {
     vec![
         format!("-DQMM_RING={QMM_RING}"),
+        format!("-DQMM_WARPS={QMM_WARPS}"),
         format!("-DQMM_MAX_TOK={MAX_DECODE_BATCH}"),
         format!("-DQMM_MAX_SEGS={QMM_MAX_SEGS}"),
         format!("-DXN_MAX_COLS={}", xnorm_max_cols(dims)),
@@ -152,19 +154,21 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] =
-    &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_dense_4", "qmm_dense_8", "qmm_dense_16", "qmm_moe_1", "qmm_moe_2", "moe_router"];
+pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_2", "moe_router"];
 
-/// (n-tiles a warp keeps, m-tiles per block) of the dense variant for
-/// `ntok` tokens; more tokens than 4 * 16 run in chunks of 64.
-fn dense_variant(ntok: usize) -> (&'static str, usize, usize) {
-    match ntok {
-        0..=4 => ("qmm_dense_1", 1, 1),
-        5..=8 => ("qmm_dense_2", 2, 1),
-        9..=16 => ("qmm_dense_4", 4, 2),
-        17..=32 => ("qmm_dense_8", 8, 2),
-        _ => ("qmm_dense_16", 16, 2),
+/// The dense variant for `ntok` tokens and its n-tiles (4 tokens each) a
+/// warp keeps; more tokens than 8 run in chunks of 8.
+fn dense_variant(ntok: usize) -> (&'static str, usize) {
+    if ntok <= 4 {
+        ("qmm_dense_1", 1)
+    } else {
+        ("qmm_dense_2", 2)
     }
+}
+
+/// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
+fn warps_per_task(k: usize) -> usize {
+    (k / 512).clamp(1, QMM_WARPS)
 }
 
 /// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
@@ -194,8 +198,12 @@ pub fn plan_ints(dims: &Dims, max_batch: usize) -> usize {
     PLAN_HEAD + 3 * max_plan_items(dims, max_batch) + max_batch * (dims.topk + 1)
 }
 
-fn smem_bytes(nt: usize, mtb: usize) -> usize {
-    mtb * QMM_KQ * QMM_RING * QMM_STAGE_BYTES + mtb * nt * 64 * 4
+/// Dynamic shared memory of a matrix block: per warp the weight ring, the
+/// x slice (4 nt tokens x hi/lo x 8 groups x 64 halves) and its group sums,
+/// then the partial sums of every warp (qmm.cu `WarpSmem`).
+fn smem_bytes(nt: usize) -> usize {
+    let per_warp = QMM_RING * QMM_STAGE_BYTES + 4 * nt * 2 * 8 * 128 + 4 * nt * 8 * 4;
+    QMM_WARPS * per_warp + QMM_WARPS * nt * 64 * 4
 }
 
 /// Blocks of a persistent grid: as many as fit on the GPU at once, at most
@@ -242,8 +250,8 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: DevSlice<u16>, ntok: 
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
     }
     let kdim = segs[0].w.cols;
-    if !kdim.is_multiple_of(64) {
-        return Err(CudaError::shape(NAME, format!("input width {kdim} is not a multiple of 64")));
+    if !kdim.is_multiple_of(64) || kdim > 512 * QMM_WARPS {
+        return Err(CudaError::shape(NAME, format!("input width {kdim}: a multiple of 64, at most {}", 512 * QMM_WARPS)));
     }
     let mut p = QmmDenseParamsC {
         seg: [QmmSegC::default(); QMM_MAX_SEGS],
@@ -290,13 +298,13 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: DevSlice<u16>, ntok: 
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let (name, nt, mtb) = dense_variant(ntok);
+    let (name, nt) = dense_variant(ntok);
     p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
-    let threads = (mtb * QMM_KQ * 32) as u32;
-    let smem = smem_bytes(nt, mtb);
-    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(mtb))?;
+    let threads = (QMM_WARPS * 32) as u32;
+    let smem = smem_bytes(nt);
+    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(QMM_WARPS / warps_per_task(kdim)))?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
 
@@ -420,8 +428,8 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
     };
     let nt = moe_nt(ntok);
     let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
-    let threads = (QMM_KQ * 32) as u32;
-    let smem = smem_bytes(nt, 1);
+    let threads = (QMM_WARPS * 32) as u32;
+    let smem = smem_bytes(nt);
     let g = grid(gpu, k, name, threads, smem, 0)?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }

@@ -8,15 +8,17 @@
 //   qmm_dense_N    y[t][r] = W[r] . x[t] for every row r of up to QMM_MAX_SEGS
 //                  4-bit matrices sharing one packed input; epilogue: store,
 //                  residual add, or lm_head logits + greedy argmax keys.
-//   qmm_up_N       the MoE gate/up projections of every (token, slot) pair
-//                  routed to each active expert (the shared expert is expert
-//                  N_EXPERTS, taking every token), SwiGLU fused, packed out.
-//   qmm_down_N     the MoE down projections of the same pairs -> y[pair] f32.
+//   qmm_moe_N      (p.up) the MoE gate/up projections of every (token, slot)
+//                  pair routed to each active expert (the shared expert is
+//                  expert N_EXPERTS, taking every token), SwiGLU fused, packed
+//                  out; (!p.up) the down projections of the same pairs ->
+//                  y[pair] f32.
 //   moe_router     RMSNorm(h) (post-attention norm) -> packed x for the
 //                  experts, router logits (8-bit, fp32 math) and the shared
 //                  expert gate; the last block to finish (a ticket) takes the
 //                  top-k of every token and writes the decode plan.
-//   N = NT, the 8-column n-tiles of tokens a warp keeps accumulators for.
+//   N = NT, the 8-column n-tiles (4 tokens each) a warp keeps accumulators
+//   for; more tokens run in chunks (dense) or plan items (MoE) of 4 NT.
 //
 // Packed activations ("px"): an activation row x[K] (f32) is stored as fp16
 // hi = fp16(x) and lo = fp16(x - hi), [row][2][K] halves, and within every 8
@@ -35,35 +37,36 @@
 // lane (g, c) holds hi and lo of token 4*nt + c in c0/c1 (row g) and c2/c3
 // (row g+8). Per group:
 //   y_g = sum_k q_k x_k            (4 mma over the group, codes exact)
-//   cs  = sum_k x_k                (4 mma with an all-ones A)
-//   acc += scale_g * y_g + bias_g * cs
-// which is the affine dequantisation w = scale * q + bias summed exactly.
+//   acc += scale_g * y_g + bias_g * sum_k x_k
+// which is the affine dequantisation w = scale * q + bias summed exactly;
+// the group sums of x are computed once per token set (xs_load).
 //
-// Work split: a task is 16 output rows; QMM_KQ = 4 warps share a task, each
-// taking a fixed quarter of the groups (rounded to stages of 2 groups); their
-// partial sums are added in quarter order in shared memory. The split depends
-// only on K, never on the number of tokens, and every token's column is
-// computed independently, so a token's result is bit-identical whatever the
-// batch it is decoded in. A block runs MTB tasks side by side (4 * MTB
-// warps): more rows share each x load when there are many tokens.
+// Work split: a task is 16 output rows; KQ = K / 512 warps (1..QMM_WARPS)
+// share a task, each taking a fixed slice of 8 groups; their partial sums
+// are added in slice order in shared memory. The split depends only on K,
+// never on the number of tokens, and every token's column is computed
+// independently, so a token's result is bit-identical whatever the batch it
+// is decoded in. A block of QMM_WARPS warps runs QMM_WARPS / KQ tasks side by
+// side. A warp keeps its slice of x (up to 4 NT tokens, hi and lo) and the
+// group sums in shared memory while the tasks' tokens stay the same (every
+// task of a dense matrix in a token chunk; every tile of one MoE item).
 //
 // Weight streaming: each warp owns a ring of QMM_RING stages in shared memory,
-// filled by cp.async (8-byte pieces arranged in the fragment order, swizzled
-// so the 16-byte fragment reads are conflict-free); it keeps QMM_RING - 1
-// stages in flight across task boundaries. Dense matrices are known before
-// the previous kernel ends: their first stages are requested before
-// griddepcontrol.wait (programmatic dependent launch), so a kernel's weight
-// loads overlap the tail of the kernel before it.
+// filled by 16-byte cp.async copies that bypass L1 (swizzled so the 8-byte
+// fragment reads are conflict-free); it keeps QMM_RING - 1 stages in flight
+// across task boundaries. Dense matrices are known before the previous
+// kernel ends: their first stages are requested before griddepcontrol.wait
+// (programmatic dependent launch), so a kernel's weight loads overlap the
+// tail of the kernel before it.
 //
-// Stage layout (QMM_STAGE_BYTES = 1152): codes at g*128 + ((grp ^ (g&1)) << 6)
-// + c*16: {row g words 2c,2c+1 of group grp, row g+8 words 2c,2c+1}; then at
-// 1024 + g*16: {scales of row g (groups 0,1 as bf16x2), scales of row g+8,
-// biases of row g, biases of row g+8}.
+// Stage layout (QMM_STAGE_BYTES = 1152): codes of row r (0..15), group grp at
+// code_off(r, grp) (64 bytes a row: 2 groups x 32 bytes, halves swizzled);
+// then at 1024 + g*16: {scales of row g (groups 0,1 as bf16x2), scales of row
+// g+8, biases of row g, biases of row g+8}.
 
 #ifndef QMM_RING
 #error "QMM_RING must be defined by the host"
 #endif
-#define QMM_KQ 4
 #define QMM_STAGE_CODES 1024
 #define QMM_STAGE_BYTES (QMM_STAGE_CODES + 128)
 #define MOE_SLOTS (TOPK + 1)
@@ -200,16 +203,20 @@ __device__ __forceinline__ uint4 lds128(const void* p) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(smem_u32(p)));
     return r;
 }
-
-__device__ __forceinline__ uint4 ldg128_nc(const void* p) {
+// A 16-byte read of data an earlier kernel wrote (not volatile: the
+// compiler may issue several before their first use).
+__device__ __forceinline__ uint4 ldg128(const void* p) {
     uint4 r;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
 
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
+__device__ __forceinline__ uint2 lds64(const void* p) {
+    uint2 r;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(smem_u32(p)));
+    return r;
 }
+
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
 }
@@ -224,35 +231,44 @@ struct QTask {
     int n[2];
 };
 
-// Geometry of the K split, from K alone.
+// Geometry of the K split, from K alone (so a token's result never depends
+// on the batch): KQ = K / 512 warps share a task (1 to W), warp q taking the
+// GQ groups from q * GQ (rounded to stages of 2 groups, at most 8).
 struct KSplit {
-    int K, G, GQ, SQ, wpr;
-    __device__ KSplit(int k) : K(k) {
+    int K, G, KQ, GQ, SQ, wpr;
+    __device__ KSplit(int k, int w) : K(k) {
         G = k / GROUP_SIZE;
-        GQ = 2 * ((G + 2 * QMM_KQ - 1) / (2 * QMM_KQ));
+        KQ = min(w, max(1, k / 512));
+        GQ = 2 * ((G + 2 * KQ - 1) / (2 * KQ));
         SQ = GQ / 2;
         wpr = k / 8;
     }
 };
 
-// Issues the cp.async pieces of stage `s` of quarter `q` of task `tk`
-// (always commits one group, possibly empty).
+// Codes of a stage: row r (0..15), group grp (0..1) of the stage, 16-byte half
+// h at r * 64 + ((grp ^ ((r >> 1) & 1)) << 5) + h * 16: the swizzle makes the
+// 8-byte fragment reads of a half warp (rows g..g+3) hit distinct banks.
+__device__ __forceinline__ int code_off(int r, int grp) { return r * 64 + ((grp ^ ((r >> 1) & 1)) << 5); }
+
+// Issues the cp.async pieces of stage `s` of warp slice `q` of task `tk`
+// (always commits one group, possibly empty). Codes: 16-byte copies that
+// bypass L1; scales and biases: 4-byte copies (2-byte plain loads when a
+// row holds an odd number of groups, as cp.async needs 4-byte alignment).
 __device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, bool valid, const KSplit& ks, int q, int s,
                                            int lane) {
     const int G0 = q * ks.GQ + 2 * s;
     const int gend = min((q + 1) * ks.GQ, ks.G);
     if (valid && G0 < gend) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int pc = lane + 32 * i;
-            const int h = pc & 1, c = (pc >> 1) & 3, grp = (pc >> 3) & 1, g = pc >> 4;
-            // Selects rather than indexes the halves: a run-time index would
-            // put the task in local memory.
-            const int nh = h ? tk.n[1] : tk.n[0];
-            const u32* base = h ? tk.codes[1] : tk.codes[0];
-            const bool ok = g < nh && G0 + grp < gend;
-            const u32* src = ok ? base + (size_t)g * ks.wpr + (G0 + grp) * 8 + 2 * c : tk.codes[0];
-            cp_async8(st + g * 128 + ((grp ^ (g & 1)) << 6) + c * 16 + h * 8, src, ok ? 8 : 0);
+        for (int i = 0; i < 2; ++i) {
+            const int pc = lane + 32 * i;           // 64 pieces of 16 bytes
+            const int r = pc >> 2, grp = (pc >> 1) & 1, h = pc & 1;
+            const int hr = r >> 3, gr = r & 7;
+            const int nh = hr ? tk.n[1] : tk.n[0];
+            const u32* base = hr ? tk.codes[1] : tk.codes[0];
+            const bool ok = gr < nh && G0 + grp < gend;
+            const u32* src = ok ? base + (size_t)gr * ks.wpr + (G0 + grp) * 8 + h * 4 : tk.codes[0];
+            cp_async16(st + code_off(r, grp) + h * 16, src, ok ? 16 : 0);
         }
         {
             const int kind = lane >> 4, r = lane & 15, h = r >> 3, g = r & 7;
@@ -265,10 +281,6 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, b
                 const int bytes = ok ? (G0 + 1 < ks.G ? 4 : 2) : 0;
                 cp_async4(dst, src, bytes);
             } else {
-                // An odd number of groups per row (K = 64 x odd, the test
-                // shapes only) leaves odd rows' scales 2-byte aligned, which
-                // cp.async cannot copy: plain loads, landed before the
-                // warp's __syncwarp like the copies.
                 u32 v = 0;
                 if (ok) {
                     v = ld_nc_u16(src);
@@ -281,10 +293,67 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, b
     cp_async_commit();
 }
 
-// One stage's math: up to 2 groups, NT n-tiles of tokens.
+// A warp's slice of the packed input, resident in shared memory while its
+// tokens stay the same: token j, part p (hi/lo), group gq of the slice, lane
+// column c: 32 bytes (its 16 halves of the group) at
+// ((j * 2 + p) * 8 + gq) * 128 + c * 32, the two 16-byte halves swapped for
+// p = 1 so that the hi and lo columns of a quarter warp use distinct banks.
+// Then the group sums (hi + lo) per token: csum[j * 8 + gq].
+#define XS_TOK_BYTES (2 * 8 * 128)
+__device__ __forceinline__ int xs_off(int j, int p, int gq, int c, int h) { return ((j * 2 + p) * 8 + gq) * 128 + c * 32 + ((h ^ p) << 4); }
+
+// Loads tokens 0..cnt-1 (x rows given by `row(j)`) of slice q into xs and
+// computes their group sums. Plain loads (one round trip), landed before the
+// warp's __syncwarp.
+template <class RowOf>
+__device__ __forceinline__ void xs_load(unsigned char* xs, float* csum, const u16* x, const KSplit& ks, int q, int cnt,
+                                        int lane, RowOf row) {
+    const int G0 = q * ks.GQ;
+    const int ng = max(0, min(ks.GQ, ks.G - G0));
+    // 16-byte chunks: (token, part, group, c, half) = cnt * 2 * ng * 8.
+    const int nchunks = cnt * 2 * ng * 8;
+    // Eight loads in flight per lane before their stores.
+    for (int i0 = 0; i0 < nchunks; i0 += 8 * 32) {
+        uint4 v[8];
+        int off[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int i = i0 + u * 32 + lane;
+            off[u] = -1;
+            if (i < nchunks) {
+                const int h = i & 1, c = (i >> 1) & 3, rest = i >> 3;
+                const int gq = rest % ng, jp = rest / ng, p = jp & 1, j = jp >> 1;
+                const u16* src = x + (size_t)row(j) * 2 * ks.K + p * ks.K + (G0 + gq) * GROUP_SIZE + c * 16 + h * 8;
+                v[u] = ldg128(src);
+                off[u] = xs_off(j, p, gq, c, h);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (off[u] >= 0) *reinterpret_cast<uint4*>(xs + off[u]) = v[u];
+    }
+    __syncwarp();
+    for (int i = lane; i < cnt * ng; i += 32) {
+        const int j = i / ng, gq = i - j * ng;
+        float sum = 0.f;
+#pragma unroll 1
+        for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint4 v = lds128(xs + xs_off(j, p, gq, c, h));
+                    sum += (f16lo(v.x) + f16hi(v.x)) + (f16lo(v.y) + f16hi(v.y)) + (f16lo(v.z) + f16hi(v.z)) + (f16lo(v.w) + f16hi(v.w));
+                }
+        csum[j * 8 + gq] = sum;
+    }
+    __syncwarp();
+}
+
+// One stage's math: up to 2 groups, NT n-tiles of tokens (cnt valid).
 template <int NT>
-__device__ __forceinline__ void stage_math(const unsigned char* st, const KSplit& ks, int q, int s, int lane,
-                                           const u16* x, const int* xoff, float (&acc)[NT][2]) {
+__device__ __forceinline__ void stage_math(const unsigned char* st, const unsigned char* xs, const float* csum, const KSplit& ks,
+                                           int q, int s, int lane, int cnt, float (&acc)[NT][2]) {
     const int g = lane >> 2, c = lane & 3;
     const int G0 = q * ks.GQ + 2 * s;
     const int gend = min((q + 1) * ks.GQ, ks.G);
@@ -292,7 +361,8 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const KSplit
 #pragma unroll
     for (int grp = 0; grp < 2; ++grp) {
         if (G0 + grp >= gend) break;
-        const uint4 w = lds128(st + g * 128 + ((grp ^ (g & 1)) << 6) + c * 16);
+        const uint2 wr = lds64(st + code_off(g, grp) + c * 8);
+        const uint2 wh = lds64(st + code_off(g + 8, grp) + c * 8);
         const float sA = grp ? bf16hi(sb.x) : bf16lo(sb.x);
         const float sB = grp ? bf16hi(sb.y) : bf16lo(sb.y);
         const float bA = grp ? bf16hi(sb.z) : bf16lo(sb.z);
@@ -300,47 +370,54 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const KSplit
         u32 a[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const u32 wg = j < 2 ? w.x : w.y, wh = j < 2 ? w.z : w.w;
+            const u32 w0 = j < 2 ? wr.x : wr.y, w1 = j < 2 ? wh.x : wh.y;
             const int sh = (j & 1) * 8;
-            a[j][0] = deq_pair(wg >> sh);
-            a[j][1] = deq_pair(wh >> sh);
-            a[j][2] = deq_pair(wg >> (sh + 4));
-            a[j][3] = deq_pair(wh >> (sh + 4));
+            a[j][0] = deq_pair(w0 >> sh);
+            a[j][1] = deq_pair(w1 >> sh);
+            a[j][2] = deq_pair(w0 >> (sh + 4));
+            a[j][3] = deq_pair(w1 >> (sh + 4));
         }
-        const int koff = (G0 + grp) * GROUP_SIZE + 16 * c;
-        const u32 ONE2 = 0x3C003C00u;
+        const int gq = 2 * s + grp;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
+            if (nt * 4 >= cnt) break;
+            const int jb = nt * 4 + (g >> 1), p = g & 1;
             uint4 b01 = make_uint4(0, 0, 0, 0), b23 = make_uint4(0, 0, 0, 0);
-            if (xoff[nt] >= 0) {
-                const u16* xp = x + xoff[nt] + koff;
-                b01 = ldg128_nc(xp);
-                b23 = ldg128_nc(xp + 8);
+            if (jb < cnt) {
+                b01 = lds128(xs + xs_off(jb, p, gq, c, 0));
+                b23 = lds128(xs + xs_off(jb, p, gq, c, 1));
             }
-            float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+            const int jc = nt * 4 + c;
+            const float cs = jc < cnt ? csum[jc * 8 + gq] : 0.f;
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
             mma_f16(d, a[0][0], a[0][1], a[0][2], a[0][3], b01.x, b01.y);
             mma_f16(d, a[1][0], a[1][1], a[1][2], a[1][3], b01.z, b01.w);
             mma_f16(d, a[2][0], a[2][1], a[2][2], a[2][3], b23.x, b23.y);
             mma_f16(d, a[3][0], a[3][1], a[3][2], a[3][3], b23.z, b23.w);
-            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01.x, b01.y);
-            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01.z, b01.w);
-            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23.x, b23.y);
-            mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23.z, b23.w);
-            const float yA = __fadd_rn(d[0], d[1]), yB = __fadd_rn(d[2], d[3]), cs = __fadd_rn(e[0], e[1]);
+            const float yA = __fadd_rn(d[0], d[1]), yB = __fadd_rn(d[2], d[3]);
             acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
             acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
         }
     }
 }
 
-// Producer side of the ring: stage z of the warp's sequence (block task
-// z / SQ, stage z % SQ of its quarter), or an empty commit past the end.
-template <int MTB, class Job>
-__device__ __forceinline__ void qmm_load_stage(const Job& job, unsigned char* ring, const KSplit& ks, int z, int zmax, int mt,
-                                               int q, int lane, int ntasks) {
+// Per-warp shared memory: the weight ring, the x slice, the group sums.
+template <int NT>
+struct WarpSmem {
+    static constexpr int RING = QMM_RING * QMM_STAGE_BYTES;
+    static constexpr int XS = 4 * NT * XS_TOK_BYTES;
+    static constexpr int CS = 4 * NT * 8 * 4;
+    static constexpr int BYTES = RING + XS + CS;
+};
+
+// Producer side of the ring: stage z of the warp's sequence (block iteration
+// z / SQ, stage z % SQ of its slice), or an empty commit past the end.
+template <class Job>
+__device__ __forceinline__ void qmm_load_stage(const Job& job, unsigned char* ring, const KSplit& ks, int z, int zmax, int tpb,
+                                               int mt, int q, int lane, int ntasks) {
     if (z < zmax) {
         const int it = z / ks.SQ, s = z - it * ks.SQ;
-        const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * MTB + mt;
+        const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
         bool valid = false;
         const QTask tk = job.task(ti, valid);
         stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, tk, valid && ti < ntasks, ks, q, s, lane);
@@ -349,84 +426,86 @@ __device__ __forceinline__ void qmm_load_stage(const Job& job, unsigned char* ri
     }
 }
 
-// The driver loop shared by every matrix kernel. `Job` provides:
-//   prepare() (after the dependency wait when the tasks need it), ntasks(),
-//   task(i, &valid) -> QTask, count(i) (tokens of task i), xrow(i, j) (the
-//   packed x row of its token j), epilogue(i, nt, lane, v0, v1, count):
-//   called by every lane of the quarter-0 warp for each n-tile with the
-//   finished sums of rows g and g + 8 for token 4 nt + c, and finish().
+// The driver loop shared by every matrix kernel, W warps a block. `Job`
+// provides: prepare() (after the dependency wait when the tasks need it),
+// ntasks(), task(i, &valid) -> QTask, count(i) (tokens of task i), xrow(i, j)
+// (the packed x row of its token j), xkey(i) (tasks with equal keys have the
+// same tokens: the x slice is kept), epilogue(i, nt, lane, v0, v1, count):
+// called by every lane of the slice-0 warp for each n-tile with the finished
+// sums of rows g and g + 8 for token 4 nt + c, and finish().
 // `prefetch_before_wait`: the job's tasks are known before the previous
 // kernel completes (dense weights), so the first stages are requested early.
-template <int NT, int MTB, class Job>
+template <int NT, int W, class Job>
 __device__ __forceinline__ void qmm_run(Job& job, const u16* x, int K, bool prefetch_before_wait) {
     extern __shared__ __align__(16) unsigned char qsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int mt = warp / QMM_KQ, q = warp % QMM_KQ;
-    unsigned char* ring = qsm + warp * (QMM_RING * QMM_STAGE_BYTES);
-    float* red = reinterpret_cast<float*>(qsm + MTB * QMM_KQ * QMM_RING * QMM_STAGE_BYTES);  // [MTB][NT][32][2]
-    const KSplit ks(K);
+    const KSplit ks(K, W);
+    const int tpb = W / ks.KQ;
+    const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
+    unsigned char* mine = qsm + warp * WarpSmem<NT>::BYTES;
+    unsigned char* ring = mine;
+    unsigned char* xs = mine + WarpSmem<NT>::RING;
+    float* csum = reinterpret_cast<float*>(xs + WarpSmem<NT>::XS);
+    float* red = reinterpret_cast<float*>(qsm + W * WarpSmem<NT>::BYTES);  // [W][NT][32][2]
     const int SQ = ks.SQ;
 
     pdl_trigger();
     if (!prefetch_before_wait) pdl_wait();
     job.prepare();
     const int ntasks = job.ntasks();
-    const int nbt = (ntasks + MTB - 1) / MTB;
-    const int my_bt = blockIdx.x < nbt ? (nbt - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int nbt = (ntasks + tpb - 1) / tpb;
+    const int my_bt = (int)blockIdx.x < nbt ? (nbt - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int zmax = my_bt * SQ;
 
 #pragma unroll 1
-    for (int z = 0; z < QMM_RING - 1; ++z) qmm_load_stage<MTB>(job, ring, ks, z, zmax, mt, q, lane, ntasks);
+    for (int z = 0; z < QMM_RING - 1; ++z) qmm_load_stage(job, ring, ks, z, zmax, tpb, mt, q, lane, ntasks);
     if (prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
-    int xoff[NT];
-    int cnt = 0, ti = 0;
+    int cnt = 0, ti = 0, xkey = -1;
 #pragma unroll 1
     for (int z = 0; z < zmax; ++z) {
         const int it = z / SQ, s = z - it * SQ;
         if (s == 0) {
-            ti = ((int)blockIdx.x + it * (int)gridDim.x) * MTB + mt;
+            ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
             cnt = ti < ntasks ? job.count(ti) : 0;
-            const int g = lane >> 2;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                acc[nt][0] = 0.f;
-                acc[nt][1] = 0.f;
-                const int j = nt * 4 + (g >> 1);
-                xoff[nt] = j < cnt ? job.xrow(ti, j) * 2 * K + (g & 1) * K : -1;
+            for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = 0.f;
+            const int key = ti < ntasks ? job.xkey(ti) : -2;
+            if (cnt > 0 && key != xkey) {
+                const Job& jb = job;
+                const int tt = ti;
+                xs_load(xs, csum, x, ks, q, cnt, lane, [&jb, tt](int j) { return jb.xrow(tt, j); });
+                xkey = key;
             }
         }
         cp_async_wait<QMM_RING - 2>();
         __syncwarp();
-        if (cnt > 0) stage_math<NT>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, ks, q, s, lane, x, xoff, acc);
+        if (cnt > 0) stage_math<NT>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, xs, csum, ks, q, s, lane, cnt, acc);
         __syncwarp();
-        qmm_load_stage<MTB>(job, ring, ks, z + QMM_RING - 1, zmax, mt, q, lane, ntasks);
+        qmm_load_stage(job, ring, ks, z + QMM_RING - 1, zmax, tpb, mt, q, lane, ntasks);
         if (s == SQ - 1) {
-            // Quarters 1..3 hand their partials to quarter 0 in order.
-            float* mine = red + (size_t)mt * NT * 64;
-#pragma unroll 1
-            for (int src = 1; src < QMM_KQ; ++src) {
-                if (q == src) {
+            // Every slice's partial to shared memory, then the slice-0 warp
+            // adds them in slice order (deterministic) and runs the epilogue.
+            float* part = red + (size_t)warp * NT * 64;
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        *reinterpret_cast<float2*>(mine + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
-                }
-                __syncthreads();
-                if (q == 0) {
+            for (int nt = 0; nt < NT; ++nt) *reinterpret_cast<float2*>(part + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
+            __syncthreads();
+            if (q == 0 && cnt > 0) {
+#pragma unroll 1
+                for (int src = 1; src < ks.KQ; ++src) {
+                    const float* o = red + (size_t)(warp + src) * NT * 64;
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        const float2 o = *reinterpret_cast<const float2*>(mine + (nt * 32 + lane) * 2);
-                        acc[nt][0] = __fadd_rn(acc[nt][0], o.x);
-                        acc[nt][1] = __fadd_rn(acc[nt][1], o.y);
+                        const float2 v = *reinterpret_cast<const float2*>(o + (nt * 32 + lane) * 2);
+                        acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
+                        acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
                     }
                 }
-                __syncthreads();
-            }
-            if (q == 0 && cnt > 0) {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) job.epilogue(ti, nt, lane, acc[nt][0], acc[nt][1], cnt);
             }
+            __syncthreads();
         }
     }
     cp_async_wait<0>();
@@ -504,6 +583,7 @@ struct DenseJob {
     }
     __device__ int count(int ti) const { return min(p.tok_chunk, p.ntok - (ti / p.ntiles) * p.tok_chunk); }
     __device__ int xrow(int ti, int j) const { return (ti / p.ntiles) * p.tok_chunk + j; }
+    __device__ int xkey(int ti) const { return ti / p.ntiles; }
     __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
         const int g = lane >> 2, c = lane & 3;
         const int tile = ti % p.ntiles;
@@ -545,23 +625,19 @@ struct DenseJob {
     }
 };
 
-template <int NT, int MTB>
+template <int NT>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, MTB>(job, p.x, p.K, true);
+    qmm_run<NT, QMM_WARPS>(job, p.x, p.K, true);
 }
 
-#define QMM_DENSE(NT, MTB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MTB * QMM_KQ * 32)                                  \
-        qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) {                                  \
-        qmm_dense_body<NT, MTB>(p);                                                                  \
+#define QMM_DENSE(NT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 1) qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) { \
+        qmm_dense_body<NT>(p);                                                                       \
     }
-QMM_DENSE(1, 1)
-QMM_DENSE(2, 1)
-QMM_DENSE(4, 2)
-QMM_DENSE(8, 2)
-QMM_DENSE(16, 2)
+QMM_DENSE(1)
+QMM_DENSE(2)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
@@ -643,6 +719,7 @@ struct MoeJob {
     __device__ int count(int ti) const { return items[3 * (ti / tiles()) + 2]; }
     __device__ int pair(int ti, int j) const { return pairs[items[3 * (ti / tiles()) + 1] + j]; }
     __device__ int xrow(int ti, int j) const { return p.up ? pair(ti, j) / MOE_SLOTS : pair(ti, j); }
+    __device__ int xkey(int ti) const { return ti / tiles(); }
     __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
         const int g = lane >> 2, j = nt * 4 + (lane & 3);
         if (j >= cnt) return;
@@ -662,9 +739,9 @@ struct MoeJob {
 };
 
 #define QMM_MOE(NAME, NT)                                                                           \
-    extern "C" __global__ void __launch_bounds__(QMM_KQ * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 1) NAME(const __grid_constant__ QmmMoeParams p) { \
         MoeJob job(p);                                                                               \
-        qmm_run<NT, 1>(job, p.x, p.up ? HIDDEN : MOE_INTER, false);                                  \
+        qmm_run<NT, QMM_WARPS>(job, p.x, p.up ? HIDDEN : MOE_INTER, false);                          \
     }
 QMM_MOE(qmm_moe_1, 1)
 QMM_MOE(qmm_moe_2, 2)
