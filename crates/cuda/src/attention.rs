@@ -210,7 +210,7 @@ pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64
     let (mix_f32, mix_f16) = match mix {
         MixOut::F32(p) => (p, 0),
         MixOut::F16(p) => (0, p),
-        MixOut::Packed(_) => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
+        MixOut::Packed { .. } => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
     };
     let c = AttnCombineParams { part_o: s.part_o, part_ml: s.part_ml, proj, mix_f32, mix_f16, pos, max_splits: s.max_splits as i32, proj_stride: proj_stride as i32 };
     launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
@@ -252,7 +252,7 @@ pub fn prefill(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv_k: u64, kv_v: u64
     let (mix_f32, mix_f16) = match mix {
         MixOut::F32(p) => (p, 0),
         MixOut::F16(p) => (0, p),
-        MixOut::Packed(_) => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
+        MixOut::Packed { .. } => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
     };
     let p = AttnPrefillParams {
         q,

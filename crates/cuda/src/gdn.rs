@@ -29,6 +29,7 @@ struct GdnDecodeParams {
     mix_f32: u64,
     mix_f16: u64,
     mix_px: u64,
+    mix_csum: u64,
     conv_slot_stride: i64,
     state_slot_stride: i64,
     proj_stride: i32,
@@ -49,21 +50,22 @@ pub struct GdnState {
 }
 
 /// Where the mixer output goes: f32, fp16 (the prefill GEMM's input), or
-/// packed fp16 hi/lo activations (the decode step's qmm input, see qmm.cu).
+/// packed fp16 hi/lo activations with their group sums (the decode step's
+/// qmm input, see qmm.cu).
 #[derive(Clone, Copy)]
 pub enum MixOut {
     F32(u64),
     F16(u64),
-    Packed(u64),
+    Packed { px: u64, csum: u64 },
 }
 
 impl MixOut {
-    /// (f32, fp16, packed) pointers, 0 for the ones not written.
-    pub fn split(self) -> (u64, u64, u64) {
+    /// (f32, fp16, packed, group sums) pointers, 0 for the ones not written.
+    pub fn split(self) -> (u64, u64, u64, u64) {
         match self {
-            MixOut::F32(p) => (p, 0, 0),
-            MixOut::F16(p) => (0, p, 0),
-            MixOut::Packed(p) => (0, 0, p),
+            MixOut::F32(p) => (p, 0, 0, 0),
+            MixOut::F16(p) => (0, p, 0, 0),
+            MixOut::Packed { px, csum } => (0, 0, px, csum),
         }
     }
 }
@@ -89,7 +91,10 @@ pub fn decode(
     if ntok == 0 {
         return Ok(());
     }
-    let (mix_f32, mix_f16, mix_px) = mix.split();
+    let (mix_f32, mix_f16, mix_px, mix_csum) = mix.split();
+    if mix_px != 0 && !dims.gv_dim.is_multiple_of(64) {
+        return Err(CudaError::shape("gdn_decode", format!("packed output needs heads of whole 64-column groups, head dim {}", dims.gv_dim)));
+    }
     let p = GdnDecodeParams {
         proj,
         conv: st.conv,
@@ -103,6 +108,7 @@ pub fn decode(
         mix_f32,
         mix_f16,
         mix_px,
+        mix_csum,
         conv_slot_stride: st.conv_slot_stride as i64,
         state_slot_stride: st.state_slot_stride as i64,
         proj_stride: proj_stride as i32,
@@ -343,7 +349,7 @@ pub fn prefill(
     launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, 1), (32 * sw) as u32, state_smem(dims), &st)?;
     let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), 256, out_smem(dims), &out)?;
-    let (mix_f32, mix_f16, mix_px) = mix.split();
+    let (mix_f32, mix_f16, mix_px, _) = mix.split();
     if mix_px != 0 {
         return Err(CudaError::shape("gdn_gated_norm", "the prefill writes f32 or fp16 rows, not packed activations"));
     }

@@ -17,6 +17,7 @@ use crate::device::Gpu;
 use crate::dims::Dims;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::nvrtc;
+use crate::qmm::QmmShape;
 
 /// One kernel source file and the entry points it defines.
 pub struct Family {
@@ -52,9 +53,13 @@ pub fn full_source(f: &Family) -> String {
     format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", f.name, f.source)
 }
 
-/// Compiles one family for `dims`; `extra` adds options (e.g. ptxas -v).
+/// Compiles one family for `dims` (and the default decode-matrix shape unless
+/// `extra` names one); `extra` adds options (e.g. ptxas -v).
 pub fn compile_family(f: &Family, dims: &Dims, extra: &[String]) -> CudaResult<nvrtc::Compiled> {
     let mut opts = dims.defines();
+    if !extra.iter().any(|e| e.starts_with("-DQMM_RING=")) {
+        opts.extend(QmmShape::default().defines());
+    }
     opts.extend(extra.iter().cloned());
     nvrtc::compile(&format!("{}.cu", f.name), &full_source(f), &opts)
 }
@@ -66,10 +71,11 @@ fn cache() -> &'static Mutex<HashMap<Vec<String>, Cubins>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Compiles every family for `dims` (in parallel threads; NVRTC programs are
-/// independent), or returns the cached cubins.
-pub fn compile_all(dims: &Dims) -> CudaResult<Cubins> {
-    let key = dims.defines();
+/// Compiles every family for `dims` plus `extra` defines (in parallel
+/// threads; NVRTC programs are independent), or returns the cached cubins.
+pub fn compile_all(dims: &Dims, extra: &[String]) -> CudaResult<Cubins> {
+    let mut key = dims.defines();
+    key.extend(extra.iter().cloned());
     // Held while compiling, so concurrent callers of one shape compile once.
     let mut guard = cache().lock().map_err(|_| CudaError::NvrtcMissing("kernel cache lock poisoned".into()))?;
     if let Some(v) = guard.get(&key) {
@@ -79,7 +85,7 @@ pub fn compile_all(dims: &Dims) -> CudaResult<Cubins> {
     let results: Vec<CudaResult<(&'static str, Vec<u8>)>> = std::thread::scope(|s| {
         let handles: Vec<_> = FAMILIES
             .iter()
-            .map(|f| s.spawn(move || compile_family(f, dims, &[]).map(|c| (f.name, c.cubin))))
+            .map(|f| s.spawn(move || compile_family(f, dims, extra).map(|c| (f.name, c.cubin))))
             .collect();
         handles
             .into_iter()
@@ -95,15 +101,25 @@ pub fn compile_all(dims: &Dims) -> CudaResult<Cubins> {
     Ok(out)
 }
 
-/// Every entry point, loaded into one context.
+/// Every entry point, loaded into one context, and the shape the decode
+/// matrix kernels were compiled with (their launchers size blocks from it).
 pub struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
+    pub qmm: QmmShape,
 }
 
 impl Kernels {
     pub fn load(gpu: &Arc<Gpu>, dims: &Dims) -> CudaResult<Self> {
-        let cubins = compile_all(dims)?;
+        Self::load_tuned(gpu, dims, QmmShape::default(), &[])
+    }
+
+    /// Loads with a non-default shape of the decode matrix kernels and any
+    /// extra defines (speed probes compare variants this way).
+    pub fn load_tuned(gpu: &Arc<Gpu>, dims: &Dims, qmm: QmmShape, extra: &[String]) -> CudaResult<Self> {
+        let mut defines = qmm.defines();
+        defines.extend(extra.iter().cloned());
+        let cubins = compile_all(dims, &defines)?;
         gpu.bind()?;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();
@@ -133,7 +149,7 @@ impl Kernels {
             }
             modules.push(module);
         }
-        Ok(Kernels { functions, _modules: modules })
+        Ok(Kernels { functions, _modules: modules, qmm })
     }
 
     pub fn get(&self, name: &'static str) -> CudaResult<&CudaFunction> {

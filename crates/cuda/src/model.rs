@@ -173,8 +173,16 @@ impl Model {
         self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;
         let out = Self::out_projection(l);
         match &l.mixer {
+            MixerDev::DeltaNet(w) if d.gv_dim.is_multiple_of(64) => {
+                let mix = MixOut::Packed { px: dec.px_mix.px.ptr(), csum: dec.px_mix.csum.ptr() };
+                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?;
+                self.mark("gdn step")?;
+            }
             MixerDev::DeltaNet(w) => {
-                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, MixOut::Packed(dec.px_mix.ptr()), n)?;
+                // Heads narrower than a 64-column group (test shapes): the
+                // step writes f32 and the packer computes the group sums.
+                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, MixOut::F32(s.mix_f32), n)?;
+                qmm::xnorm(g, k, d, dec.mix_f32, out.cols, None, None, dec.px_mix, n)?;
                 self.mark("gdn step")?;
             }
             MixerDev::Attention(w) => {

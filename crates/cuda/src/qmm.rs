@@ -22,14 +22,16 @@ use crate::weights::{MoeDev, QMat};
 
 /// Most tokens one decode step takes (the largest decode batch).
 pub const MAX_DECODE_BATCH: usize = 128;
-/// Weight stages (2 quantisation groups x 16 rows) in flight per warp.
-pub const QMM_RING: usize = 8;
-/// Bytes of one stage: 16 rows x 2 groups x 32 bytes of codes, then scales
-/// and biases (qmm.cu, "Stage layout").
-pub const QMM_STAGE_BYTES: usize = 1152;
-/// Warps of a matrix block: a 16-row task is shared by K / 512 of them
-/// (1..=8, each a fixed slice of K), the rest take other tasks.
-pub const QMM_WARPS: usize = 8;
+/// Weight stages a warp's ring holds (default).
+pub const QMM_RING: usize = 4;
+/// Quantisation groups (64 columns) of 16 rows in one stage.
+pub const QMM_SG: usize = 4;
+/// Bytes of one stage: 16 rows x 4 groups x 32 bytes of codes, then the
+/// scales and the biases (bf16) of those groups (qmm.cu, "Stage layout").
+pub const QMM_STAGE_BYTES: usize = 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2;
+/// Warps of a matrix block (default): a 16-row task is shared by K / 512 of
+/// them (at most all, each a fixed slice of K), the rest take other tasks.
+pub const QMM_WARPS: usize = 4;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
@@ -56,6 +58,7 @@ struct QmmSegC {
 struct QmmDenseParamsC {
     seg: [QmmSegC; QMM_MAX_SEGS],
     x: u64,
+    csum: u64,
     argmax_keys: u64,
     nseg: i32,
     ntiles: i32,
@@ -83,6 +86,7 @@ struct QmmMoeParamsC {
     sh_scales2: u64,
     sh_biases2: u64,
     x: u64,
+    csum: u64,
     plan: u64,
     act_out: u64,
     y_out: u64,
@@ -100,6 +104,7 @@ struct XnormParamsC {
     topk_w: u64,
     gain: u64,
     px: u64,
+    csum: u64,
     cols: i32,
     eps: f32,
 }
@@ -120,6 +125,7 @@ struct RouterParamsC {
     logits: u64,
     sg: u64,
     px: u64,
+    csum: u64,
     topk_idx: u64,
     topk_w: u64,
     plan: u64,
@@ -132,11 +138,44 @@ struct RouterParamsC {
 // SAFETY: plain-old-data mirroring `RouterParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for RouterParamsC {}
 
-/// The defines qmm.cu needs beyond the model dimensions.
+/// The block shape of the matrix kernels: warps a block and weight stages a
+/// warp's ring holds. Compiled into the kernels (`defines`) and read by the
+/// launchers from `Kernels::qmm`, so the two always agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QmmShape {
+    pub warps: usize,
+    pub ring: usize,
+}
+
+impl Default for QmmShape {
+    fn default() -> Self {
+        QmmShape { warps: QMM_WARPS, ring: QMM_RING }
+    }
+}
+
+impl QmmShape {
+    pub fn defines(&self) -> Vec<String> {
+        vec![
+            format!("-DQMM_RING={}", self.ring),
+            format!("-DQMM_WARPS={}", self.warps),
+            format!("-DQMM_SG={QMM_SG}"),
+            format!("-DQMM_STAGE_BYTES={QMM_STAGE_BYTES}"),
+        ]
+    }
+    /// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
+    fn warps_per_task(&self, k: usize) -> usize {
+        (k / 512).clamp(1, self.warps)
+    }
+    /// Dynamic shared memory of a matrix block: per warp the weight ring,
+    /// then the partial sums of every warp (qmm.cu `qmm_run`).
+    fn smem_bytes(&self, nt: usize) -> usize {
+        self.warps * self.ring * QMM_STAGE_BYTES + self.warps * nt * 64 * 4
+    }
+}
+
+/// The defines qmm.cu needs beyond the model dimensions and the block shape.
 pub fn defines(dims: &Dims) -> Vec<String> {
     vec![
-        format!("-DQMM_RING={QMM_RING}"),
-        format!("-DQMM_WARPS={QMM_WARPS}"),
         format!("-DQMM_MAX_TOK={MAX_DECODE_BATCH}"),
         format!("-DQMM_MAX_SEGS={QMM_MAX_SEGS}"),
         format!("-DXN_MAX_COLS={}", xnorm_max_cols(dims)),
@@ -166,11 +205,6 @@ fn dense_variant(ntok: usize) -> (&'static str, usize) {
     }
 }
 
-/// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
-fn warps_per_task(k: usize) -> usize {
-    (k / 512).clamp(1, QMM_WARPS)
-}
-
 /// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
 /// are cut into plan items of `moe_chunk(ntok)` pairs.
 fn moe_nt(ntok: usize) -> usize {
@@ -196,14 +230,6 @@ pub fn max_plan_items(dims: &Dims, max_batch: usize) -> usize {
 /// Ints of the plan buffer for `max_batch` tokens.
 pub fn plan_ints(dims: &Dims, max_batch: usize) -> usize {
     PLAN_HEAD + 3 * max_plan_items(dims, max_batch) + max_batch * (dims.topk + 1)
-}
-
-/// Dynamic shared memory of a matrix block: per warp the weight ring, the
-/// x slice (4 nt tokens x hi/lo x 8 groups x 64 halves) and its group sums,
-/// then the partial sums of every warp (qmm.cu `WarpSmem`).
-fn smem_bytes(nt: usize) -> usize {
-    let per_warp = QMM_RING * QMM_STAGE_BYTES + 4 * nt * 2 * 8 * 128 + 4 * nt * 8 * 4;
-    QMM_WARPS * per_warp + QMM_WARPS * nt * 64 * 4
 }
 
 /// Blocks of a persistent grid: as many as fit on the GPU at once, at most
@@ -239,9 +265,24 @@ pub fn packed_len(rows: usize, cols: usize) -> usize {
     rows * 2 * cols
 }
 
+/// A qmm input: packed activation rows and their group sums (f32
+/// [rows][cols / 64]), written together by the packing kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct PackedRows {
+    pub px: DevSlice<u16>,
+    pub csum: DevSlice<f32>,
+}
+
+impl PackedRows {
+    /// (packed, sums) addresses after checking both hold `rows` rows of `cols`.
+    fn need(&self, kernel: &'static str, what: &str, rows: usize, cols: usize) -> CudaResult<(u64, u64)> {
+        Ok((self.px.need(kernel, what, packed_len(rows, cols))?, self.csum.need(kernel, what, rows * (cols / 64))?))
+    }
+}
+
 /// y = W x for every matrix of `segs` (same input width) and the first
 /// `ntok` rows of the packed input `x`.
-pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: DevSlice<u16>, ntok: usize, argmax_keys: Option<DevSlice<u64>>) -> CudaResult<()> {
+pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usize, argmax_keys: Option<DevSlice<u64>>) -> CudaResult<()> {
     const NAME: &str = "qmm_dense";
     if segs.is_empty() || segs.len() > QMM_MAX_SEGS {
         return Err(CudaError::shape(NAME, format!("{} matrices, expected 1..={QMM_MAX_SEGS}", segs.len())));
@@ -250,12 +291,14 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: DevSlice<u16>, ntok: 
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
     }
     let kdim = segs[0].w.cols;
-    if !kdim.is_multiple_of(64) || kdim > 512 * QMM_WARPS {
-        return Err(CudaError::shape(NAME, format!("input width {kdim}: a multiple of 64, at most {}", 512 * QMM_WARPS)));
+    if !kdim.is_multiple_of(64) || kdim > 512 * k.qmm.warps {
+        return Err(CudaError::shape(NAME, format!("input width {kdim}: a multiple of 64, at most {}", 512 * k.qmm.warps)));
     }
+    let (xp, xc) = x.need(NAME, "packed input", ntok, kdim)?;
     let mut p = QmmDenseParamsC {
         seg: [QmmSegC::default(); QMM_MAX_SEGS],
-        x: x.need(NAME, "packed input", packed_len(ntok, kdim))?,
+        x: xp,
+        csum: xc,
         argmax_keys: 0,
         nseg: segs.len() as i32,
         ntiles: 0,
@@ -302,18 +345,18 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: DevSlice<u16>, ntok: 
     p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
-    let threads = (QMM_WARPS * 32) as u32;
-    let smem = smem_bytes(nt);
-    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(QMM_WARPS / warps_per_task(kdim)))?;
+    let threads = (k.qmm.warps * 32) as u32;
+    let smem = k.qmm.smem_bytes(nt);
+    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(k.qmm.warps / k.qmm.warps_per_task(kdim)))?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
 
 /// The packed-input rows of one step's MoE, and where its outputs go.
 #[derive(Clone, Copy)]
 pub struct MoeBufs {
-    /// Packed RMSNorm(h) (post-attention norm) [ntok][2][hidden], written by
-    /// `router`.
-    pub px_in: DevSlice<u16>,
+    /// Packed RMSNorm(h) (post-attention norm) [ntok][2][hidden] and its
+    /// group sums, written by `router`.
+    pub px_in: PackedRows,
     /// Packed SwiGLU activations [ntok * slots][2][moe_inter].
     pub px_act: DevSlice<u16>,
     /// Expert outputs [ntok * slots][hidden] (slot topk = the shared expert).
@@ -361,7 +404,8 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
         gain: post_norm,
         logits: b.logits.need(NAME, "router logits", ntok * e)?,
         sg: b.sg.need(NAME, "shared gate", ntok)?,
-        px: b.px_in.need(NAME, "packed input", packed_len(ntok, hd))?,
+        px: b.px_in.need(NAME, "packed input", ntok, hd)?.0,
+        csum: b.px_in.need(NAME, "packed input", ntok, hd)?.1,
         topk_idx: b.topk_idx.need(NAME, "top-k ids", ntok * dims.topk)?,
         topk_w: b.topk_w.need(NAME, "top-k weights", ntok * slots)?,
         plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + ntok * slots)?,
@@ -419,7 +463,8 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
         sh_codes2: s2.codes,
         sh_scales2: s2.scales,
         sh_biases2: s2.biases,
-        x: if up { b.px_in.need(NAME, "packed input", packed_len(ntok, hd))? } else { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? },
+        x: if up { b.px_in.need(NAME, "packed input", ntok, hd)?.0 } else { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? },
+        csum: if up { b.px_in.need(NAME, "packed input", ntok, hd)?.1 } else { 0 },
         plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + pairs)?,
         act_out: if up { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? } else { 0 },
         y_out: if up { 0 } else { b.y.need(NAME, "expert outputs", pairs * hd)? },
@@ -428,8 +473,8 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
     };
     let nt = moe_nt(ntok);
     let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
-    let threads = (QMM_WARPS * 32) as u32;
-    let smem = smem_bytes(nt);
+    let threads = (k.qmm.warps * 32) as u32;
+    let smem = k.qmm.smem_bytes(nt);
     let g = grid(gpu, k, name, threads, smem, 0)?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
@@ -446,15 +491,15 @@ pub fn xnorm(
     cols: usize,
     combine: Option<(DevSlice<f32>, DevSlice<f32>)>,
     gain: Option<u64>,
-    px: DevSlice<u16>,
+    out: PackedRows,
     ntok: usize,
 ) -> CudaResult<()> {
     const NAME: &str = "xnorm";
     if ntok == 0 {
         return Ok(());
     }
-    if !cols.is_multiple_of(8) || cols > xnorm_max_cols(dims) {
-        return Err(CudaError::shape(NAME, format!("{cols} columns (a multiple of 8, at most {})", xnorm_max_cols(dims))));
+    if !cols.is_multiple_of(64) || cols > xnorm_max_cols(dims) {
+        return Err(CudaError::shape(NAME, format!("{cols} columns (a multiple of 64, at most {})", xnorm_max_cols(dims))));
     }
     let slots = dims.topk + 1;
     let (y, w) = match combine {
@@ -466,7 +511,8 @@ pub fn xnorm(
         y,
         topk_w: w,
         gain: gain.unwrap_or(0),
-        px: px.need(NAME, "packed output", packed_len(ntok, cols))?,
+        px: out.need(NAME, "packed output", ntok, cols)?.0,
+        csum: out.need(NAME, "packed output", ntok, cols)?.1,
         cols: cols as i32,
         eps: dims.rms_eps,
     };

@@ -26,7 +26,7 @@ use crate::dims::{Dims, GDN_CHUNK, GEMM_BM, KV_BLOCK};
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::GdnScratch;
 use crate::moe::{max_tiles, RouteBufs};
-use crate::qmm::{self, MoeBufs, MAX_DECODE_BATCH};
+use crate::qmm::{self, MoeBufs, PackedRows, MAX_DECODE_BATCH};
 
 /// Sizes chosen by the caller; `Options::default()` fits the benchmark
 /// contract (one 262,144-token sequence) in the 28 GB budget with the model.
@@ -121,10 +121,11 @@ pub struct DecodeBufs {
     pub mix_f32: DevSlice<f32>,
     pub logits: DevSlice<f32>,
     pub argmax: DevSlice<u64>,
-    /// Packed activations (qmm.cu) of the in-projection / expert input.
-    pub px_in: DevSlice<u16>,
+    /// Packed activations (qmm.cu) of the in-projection / expert input,
+    /// with their group sums.
+    pub px_in: PackedRows,
     /// Packed mixer output (the out-projection's input).
-    pub px_mix: DevSlice<u16>,
+    pub px_mix: PackedRows,
     /// Packed SwiGLU activations of every (token, slot) pair.
     pub px_act: DevSlice<u16>,
     /// Expert outputs of every (token, slot) pair, f32 [pair][hidden].
@@ -330,8 +331,8 @@ impl Memory {
             mix_f32: view(base, &layout, "mix_f32")?,
             logits: view(base, &layout, "logits")?,
             argmax: view(base, &layout, "argmax")?,
-            px_in: view(base, &layout, "px_in")?,
-            px_mix: view(base, &layout, "px_mix")?,
+            px_in: PackedRows { px: view(base, &layout, "px_in")?, csum: view(base, &layout, "csum_in")? },
+            px_mix: PackedRows { px: view(base, &layout, "px_mix")?, csum: view(base, &layout, "csum_mix")? },
             px_act: view(base, &layout, "px_act")?,
             y: view(base, &layout, "moe_y")?,
             router_logits: view(base, &layout, "router_logits")?,
@@ -637,6 +638,8 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("sg", rows * f);
     l.add("px_in", qmm::packed_len(b, h) * 2);
     l.add("px_mix", qmm::packed_len(b, dims.mix_dim()) * 2);
+    l.add("csum_in", b * h / 64 * f);
+    l.add("csum_mix", b * dims.mix_dim() / 64 * f);
     l.add("px_act", qmm::packed_len(b * slots, dims.moe_inter) * 2);
     l.add("moe_y", b * slots * h * f);
     l.add("moe_plan", qmm::plan_ints(dims, b) * 4);

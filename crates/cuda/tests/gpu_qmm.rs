@@ -182,7 +182,8 @@ fn xnorm_packs_the_norm_and_the_moe_combine_exactly() {
     write_device(g, dec.topk_w.ptr(), &wt).expect("w");
     qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), Some(m.weights.layers[0].input_norm), dec.px_in, n).expect("xnorm");
     let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
-    let px: Vec<u16> = read_device(g, dec.px_in.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+    let px: Vec<u16> = read_device(g, dec.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+    let csum: Vec<f32> = read_device(g, dec.px_in.csum.ptr(), n * d.hidden / 64).expect("sums");
     for t in 0..n {
         // h + sum_s w_s y_s in slot order (what the kernel promises).
         let want_h: Vec<f32> = (0..d.hidden)
@@ -207,6 +208,11 @@ fn xnorm_packs_the_norm_and_the_moe_combine_exactly() {
             .collect();
         let e = rel(&unpacked, &normed);
         check(e < 1e-6, format!("packed RMSNorm, token {t}: hi + lo vs the reference, relative error {e:.2e}"));
+        // The group sums are the sums of the stored hi + lo of each group.
+        for (gi, got) in csum[t * d.hidden / 64..(t + 1) * d.hidden / 64].iter().enumerate() {
+            let want: f64 = unpacked[gi * 64..(gi + 1) * 64].iter().map(|v| *v as f64).sum();
+            check(((*got as f64) - want).abs() <= 1e-5 * want.abs().max(1.0), format!("group sum {gi} of token {t}: {got} vs {want}"));
+        }
     }
     finish();
 }
@@ -299,7 +305,7 @@ fn launchers_refuse_what_the_kernels_cannot_run() {
     check(mixed.contains("columns"), mixed);
     let eight_bit = qmm::dense(g, k, &[seg(&l.moe.router)], dec.px_in, 1, None).unwrap_err().to_string();
     check(eight_bit.contains("4-bit"), eight_bit);
-    let short = DevSlice::<u16>::new(dec.px_in.ptr(), 10);
+    let short = qmm::PackedRows { px: DevSlice::<u16>::new(dec.px_in.px.ptr(), 10), csum: dec.px_in.csum };
     let small = qmm::dense(g, k, &[seg(&gd.in_qkv)], short, 1, None).unwrap_err().to_string();
     check(small.contains("holds 10"), small);
     let logits = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };

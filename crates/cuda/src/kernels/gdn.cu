@@ -111,6 +111,7 @@ struct GdnDecodeParams {
     float* mix_f32;         // [ntok][GDN_VAL], or null
     f16* mix_f16;          // [ntok][GDN_VAL], or null
     u16* mix_px;           // packed activations [ntok][2][GDN_VAL] (qmm.cu), or null
+    float* mix_csum;       // with mix_px: their group sums [ntok][GDN_VAL / 64]
     long long conv_slot_stride;   // floats
     long long state_slot_stride;  // floats
     int proj_stride;
@@ -193,6 +194,7 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
         for (int q = 0; q < GDN_KSPLIT; ++q) ov += part[q][tid];
     }
     const float ss = block_sum(tid < GV_DIM ? ov * ov : 0.f, red);
+    float packed = 0.f;
     if (tid < GV_DIM) {
         const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * p.norm_w[tid] * siluf_(sz[tid]);
         const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + tid;
@@ -205,6 +207,21 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
             u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (col & ~7) + (((col & 3) << 1) | ((col & 7) >> 2));
             r[0] = hi;
             r[GDN_VAL] = lo;
+            packed = f16_to_f32(hi) + f16_to_f32(lo);
+        }
+    }
+    if (p.mix_px != nullptr) {
+        // Group sums of the packed values (64 columns = 2 warps, added in
+        // warp order); head dims are multiples of 32, groups of 64 columns
+        // may span two heads' blocks only if GV_DIM % 64 != 0 (refused by
+        // the host).
+        const float ws = warp_sum(tid < GV_DIM ? packed : 0.f);
+        __syncthreads();  // block_sum above may still be reading red
+        if ((tid & 31) == 0) red[tid >> 5] = ws;
+        __syncthreads();
+        if (tid < GV_DIM / 64) {
+            const float gs = red[2 * tid] + red[2 * tid + 1];
+            p.mix_csum[(size_t)t * (GDN_VAL / 64) + h * (GV_DIM / 64) + tid] = gs;
         }
     }
 }

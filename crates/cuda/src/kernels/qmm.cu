@@ -64,11 +64,14 @@
 // then at 1024 + g*16: {scales of row g (groups 0,1 as bf16x2), scales of row
 // g+8, biases of row g, biases of row g+8}.
 
-#ifndef QMM_RING
-#error "QMM_RING must be defined by the host"
+#if !defined(QMM_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES)
+#error "QMM_RING, QMM_WARPS, QMM_SG and QMM_STAGE_BYTES must be defined by the host (qmm.rs)"
 #endif
-#define QMM_STAGE_CODES 1024
-#define QMM_STAGE_BYTES (QMM_STAGE_CODES + 128)
+// QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
+// but no math runs, which separates the memory side from the arithmetic.
+// A stage: 16 rows x QMM_SG = 4 groups of codes, then their scales and
+// biases (the fragment and swizzle math below is written for 4 groups).
+static_assert(QMM_SG == 4 && QMM_STAGE_BYTES == 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2, "qmm.rs stage constants");
 #define MOE_SLOTS (TOPK + 1)
 #define ROUTER_ROWS 8
 #define ROUTER_TOK 8
@@ -93,11 +96,17 @@ __device__ __forceinline__ void px_store1(u16* px, long long row, int K, int col
     r[K] = lo;
 }
 
-// Writes 8 consecutive values starting at column c8 (a multiple of 8).
-__device__ __forceinline__ void px_store8(u16* px, long long row, int K, int c8, const float* v) {
+// Writes 8 consecutive values starting at column c8 (a multiple of 8) and
+// returns the sum of their stored hi + lo (the group sums the matrix
+// kernels need are sums of 8 such calls, in column order).
+__device__ __forceinline__ float px_store8(u16* px, long long row, int K, int c8, const float* v) {
     u16 hi[8], lo[8];
+    float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) px_split(v[j], hi[px_perm(j)], lo[px_perm(j)]);
+    for (int j = 0; j < 8; ++j) {
+        px_split(v[j], hi[px_perm(j)], lo[px_perm(j)]);
+        sum += f16_to_f32(hi[px_perm(j)]) + f16_to_f32(lo[px_perm(j)]);
+    }
     uint4 H, L;
     H.x = hi[0] | ((u32)hi[1] << 16);
     H.y = hi[2] | ((u32)hi[3] << 16);
@@ -110,6 +119,17 @@ __device__ __forceinline__ void px_store8(u16* px, long long row, int K, int c8,
     u16* r = px + row * 2 * K + c8;
     *reinterpret_cast<uint4*>(r) = H;
     *reinterpret_cast<uint4*>(r + K) = L;
+    return sum;
+}
+
+// Group sums: lanes 8j..8j+7 of a warp hold the 8-column sums of one
+// group of 64 columns in order; the first of them gets the total (fixed
+// order, so a row's sums never depend on the batch).
+__device__ __forceinline__ float group_sum8(float v) {
+    v += __shfl_xor_sync(FULL_MASK, v, 1);
+    v += __shfl_xor_sync(FULL_MASK, v, 2);
+    v += __shfl_xor_sync(FULL_MASK, v, 4);
+    return v;
 }
 
 // ---- xnorm -----------------------------------------------------------------
@@ -120,6 +140,7 @@ struct XnormParams {
     const float* topk_w;    // [ntok][MOE_SLOTS]
     const float* gain;      // RMSNorm gain [cols], or null: pack x as it is
     u16* px;                // [ntok][2][cols]
+    float* csum;            // [ntok][cols / 64] group sums of the packed values
     int cols;
     float eps;
 };
@@ -180,35 +201,49 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
     if (p.gain != nullptr) r = rsqrtf(block_sum(ss, red) / (float)cols + p.eps);
 #pragma unroll
     for (int it = 0; it < XN_ITS; ++it) {
+        // Uniform per warp (cols is a multiple of 64), so the shuffles of
+        // the group sums see whole groups.
         const int c8 = (threadIdx.x + it * XN_THREADS) * 8;
-        if (c8 >= cols) break;
-        float o[8];
+        if (c8 - (threadIdx.x & 31) * 8 >= cols) break;
+        float part = 0.f;
+        if (c8 < cols) {
+            float o[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = p.gain != nullptr ? v[it][j] * r * p.gain[c8 + j] : v[it][j];
-        px_store8(p.px, t, cols, c8, o);
+            for (int j = 0; j < 8; ++j) o[j] = p.gain != nullptr ? v[it][j] * r * p.gain[c8 + j] : v[it][j];
+            part = px_store8(p.px, t, cols, c8, o);
+        }
+        const float gs = group_sum8(part);
+        if (c8 < cols && (threadIdx.x & 7) == 0) p.csum[(size_t)t * (cols / GROUP_SIZE) + c8 / GROUP_SIZE] = gs;
     }
 }
 
 // ---- the tensor-core matrix engine -------------------------------------------
 
-__device__ __forceinline__ u32 deq_pair(u32 w) {
+// Exact fp16 pairs of 4-bit codes: for a word of codes n0..n7 (n_i at bits
+// 4i), lop3 with 0x6400 (1024.0) builds 1024 + n in each half for the low
+// nibbles and 1024 + 16 n for the high ones; one f16x2 subtract or fma
+// takes them to n. Returns (n0,n4), (n1,n5), (n2,n6), (n3,n7) in p[0..3].
+__device__ __forceinline__ u32 hsub2_1024(u32 a) {
     u32 r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(0x000F000Fu), "r"(0x64006400u));
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(r), "r"(0x64006400u));
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(0x64006400u));
     return r;
 }
-
-__device__ __forceinline__ uint4 lds128(const void* p) {
-    uint4 r;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(smem_u32(p)));
+__device__ __forceinline__ u32 hfma2_16th(u32 a) {
+    u32 r;  // a / 16 - 64
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0x2C002C00u), "r"(0xD400D400u));
     return r;
 }
-// A 16-byte read of data an earlier kernel wrote (not volatile: the
-// compiler may issue several before their first use).
-__device__ __forceinline__ uint4 ldg128(const void* p) {
-    uint4 r;
-    asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
+__device__ __forceinline__ void deq_word(u32 w, u32 (&p)[4]) {
+    u32 l0, h0, l1, h1;
+    const u32 w8 = w >> 8;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(l0) : "r"(w), "r"(0x000F000Fu), "r"(0x64006400u));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h0) : "r"(w), "r"(0x00F000F0u), "r"(0x64006400u));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(l1) : "r"(w8), "r"(0x000F000Fu), "r"(0x64006400u));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h1) : "r"(w8), "r"(0x00F000F0u), "r"(0x64006400u));
+    p[0] = hsub2_1024(l0);
+    p[1] = hfma2_16th(h0);
+    p[2] = hsub2_1024(l1);
+    p[3] = hfma2_16th(h1);
 }
 
 __device__ __forceinline__ uint2 lds64(const void* p) {
@@ -217,8 +252,21 @@ __device__ __forceinline__ uint2 lds64(const void* p) {
     return r;
 }
 
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
+// A 16-byte read of data an earlier kernel wrote (not volatile: the
+// compiler may issue several before their first use).
+__device__ __forceinline__ uint4 ldg128(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ float ldg_f32(const float* p) {
+    float r;
+    asm("ld.global.nc.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
 }
 
 // The weights of one task: mma rows 0-7 come from half 0, rows 8-15 from half
@@ -232,37 +280,40 @@ struct QTask {
 };
 
 // Geometry of the K split, from K alone (so a token's result never depends
-// on the batch): KQ = K / 512 warps share a task (1 to W), warp q taking the
-// GQ groups from q * GQ (rounded to stages of 2 groups, at most 8).
+// on the batch): KQ = K / 512 warps share a task (1 to QMM_WARPS), warp q
+// taking the groups from q * GQ, GQ a multiple of the stage's QMM_SG groups.
 struct KSplit {
     int K, G, KQ, GQ, SQ, wpr;
-    __device__ KSplit(int k, int w) : K(k) {
+    __device__ KSplit(int k) : K(k) {
         G = k / GROUP_SIZE;
-        KQ = min(w, max(1, k / 512));
-        GQ = 2 * ((G + 2 * KQ - 1) / (2 * KQ));
-        SQ = GQ / 2;
+        KQ = min(QMM_WARPS, max(1, k / 512));
+        GQ = QMM_SG * ((G + QMM_SG * KQ - 1) / (QMM_SG * KQ));
+        SQ = GQ / QMM_SG;
         wpr = k / 8;
     }
 };
 
-// Codes of a stage: row r (0..15), group grp (0..1) of the stage, 16-byte half
-// h at r * 64 + ((grp ^ ((r >> 1) & 1)) << 5) + h * 16: the swizzle makes the
-// 8-byte fragment reads of a half warp (rows g..g+3) hit distinct banks.
-__device__ __forceinline__ int code_off(int r, int grp) { return r * 64 + ((grp ^ ((r >> 1) & 1)) << 5); }
+// Stage layout (QMM_STAGE_BYTES = 2304): codes of row r (0..15) at r * 128,
+// its groups' 32-byte blocks swizzled: group grp at ((grp ^ (r & 3)) << 5),
+// so the 8-byte fragment reads of a half warp (rows g..g+3) hit distinct
+// banks; then at 2048 the scales (row r: 4 groups as bf16, 8 bytes at r * 8)
+// and at 2176 the biases.
+#define QMM_STAGE_CODES 2048
+__device__ __forceinline__ int code_off(int r, int grp) { return r * 128 + ((grp ^ (r & 3)) << 5); }
 
 // Issues the cp.async pieces of stage `s` of warp slice `q` of task `tk`
 // (always commits one group, possibly empty). Codes: 16-byte copies that
-// bypass L1; scales and biases: 4-byte copies (2-byte plain loads when a
-// row holds an odd number of groups, as cp.async needs 4-byte alignment).
+// bypass L1; scales and biases: 8-byte copies (2-byte plain loads when a
+// row's groups are not a multiple of 4, so its scales are not 8-byte aligned).
 __device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, bool valid, const KSplit& ks, int q, int s,
                                            int lane) {
-    const int G0 = q * ks.GQ + 2 * s;
+    const int G0 = q * ks.GQ + QMM_SG * s;
     const int gend = min((q + 1) * ks.GQ, ks.G);
     if (valid && G0 < gend) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int pc = lane + 32 * i;           // 64 pieces of 16 bytes
-            const int r = pc >> 2, grp = (pc >> 1) & 1, h = pc & 1;
+        for (int i = 0; i < 4; ++i) {
+            const int pc = lane + 32 * i;  // 128 pieces of 16 bytes: row, group, half
+            const int r = pc >> 3, grp = (pc >> 1) & 3, h = pc & 1;
             const int hr = r >> 3, gr = r & 7;
             const int nh = hr ? tk.n[1] : tk.n[0];
             const u32* base = hr ? tk.codes[1] : tk.codes[0];
@@ -275,178 +326,121 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, b
             const bool ok = g < (h ? tk.n[1] : tk.n[0]);
             const bf16* base = kind ? (h ? tk.biases[1] : tk.biases[0]) : (h ? tk.scales[1] : tk.scales[0]);
             const bf16* src = ok ? base + (size_t)g * ks.G + G0 : tk.scales[0];
-            unsigned char* dst = st + QMM_STAGE_CODES + g * 16 + kind * 8 + h * 4;
-            if ((ks.G & 1) == 0) {
-                // The second group of the stage may be past the row's end.
-                const int bytes = ok ? (G0 + 1 < ks.G ? 4 : 2) : 0;
-                cp_async4(dst, src, bytes);
+            unsigned char* dst = st + QMM_STAGE_CODES + kind * 128 + r * 8;
+            const int have = ok ? min(QMM_SG, ks.G - G0) : 0;
+            if ((ks.G & 3) == 0) {
+                cp_async8(dst, src, have * 2);
             } else {
-                u32 v = 0;
-                if (ok) {
-                    v = ld_nc_u16(src);
-                    if (G0 + 1 < ks.G) v |= (u32)ld_nc_u16(src + 1) << 16;
-                }
-                *reinterpret_cast<u32*>(dst) = v;
+                u32 v0 = 0, v1 = 0;
+                if (have > 0) v0 = ld_nc_u16(src);
+                if (have > 1) v0 |= (u32)ld_nc_u16(src + 1) << 16;
+                if (have > 2) v1 = ld_nc_u16(src + 2);
+                if (have > 3) v1 |= (u32)ld_nc_u16(src + 3) << 16;
+                *reinterpret_cast<uint2*>(dst) = make_uint2(v0, v1);
             }
         }
     }
     cp_async_commit();
 }
 
-// A warp's slice of the packed input, resident in shared memory while its
-// tokens stay the same: token j, part p (hi/lo), group gq of the slice, lane
-// column c: 32 bytes (its 16 halves of the group) at
-// ((j * 2 + p) * 8 + gq) * 128 + c * 32, the two 16-byte halves swapped for
-// p = 1 so that the hi and lo columns of a quarter warp use distinct banks.
-// Then the group sums (hi + lo) per token: csum[j * 8 + gq].
-#define XS_TOK_BYTES (2 * 8 * 128)
-__device__ __forceinline__ int xs_off(int j, int p, int gq, int c, int h) { return ((j * 2 + p) * 8 + gq) * 128 + c * 32 + ((h ^ p) << 4); }
-
-// Loads tokens 0..cnt-1 (x rows given by `row(j)`) of slice q into xs and
-// computes their group sums. Plain loads (one round trip), landed before the
-// warp's __syncwarp.
-template <class RowOf>
-__device__ __forceinline__ void xs_load(unsigned char* xs, float* csum, const u16* x, const KSplit& ks, int q, int cnt,
-                                        int lane, RowOf row) {
-    const int G0 = q * ks.GQ;
-    const int ng = max(0, min(ks.GQ, ks.G - G0));
-    // 16-byte chunks: (token, part, group, c, half) = cnt * 2 * ng * 8.
-    const int nchunks = cnt * 2 * ng * 8;
-    // Eight loads in flight per lane before their stores.
-    for (int i0 = 0; i0 < nchunks; i0 += 8 * 32) {
-        uint4 v[8];
-        int off[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int i = i0 + u * 32 + lane;
-            off[u] = -1;
-            if (i < nchunks) {
-                const int h = i & 1, c = (i >> 1) & 3, rest = i >> 3;
-                const int gq = rest % ng, jp = rest / ng, p = jp & 1, j = jp >> 1;
-                const u16* src = x + (size_t)row(j) * 2 * ks.K + p * ks.K + (G0 + gq) * GROUP_SIZE + c * 16 + h * 8;
-                v[u] = ldg128(src);
-                off[u] = xs_off(j, p, gq, c, h);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (off[u] >= 0) *reinterpret_cast<uint4*>(xs + off[u]) = v[u];
+// x of one group for one n-tile: lane (g, c) reads its column's 16 halves.
+__device__ __forceinline__ void load_b(const u16* x, int xoff, int koff, uint4& b01, uint4& b23) {
+    if (xoff >= 0) {
+        b01 = ldg128(x + xoff + koff);
+        b23 = ldg128(x + xoff + koff + 8);
+    } else {
+        b01 = make_uint4(0, 0, 0, 0);
+        b23 = b01;
     }
-    __syncwarp();
-    for (int i = lane; i < cnt * ng; i += 32) {
-        const int j = i / ng, gq = i - j * ng;
-        float sum = 0.f;
-#pragma unroll 1
-        for (int p = 0; p < 2; ++p)
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint4 v = lds128(xs + xs_off(j, p, gq, c, h));
-                    sum += (f16lo(v.x) + f16hi(v.x)) + (f16lo(v.y) + f16hi(v.y)) + (f16lo(v.z) + f16hi(v.z)) + (f16lo(v.w) + f16hi(v.w));
-                }
-        csum[j * 8 + gq] = sum;
-    }
-    __syncwarp();
 }
 
-// One stage's math: up to 2 groups, NT n-tiles of tokens (cnt valid).
-template <int NT>
-__device__ __forceinline__ void stage_math(const unsigned char* st, const unsigned char* xs, const float* csum, const KSplit& ks,
-                                           int q, int s, int lane, int cnt, float (&acc)[NT][2]) {
+// One stage's math: up to QMM_SG groups, NT n-tiles of tokens (cnt valid).
+// xoff[nt]: the lane's B column (token 4 nt + g / 2, part g % 2) as an
+// offset into x, or -1; csoff[nt]: the row offset of its C token's group
+// sums (token 4 nt + c), or -1. CSUM_MMA: no sums were given, they come
+// from an all-ones mma.
+template <int NT, bool CSUM_MMA>
+__device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
+                                           int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
+                                           float (&acc)[NT][2]) {
     const int g = lane >> 2, c = lane & 3;
-    const int G0 = q * ks.GQ + 2 * s;
-    const int gend = min((q + 1) * ks.GQ, ks.G);
-    const uint4 sb = lds128(st + QMM_STAGE_CODES + g * 16);
+    const int G0 = q * ks.GQ + QMM_SG * s;
+    const int ng = min(QMM_SG, min((q + 1) * ks.GQ, ks.G) - G0);
+    const uint2 sA4 = lds64(st + QMM_STAGE_CODES + g * 8), sB4 = lds64(st + QMM_STAGE_CODES + (g + 8) * 8);
+    const uint2 bA4 = lds64(st + QMM_STAGE_CODES + 128 + g * 8), bB4 = lds64(st + QMM_STAGE_CODES + 128 + (g + 8) * 8);
+    uint4 b01[NT], b23[NT];
 #pragma unroll
-    for (int grp = 0; grp < 2; ++grp) {
-        if (G0 + grp >= gend) break;
+    for (int nt = 0; nt < NT; ++nt) load_b(x, xoff[nt], G0 * GROUP_SIZE + 16 * c, b01[nt], b23[nt]);
+#pragma unroll
+    for (int grp = 0; grp < QMM_SG; ++grp) {
+        if (grp >= ng) break;
+        // The next group's x is requested before this group's math.
+        uint4 n01[NT], n23[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            load_b(x, grp + 1 < ng ? xoff[nt] : -1, (G0 + grp + 1) * GROUP_SIZE + 16 * c, n01[nt], n23[nt]);
         const uint2 wr = lds64(st + code_off(g, grp) + c * 8);
         const uint2 wh = lds64(st + code_off(g + 8, grp) + c * 8);
-        const float sA = grp ? bf16hi(sb.x) : bf16lo(sb.x);
-        const float sB = grp ? bf16hi(sb.y) : bf16lo(sb.y);
-        const float bA = grp ? bf16hi(sb.z) : bf16lo(sb.z);
-        const float bB = grp ? bf16hi(sb.w) : bf16lo(sb.w);
-        u32 a[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 w0 = j < 2 ? wr.x : wr.y, w1 = j < 2 ? wh.x : wh.y;
-            const int sh = (j & 1) * 8;
-            a[j][0] = deq_pair(w0 >> sh);
-            a[j][1] = deq_pair(w1 >> sh);
-            a[j][2] = deq_pair(w0 >> (sh + 4));
-            a[j][3] = deq_pair(w1 >> (sh + 4));
-        }
-        const int gq = 2 * s + grp;
+        const u32 sAw = grp < 2 ? sA4.x : sA4.y, sBw = grp < 2 ? sB4.x : sB4.y;
+        const u32 bAw = grp < 2 ? bA4.x : bA4.y, bBw = grp < 2 ? bB4.x : bB4.y;
+        const float sA = (grp & 1) ? bf16hi(sAw) : bf16lo(sAw), sB = (grp & 1) ? bf16hi(sBw) : bf16lo(sBw);
+        const float bA = (grp & 1) ? bf16hi(bAw) : bf16lo(bAw), bB = (grp & 1) ? bf16hi(bBw) : bf16lo(bBw);
+        u32 pr0[4], pr1[4], ph0[4], ph1[4];
+        deq_word(wr.x, pr0);
+        deq_word(wr.y, pr1);
+        deq_word(wh.x, ph0);
+        deq_word(wh.y, ph1);
+        const int gg = G0 + grp;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             if (nt * 4 >= cnt) break;
-            const int jb = nt * 4 + (g >> 1), p = g & 1;
-            uint4 b01 = make_uint4(0, 0, 0, 0), b23 = make_uint4(0, 0, 0, 0);
-            if (jb < cnt) {
-                b01 = lds128(xs + xs_off(jb, p, gq, c, 0));
-                b23 = lds128(xs + xs_off(jb, p, gq, c, 1));
-            }
-            const int jc = nt * 4 + c;
-            const float cs = jc < cnt ? csum[jc * 8 + gq] : 0.f;
             float d[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_f16(d, a[0][0], a[0][1], a[0][2], a[0][3], b01.x, b01.y);
-            mma_f16(d, a[1][0], a[1][1], a[1][2], a[1][3], b01.z, b01.w);
-            mma_f16(d, a[2][0], a[2][1], a[2][2], a[2][3], b23.x, b23.y);
-            mma_f16(d, a[3][0], a[3][1], a[3][2], a[3][3], b23.z, b23.w);
+            mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].y);
+            mma_f16(d, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].z, b01[nt].w);
+            mma_f16(d, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].y);
+            mma_f16(d, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].z, b23[nt].w);
+            float cs;
+            if (CSUM_MMA) {
+                const u32 ONE2 = 0x3C003C00u;
+                float e[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
+                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
+                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23[nt].x, b23[nt].y);
+                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23[nt].z, b23[nt].w);
+                cs = __fadd_rn(e[0], e[1]);
+            } else {
+                cs = csoff[nt] >= 0 ? ldg_f32(csum + csoff[nt] + gg) : 0.f;
+            }
             const float yA = __fadd_rn(d[0], d[1]), yB = __fadd_rn(d[2], d[3]);
             acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
             acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
         }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            b01[nt] = n01[nt];
+            b23[nt] = n23[nt];
+        }
     }
 }
 
-// Per-warp shared memory: the weight ring, the x slice, the group sums.
-template <int NT>
-struct WarpSmem {
-    static constexpr int RING = QMM_RING * QMM_STAGE_BYTES;
-    static constexpr int XS = 4 * NT * XS_TOK_BYTES;
-    static constexpr int CS = 4 * NT * 8 * 4;
-    static constexpr int BYTES = RING + XS + CS;
-};
-
-// Producer side of the ring: stage z of the warp's sequence (block iteration
-// z / SQ, stage z % SQ of its slice), or an empty commit past the end.
-template <class Job>
-__device__ __forceinline__ void qmm_load_stage(const Job& job, unsigned char* ring, const KSplit& ks, int z, int zmax, int tpb,
-                                               int mt, int q, int lane, int ntasks) {
-    if (z < zmax) {
-        const int it = z / ks.SQ, s = z - it * ks.SQ;
-        const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
-        bool valid = false;
-        const QTask tk = job.task(ti, valid);
-        stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, tk, valid && ti < ntasks, ks, q, s, lane);
-    } else {
-        cp_async_commit();
-    }
-}
-
-// The driver loop shared by every matrix kernel, W warps a block. `Job`
-// provides: prepare() (after the dependency wait when the tasks need it),
-// ntasks(), task(i, &valid) -> QTask, count(i) (tokens of task i), xrow(i, j)
-// (the packed x row of its token j), xkey(i) (tasks with equal keys have the
-// same tokens: the x slice is kept), epilogue(i, nt, lane, v0, v1, count):
-// called by every lane of the slice-0 warp for each n-tile with the finished
-// sums of rows g and g + 8 for token 4 nt + c, and finish().
+// The driver loop shared by every matrix kernel, QMM_WARPS warps a block.
+// `Job` provides: prepare() (after the dependency wait when the tasks need
+// it), ntasks(), task(i, &valid) -> QTask, count(i) (tokens of task i),
+// xrow(i, j) (the packed x row of its token j; its group sums are row xrow of
+// `csum`, K / 64 wide), epilogue(i, nt, lane, v0, v1, count): called by every
+// lane of the slice-0 warp for each n-tile with the finished sums of rows g
+// and g + 8 for token 4 nt + c, and finish().
 // `prefetch_before_wait`: the job's tasks are known before the previous
 // kernel completes (dense weights), so the first stages are requested early.
-template <int NT, int W, class Job>
-__device__ __forceinline__ void qmm_run(Job& job, const u16* x, int K, bool prefetch_before_wait) {
+template <int NT, bool CSUM_MMA, class Job>
+__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait) {
     extern __shared__ __align__(16) unsigned char qsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const KSplit ks(K, W);
-    const int tpb = W / ks.KQ;
+    const KSplit ks(K);
+    const int tpb = QMM_WARPS / ks.KQ;
     const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
-    unsigned char* mine = qsm + warp * WarpSmem<NT>::BYTES;
-    unsigned char* ring = mine;
-    unsigned char* xs = mine + WarpSmem<NT>::RING;
-    float* csum = reinterpret_cast<float*>(xs + WarpSmem<NT>::XS);
-    float* red = reinterpret_cast<float*>(qsm + W * WarpSmem<NT>::BYTES);  // [W][NT][32][2]
+    unsigned char* ring = qsm + warp * (QMM_RING * QMM_STAGE_BYTES);
+    float* red = reinterpret_cast<float*>(qsm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
     const int SQ = ks.SQ;
 
     pdl_trigger();
@@ -457,12 +451,32 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, int K, bool pref
     const int my_bt = (int)blockIdx.x < nbt ? (nbt - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int zmax = my_bt * SQ;
 
+    // Producer state: the task whose stages are being requested, cached.
+    int p_ti = -1;
+    bool p_valid = false;
+    QTask ptk;
+    auto produce = [&](int z) {
+        if (z < zmax) {
+            const int it = z / SQ, sidx = z - it * SQ;
+            const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
+            if (ti != p_ti) {
+                p_ti = ti;
+                ptk = job.task(ti, p_valid);
+                p_valid = p_valid && ti < ntasks;
+            }
+            stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, ptk, p_valid, ks, q, sidx, lane);
+        } else {
+            cp_async_commit();
+        }
+    };
 #pragma unroll 1
-    for (int z = 0; z < QMM_RING - 1; ++z) qmm_load_stage(job, ring, ks, z, zmax, tpb, mt, q, lane, ntasks);
+    for (int z = 0; z < QMM_RING - 1; ++z) produce(z);
     if (prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
-    int cnt = 0, ti = 0, xkey = -1;
+    int xoff[NT], csoff[NT];
+    int cnt = 0, ti = 0;
+    const int g = lane >> 2, c = lane & 3, G = ks.G;
 #pragma unroll 1
     for (int z = 0; z < zmax; ++z) {
         const int it = z / SQ, s = z - it * SQ;
@@ -470,20 +484,20 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, int K, bool pref
             ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
             cnt = ti < ntasks ? job.count(ti) : 0;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = 0.f;
-            const int key = ti < ntasks ? job.xkey(ti) : -2;
-            if (cnt > 0 && key != xkey) {
-                const Job& jb = job;
-                const int tt = ti;
-                xs_load(xs, csum, x, ks, q, cnt, lane, [&jb, tt](int j) { return jb.xrow(tt, j); });
-                xkey = key;
+            for (int nt = 0; nt < NT; ++nt) {
+                acc[nt][0] = acc[nt][1] = 0.f;
+                const int jb = nt * 4 + (g >> 1), jc = nt * 4 + c;
+                xoff[nt] = jb < cnt ? job.xrow(ti, jb) * 2 * K + (g & 1) * K : -1;
+                csoff[nt] = (!CSUM_MMA && jc < cnt) ? job.xrow(ti, jc) * G : -1;
             }
         }
         cp_async_wait<QMM_RING - 2>();
         __syncwarp();
-        if (cnt > 0) stage_math<NT>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, xs, csum, ks, q, s, lane, cnt, acc);
+#ifndef QMM_PROBE_NO_MATH
+        if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
+#endif
         __syncwarp();
-        qmm_load_stage(job, ring, ks, z + QMM_RING - 1, zmax, tpb, mt, q, lane, ntasks);
+        produce(z + QMM_RING - 1);
         if (s == SQ - 1) {
             // Every slice's partial to shared memory, then the slice-0 warp
             // adds them in slice order (deterministic) and runs the epilogue.
@@ -536,6 +550,7 @@ LAYOUT_CHECK(QmmSeg, QMM_SEG_SIZE)
 struct QmmDenseParams {
     QmmSeg seg[QMM_MAX_SEGS];
     const u16* x;         // packed [ntok][2][K]
+    const float* csum;    // [ntok][K / 64] group sums of x
     u64* argmax_keys;     // [ntok] for QMM_LOGITS, else null
     int nseg;
     int ntiles;           // 16-row tiles over all segments
@@ -583,7 +598,6 @@ struct DenseJob {
     }
     __device__ int count(int ti) const { return min(p.tok_chunk, p.ntok - (ti / p.ntiles) * p.tok_chunk); }
     __device__ int xrow(int ti, int j) const { return (ti / p.ntiles) * p.tok_chunk + j; }
-    __device__ int xkey(int ti) const { return ti / p.ntiles; }
     __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
         const int g = lane >> 2, c = lane & 3;
         const int tile = ti % p.ntiles;
@@ -629,11 +643,11 @@ template <int NT>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, QMM_WARPS>(job, p.x, p.K, true);
+    qmm_run<NT, false>(job, p.x, p.csum, p.K, true);
 }
 
 #define QMM_DENSE(NT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 1) qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) { \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) { \
         qmm_dense_body<NT>(p);                                                                       \
     }
 QMM_DENSE(1)
@@ -663,6 +677,7 @@ struct QmmMoeParams {
     const bf16* sh_scales2;
     const bf16* sh_biases2;
     const u16* x;            // packed: up [ntok][2][HIDDEN], down [ntok * MOE_SLOTS][2][MOE_INTER]
+    const float* csum;       // up: [ntok][HIDDEN / 64] group sums of x; down: unused
     const int* plan;
     u16* act_out;            // up: packed [ntok * MOE_SLOTS][2][MOE_INTER]
     float* y_out;            // down: [ntok * MOE_SLOTS][HIDDEN]
@@ -719,7 +734,6 @@ struct MoeJob {
     __device__ int count(int ti) const { return items[3 * (ti / tiles()) + 2]; }
     __device__ int pair(int ti, int j) const { return pairs[items[3 * (ti / tiles()) + 1] + j]; }
     __device__ int xrow(int ti, int j) const { return p.up ? pair(ti, j) / MOE_SLOTS : pair(ti, j); }
-    __device__ int xkey(int ti) const { return ti / tiles(); }
     __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
         const int g = lane >> 2, j = nt * 4 + (lane & 3);
         if (j >= cnt) return;
@@ -739,9 +753,10 @@ struct MoeJob {
 };
 
 #define QMM_MOE(NAME, NT)                                                                           \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 1) NAME(const __grid_constant__ QmmMoeParams p) { \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
         MoeJob job(p);                                                                               \
-        qmm_run<NT, QMM_WARPS>(job, p.x, p.up ? HIDDEN : MOE_INTER, false);                          \
+        if (p.up) qmm_run<NT, false>(job, p.x, p.csum, HIDDEN, false);                                \
+        else qmm_run<NT, true>(job, p.x, nullptr, MOE_INTER, false);                                  \
     }
 QMM_MOE(qmm_moe_1, 1)
 QMM_MOE(qmm_moe_2, 2)
@@ -760,6 +775,7 @@ struct RouterParams {
     float* logits;           // [ntok][N_EXPERTS]
     float* sg;               // [ntok]
     u16* px;                 // packed RMSNorm(h) [ntok][2][HIDDEN] (block 0 writes)
+    float* csum;             // [ntok][HIDDEN / 64] its group sums (block 0 writes)
     int* topk_idx;           // [ntok][TOPK]
     float* topk_w;           // [ntok][MOE_SLOTS]
     int* plan;
@@ -845,13 +861,22 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
             }
             ss = warp_sum(ss);
             const float r = rsqrtf(ss / (float)HIDDEN + p.eps);
-            for (int c = lane * 8; c < HIDDEN; c += 256) {
-                float o[8];
+            // Uniform over the warp (group sums shuffle across 8 lanes).
+            for (int c0 = 0; c0 < HIDDEN; c0 += 256) {
+                const int c = c0 + lane * 8;
+                float part = 0.f;
+                if (c < HIDDEN) {
+                    float o[8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) o[j] = hr[c + j] * r * p.gain[c + j];
+                    for (int j = 0; j < 8; ++j) o[j] = hr[c + j] * r * p.gain[c + j];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) sx[PAD32(c + j)] = o[j];
-                if (blockIdx.x == 0) px_store8(p.px, t, HIDDEN, c, o);
+                    for (int j = 0; j < 8; ++j) sx[PAD32(c + j)] = o[j];
+                    if (blockIdx.x == 0) part = px_store8(p.px, t, HIDDEN, c, o);
+                }
+                if (blockIdx.x == 0) {
+                    const float gs = group_sum8(part);
+                    if (c < HIDDEN && (lane & 7) == 0) p.csum[(size_t)t * (HIDDEN / GROUP_SIZE) + c / GROUP_SIZE] = gs;
+                }
             }
         }
         __syncthreads();

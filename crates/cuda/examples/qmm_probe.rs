@@ -1,0 +1,97 @@
+//! Speed probe of the decode matrix kernels (qmm.cu) alone: the lm_head
+//! (248,320 x 2,048), a DeltaNet in-projection (12,352 x 2,048) and an
+//! out-projection (2,048 x 4,096), real-shape random weights made on the GPU,
+//! timed with CUDA events over repeated launches (each launch may overlap the
+//! previous one's tail, as in a decode step), for several block shapes and
+//! probe variants compiled side by side. Prints µs per launch and the
+//! achieved bandwidth over the matrix bytes, next to a device-to-device copy
+//! of the lm_head's bytes (the ceiling).
+//!
+//!   cargo run -p lily-cuda --release --example qmm_probe
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use lily_cuda::device::{copy_device, DeviceBuffer};
+use lily_cuda::kernels::Kernels;
+use lily_cuda::qmm::{self, DenseSeg, Epilogue, QmmShape};
+use lily_cuda::weights::MixerDev;
+use lily_cuda::{CudaBackend, Gpu, Options};
+
+fn time_us(gpu: &Gpu, reps: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    let e0 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| e.to_string())?;
+    let e1 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| e.to_string())?;
+    e0.record(&gpu.stream).map_err(|e| e.to_string())?;
+    for _ in 0..reps {
+        f()?;
+    }
+    e1.record(&gpu.stream).map_err(|e| e.to_string())?;
+    gpu.synchronize().map_err(|e| e.to_string())?;
+    Ok(e0.elapsed_ms(&e1).map_err(|e| e.to_string())? as f64 * 1000.0 / reps as f64)
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("qmm_probe: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let gpu: Arc<Gpu> = Gpu::open(0).map_err(|e| e.to_string())?;
+    let mut cfg = lily_core::config::production();
+    cfg.num_layers = 4;
+    let mut opts = Options::for_context(512);
+    opts.max_sequences = 2;
+    let be = CudaBackend::synthetic(&gpu, &cfg, opts, 3).map_err(|e| e.to_string())?;
+    let m = be.model();
+    let (d, dec) = (&m.dims, m.mem.decode);
+    let MixerDev::DeltaNet(gd) = &m.weights.layers[0].mixer else { return Err("layer 0 is not DeltaNet".into()) };
+    let lm = m.weights.lm_head;
+    let scratch = DeviceBuffer::zeroed(&gpu, lm.bytes(), "copy probe").map_err(|e| e.to_string())?;
+    let copy_us = time_us(&gpu, 10, || copy_device(&gpu, scratch.ptr(), lm.codes, lm.bytes()).map_err(|e| e.to_string()))?;
+    println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
+    let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
+        ("4 warps, ring 4", QmmShape { warps: 4, ring: 4 }, vec![]),
+        ("4 warps, ring 4, no math", QmmShape { warps: 4, ring: 4 }, vec!["-DQMM_PROBE_NO_MATH".into()]),
+        ("4 warps, ring 3", QmmShape { warps: 4, ring: 3 }, vec![]),
+        ("4 warps, ring 6", QmmShape { warps: 4, ring: 6 }, vec![]),
+        ("8 warps, ring 4", QmmShape { warps: 8, ring: 4 }, vec![]),
+        ("2 warps, ring 4", QmmShape { warps: 2, ring: 4 }, vec![]),
+    ];
+    let in_segs = |out: lily_cuda::device::DevSlice<f32>| {
+        let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];
+        [&gd.in_qkv, &gd.in_z, &gd.in_a, &gd.in_b]
+            .into_iter()
+            .zip(offs)
+            .map(|(w, off)| DenseSeg { w, out: out.from(off).unwrap_or(out), out_stride: d.proj_stride(), epilogue: Epilogue::Store })
+            .collect::<Vec<_>>()
+    };
+    let in_bytes: usize = [&gd.in_qkv, &gd.in_z, &gd.in_a, &gd.in_b].iter().map(|w| w.bytes()).sum();
+    for (label, shape, extra) in variants {
+        let k = match Kernels::load_tuned(&gpu, d, shape, &extra) {
+            Ok(k) => k,
+            Err(e) => {
+                println!("{label}: {e}");
+                continue;
+            }
+        };
+        for n in [1usize, 8] {
+            let lm_seg = DenseSeg { w: &lm, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
+            let cases: Vec<(&str, Vec<DenseSeg>, qmm::PackedRows, usize)> = vec![
+                ("lm_head", vec![lm_seg], dec.px_in, lm.bytes()),
+                ("in_proj", in_segs(dec.proj), dec.px_in, in_bytes),
+                ("out_proj", vec![DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, gd.out.bytes()),
+            ];
+            for (name, segs, x, bytes) in cases {
+                let reps = if name == "lm_head" { 10 } else { 50 };
+                match time_us(&gpu, reps, || qmm::dense(&gpu, &k, &segs, x, n, Some(dec.argmax)).map_err(|e| e.to_string())) {
+                    Ok(us) => println!("{label:<28} n={n:<3} {name:<9} {us:9.1} us  {:.2} TB/s", bytes as f64 / us / 1e6),
+                    Err(e) => println!("{label:<28} n={n:<3} {name:<9} {e}"),
+                }
+            }
+        }
+    }
+    Ok(())
+}
