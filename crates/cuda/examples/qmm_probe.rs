@@ -55,10 +55,9 @@ fn run() -> Result<(), String> {
     let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
         ("4 warps, ring 4", QmmShape { warps: 4, ring: 4 }, vec![]),
         ("4 warps, ring 4, no math", QmmShape { warps: 4, ring: 4 }, vec!["-DQMM_PROBE_NO_MATH".into()]),
-        ("4 warps, ring 3", QmmShape { warps: 4, ring: 3 }, vec![]),
+        ("4 warps, ring 4, maxreg 96", QmmShape { warps: 4, ring: 4 }, vec!["--maxrregcount=96".into()]),
         ("4 warps, ring 6", QmmShape { warps: 4, ring: 6 }, vec![]),
         ("8 warps, ring 4", QmmShape { warps: 8, ring: 4 }, vec![]),
-        ("2 warps, ring 4", QmmShape { warps: 2, ring: 4 }, vec![]),
     ];
     let in_segs = |out: lily_cuda::device::DevSlice<f32>| {
         let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];

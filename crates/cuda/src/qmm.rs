@@ -291,8 +291,8 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
     }
     let kdim = segs[0].w.cols;
-    if !kdim.is_multiple_of(64) || kdim > 512 * k.qmm.warps {
-        return Err(CudaError::shape(NAME, format!("input width {kdim}: a multiple of 64, at most {}", 512 * k.qmm.warps)));
+    if !kdim.is_multiple_of(64) {
+        return Err(CudaError::shape(NAME, format!("input width {kdim} is not a multiple of 64")));
     }
     let (xp, xc) = x.need(NAME, "packed input", ntok, kdim)?;
     let mut p = QmmDenseParamsC {

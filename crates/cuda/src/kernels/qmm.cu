@@ -301,43 +301,63 @@ struct KSplit {
 #define QMM_STAGE_CODES 2048
 __device__ __forceinline__ int code_off(int r, int grp) { return r * 128 + ((grp ^ (r & 3)) << 5); }
 
-// Issues the cp.async pieces of stage `s` of warp slice `q` of task `tk`
-// (always commits one group, possibly empty). Codes: 16-byte copies that
-// bypass L1; scales and biases: 8-byte copies (2-byte plain loads when a
-// row's groups are not a multiple of 4, so its scales are not 8-byte aligned).
-__device__ __forceinline__ void stage_load(unsigned char* st, const QTask& tk, bool valid, const KSplit& ks, int q, int s,
-                                           int lane) {
+// The lane's share of a task's stage copies, computed once per task: four
+// 16-byte code pieces (row r = lane / 2 + 16 i / 8..., see pieces below) and
+// one 8-byte scale or bias piece. Sources are at the warp slice's first
+// group; a stage adds its group offset.
+struct StageSrc {
+    const u32* code[4];   // null: the piece's row is past the matrix
+    const bf16* sb;       // null likewise
+};
+
+// Piece i (0..3) of lane l: 16 bytes of row r = (l + 32 i) >> 3, group
+// grp = ((l + 32 i) >> 1) & 3 of the stage, half h = l & 1.
+__device__ __forceinline__ StageSrc stage_src(const QTask& tk, bool valid, const KSplit& ks, int q, int lane) {
+    StageSrc src;
+    const int G0 = q * ks.GQ;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int pc = lane + 32 * i;
+        const int r = pc >> 3, grp = (pc >> 1) & 3, h = pc & 1;
+        const int hr = r >> 3, gr = r & 7;
+        const int nh = hr ? tk.n[1] : tk.n[0];
+        const u32* base = hr ? tk.codes[1] : tk.codes[0];
+        src.code[i] = valid && gr < nh ? base + (size_t)gr * ks.wpr + (G0 + grp) * 8 + h * 4 : nullptr;
+    }
+    const int kind = lane >> 4, r = lane & 15, h = r >> 3, g = r & 7;
+    const bf16* base = kind ? (h ? tk.biases[1] : tk.biases[0]) : (h ? tk.scales[1] : tk.scales[0]);
+    src.sb = valid && g < (h ? tk.n[1] : tk.n[0]) ? base + (size_t)g * ks.G + G0 : nullptr;
+    return src;
+}
+
+// Issues the cp.async pieces of stage `s` (always commits one group,
+// possibly empty). Codes: 16-byte copies that bypass L1; scales and biases:
+// 8-byte copies (2-byte plain loads when a row's groups are not a multiple
+// of 4, so its scales are not 8-byte aligned).
+__device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& src, const KSplit& ks, int q, int s, int lane,
+                                           const void* any) {
     const int G0 = q * ks.GQ + QMM_SG * s;
-    const int gend = min((q + 1) * ks.GQ, ks.G);
-    if (valid && G0 < gend) {
+    const int left = min((q + 1) * ks.GQ, ks.G) - G0;  // groups of this stage in the slice
+    if (left > 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int pc = lane + 32 * i;  // 128 pieces of 16 bytes: row, group, half
+            const int pc = lane + 32 * i;
             const int r = pc >> 3, grp = (pc >> 1) & 3, h = pc & 1;
-            const int hr = r >> 3, gr = r & 7;
-            const int nh = hr ? tk.n[1] : tk.n[0];
-            const u32* base = hr ? tk.codes[1] : tk.codes[0];
-            const bool ok = gr < nh && G0 + grp < gend;
-            const u32* src = ok ? base + (size_t)gr * ks.wpr + (G0 + grp) * 8 + h * 4 : tk.codes[0];
-            cp_async16(st + code_off(r, grp) + h * 16, src, ok ? 16 : 0);
+            const bool ok = src.code[i] != nullptr && grp < left;
+            cp_async16(st + code_off(r, grp) + h * 16, ok ? (const void*)(src.code[i] + QMM_SG * s * 8) : any, ok ? 16 : 0);
         }
-        {
-            const int kind = lane >> 4, r = lane & 15, h = r >> 3, g = r & 7;
-            const bool ok = g < (h ? tk.n[1] : tk.n[0]);
-            const bf16* base = kind ? (h ? tk.biases[1] : tk.biases[0]) : (h ? tk.scales[1] : tk.scales[0]);
-            const bf16* src = ok ? base + (size_t)g * ks.G + G0 : tk.scales[0];
-            unsigned char* dst = st + QMM_STAGE_CODES + kind * 128 + r * 8;
-            const int have = ok ? min(QMM_SG, ks.G - G0) : 0;
-            if ((ks.G & 3) == 0) {
-                cp_async8(dst, src, have * 2);
-            } else {
-                u32 v0 = 0, v1 = 0;
-                if (have > 0) v0 = ld_nc_u16(src);
-                if (have > 1) v0 |= (u32)ld_nc_u16(src + 1) << 16;
-                if (have > 2) v1 = ld_nc_u16(src + 2);
-                if (have > 3) v1 |= (u32)ld_nc_u16(src + 3) << 16;
-                *reinterpret_cast<uint2*>(dst) = make_uint2(v0, v1);
-            }
+        unsigned char* dst = st + QMM_STAGE_CODES + (lane >> 4) * 128 + (lane & 15) * 8;
+        const int have = src.sb != nullptr ? min(QMM_SG, left) : 0;
+        const bf16* sp = src.sb + QMM_SG * s;
+        if ((ks.G & 3) == 0) {
+            cp_async8(dst, have > 0 ? (const void*)sp : any, have * 2);
+        } else {
+            u32 v0 = 0, v1 = 0;
+            if (have > 0) v0 = ld_nc_u16(sp);
+            if (have > 1) v0 |= (u32)ld_nc_u16(sp + 1) << 16;
+            if (have > 2) v1 = ld_nc_u16(sp + 2);
+            if (have > 3) v1 |= (u32)ld_nc_u16(sp + 3) << 16;
+            *reinterpret_cast<uint2*>(dst) = make_uint2(v0, v1);
         }
     }
     cp_async_commit();
@@ -368,6 +388,27 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
     const int ng = min(QMM_SG, min((q + 1) * ks.GQ, ks.G) - G0);
     const uint2 sA4 = lds64(st + QMM_STAGE_CODES + g * 8), sB4 = lds64(st + QMM_STAGE_CODES + (g + 8) * 8);
     const uint2 bA4 = lds64(st + QMM_STAGE_CODES + 128 + g * 8), bB4 = lds64(st + QMM_STAGE_CODES + 128 + (g + 8) * 8);
+    // The C token's group sums of the stage's groups, one read per stage.
+    float cs4[NT][QMM_SG];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int k = 0; k < QMM_SG; ++k) cs4[nt][k] = 0.f;
+        if (!CSUM_MMA && csoff[nt] >= 0) {
+            const float* cp = csum + csoff[nt] + G0;
+            if ((ks.G & 3) == 0 && ng == QMM_SG) {
+                const uint4 v = ldg128(cp);
+                cs4[nt][0] = __uint_as_float(v.x);
+                cs4[nt][1] = __uint_as_float(v.y);
+                cs4[nt][2] = __uint_as_float(v.z);
+                cs4[nt][3] = __uint_as_float(v.w);
+            } else {
+#pragma unroll
+                for (int k = 0; k < QMM_SG; ++k)
+                    if (k < ng) cs4[nt][k] = ldg_f32(cp + k);
+            }
+        }
+    }
     uint4 b01[NT], b23[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) load_b(x, xoff[nt], G0 * GROUP_SIZE + 16 * c, b01[nt], b23[nt]);
@@ -387,31 +428,32 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
         const float bA = (grp & 1) ? bf16hi(bAw) : bf16lo(bAw), bB = (grp & 1) ? bf16hi(bBw) : bf16lo(bBw);
         u32 pr0[4], pr1[4], ph0[4], ph1[4];
         deq_word(wr.x, pr0);
-        deq_word(wr.y, pr1);
         deq_word(wh.x, ph0);
+        deq_word(wr.y, pr1);
         deq_word(wh.y, ph1);
-        const int gg = G0 + grp;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             if (nt * 4 >= cnt) break;
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            // Two independent mma chains (codes 0..7 and 8..15 of the lane).
+            float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
             mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].y);
+            mma_f16(e, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].y);
             mma_f16(d, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].z, b01[nt].w);
-            mma_f16(d, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].y);
-            mma_f16(d, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].z, b23[nt].w);
+            mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].z, b23[nt].w);
             float cs;
             if (CSUM_MMA) {
                 const u32 ONE2 = 0x3C003C00u;
-                float e[4] = {0.f, 0.f, 0.f, 0.f};
-                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
-                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
-                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23[nt].x, b23[nt].y);
-                mma_f16(e, ONE2, ONE2, ONE2, ONE2, b23[nt].z, b23[nt].w);
-                cs = __fadd_rn(e[0], e[1]);
+                float f[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
+                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
+                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].x, b23[nt].y);
+                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].z, b23[nt].w);
+                cs = __fadd_rn(f[0], f[1]);
             } else {
-                cs = csoff[nt] >= 0 ? ldg_f32(csum + csoff[nt] + gg) : 0.f;
+                cs = cs4[nt][grp];
             }
-            const float yA = __fadd_rn(d[0], d[1]), yB = __fadd_rn(d[2], d[3]);
+            const float yA = __fadd_rn(__fadd_rn(d[0], d[1]), __fadd_rn(e[0], e[1]));
+            const float yB = __fadd_rn(__fadd_rn(d[2], d[3]), __fadd_rn(e[2], e[3]));
             acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
             acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
         }
@@ -451,26 +493,26 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     const int my_bt = (int)blockIdx.x < nbt ? (nbt - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int zmax = my_bt * SQ;
 
-    // Producer state: the task whose stages are being requested, cached.
+    // Producer state: the task whose stages are being requested and the
+    // lane's copy sources for it, computed once per task.
     int p_ti = -1;
-    bool p_valid = false;
-    QTask ptk;
-    auto produce = [&](int z) {
+    StageSrc psrc;
+#pragma unroll 1
+    for (int z = 0; z < QMM_RING - 1; ++z) {
         if (z < zmax) {
             const int it = z / SQ, sidx = z - it * SQ;
-            const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
-            if (ti != p_ti) {
-                p_ti = ti;
-                ptk = job.task(ti, p_valid);
-                p_valid = p_valid && ti < ntasks;
+            const int tz = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
+            if (tz != p_ti) {
+                p_ti = tz;
+                bool v = false;
+                const QTask tk = job.task(tz, v);
+                psrc = stage_src(tk, v && tz < ntasks, ks, q, lane);
             }
-            stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, ptk, p_valid, ks, q, sidx, lane);
+            stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, sidx, lane, x);
         } else {
             cp_async_commit();
         }
-    };
-#pragma unroll 1
-    for (int z = 0; z < QMM_RING - 1; ++z) produce(z);
+    }
     if (prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
@@ -497,7 +539,22 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
         if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
 #endif
         __syncwarp();
-        produce(z + QMM_RING - 1);
+        {
+            const int zp = z + QMM_RING - 1;
+            if (zp < zmax) {
+                const int it2 = zp / SQ, sidx = zp - it2 * SQ;
+                const int tz = ((int)blockIdx.x + it2 * (int)gridDim.x) * tpb + mt;
+                if (tz != p_ti) {
+                    p_ti = tz;
+                    bool v = false;
+                    const QTask tk = job.task(tz, v);
+                    psrc = stage_src(tk, v && tz < ntasks, ks, q, lane);
+                }
+                stage_load(ring + (zp % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, sidx, lane, x);
+            } else {
+                cp_async_commit();
+            }
+        }
         if (s == SQ - 1) {
             // Every slice's partial to shared memory, then the slice-0 warp
             // adds them in slice order (deterministic) and runs the epilogue.
