@@ -9,12 +9,8 @@ fn main() {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into());
-    let dirty = std::process::Command::new("git")
-        .args(["status", "--porcelain", "--untracked-files=no"])
-        .output()
-        .ok()
-        .map(|o| !o.stdout.is_empty())
-        .unwrap_or(false);
+    let dirty =
+        std::process::Command::new("git").args(["status", "--porcelain", "--untracked-files=no"]).output().ok().map(|o| !o.stdout.is_empty()).unwrap_or(false);
     let rev = if dirty { format!("{rev}-dirty") } else { rev };
     println!("cargo:rustc-env=LILY_GIT_REV={rev}");
     println!("cargo:rerun-if-changed=../../.git/HEAD");

@@ -61,11 +61,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     fn with(role: &str, content: impl Into<String>) -> Self {
-        Self {
-            role: role.to_string(),
-            content: Some(content.into()),
-            ..Self::default()
-        }
+        Self { role: role.to_string(), content: Some(content.into()), ..Self::default() }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::with("system", content)
@@ -77,10 +73,7 @@ impl ChatMessage {
         Self::with("assistant", content)
     }
     pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            tool_call_id: Some(tool_call_id.into()),
-            ..Self::with("tool", content)
-        }
+        Self { tool_call_id: Some(tool_call_id.into()), ..Self::with("tool", content) }
     }
 }
 
@@ -100,12 +93,7 @@ pub struct ChatRenderRequest {
 
 impl Default for ChatRenderRequest {
     fn default() -> Self {
-        Self {
-            messages: Vec::new(),
-            tools: None,
-            add_generation_prompt: true,
-            enable_thinking: true,
-        }
+        Self { messages: Vec::new(), tools: None, add_generation_prompt: true, enable_thinking: true }
     }
 }
 
@@ -137,16 +125,10 @@ impl ChatTemplate {
         }
         let cfg_path = dir.join("tokenizer_config.json");
         if !cfg_path.is_file() {
-            return Err(Error::Template(format!(
-                "{}: no chat_template.jinja and no tokenizer_config.json",
-                dir.display()
-            )));
+            return Err(Error::Template(format!("{}: no chat_template.jinja and no tokenizer_config.json", dir.display())));
         }
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
-        let cfg: Json = serde_json::from_str(&text).map_err(|e| Error::Json {
-            path: cfg_path.clone(),
-            message: e.to_string(),
-        })?;
+        let cfg: Json = serde_json::from_str(&text).map_err(|e| Error::Json { path: cfg_path.clone(), message: e.to_string() })?;
         let src = match cfg.get("chat_template") {
             Some(Json::String(s)) => s.clone(),
             Some(Json::Array(named)) => named
@@ -155,12 +137,7 @@ impl ChatTemplate {
                 .and_then(|t| t.get("template"))
                 .and_then(Json::as_str)
                 .map(str::to_string)
-                .ok_or_else(|| {
-                    Error::Template(format!(
-                        "{}: `chat_template` is a list without a template named `default`",
-                        cfg_path.display()
-                    ))
-                })?,
+                .ok_or_else(|| Error::Template(format!("{}: `chat_template` is a list without a template named `default`", cfg_path.display())))?,
             _ => {
                 return Err(Error::Template(format!(
                     "{}: no chat_template.jinja in {} and no `chat_template` string in tokenizer_config.json",
@@ -182,8 +159,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", py_tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(template_error)?;
+        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;
         Ok(Self { env })
     }
 
@@ -225,10 +201,7 @@ impl ChatTemplate {
     }
 
     fn render_ctx(&self, ctx: Value) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(template_error)?;
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
         tmpl.render(ctx).map_err(template_error)
     }
 }
@@ -268,11 +241,7 @@ fn prepare(req: &ChatRenderRequest) -> Result<Vec<Prepared>> {
     for (i, m) in req.messages.iter().enumerate() {
         match m.role.as_str() {
             "system" | "user" | "assistant" | "tool" => {}
-            other => {
-                return Err(Error::Template(format!(
-                    "message {i}: role must be system, user, assistant or tool, found `{other}`"
-                )))
-            }
+            other => return Err(Error::Template(format!("message {i}: role must be system, user, assistant or tool, found `{other}`"))),
         }
         let mut content = m.content.clone();
         let mut reasoning = m.reasoning_content.clone();
@@ -289,11 +258,7 @@ fn prepare(req: &ChatRenderRequest) -> Result<Vec<Prepared>> {
         }
         let mut calls = Vec::with_capacity(m.tool_calls.len());
         for (j, call) in m.tool_calls.iter().enumerate() {
-            calls.push((
-                call.id.clone(),
-                call.name.clone(),
-                parse_arguments(i, j, call)?,
-            ));
+            calls.push((call.id.clone(), call.name.clone(), parse_arguments(i, j, call)?));
         }
         out.push(Prepared {
             role: m.role.clone(),
@@ -313,15 +278,10 @@ fn parse_arguments(i: usize, j: usize, call: &ToolCall) -> Result<Json> {
     }
     match serde_json::from_str::<Json>(&call.arguments_json) {
         Ok(v @ Json::Object(_)) => Ok(v),
-        Ok(other) => Err(Error::Template(format!(
-            "message {i}, tool call {j} (`{}`): arguments must be a JSON object, found {}",
-            call.name,
-            json_kind(&other)
-        ))),
-        Err(e) => Err(Error::Template(format!(
-            "message {i}, tool call {j} (`{}`): arguments are not valid JSON: {e}",
-            call.name
-        ))),
+        Ok(other) => {
+            Err(Error::Template(format!("message {i}, tool call {j} (`{}`): arguments must be a JSON object, found {}", call.name, json_kind(&other))))
+        }
+        Err(e) => Err(Error::Template(format!("message {i}, tool call {j} (`{}`): arguments are not valid JSON: {e}", call.name))),
     }
 }
 
@@ -340,11 +300,7 @@ fn json_kind(v: &Json) -> &'static str {
 /// the request is replaced by a marker (see `Markers`); roles stay (they were
 /// checked), and so do `type` fields of tool definitions, which templates
 /// compare against.
-fn context(
-    prepared: &[Prepared],
-    req: &ChatRenderRequest,
-    mut markers: Option<&mut Markers>,
-) -> Value {
+fn context(prepared: &[Prepared], req: &ChatRenderRequest, mut markers: Option<&mut Markers>) -> Value {
     fn text(s: &str, m: &mut Option<&mut Markers>) -> Json {
         match m {
             Some(mk) if !s.is_empty() => Json::String(mk.mark(s)),
@@ -355,12 +311,7 @@ fn context(
     for p in prepared {
         let mut obj = serde_json::Map::new();
         obj.insert("role".into(), Json::String(p.role.clone()));
-        obj.insert(
-            "content".into(),
-            p.content
-                .as_deref()
-                .map_or(Json::Null, |s| text(s, &mut markers)),
-        );
+        obj.insert("content".into(), p.content.as_deref().map_or(Json::Null, |s| text(s, &mut markers)));
         if let Some(r) = &p.reasoning {
             obj.insert("reasoning_content".into(), text(r, &mut markers));
         }
@@ -401,10 +352,7 @@ fn context(
     let mut ctx = serde_json::Map::new();
     ctx.insert("messages".into(), Json::Array(messages));
     ctx.insert("tools".into(), tools.unwrap_or(Json::Null));
-    ctx.insert(
-        "add_generation_prompt".into(),
-        Json::Bool(req.add_generation_prompt),
-    );
+    ctx.insert("add_generation_prompt".into(), Json::Bool(req.add_generation_prompt));
     ctx.insert("enable_thinking".into(), Json::Bool(req.enable_thinking));
     // HF passes these; some templates print them.
     ctx.insert("bos_token".into(), Json::String(String::new()));
@@ -432,9 +380,7 @@ fn pick_nonce(plain: &str) -> String {
         if !plain.contains(&format!("{MARK_OPEN}{nonce}")) {
             return nonce;
         }
-        n = n
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
+        n = n.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
     }
 }
 
@@ -448,19 +394,12 @@ struct Markers {
 
 impl Markers {
     fn new(nonce: String) -> Self {
-        Self {
-            nonce,
-            strings: Vec::new(),
-        }
+        Self { nonce, strings: Vec::new() }
     }
 
     fn mark(&mut self, s: &str) -> String {
         self.strings.push(s.to_string());
-        format!(
-            "{MARK_OPEN}{}s{}{MARK_CLOSE}",
-            self.nonce,
-            self.strings.len() - 1
-        )
+        format!("{MARK_OPEN}{}s{}{MARK_CLOSE}", self.nonce, self.strings.len() - 1)
     }
 
     /// Replaces strings (and, for arguments, object keys) inside a JSON value.
@@ -471,25 +410,12 @@ impl Markers {
         match v {
             Json::String(s) if s.is_empty() => v.clone(),
             Json::String(s) => Json::String(self.mark(s)),
-            Json::Array(items) => Json::Array(
-                items
-                    .iter()
-                    .map(|x| self.mark_json(x, is_tool_def))
-                    .collect(),
-            ),
+            Json::Array(items) => Json::Array(items.iter().map(|x| self.mark_json(x, is_tool_def)).collect()),
             Json::Object(map) => {
                 let mut out = serde_json::Map::new();
                 for (k, x) in map {
-                    let key = if is_tool_def || k.is_empty() {
-                        k.clone()
-                    } else {
-                        self.mark(k)
-                    };
-                    let val = if is_tool_def && k == "type" {
-                        x.clone()
-                    } else {
-                        self.mark_json(x, is_tool_def)
-                    };
+                    let key = if is_tool_def || k.is_empty() { k.clone() } else { self.mark(k) };
+                    let val = if is_tool_def && k == "type" { x.clone() } else { self.mark_json(x, is_tool_def) };
                     out.insert(key, val);
                 }
                 Json::Object(out)
@@ -514,42 +440,25 @@ impl Markers {
             };
             if depth == 0 {
                 let base = out.len();
-                specials.extend(
-                    tok.find_specials(chunk)
-                        .into_iter()
-                        .map(|(r, id)| (r.start + base..r.end + base, id)),
-                );
+                specials.extend(tok.find_specials(chunk).into_iter().map(|(r, id)| (r.start + base..r.end + base, id)));
             }
             out.push_str(chunk);
             let Some(after) = after else { break };
-            let close = after
-                .find(MARK_CLOSE)
-                .ok_or_else(|| malformed("unterminated marker"))?;
+            let close = after.find(MARK_CLOSE).ok_or_else(|| malformed("unterminated marker"))?;
             let body = &after[..close];
             rest = &after[close + MARK_CLOSE.len_utf8()..];
             match body {
                 "b" => depth += 1,
-                "e" => {
-                    depth = depth
-                        .checked_sub(1)
-                        .ok_or_else(|| malformed("unbalanced tojson bracket"))?
-                }
+                "e" => depth = depth.checked_sub(1).ok_or_else(|| malformed("unbalanced tojson bracket"))?,
                 _ => {
-                    let idx: usize = body
-                        .strip_prefix('s')
-                        .and_then(|n| n.parse().ok())
-                        .ok_or_else(|| malformed("unknown marker"))?;
-                    let s = self
-                        .strings
-                        .get(idx)
-                        .ok_or_else(|| malformed("marker index out of range"))?;
+                    let idx: usize = body.strip_prefix('s').and_then(|n| n.parse().ok()).ok_or_else(|| malformed("unknown marker"))?;
+                    let s = self.strings.get(idx).ok_or_else(|| malformed("marker index out of range"))?;
                     if depth == 0 {
                         out.push_str(s);
                     } else {
                         // Inside tojson output the string was serialised with
                         // its quotes around the marker; put back its escaped form.
-                        let quoted =
-                            serde_json::to_string(s).map_err(|e| Error::Template(e.to_string()))?;
+                        let quoted = serde_json::to_string(s).map_err(|e| Error::Template(e.to_string()))?;
                         out.push_str(&quoted[1..quoted.len() - 1]);
                     }
                 }
@@ -566,29 +475,19 @@ impl Markers {
 type SpecialSpans = Vec<(std::ops::Range<usize>, u32)>;
 
 fn malformed(what: &str) -> Error {
-    Error::Template(format!(
-        "render_tokens: {what} in the marked rendering (the template altered a marker)"
-    ))
+    Error::Template(format!("render_tokens: {what} in the marked rendering (the template altered a marker)"))
 }
 
 /// `tojson` as Hugging Face defines it for chat templates: Python's
 /// `json.dumps(x, ensure_ascii=False)`, i.e. `", "` and `": "` separators, keys
 /// in insertion order, no HTML escaping; `indent=n` gives the indented form.
-fn py_tojson(
-    state: &State,
-    value: &Value,
-    kwargs: Kwargs,
-) -> std::result::Result<Value, minijinja::Error> {
+fn py_tojson(state: &State, value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(value)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let json = serde_json::to_value(value).map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
     write_py_json(&json, indent, 0, &mut out);
-    if let Some(nonce) = state
-        .lookup(MARKER_VAR)
-        .filter(|v| !v.is_undefined() && !v.is_none())
-    {
+    if let Some(nonce) = state.lookup(MARKER_VAR).filter(|v| !v.is_undefined() && !v.is_none()) {
         let nonce = nonce.as_str().unwrap_or_default();
         out = format!("{MARK_OPEN}{nonce}b{MARK_CLOSE}{out}{MARK_OPEN}{nonce}e{MARK_CLOSE}");
     }

@@ -188,9 +188,7 @@ impl ModelConfig {
         2 * self.linear_key_dim() + self.linear_value_dim()
     }
     pub fn num_attention_layers(&self) -> usize {
-        self.layer_kinds()
-            .filter(|k| *k == LayerKind::Attention)
-            .count()
+        self.layer_kinds().filter(|k| *k == LayerKind::Attention).count()
     }
     pub fn num_deltanet_layers(&self) -> usize {
         self.num_layers - self.num_attention_layers()
@@ -203,19 +201,13 @@ impl ModelConfig {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
         let mut cfg = Self::from_json_str(&text).map_err(|e| match e {
-            Error::Json { message, .. } => Error::Json {
-                path: path.clone(),
-                message,
-            },
+            Error::Json { message, .. } => Error::Json { path: path.clone(), message },
             other => other,
         })?;
         let gen_path = dir.join("generation_config.json");
         if gen_path.exists() {
             let text = std::fs::read_to_string(&gen_path).map_err(|e| Error::io(&gen_path, e))?;
-            let value: Value = serde_json::from_str(&text).map_err(|e| Error::Json {
-                path: gen_path.clone(),
-                message: e.to_string(),
-            })?;
+            let value: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: gen_path.clone(), message: e.to_string() })?;
             for id in eos_ids(value.get("eos_token_id"), "generation_config.eos_token_id")? {
                 if !cfg.eos_token_ids.contains(&id) {
                     cfg.eos_token_ids.push(id);
@@ -227,35 +219,19 @@ impl ModelConfig {
 
     /// Parses the text of `config.json` and validates it.
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let root: Value = serde_json::from_str(text).map_err(|e| Error::Json {
-            path: "config.json".into(),
-            message: e.to_string(),
-        })?;
+        let root: Value = serde_json::from_str(text).map_err(|e| Error::Json { path: "config.json".into(), message: e.to_string() })?;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or("");
         if model_type != "qwen3_5_moe" {
-            return Err(Error::config(
-                "model_type",
-                "\"qwen3_5_moe\"",
-                format!("{model_type:?}"),
-            ));
+            return Err(Error::config("model_type", "\"qwen3_5_moe\"", format!("{model_type:?}")));
         }
-        let text_cfg = root
-            .get("text_config")
-            .ok_or_else(|| Error::config("text_config", "an object", "nothing"))?;
-        let t = Fields {
-            obj: text_cfg,
-            prefix: "text_config",
-        };
+        let text_cfg = root.get("text_config").ok_or_else(|| Error::config("text_config", "an object", "nothing"))?;
+        let t = Fields { obj: text_cfg, prefix: "text_config" };
         refuse_unimplemented(text_cfg)?;
-        let rope = text_cfg
-            .get("rope_parameters")
-            .or_else(|| text_cfg.get("rope_scaling"));
+        let rope = text_cfg.get("rope_parameters").or_else(|| text_cfg.get("rope_scaling"));
         let rope_f64 = |key: &str, default: f64| -> Result<f64> {
             match rope.and_then(|r| r.get(key)).or_else(|| text_cfg.get(key)) {
                 None => Ok(default),
-                Some(v) => v.as_f64().ok_or_else(|| {
-                    Error::config(format!("text_config.rope_parameters.{key}"), "a number", v)
-                }),
+                Some(v) => v.as_f64().ok_or_else(|| Error::config(format!("text_config.rope_parameters.{key}"), "a number", v)),
             }
         };
 
@@ -275,10 +251,7 @@ impl ModelConfig {
             eos.push(IM_END_ID);
         }
 
-        let quantization = match root
-            .get("quantization")
-            .or_else(|| root.get("quantization_config"))
-        {
+        let quantization = match root.get("quantization").or_else(|| root.get("quantization_config")) {
             None | Some(Value::Null) => None,
             Some(q) => Some(parse_quantization(q)?),
         };
@@ -309,20 +282,12 @@ impl ModelConfig {
         };
         if let Some(v) = text_cfg.get("tie_word_embeddings").and_then(Value::as_bool) {
             if v {
-                return Err(Error::config(
-                    "text_config.tie_word_embeddings",
-                    false,
-                    true,
-                ));
+                return Err(Error::config("text_config.tie_word_embeddings", false, true));
             }
         }
         if let Some(types) = text_cfg.get("layer_types").and_then(Value::as_array) {
             if types.len() != cfg.num_layers {
-                return Err(Error::config(
-                    "text_config.layer_types",
-                    format!("{} entries", cfg.num_layers),
-                    format!("{} entries", types.len()),
-                ));
+                return Err(Error::config("text_config.layer_types", format!("{} entries", cfg.num_layers), format!("{} entries", types.len())));
             }
             for (i, ty) in types.iter().enumerate() {
                 let want = match cfg.layer_kind(i) {
@@ -330,11 +295,7 @@ impl ModelConfig {
                     LayerKind::DeltaNet => "linear_attention",
                 };
                 if ty.as_str() != Some(want) {
-                    return Err(Error::config(
-                        format!("text_config.layer_types[{i}]"),
-                        format!("{want:?}"),
-                        ty,
-                    ));
+                    return Err(Error::config(format!("text_config.layer_types[{i}]"), format!("{want:?}"), ty));
                 }
             }
         }
@@ -348,65 +309,25 @@ impl ModelConfig {
             ("hidden_size", self.hidden_size, prod.hidden_size),
             ("num_hidden_layers", self.num_layers, prod.num_layers),
             ("vocab_size", self.vocab_size, prod.vocab_size),
-            (
-                "num_attention_heads",
-                self.num_attention_heads,
-                prod.num_attention_heads,
-            ),
+            ("num_attention_heads", self.num_attention_heads, prod.num_attention_heads),
             ("num_key_value_heads", self.num_kv_heads, prod.num_kv_heads),
             ("head_dim", self.head_dim, prod.head_dim),
-            (
-                "linear_num_key_heads",
-                self.linear_num_key_heads,
-                prod.linear_num_key_heads,
-            ),
-            (
-                "linear_num_value_heads",
-                self.linear_num_value_heads,
-                prod.linear_num_value_heads,
-            ),
-            (
-                "linear_key_head_dim",
-                self.linear_key_head_dim,
-                prod.linear_key_head_dim,
-            ),
-            (
-                "linear_value_head_dim",
-                self.linear_value_head_dim,
-                prod.linear_value_head_dim,
-            ),
+            ("linear_num_key_heads", self.linear_num_key_heads, prod.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads, prod.linear_num_value_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim, prod.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim, prod.linear_value_head_dim),
             ("num_experts", self.num_experts, prod.num_experts),
-            (
-                "num_experts_per_tok",
-                self.num_experts_per_tok,
-                prod.num_experts_per_tok,
-            ),
-            (
-                "moe_intermediate_size",
-                self.moe_intermediate_size,
-                prod.moe_intermediate_size,
-            ),
-            (
-                "shared_expert_intermediate_size",
-                self.shared_expert_intermediate_size,
-                prod.shared_expert_intermediate_size,
-            ),
-            (
-                "max_position_embeddings",
-                self.max_position_embeddings,
-                prod.max_position_embeddings,
-            ),
+            ("num_experts_per_tok", self.num_experts_per_tok, prod.num_experts_per_tok),
+            ("moe_intermediate_size", self.moe_intermediate_size, prod.moe_intermediate_size),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, prod.shared_expert_intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings, prod.max_position_embeddings),
         ];
         // Rules every accepted config must satisfy, test or production.
         let check = |field: &str, ok: bool, expected: String, actual: String| -> Result<()> {
             if ok {
                 Ok(())
             } else {
-                Err(Error::config(
-                    format!("text_config.{field}"),
-                    expected,
-                    actual,
-                ))
+                Err(Error::config(format!("text_config.{field}"), expected, actual))
             }
         };
         check(
@@ -419,19 +340,13 @@ impl ModelConfig {
             "linear_num_value_heads",
             // checked/saturating: the values are not bounded yet.
             self.linear_num_key_heads.checked_mul(2) == Some(self.linear_num_value_heads),
-            format!(
-                "2 x linear_num_key_heads = {}",
-                self.linear_num_key_heads.saturating_mul(2)
-            ),
+            format!("2 x linear_num_key_heads = {}", self.linear_num_key_heads.saturating_mul(2)),
             self.linear_num_value_heads.to_string(),
         )?;
         check(
             "num_attention_heads",
             self.num_kv_heads.checked_mul(8) == Some(self.num_attention_heads),
-            format!(
-                "8 x num_key_value_heads = {}",
-                self.num_kv_heads.saturating_mul(8)
-            ),
+            format!("8 x num_key_value_heads = {}", self.num_kv_heads.saturating_mul(8)),
             self.num_attention_heads.to_string(),
         )?;
         check(
@@ -440,12 +355,7 @@ impl ModelConfig {
             self.linear_key_head_dim.to_string(),
             self.linear_value_head_dim.to_string(),
         )?;
-        check(
-            "linear_conv_kernel_dim",
-            self.conv_kernel == 4,
-            "4".into(),
-            self.conv_kernel.to_string(),
-        )?;
+        check("linear_conv_kernel_dim", self.conv_kernel == 4, "4".into(), self.conv_kernel.to_string())?;
         // The f64 in the file is narrowed to f32: 1e80 would become inf.
         check(
             "rms_norm_eps",
@@ -453,24 +363,9 @@ impl ModelConfig {
             "a positive number within f32 range".into(),
             self.rms_norm_eps.to_string(),
         )?;
-        check(
-            "rope_parameters.rope_theta",
-            self.rope_theta.is_finite() && self.rope_theta > 0.0,
-            "a positive number".into(),
-            self.rope_theta.to_string(),
-        )?;
-        check(
-            "rope_parameters.partial_rotary_factor",
-            self.partial_rotary_factor == 0.25,
-            "0.25".into(),
-            self.partial_rotary_factor.to_string(),
-        )?;
-        check(
-            "head_dim",
-            self.head_dim.is_multiple_of(8) && self.head_dim >= 16,
-            "a multiple of 8, at least 16".into(),
-            self.head_dim.to_string(),
-        )?;
+        check("rope_parameters.rope_theta", self.rope_theta.is_finite() && self.rope_theta > 0.0, "a positive number".into(), self.rope_theta.to_string())?;
+        check("rope_parameters.partial_rotary_factor", self.partial_rotary_factor == 0.25, "0.25".into(), self.partial_rotary_factor.to_string())?;
+        check("head_dim", self.head_dim.is_multiple_of(8) && self.head_dim >= 16, "a multiple of 8, at least 16".into(), self.head_dim.to_string())?;
         check(
             "num_experts_per_tok",
             self.num_experts_per_tok >= 1 && self.num_experts_per_tok <= self.num_experts,
@@ -485,14 +380,7 @@ impl ModelConfig {
         )?;
         if let Some(q) = &self.quantization {
             if q.default.bits != 4 || q.default.group_size != 64 {
-                return Err(Error::config(
-                    "quantization",
-                    "bits 4, group_size 64",
-                    format!(
-                        "bits {}, group_size {}",
-                        q.default.bits, q.default.group_size
-                    ),
-                ));
+                return Err(Error::config("quantization", "bits 4, group_size 64", format!("bits {}, group_size {}", q.default.bits, q.default.group_size)));
             }
         }
 
@@ -501,11 +389,7 @@ impl ModelConfig {
         // from the config (tensor shapes, layer loops), so a hostile
         // config.json cannot overflow them or loop for ever.
         if let Some(&(field, got, want)) = dims.iter().find(|(_, got, want)| got > want) {
-            return Err(Error::config(
-                format!("text_config.{field}"),
-                format!("at most {want} (Qwen3.6-35B-A3B)"),
-                got,
-            ));
+            return Err(Error::config(format!("text_config.{field}"), format!("at most {want} (Qwen3.6-35B-A3B)"), got));
         }
         let first_diff = dims.iter().find(|(_, got, want)| got != want);
         self.shape_class = match first_diff {
@@ -515,75 +399,41 @@ impl ModelConfig {
                 // so is the real shape cut to fewer layers (`lily synth
                 // --preset full --layers 4`); any other large model is some
                 // other model and is refused.
-                let fewer_layers = self.num_layers < prod.num_layers
-                    && dims
-                        .iter()
-                        .all(|(f, got, want)| got == want || *f == "num_hidden_layers");
-                if fewer_layers
-                    || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts)
-                {
+                let fewer_layers = self.num_layers < prod.num_layers && dims.iter().all(|(f, got, want)| got == want || *f == "num_hidden_layers");
+                if fewer_layers || (self.hidden_size <= MAX_TEST_HIDDEN && self.num_experts <= prod.num_experts) {
                     ShapeClass::Test
                 } else {
-                    return Err(Error::config(
-                        format!("text_config.{field}"),
-                        format!("{want} (Qwen3.6-35B-A3B)"),
-                        got,
-                    ));
+                    return Err(Error::config(format!("text_config.{field}"), format!("{want} (Qwen3.6-35B-A3B)"), got));
                 }
             }
         };
-        if self.shape_class == ShapeClass::Production
-            && (self.rope_theta - prod.rope_theta).abs() > 1.0
-        {
-            return Err(Error::config(
-                "text_config.rope_parameters.rope_theta",
-                prod.rope_theta,
-                self.rope_theta,
-            ));
+        if self.shape_class == ShapeClass::Production && (self.rope_theta - prod.rope_theta).abs() > 1.0 {
+            return Err(Error::config("text_config.rope_parameters.rope_theta", prod.rope_theta, self.rope_theta));
         }
         Ok(self)
     }
 }
 
 fn parse_quantization(q: &Value) -> Result<Quantization> {
-    let obj = q
-        .as_object()
-        .ok_or_else(|| Error::config("quantization", "an object", q))?;
+    let obj = q.as_object().ok_or_else(|| Error::config("quantization", "an object", q))?;
     // Read as written (bits and group size as numbers, no range check): the
     // default is checked in `validated`, per-module entries by the loader,
     // which ignores those of modules Lily does not load.
     let spec = |v: &Value| -> Option<QuantSpec> {
-        let bits = v
-            .get("bits")
-            .and_then(Value::as_u64)
-            .and_then(|b| u32::try_from(b).ok())?;
-        let group = v
-            .get("group_size")
-            .and_then(Value::as_u64)
-            .and_then(|g| usize::try_from(g).ok())?;
-        Some(QuantSpec {
-            bits,
-            group_size: group,
-        })
+        let bits = v.get("bits").and_then(Value::as_u64).and_then(|b| u32::try_from(b).ok())?;
+        let group = v.get("group_size").and_then(Value::as_u64).and_then(|g| usize::try_from(g).ok())?;
+        Some(QuantSpec { bits, group_size: group })
     };
     if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
         if mode != "affine" {
-            return Err(Error::config(
-                "quantization.mode",
-                "\"affine\"",
-                format!("{mode:?}"),
-            ));
+            return Err(Error::config("quantization.mode", "\"affine\"", format!("{mode:?}")));
         }
     }
     let default = spec(q).ok_or_else(|| {
         Error::config(
             "quantization",
             "integer `bits` and `group_size`",
-            format!(
-                "bits {}, group_size {}",
-                q.get("bits").unwrap_or(&Value::Null),
-                q.get("group_size").unwrap_or(&Value::Null)
-            ),
+            format!("bits {}, group_size {}", q.get("bits").unwrap_or(&Value::Null), q.get("group_size").unwrap_or(&Value::Null)),
         )
     })?;
     let mut overrides = BTreeMap::new();
@@ -618,35 +468,21 @@ fn refuse_unimplemented(text_cfg: &Value) -> Result<()> {
         match rope {
             Value::Null => continue,
             Value::Object(_) => {}
-            other => {
-                return Err(Error::config(
-                    format!("text_config.{key}"),
-                    "an object or null",
-                    other,
-                ))
-            }
+            other => return Err(Error::config(format!("text_config.{key}"), "an object or null", other)),
         }
         let mut named = false;
         for ty in ["rope_type", "type"] {
             if let Some(v) = rope.get(ty) {
                 named = true;
                 if !matches!(v.as_str(), Some("default" | "mrope")) {
-                    return Err(Error::config(
-                        format!("text_config.{key}.{ty}"),
-                        "\"default\" (Lily implements no rope scaling)",
-                        v,
-                    ));
+                    return Err(Error::config(format!("text_config.{key}.{ty}"), "\"default\" (Lily implements no rope scaling)", v));
                 }
             }
         }
         // A scaling factor without a type is a scaled rope all the same.
         if let Some(v) = rope.get("factor") {
             if !named || v.as_f64() != Some(1.0) {
-                return Err(Error::config(
-                    format!("text_config.{key}.factor"),
-                    "no factor (Lily implements no rope scaling)",
-                    v,
-                ));
+                return Err(Error::config(format!("text_config.{key}.factor"), "no factor (Lily implements no rope scaling)", v));
             }
         }
     }
@@ -654,62 +490,30 @@ fn refuse_unimplemented(text_cfg: &Value) -> Result<()> {
         match text_cfg.get(field) {
             None | Some(Value::Null) => Ok(()),
             Some(Value::Bool(b)) if *b == want => Ok(()),
-            Some(other) => Err(Error::config(
-                format!("text_config.{field}"),
-                format!("{want} ({why})"),
-                other,
-            )),
+            Some(other) => Err(Error::config(format!("text_config.{field}"), format!("{want} ({why})"), other)),
         }
     };
-    bool_must_be(
-        "attn_output_gate",
-        true,
-        "Lily's attention always applies the sigmoid output gate",
-    )?;
-    bool_must_be(
-        "norm_topk_prob",
-        true,
-        "Lily always renormalises the top-k routing weights",
-    )?;
-    bool_must_be(
-        "attention_bias",
-        false,
-        "Lily's attention projections have no bias",
-    )?;
+    bool_must_be("attn_output_gate", true, "Lily's attention always applies the sigmoid output gate")?;
+    bool_must_be("norm_topk_prob", true, "Lily always renormalises the top-k routing weights")?;
+    bool_must_be("attention_bias", false, "Lily's attention projections have no bias")?;
     if let Some(v) = text_cfg.get("hidden_act") {
         if v.as_str() != Some("silu") {
-            return Err(Error::config(
-                "text_config.hidden_act",
-                "\"silu\" (the experts' SwiGLU)",
-                v,
-            ));
+            return Err(Error::config("text_config.hidden_act", "\"silu\" (the experts' SwiGLU)", v));
         }
     }
     if let Some(v) = text_cfg.get("full_attention_interval") {
         if v.as_u64() != Some(4) {
-            return Err(Error::config(
-                "text_config.full_attention_interval",
-                "4 (layer i is attention when i % 4 == 3)",
-                v,
-            ));
+            return Err(Error::config("text_config.full_attention_interval", "4 (layer i is attention when i % 4 == 3)", v));
         }
     }
     if let Some(v) = text_cfg.get("mlp_only_layers") {
         if !matches!(v, Value::Null) && v.as_array().is_none_or(|a| !a.is_empty()) {
-            return Err(Error::config(
-                "text_config.mlp_only_layers",
-                "[] (every layer ends in the MoE)",
-                v,
-            ));
+            return Err(Error::config("text_config.mlp_only_layers", "[] (every layer ends in the MoE)", v));
         }
     }
     if let Some(v) = text_cfg.get("decoder_sparse_step") {
         if v.as_u64() != Some(1) {
-            return Err(Error::config(
-                "text_config.decoder_sparse_step",
-                "1 (every layer ends in the MoE)",
-                v,
-            ));
+            return Err(Error::config("text_config.decoder_sparse_step", "1 (every layer ends in the MoE)", v));
         }
     }
     Ok(())
@@ -719,19 +523,10 @@ fn eos_ids(value: Option<&Value>, field: &str) -> Result<Vec<u32>> {
     match value {
         None | Some(Value::Null) => Ok(Vec::new()),
         // An id past u32 is refused, not truncated into some other token.
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .and_then(|id| u32::try_from(id).ok())
-            .map(|id| vec![id])
-            .ok_or_else(|| Error::config(field, "a token id", n)),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|id| u32::try_from(id).ok())
-                    .ok_or_else(|| Error::config(field, "token ids", v))
-            })
-            .collect(),
+        Some(Value::Number(n)) => n.as_u64().and_then(|id| u32::try_from(id).ok()).map(|id| vec![id]).ok_or_else(|| Error::config(field, "a token id", n)),
+        Some(Value::Array(items)) => {
+            items.iter().map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(|| Error::config(field, "token ids", v))).collect()
+        }
         Some(other) => Err(Error::config(field, "a token id or a list of them", other)),
     }
 }
@@ -745,26 +540,14 @@ struct Fields<'a> {
 impl Fields<'_> {
     fn usize(&self, key: &str) -> Result<usize> {
         match self.obj.get(key) {
-            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
-                Error::config(
-                    format!("{}.{key}", self.prefix),
-                    "a non-negative integer",
-                    v,
-                )
-            }),
-            None => Err(Error::config(
-                format!("{}.{key}", self.prefix),
-                "a value",
-                "nothing",
-            )),
+            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| Error::config(format!("{}.{key}", self.prefix), "a non-negative integer", v)),
+            None => Err(Error::config(format!("{}.{key}", self.prefix), "a value", "nothing")),
         }
     }
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         match self.obj.get(key) {
             None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| Error::config(format!("{}.{key}", self.prefix), "a number", v)),
+            Some(v) => v.as_f64().ok_or_else(|| Error::config(format!("{}.{key}", self.prefix), "a number", v)),
         }
     }
 }
@@ -848,28 +631,13 @@ pub fn to_config_json(cfg: &ModelConfig) -> Value {
 /// The MLX quantisation block the real 4-bit checkpoint carries: 4-bit group
 /// 64 by default, 8-bit for every layer's router and shared-expert gate.
 pub fn mlx_quantization(cfg: &ModelConfig) -> Quantization {
-    let eight = Some(QuantSpec {
-        bits: 8,
-        group_size: 64,
-    });
+    let eight = Some(QuantSpec { bits: 8, group_size: 64 });
     let mut overrides = BTreeMap::new();
     for layer in 0..cfg.num_layers {
-        overrides.insert(
-            format!("language_model.model.layers.{layer}.mlp.gate"),
-            eight,
-        );
-        overrides.insert(
-            format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"),
-            eight,
-        );
+        overrides.insert(format!("language_model.model.layers.{layer}.mlp.gate"), eight);
+        overrides.insert(format!("language_model.model.layers.{layer}.mlp.shared_expert_gate"), eight);
     }
-    Quantization {
-        default: QuantSpec {
-            bits: 4,
-            group_size: 64,
-        },
-        overrides,
-    }
+    Quantization { default: QuantSpec { bits: 4, group_size: 64 }, overrides }
 }
 
 #[cfg(test)]
@@ -892,30 +660,16 @@ mod tests {
         assert_eq!(cfg.rotary_dim(), 64);
         assert_eq!(cfg.linear_conv_dim(), 8192);
         let q = cfg.quantization.as_ref().expect("quantised");
-        assert_eq!(
-            q.spec_for("language_model.model.layers.7.mlp.gate")
-                .map(|s| s.bits),
-            Some(8)
-        );
-        assert_eq!(
-            q.spec_for("language_model.model.layers.7.mlp.shared_expert_gate")
-                .map(|s| s.bits),
-            Some(8)
-        );
-        assert_eq!(
-            q.spec_for("language_model.model.layers.7.mlp.switch_mlp.up_proj")
-                .map(|s| s.bits),
-            Some(4)
-        );
+        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.gate").map(|s| s.bits), Some(8));
+        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.shared_expert_gate").map(|s| s.bits), Some(8));
+        assert_eq!(q.spec_for("language_model.model.layers.7.mlp.switch_mlp.up_proj").map(|s| s.bits), Some(4));
     }
 
     #[test]
     fn a_larger_model_is_refused_naming_the_field() {
         let mut v = prod_json();
         v["text_config"]["hidden_size"] = 4096.into();
-        let err = ModelConfig::from_json_str(&v.to_string())
-            .unwrap_err()
-            .to_string();
+        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
         assert!(err.contains("text_config.hidden_size"), "{err}");
         assert!(err.contains("2048") && err.contains("4096"), "{err}");
     }
@@ -924,9 +678,7 @@ mod tests {
     fn broken_head_relation_is_refused() {
         let mut v = prod_json();
         v["text_config"]["num_key_value_heads"] = 4.into();
-        let err = ModelConfig::from_json_str(&v.to_string())
-            .unwrap_err()
-            .to_string();
+        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
         assert!(err.contains("num_attention_heads"), "{err}");
     }
 
@@ -934,15 +686,11 @@ mod tests {
     fn wrong_model_type_and_layer_types_are_refused() {
         let mut v = prod_json();
         v["model_type"] = "qwen3_next".into();
-        let err = ModelConfig::from_json_str(&v.to_string())
-            .unwrap_err()
-            .to_string();
+        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
         assert!(err.contains("model_type"), "{err}");
         let mut v = prod_json();
         v["text_config"]["layer_types"][2] = "full_attention".into();
-        let err = ModelConfig::from_json_str(&v.to_string())
-            .unwrap_err()
-            .to_string();
+        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
         assert!(err.contains("layer_types[2]"), "{err}");
     }
 
@@ -973,9 +721,7 @@ mod tests {
         let mut v = prod_json();
         v["quantization"]["bits"] = 3.into();
         v["quantization_config"]["bits"] = 3.into();
-        let err = ModelConfig::from_json_str(&v.to_string())
-            .unwrap_err()
-            .to_string();
+        let err = ModelConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
         assert!(err.contains("quantization"), "{err}");
     }
 

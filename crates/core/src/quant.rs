@@ -73,34 +73,19 @@ pub fn quantize_value(w: f32, p: GroupParams, bits: u32) -> u32 {
 /// `[rows, cols * bits / 32]` and f32 scales and biases `[rows, cols / group]`.
 /// The caller rounds scales and biases to the storage type (MLX computes the
 /// codes from the unrounded f32 values, so rounding first would change them).
-pub fn quantize(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    bits: u32,
-    group: usize,
-) -> Result<(Vec<u32>, Vec<f32>, Vec<f32>)> {
+pub fn quantize(w: &[f32], rows: usize, cols: usize, bits: u32, group: usize) -> Result<(Vec<u32>, Vec<f32>, Vec<f32>)> {
     if bits != 4 && bits != 8 {
-        return Err(Error::Other(format!(
-            "quantize: bits must be 4 or 8, got {bits}"
-        )));
+        return Err(Error::Other(format!("quantize: bits must be 4 or 8, got {bits}")));
     }
     if w.len() != rows * cols {
-        return Err(Error::Other(format!(
-            "quantize: {} values given for a {rows} x {cols} matrix",
-            w.len()
-        )));
+        return Err(Error::Other(format!("quantize: {} values given for a {rows} x {cols} matrix", w.len())));
     }
     if group == 0 || !cols.is_multiple_of(group) {
-        return Err(Error::Other(format!(
-            "quantize: {cols} columns is not a multiple of the group size {group}"
-        )));
+        return Err(Error::Other(format!("quantize: {cols} columns is not a multiple of the group size {group}")));
     }
     let per_word = (32 / bits) as usize;
     if !cols.is_multiple_of(per_word) {
-        return Err(Error::Other(format!(
-            "quantize: {cols} columns do not fill whole u32 words at {bits} bits"
-        )));
+        return Err(Error::Other(format!("quantize: {cols} columns do not fill whole u32 words at {bits} bits")));
     }
     let words_per_row = cols / per_word;
     let groups_per_row = cols / group;
@@ -132,14 +117,7 @@ pub fn code_at(packed_row: &[u32], col: usize, bits: u32) -> u32 {
 }
 
 /// Dequantises one row: `out[c] = scale[c / group] * q[c] + bias[c / group]`.
-pub fn dequantize_row(
-    packed_row: &[u32],
-    scales: &[f32],
-    biases: &[f32],
-    bits: u32,
-    group: usize,
-    out: &mut [f32],
-) {
+pub fn dequantize_row(packed_row: &[u32], scales: &[f32], biases: &[f32], bits: u32, group: usize, out: &mut [f32]) {
     for (c, o) in out.iter_mut().enumerate() {
         let g = c / group;
         *o = scales[g] * code_at(packed_row, c, bits) as f32 + biases[g];
@@ -166,16 +144,9 @@ mod tests {
         let (lo, hi) = (a.min(b), a.max(b));
         let step = scale.abs();
         let slack = 1e-6 * (1.0 + x.abs() + bias.abs());
-        let bound = if x >= lo - slack && x <= hi + slack {
-            step / 2.0
-        } else {
-            step
-        };
+        let bound = if x >= lo - slack && x <= hi + slack { step / 2.0 } else { step };
         let err = (back - x).abs();
-        assert!(
-            err <= bound + slack,
-            "{what}: {x} -> {back} (err {err}, step {step}, range [{lo}, {hi}])"
-        );
+        assert!(err <= bound + slack, "{what}: {x} -> {back} (err {err}, step {step}, range [{lo}, {hi}])");
     }
 
     fn assert_round_trip(w: &[f32], bits: u32) {
@@ -184,14 +155,7 @@ mod tests {
         dequantize_row(&packed, &scales, &biases, bits, 64, &mut back);
         for (g, chunk) in w.chunks(64).enumerate() {
             for (j, &x) in chunk.iter().enumerate() {
-                check_bound(
-                    x,
-                    back[g * 64 + j],
-                    scales[g],
-                    biases[g],
-                    bits,
-                    &format!("bits {bits} group {g} elem {j}"),
-                );
+                check_bound(x, back[g * 64 + j], scales[g], biases[g], bits, &format!("bits {bits} group {g} elem {j}"));
             }
         }
     }
@@ -308,10 +272,7 @@ mod tests {
         let c = codes_of(&w, 4);
         assert_eq!(c[17], 0, "the outlier is exact");
         // The small values all land on codes 15 (value 0) or clamp at 15.
-        assert!(
-            c.iter().enumerate().all(|(j, &q)| j == 17 || q == 15),
-            "{c:?}"
-        );
+        assert!(c.iter().enumerate().all(|(j, &q)| j == 17 || q == 15), "{c:?}");
         // Everything but the outlier dequantises to (almost exactly) 0,
         // which is within half a step (1/3) of every value in [-0.3, 0.33].
         assert_round_trip(&w, 4);
@@ -319,12 +280,7 @@ mod tests {
         let mut back = vec![0f32; 64];
         dequantize_row(&packed, &s, &b, 4, 64, &mut back);
         assert!((back[17] - 10.0).abs() < 1e-6);
-        assert!(
-            back.iter()
-                .enumerate()
-                .all(|(j, &x)| j == 17 || x.abs() < 1e-5),
-            "{back:?}"
-        );
+        assert!(back.iter().enumerate().all(|(j, &x)| j == 17 || x.abs() < 1e-5), "{back:?}");
     }
 
     #[test]
@@ -335,13 +291,7 @@ mod tests {
         w[1] = 15.0;
         w[2] = 6.5;
         let p = group_params(&w, 4);
-        assert_eq!(
-            p,
-            GroupParams {
-                scale: -1.0,
-                bias: 15.0
-            }
-        );
+        assert_eq!(p, GroupParams { scale: -1.0, bias: 15.0 });
         assert_eq!(quantize_value(6.5, p, 4), 9);
         assert_eq!(quantize_value(7.5, p, 4), 8);
     }
@@ -354,13 +304,8 @@ mod tests {
         // Codes 15 15 15 14 14 14 14 13: code j at bit (j % 8) * 4.
         assert_eq!(packed[0], 0xDEEE_EFFF);
         // The last word holds codes of 56..63: round((63 - j) / 4.2).
-        let last: Vec<u32> = (56..64)
-            .map(|j| ((63.0f32 - j as f32) / (63.0f32 / 15.0)).round() as u32)
-            .collect();
-        let want = last
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (i, &q)| acc | q << (4 * i));
+        let last: Vec<u32> = (56..64).map(|j| ((63.0f32 - j as f32) / (63.0f32 / 15.0)).round() as u32).collect();
+        let want = last.iter().enumerate().fold(0u32, |acc, (i, &q)| acc | q << (4 * i));
         assert_eq!(packed[7], want);
 
         let (packed8, _, _) = quantize(&w, 1, 64, 8, 64).expect("valid");
@@ -382,31 +327,15 @@ mod tests {
         for bits in [4u32, 8] {
             let rows = 5;
             let cols = 192;
-            let w: Vec<f32> = (0..rows * cols)
-                .map(|_| rng.random_range(-1.0f32..1.0) * 0.3)
-                .collect();
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1.0f32..1.0) * 0.3).collect();
             let (packed, scales, biases) = quantize(&w, rows, cols, bits, 64).expect("valid");
             let words = cols * bits as usize / 32;
             let mut back = vec![0f32; cols];
             for r in 0..rows {
-                dequantize_row(
-                    &packed[r * words..(r + 1) * words],
-                    &scales[r * 3..r * 3 + 3],
-                    &biases[r * 3..r * 3 + 3],
-                    bits,
-                    64,
-                    &mut back,
-                );
+                dequantize_row(&packed[r * words..(r + 1) * words], &scales[r * 3..r * 3 + 3], &biases[r * 3..r * 3 + 3], bits, 64, &mut back);
                 for c in 0..cols {
                     let g = r * 3 + c / 64;
-                    check_bound(
-                        w[r * cols + c],
-                        back[c],
-                        scales[g],
-                        biases[g],
-                        bits,
-                        &format!("bits {bits} r {r} c {c}"),
-                    );
+                    check_bound(w[r * cols + c], back[c], scales[g], biases[g], bits, &format!("bits {bits} r {r} c {c}"));
                 }
             }
         }
@@ -422,12 +351,10 @@ mod tests {
     fn matches_the_python_quantiser_on_the_tiny_fixture() {
         use crate::config::ModelConfig;
         use crate::tensors::TensorStore;
-        let root =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny");
         let cfg = ModelConfig::from_dir(&root.join("hf-bf16")).expect("fixture config");
         let hf = TensorStore::open_dir(&root.join("hf-bf16")).expect("hf fixture");
-        let want = TensorStore::open_files(&[root.join("mlx_q4_expected.safetensors")])
-            .expect("expected file");
+        let want = TensorStore::open_files(&[root.join("mlx_q4_expected.safetensors")]).expect("expected file");
         let im = cfg.moe_intermediate_size;
         let mlx_name = |hf_name: &str| -> String {
             match hf_name.strip_prefix("model.language_model.") {
@@ -441,41 +368,13 @@ mod tests {
             let (codes, scales, biases) = quantize(w, rows, cols, bits, 64).expect("valid shape");
             let words = cols * bits as usize / 32;
             let groups = cols / 64;
-            let wc = want
-                .peek(&format!("{module}.weight"))
-                .expect("codes")
-                .as_u32()
-                .into_owned();
-            let ws = want
-                .peek(&format!("{module}.scales"))
-                .expect("scales")
-                .as_u16()
-                .into_owned();
-            let wb = want
-                .peek(&format!("{module}.biases"))
-                .expect("biases")
-                .as_u16()
-                .into_owned();
-            assert_eq!(
-                &codes[..],
-                &wc[row0 * words..(row0 + rows) * words],
-                "{module}: codes"
-            );
-            let bf = |v: &[f32]| -> Vec<u16> {
-                v.iter()
-                    .map(|&x| half::bf16::from_f32(x).to_bits())
-                    .collect()
-            };
-            assert_eq!(
-                bf(&scales),
-                &ws[row0 * groups..(row0 + rows) * groups],
-                "{module}: scales"
-            );
-            assert_eq!(
-                bf(&biases),
-                &wb[row0 * groups..(row0 + rows) * groups],
-                "{module}: biases"
-            );
+            let wc = want.peek(&format!("{module}.weight")).expect("codes").as_u32().into_owned();
+            let ws = want.peek(&format!("{module}.scales")).expect("scales").as_u16().into_owned();
+            let wb = want.peek(&format!("{module}.biases")).expect("biases").as_u16().into_owned();
+            assert_eq!(&codes[..], &wc[row0 * words..(row0 + rows) * words], "{module}: codes");
+            let bf = |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect() };
+            assert_eq!(bf(&scales), &ws[row0 * groups..(row0 + rows) * groups], "{module}: scales");
+            assert_eq!(bf(&biases), &wb[row0 * groups..(row0 + rows) * groups], "{module}: biases");
         };
         let mut modules = std::collections::BTreeSet::new();
         for name in hf.names() {
@@ -496,41 +395,18 @@ mod tests {
                 let (e, rows, cols) = (t.shape[0], t.shape[1], t.shape[2]);
                 let module = mlx_name(&format!("{layer}.mlp.switch_mlp.down_proj"));
                 for x in 0..e {
-                    check(
-                        &module,
-                        &w[x * rows * cols..(x + 1) * rows * cols],
-                        rows,
-                        cols,
-                        x * rows,
-                        4,
-                    );
+                    check(&module, &w[x * rows * cols..(x + 1) * rows * cols], rows, cols, x * rows, 4);
                 }
                 modules.insert(module);
             } else if t.shape.len() == 2 {
-                let module = mlx_name(
-                    name.strip_suffix(".weight")
-                        .expect("linear weights end in .weight"),
-                );
-                let bits = if module.ends_with(".mlp.gate")
-                    || module.ends_with(".mlp.shared_expert_gate")
-                {
-                    8
-                } else {
-                    4
-                };
+                let module = mlx_name(name.strip_suffix(".weight").expect("linear weights end in .weight"));
+                let bits = if module.ends_with(".mlp.gate") || module.ends_with(".mlp.shared_expert_gate") { 8 } else { 4 };
                 check(&module, &w, t.shape[0], t.shape[1], 0, bits);
                 modules.insert(module);
             }
         }
-        let expected: std::collections::BTreeSet<String> = want
-            .names()
-            .filter_map(|n| n.strip_suffix(".scales"))
-            .map(str::to_string)
-            .collect();
-        assert_eq!(
-            modules, expected,
-            "every quantised module of the expected file is checked"
-        );
+        let expected: std::collections::BTreeSet<String> = want.names().filter_map(|n| n.strip_suffix(".scales")).map(str::to_string).collect();
+        assert_eq!(modules, expected, "every quantised module of the expected file is checked");
     }
 
     #[test]

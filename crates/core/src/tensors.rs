@@ -105,14 +105,7 @@ pub struct TensorRef {
 
 impl std::fmt::Debug for TensorRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {:?} {} in {}",
-            self.name,
-            self.shape,
-            self.dtype.name(),
-            self.file.display()
-        )
+        write!(f, "{} {:?} {} in {}", self.name, self.shape, self.dtype.name(), self.file.display())
     }
 }
 
@@ -138,39 +131,22 @@ impl TensorRef {
     pub fn to_f32(&self) -> Vec<f32> {
         let b = self.bytes();
         match self.dtype {
-            DType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            DType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            DType::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
+            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+            DType::F16 => b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
             _ => Vec::new(),
         }
     }
 
     fn error(&self, message: impl Into<String>) -> Error {
-        Error::Tensor {
-            tensor: self.name.clone(),
-            file: self.file.clone(),
-            message: message.into(),
-        }
+        Error::Tensor { tensor: self.name.clone(), file: self.file.clone(), message: message.into() }
     }
 
     /// Checks shape and dtype, with a message naming tensor and file.
     pub fn expect(&self, dtypes: &[DType], shape: &[usize]) -> Result<()> {
         if !dtypes.contains(&self.dtype) {
             let want: Vec<_> = dtypes.iter().map(|d| d.name()).collect();
-            return Err(self.error(format!(
-                "dtype is {}, expected {}",
-                self.dtype.name(),
-                want.join(" or ")
-            )));
+            return Err(self.error(format!("dtype is {}, expected {}", self.dtype.name(), want.join(" or "))));
         }
         if self.shape != shape {
             return Err(self.error(format!("shape is {:?}, expected {:?}", self.shape, shape)));
@@ -179,10 +155,7 @@ impl TensorRef {
     }
 }
 
-fn cast_or_copy<T: bytemuck::Pod, const N: usize>(
-    bytes: &[u8],
-    from_le: fn([u8; N]) -> T,
-) -> Cow<'_, [T]> {
+fn cast_or_copy<T: bytemuck::Pod, const N: usize>(bytes: &[u8], from_le: fn([u8; N]) -> T) -> Cow<'_, [T]> {
     match bytemuck::try_cast_slice::<u8, T>(bytes) {
         Ok(words) if cfg!(target_endian = "little") => Cow::Borrowed(words),
         _ => Cow::Owned(
@@ -213,32 +186,20 @@ impl TensorStore {
         let mut files: Vec<PathBuf> = Vec::new();
         let mut index: Option<HashMap<String, String>> = None;
         if index_path.exists() {
-            let text =
-                std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
-            let value: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| Error::Json {
-                    path: index_path.clone(),
-                    message: e.to_string(),
-                })?;
+            let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: index_path.clone(), message: e.to_string() })?;
             let map = value
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| Error::Json {
-                    path: index_path.clone(),
-                    message: "no `weight_map` object".into(),
-                })?;
+                .ok_or_else(|| Error::Json { path: index_path.clone(), message: "no `weight_map` object".into() })?;
             let mut names = HashMap::new();
             for (tensor, file) in map {
-                let file = file.as_str().ok_or_else(|| Error::Json {
-                    path: index_path.clone(),
-                    message: format!("weight_map[{tensor:?}] is not a file name"),
-                })?;
+                let file =
+                    file.as_str().ok_or_else(|| Error::Json { path: index_path.clone(), message: format!("weight_map[{tensor:?}] is not a file name") })?;
                 if file.contains('/') || file.contains("..") {
                     return Err(Error::Json {
                         path: index_path.clone(),
-                        message: format!(
-                            "weight_map[{tensor:?}] = {file:?} leaves the checkpoint directory"
-                        ),
+                        message: format!("weight_map[{tensor:?}] = {file:?} leaves the checkpoint directory"),
                     });
                 }
                 names.insert(tensor.clone(), file.to_string());
@@ -259,10 +220,7 @@ impl TensorStore {
             }
             files.sort();
             if files.is_empty() {
-                return Err(Error::Other(format!(
-                    "{}: no model.safetensors.index.json and no *.safetensors files",
-                    dir.display()
-                )));
+                return Err(Error::Other(format!("{}: no model.safetensors.index.json and no *.safetensors files", dir.display())));
             }
         }
         let store = Self::open_files(&files)?;
@@ -273,20 +231,13 @@ impl TensorStore {
                 let entry = store
                     .entries
                     .get(tensor)
-                    .ok_or_else(|| Error::Safetensors {
-                        file: dir.join(file),
-                        message: format!("index lists `{tensor}` but the file does not contain it"),
-                    })?;
+                    .ok_or_else(|| Error::Safetensors { file: dir.join(file), message: format!("index lists `{tensor}` but the file does not contain it") })?;
                 let actual = &store.shards[entry.shard].path;
                 if actual.file_name().and_then(|f| f.to_str()) != Some(file.as_str()) {
-                    return Err(Error::Safetensors {
-                        file: actual.clone(),
-                        message: format!("`{tensor}` is here but the index says {file}"),
-                    });
+                    return Err(Error::Safetensors { file: actual.clone(), message: format!("`{tensor}` is here but the index says {file}") });
                 }
             }
-            if let Some((name, entry)) = store.entries.iter().find(|(n, _)| !index.contains_key(*n))
-            {
+            if let Some((name, entry)) = store.entries.iter().find(|(n, _)| !index.contains_key(*n)) {
                 return Err(Error::Safetensors {
                     file: store.shards[entry.shard].path.clone(),
                     message: format!("`{name}` is not listed in model.safetensors.index.json"),
@@ -306,45 +257,24 @@ impl TensorStore {
             // it while mapped. A file truncated by another process after this
             // point would fault, which is the documented mmap contract.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-            let parsed = SafeTensors::deserialize(&map).map_err(|e| Error::Safetensors {
-                file: path.clone(),
-                message: format!("not a valid safetensors file: {e}"),
-            })?;
-            let (header_len, _) =
-                SafeTensors::read_metadata(&map).map_err(|e| Error::Safetensors {
-                    file: path.clone(),
-                    message: format!("not a valid safetensors file: {e}"),
-                })?;
+            let parsed =
+                SafeTensors::deserialize(&map).map_err(|e| Error::Safetensors { file: path.clone(), message: format!("not a valid safetensors file: {e}") })?;
+            let (header_len, _) = SafeTensors::read_metadata(&map)
+                .map_err(|e| Error::Safetensors { file: path.clone(), message: format!("not a valid safetensors file: {e}") })?;
             let base = 8 + header_len;
             for (name, view) in parsed.tensors() {
                 let data = view.data();
                 // The view borrows from `map`; turn it back into offsets.
                 let start = data.as_ptr() as usize - map.as_ptr() as usize;
                 debug_assert!(start >= base);
-                let entry = Entry {
-                    shard: i,
-                    dtype: DType::from_st(view.dtype()),
-                    shape: view.shape().to_vec(),
-                    start,
-                    end: start + data.len(),
-                };
+                let entry = Entry { shard: i, dtype: DType::from_st(view.dtype()), shape: view.shape().to_vec(), start, end: start + data.len() };
                 if entries.insert(name.clone(), entry).is_some() {
-                    return Err(Error::Safetensors {
-                        file: path.clone(),
-                        message: format!("tensor `{name}` appears in more than one file"),
-                    });
+                    return Err(Error::Safetensors { file: path.clone(), message: format!("tensor `{name}` appears in more than one file") });
                 }
             }
-            shards.push(Shard {
-                path: path.clone(),
-                map: Arc::new(map),
-            });
+            shards.push(Shard { path: path.clone(), map: Arc::new(map) });
         }
-        Ok(Self {
-            shards,
-            entries,
-            taken: Mutex::new(HashSet::new()),
-        })
+        Ok(Self { shards, entries, taken: Mutex::new(HashSet::new()) })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -381,59 +311,28 @@ impl TensorStore {
 
     /// Takes a tensor, checking dtype and shape, and marks it used.
     pub fn take(&self, name: &str, dtypes: &[DType], shape: &[usize]) -> Result<TensorRef> {
-        let t = self.peek(name).ok_or_else(|| Error::MissingTensor {
-            tensor: name.to_string(),
-            searched: self.describe_files(),
-        })?;
+        let t = self.peek(name).ok_or_else(|| Error::MissingTensor { tensor: name.to_string(), searched: self.describe_files() })?;
         t.expect(dtypes, shape)?;
-        self.taken
-            .lock()
-            .map_err(|_| Error::Other("tensor store lock poisoned".into()))?
-            .insert(name.to_string());
+        self.taken.lock().map_err(|_| Error::Other("tensor store lock poisoned".into()))?.insert(name.to_string());
         Ok(t)
     }
 
     /// Fails if a tensor was never taken, unless `ignored` says to skip it.
     pub fn check_all_used(&self, ignored: impl Fn(&str) -> bool) -> Result<()> {
-        let taken = self
-            .taken
-            .lock()
-            .map_err(|_| Error::Other("tensor store lock poisoned".into()))?;
-        let unused: Vec<(&String, &Entry)> = self
-            .entries
-            .iter()
-            .filter(|(n, _)| !taken.contains(*n) && !ignored(n))
-            .collect();
+        let taken = self.taken.lock().map_err(|_| Error::Other("tensor store lock poisoned".into()))?;
+        let unused: Vec<(&String, &Entry)> = self.entries.iter().filter(|(n, _)| !taken.contains(*n) && !ignored(n)).collect();
         match unused.first() {
             None => Ok(()),
-            Some((name, entry)) => Err(Error::UnusedTensors {
-                count: unused.len(),
-                example: (*name).clone(),
-                file: self.shards[entry.shard].path.clone(),
-            }),
+            Some((name, entry)) => Err(Error::UnusedTensors { count: unused.len(), example: (*name).clone(), file: self.shards[entry.shard].path.clone() }),
         }
     }
 
     fn describe_files(&self) -> String {
-        let names: Vec<String> = self
-            .shards
-            .iter()
-            .map(|s| {
-                s.path
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            })
-            .collect();
+        let names: Vec<String> = self.shards.iter().map(|s| s.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()).collect();
         if names.len() <= 3 {
             names.join(", ")
         } else {
-            format!(
-                "{} files: {} ... {}",
-                names.len(),
-                names[0],
-                names[names.len() - 1]
-            )
+            format!("{} files: {} ... {}", names.len(), names[0], names[names.len() - 1])
         }
     }
 }

@@ -139,10 +139,7 @@ impl DecodeTable {
     fn token_bytes(&self, id: u32) -> Result<&[u8]> {
         let i = id as usize;
         if i >= self.len() || !self.present[i] {
-            return Err(Error::Tokenizer(format!(
-                "token id {id} is not in the vocabulary (ids 0..{} are defined)",
-                self.len()
-            )));
+            return Err(Error::Tokenizer(format!("token id {id} is not in the vocabulary (ids 0..{} are defined)", self.len())));
         }
         Ok(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
     }
@@ -154,8 +151,7 @@ fn byte_level_char_to_byte() -> HashMap<char, u8> {
     let mut map = HashMap::with_capacity(256);
     let mut shifted = 0u32;
     for b in 0u32..256 {
-        let printable =
-            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let c = if printable {
             char::from_u32(b)
         } else {
@@ -190,10 +186,7 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("vocab_size", &self.vocab_size())
-            .field("specials", &self.specials.len())
-            .finish()
+        f.debug_struct("Tokenizer").field("vocab_size", &self.vocab_size()).field("specials", &self.specials.len()).finish()
     }
 }
 
@@ -215,8 +208,7 @@ impl Tokenizer {
 
     /// Parses the contents of a `tokenizer.json`.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(bytes)
-            .map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
         match inner.get_decoder() {
             Some(tokenizers::DecoderWrapper::ByteLevel(_)) => {}
             other => {
@@ -224,11 +216,7 @@ impl Tokenizer {
                     "decoder: expected ByteLevel (Qwen's byte-level BPE), found {}",
                     match other {
                         None => "none".to_string(),
-                        Some(d) => format!("{d:?}")
-                            .split('(')
-                            .next()
-                            .unwrap_or("?")
-                            .to_string(),
+                        Some(d) => format!("{d:?}").split('(').next().unwrap_or("?").to_string(),
                     }
                 )))
             }
@@ -236,12 +224,8 @@ impl Tokenizer {
         // Every added token becomes special (see the module comment), so
         // that `encode_special_tokens` keeps the text of all of them plain.
         // Re-adding an existing token with `special` set keeps its id.
-        let unflagged: Vec<tokenizers::AddedToken> = inner
-            .get_added_tokens_decoder()
-            .into_values()
-            .filter(|t| !t.special && !t.content.is_empty())
-            .map(|t| t.special(true))
-            .collect();
+        let unflagged: Vec<tokenizers::AddedToken> =
+            inner.get_added_tokens_decoder().into_values().filter(|t| !t.special && !t.content.is_empty()).map(|t| t.special(true)).collect();
         if !unflagged.is_empty() {
             inner.add_special_tokens(&unflagged);
         }
@@ -249,19 +233,10 @@ impl Tokenizer {
 
         let added = inner.get_added_tokens_decoder();
         if let Some((id, t)) = added.iter().find(|(_, t)| !t.special) {
-            return Err(Error::Tokenizer(format!(
-                "added token {id} ({:?}) could not be made a control token",
-                t.content
-            )));
+            return Err(Error::Tokenizer(format!("added token {id} ({:?}) could not be made a control token", t.content)));
         }
-        let mut specials: Vec<SpecialEntry> = added
-            .iter()
-            .filter(|(_, t)| !t.content.is_empty())
-            .map(|(id, t)| SpecialEntry {
-                content: t.content.clone(),
-                id: *id,
-            })
-            .collect();
+        let mut specials: Vec<SpecialEntry> =
+            added.iter().filter(|(_, t)| !t.content.is_empty()).map(|(id, t)| SpecialEntry { content: t.content.clone(), id: *id }).collect();
         // Longest first so that the first match at a position is the longest.
         specials.sort_by(|a, b| b.content.len().cmp(&a.content.len()).then(a.id.cmp(&b.id)));
         let mut special_first_byte = [false; 256];
@@ -276,12 +251,8 @@ impl Tokenizer {
             tokens[id as usize] = Some(tok.as_str());
         }
         let char_to_byte = byte_level_char_to_byte();
-        let mut table = DecodeTable {
-            bytes: Vec::with_capacity(size * 8),
-            offsets: Vec::with_capacity(size + 1),
-            present: vec![false; size],
-            special: vec![false; size],
-        };
+        let mut table =
+            DecodeTable { bytes: Vec::with_capacity(size * 8), offsets: Vec::with_capacity(size + 1), present: vec![false; size], special: vec![false; size] };
         for (id, tok) in tokens.iter().enumerate() {
             table.offsets.push(table.bytes.len() as u32);
             let Some(tok) = tok else { continue };
@@ -316,12 +287,7 @@ impl Tokenizer {
             return Err(Error::Tokenizer("vocabulary bytes exceed 4 GiB".into()));
         }
 
-        Ok(Self {
-            inner,
-            specials,
-            special_first_byte,
-            table: Arc::new(table),
-        })
+        Ok(Self { inner, specials, special_first_byte, table: Arc::new(table) })
     }
 
     /// Number of token ids the tokenizer defines (highest id + 1): 248,077 for
@@ -346,11 +312,7 @@ impl Tokenizer {
     /// ...): Lily treats all of them as control tokens, whatever the
     /// `special` flag in `tokenizer.json` says.
     pub fn is_special(&self, id: u32) -> bool {
-        self.table
-            .special
-            .get(id as usize)
-            .copied()
-            .unwrap_or(false)
+        self.table.special.get(id as usize).copied().unwrap_or(false)
     }
 
     /// Encodes user text: NFC, Qwen's split regex, byte-level BPE. Text that
@@ -390,10 +352,7 @@ impl Tokenizer {
 
     /// A fresh incremental decoder for one output stream.
     pub fn stream_decoder(&self) -> StreamDecoder {
-        StreamDecoder {
-            table: Arc::clone(&self.table),
-            pending: Vec::new(),
-        }
+        StreamDecoder { table: Arc::clone(&self.table), pending: Vec::new() }
     }
 
     /// Leftmost-longest occurrences of special-token text in `text`, as
@@ -404,11 +363,7 @@ impl Tokenizer {
         let mut i = 0;
         while i < bytes.len() {
             if self.special_first_byte[bytes[i] as usize] {
-                if let Some(s) = self
-                    .specials
-                    .iter()
-                    .find(|s| bytes[i..].starts_with(s.content.as_bytes()))
-                {
+                if let Some(s) = self.specials.iter().find(|s| bytes[i..].starts_with(s.content.as_bytes())) {
                     found.push((i..i + s.content.len(), s.id));
                     i += s.content.len();
                     continue;
@@ -423,26 +378,17 @@ impl Tokenizer {
     /// non-overlapping, on char boundaries) and plain encoding everywhere else.
     /// This is the one place specials are emitted; the chat template decides
     /// the ranges so that user text never yields a special.
-    pub(crate) fn encode_with_specials_at(
-        &self,
-        text: &str,
-        specials: &[(Range<usize>, u32)],
-    ) -> Result<Vec<u32>> {
+    pub(crate) fn encode_with_specials_at(&self, text: &str, specials: &[(Range<usize>, u32)]) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + specials.len());
         let mut pos = 0;
         for (range, id) in specials {
-            let run = text.get(pos..range.start).ok_or_else(|| {
-                Error::Tokenizer(format!(
-                    "special token range {range:?} is not on a char boundary after {pos}"
-                ))
-            })?;
+            let run =
+                text.get(pos..range.start).ok_or_else(|| Error::Tokenizer(format!("special token range {range:?} is not on a char boundary after {pos}")))?;
             self.encode_plain_into(run, &mut out)?;
             out.push(*id);
             pos = range.end;
         }
-        let tail = text.get(pos..).ok_or_else(|| {
-            Error::Tokenizer(format!("special token range ends inside a char at {pos}"))
-        })?;
+        let tail = text.get(pos..).ok_or_else(|| Error::Tokenizer(format!("special token range ends inside a char at {pos}")))?;
         self.encode_plain_into(tail, &mut out)?;
         Ok(out)
     }
@@ -451,10 +397,7 @@ impl Tokenizer {
         if text.is_empty() {
             return Ok(());
         }
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
+        let enc = self.inner.encode_fast(text, false).map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
         out.extend_from_slice(enc.get_ids());
         Ok(())
     }
@@ -487,9 +430,7 @@ impl StreamDecoder {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // The first `valid` bytes are valid UTF-8, so this copies them unchanged.
-                    out.push_str(&String::from_utf8_lossy(
-                        &self.pending[consumed..consumed + valid],
-                    ));
+                    out.push_str(&String::from_utf8_lossy(&self.pending[consumed..consumed + valid]));
                     consumed += valid;
                     match e.error_len() {
                         // An incomplete sequence at the end: wait for more.

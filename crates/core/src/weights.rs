@@ -110,11 +110,9 @@ pub fn top_names(format: Format) -> TopNames {
             norm: "language_model.model.norm.weight".into(),
             lm_head: "language_model.lm_head".into(),
         },
-        Format::HfBf16 => TopNames {
-            embed: "model.language_model.embed_tokens".into(),
-            norm: "model.language_model.norm.weight".into(),
-            lm_head: "lm_head".into(),
-        },
+        Format::HfBf16 => {
+            TopNames { embed: "model.language_model.embed_tokens".into(), norm: "model.language_model.norm.weight".into(), lm_head: "lm_head".into() }
+        }
     }
 }
 
@@ -131,27 +129,13 @@ pub enum UnusedKind {
 impl UnusedKind {
     /// Name prefixes of each group, in the layouts seen on the hub.
     const PREFIXES: [(UnusedKind, &'static [&'static str]); 2] = [
-        (
-            UnusedKind::VisionTower,
-            &["vision_tower.", "model.visual.", "visual."],
-        ),
-        (
-            UnusedKind::Mtp,
-            &[
-                "mtp.",
-                "model.mtp.",
-                "language_model.mtp.",
-                "model.language_model.mtp.",
-            ],
-        ),
+        (UnusedKind::VisionTower, &["vision_tower.", "model.visual.", "visual."]),
+        (UnusedKind::Mtp, &["mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp."]),
     ];
 
     /// The group a tensor belongs to, if it is one the text model does not use.
     pub fn of(name: &str) -> Option<Self> {
-        Self::PREFIXES
-            .iter()
-            .find(|(_, prefixes)| prefixes.iter().any(|p| name.starts_with(p)))
-            .map(|(kind, _)| *kind)
+        Self::PREFIXES.iter().find(|(_, prefixes)| prefixes.iter().any(|p| name.starts_with(p))).map(|(kind, _)| *kind)
     }
 }
 
@@ -199,10 +183,7 @@ pub fn check_quantization(cfg: &ModelConfig) -> Result<()> {
         return Ok(());
     };
     for d in all_linears(cfg) {
-        let want = QuantSpec {
-            bits: bits_lily_runs(&d.path),
-            group_size: 64,
-        };
+        let want = QuantSpec { bits: bits_lily_runs(&d.path), group_size: 64 };
         let (got, source) = match q.overrides.get(&d.path) {
             Some(spec) => (*spec, ""),
             None => (Some(q.default), " (the block's default)"),
@@ -210,17 +191,11 @@ pub fn check_quantization(cfg: &ModelConfig) -> Result<()> {
         if got != Some(want) {
             let found = match got {
                 Some(s) => format!("bits {}, group_size {}{source}", s.bits, s.group_size),
-                None => {
-                    "no quantisation (`false`, or an entry without integer bits and group_size)"
-                        .to_string()
-                }
+                None => "no quantisation (`false`, or an entry without integer bits and group_size)".to_string(),
             };
             return Err(Error::config(
                 format!("quantization.{}", d.path),
-                format!(
-                    "bits {} with group_size {} (what Lily runs for this module)",
-                    want.bits, want.group_size
-                ),
+                format!("bits {} with group_size {} (what Lily runs for this module)", want.bits, want.group_size),
                 found,
             ));
         }
@@ -229,36 +204,14 @@ pub fn check_quantization(cfg: &ModelConfig) -> Result<()> {
 }
 
 fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
-    let lead: Vec<usize> =
-        if d.experts > 1 || d.path.contains("switch_mlp") || d.path.contains("experts") {
-            vec![d.experts]
-        } else {
-            vec![]
-        };
-    let role = |part| Role::Linear {
-        part,
-        rows: d.rows,
-        cols: d.cols,
-        experts: d.experts,
-        fan_in: d.cols,
-    };
+    let lead: Vec<usize> = if d.experts > 1 || d.path.contains("switch_mlp") || d.path.contains("experts") { vec![d.experts] } else { vec![] };
+    let role = |part| Role::Linear { part, rows: d.rows, cols: d.cols, experts: d.experts, fan_in: d.cols };
     match &cfg.quantization {
         None => {
             let mut shape = lead.clone();
             shape.extend([d.rows, d.cols]);
-            let name = if d.path.ends_with("gate_up_proj") || d.path.ends_with("experts.down_proj")
-            {
-                d.path.clone()
-            } else {
-                format!("{}.weight", d.path)
-            };
-            out.push(TensorSpec {
-                name,
-                dtype: DType::BF16,
-                alt_dtypes: vec![DType::F16, DType::F32],
-                shape,
-                role: role(LinearPart::Dense),
-            });
+            let name = if d.path.ends_with("gate_up_proj") || d.path.ends_with("experts.down_proj") { d.path.clone() } else { format!("{}.weight", d.path) };
+            out.push(TensorSpec { name, dtype: DType::BF16, alt_dtypes: vec![DType::F16, DType::F32], shape, role: role(LinearPart::Dense) });
         }
         Some(q) => {
             // `check_quantization` refuses a module Lily cannot run before
@@ -296,13 +249,7 @@ fn linear_specs(cfg: &ModelConfig, d: &LinearDesc, out: &mut Vec<TensorSpec>) {
 }
 
 fn vec_spec(name: String, len: usize, dtype: DType, role: Role) -> TensorSpec {
-    TensorSpec {
-        name,
-        dtype,
-        alt_dtypes: vec![DType::BF16, DType::F16, DType::F32],
-        shape: vec![len],
-        role,
-    }
+    TensorSpec { name, dtype, alt_dtypes: vec![DType::BF16, DType::F16, DType::F32], shape: vec![len], role }
 }
 
 /// The linear maps of layer `i`, named for the config's format.
@@ -310,35 +257,15 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
     let format = cfg.format();
     let p = layer_prefix(format, i);
     let h = cfg.hidden_size;
-    let lin = |path: String, rows, cols, experts| LinearDesc {
-        path,
-        rows,
-        cols,
-        experts,
-    };
+    let lin = |path: String, rows, cols, experts| LinearDesc { path, rows, cols, experts };
     let mut v = Vec::new();
     match cfg.layer_kind(i) {
         LayerKind::DeltaNet => {
             let la = format!("{p}.linear_attn");
-            v.push(lin(
-                format!("{la}.in_proj_qkv"),
-                cfg.linear_conv_dim(),
-                h,
-                1,
-            ));
+            v.push(lin(format!("{la}.in_proj_qkv"), cfg.linear_conv_dim(), h, 1));
             v.push(lin(format!("{la}.in_proj_z"), cfg.linear_value_dim(), h, 1));
-            v.push(lin(
-                format!("{la}.in_proj_a"),
-                cfg.linear_num_value_heads,
-                h,
-                1,
-            ));
-            v.push(lin(
-                format!("{la}.in_proj_b"),
-                cfg.linear_num_value_heads,
-                h,
-                1,
-            ));
+            v.push(lin(format!("{la}.in_proj_a"), cfg.linear_num_value_heads, h, 1));
+            v.push(lin(format!("{la}.in_proj_b"), cfg.linear_num_value_heads, h, 1));
             v.push(lin(format!("{la}.out_proj"), h, cfg.linear_value_dim(), 1));
         }
         LayerKind::Attention => {
@@ -375,21 +302,11 @@ fn layer_linears(cfg: &ModelConfig, i: usize) -> Vec<LinearDesc> {
 fn all_linears(cfg: &ModelConfig) -> Vec<LinearDesc> {
     let top = top_names(cfg.format());
     let h = cfg.hidden_size;
-    let mut out = vec![LinearDesc {
-        path: top.embed,
-        rows: cfg.vocab_size,
-        cols: h,
-        experts: 1,
-    }];
+    let mut out = vec![LinearDesc { path: top.embed, rows: cfg.vocab_size, cols: h, experts: 1 }];
     for i in 0..cfg.num_layers {
         out.extend(layer_linears(cfg, i));
     }
-    out.push(LinearDesc {
-        path: top.lm_head,
-        rows: cfg.vocab_size,
-        cols: h,
-        experts: 1,
-    });
+    out.push(LinearDesc { path: top.lm_head, rows: cfg.vocab_size, cols: h, experts: 1 });
     out
 }
 
@@ -400,30 +317,11 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
     let top = top_names(format);
     let mut out = Vec::new();
     let h = cfg.hidden_size;
-    linear_specs(
-        cfg,
-        &LinearDesc {
-            path: top.embed.clone(),
-            rows: cfg.vocab_size,
-            cols: h,
-            experts: 1,
-        },
-        &mut out,
-    );
+    linear_specs(cfg, &LinearDesc { path: top.embed.clone(), rows: cfg.vocab_size, cols: h, experts: 1 }, &mut out);
     for i in 0..cfg.num_layers {
         let p = layer_prefix(format, i);
-        out.push(vec_spec(
-            format!("{p}.input_layernorm.weight"),
-            h,
-            DType::BF16,
-            Role::NormOneCentered,
-        ));
-        out.push(vec_spec(
-            format!("{p}.post_attention_layernorm.weight"),
-            h,
-            DType::BF16,
-            Role::NormOneCentered,
-        ));
+        out.push(vec_spec(format!("{p}.input_layernorm.weight"), h, DType::BF16, Role::NormOneCentered));
+        out.push(vec_spec(format!("{p}.post_attention_layernorm.weight"), h, DType::BF16, Role::NormOneCentered));
         match cfg.layer_kind(i) {
             LayerKind::DeltaNet => {
                 let la = format!("{p}.linear_attn");
@@ -438,61 +336,22 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<TensorSpec> {
                     shape: conv_shape,
                     role: Role::ConvWeight,
                 });
-                out.push(vec_spec(
-                    format!("{la}.A_log"),
-                    cfg.linear_num_value_heads,
-                    DType::F32,
-                    Role::ALog,
-                ));
-                out.push(vec_spec(
-                    format!("{la}.dt_bias"),
-                    cfg.linear_num_value_heads,
-                    DType::BF16,
-                    Role::DtBias,
-                ));
-                out.push(vec_spec(
-                    format!("{la}.norm.weight"),
-                    cfg.linear_value_head_dim,
-                    DType::BF16,
-                    Role::NormPlain,
-                ));
+                out.push(vec_spec(format!("{la}.A_log"), cfg.linear_num_value_heads, DType::F32, Role::ALog));
+                out.push(vec_spec(format!("{la}.dt_bias"), cfg.linear_num_value_heads, DType::BF16, Role::DtBias));
+                out.push(vec_spec(format!("{la}.norm.weight"), cfg.linear_value_head_dim, DType::BF16, Role::NormPlain));
             }
             LayerKind::Attention => {
                 let sa = format!("{p}.self_attn");
-                out.push(vec_spec(
-                    format!("{sa}.q_norm.weight"),
-                    cfg.head_dim,
-                    DType::BF16,
-                    Role::NormOneCentered,
-                ));
-                out.push(vec_spec(
-                    format!("{sa}.k_norm.weight"),
-                    cfg.head_dim,
-                    DType::BF16,
-                    Role::NormOneCentered,
-                ));
+                out.push(vec_spec(format!("{sa}.q_norm.weight"), cfg.head_dim, DType::BF16, Role::NormOneCentered));
+                out.push(vec_spec(format!("{sa}.k_norm.weight"), cfg.head_dim, DType::BF16, Role::NormOneCentered));
             }
         }
         for d in layer_linears(cfg, i) {
             linear_specs(cfg, &d, &mut out);
         }
     }
-    out.push(vec_spec(
-        top.norm.clone(),
-        h,
-        DType::BF16,
-        Role::NormOneCentered,
-    ));
-    linear_specs(
-        cfg,
-        &LinearDesc {
-            path: top.lm_head.clone(),
-            rows: cfg.vocab_size,
-            cols: h,
-            experts: 1,
-        },
-        &mut out,
-    );
+    out.push(vec_spec(top.norm.clone(), h, DType::BF16, Role::NormOneCentered));
+    linear_specs(cfg, &LinearDesc { path: top.lm_head.clone(), rows: cfg.vocab_size, cols: h, experts: 1 }, &mut out);
     out
 }
 
@@ -565,14 +424,7 @@ impl Linear {
                 let codes = q.codes.as_u32();
                 let scales = half_row(&q.scales, r * groups, groups);
                 let biases = half_row(&q.biases, r * groups, groups);
-                quant::dequantize_row(
-                    &codes[r * words..(r + 1) * words],
-                    &scales,
-                    &biases,
-                    bits,
-                    q.spec.group_size,
-                    out,
-                );
+                quant::dequantize_row(&codes[r * words..(r + 1) * words], &scales, &biases, bits, q.spec.group_size, out);
             }
             Linear::Dense(d) => {
                 let r = expert * d.tensor_rows + d.row_offset + row;
@@ -598,18 +450,9 @@ pub fn half_row(t: &TensorRef, start: usize, len: usize) -> Vec<f32> {
     let es = t.dtype.size();
     let bytes = &b[start * es..(start + len) * es];
     match t.dtype {
-        DType::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
-        _ => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect(),
+        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        DType::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+        _ => bytes.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
     }
 }
 
@@ -757,22 +600,11 @@ impl Weights {
         let model_bytes = taken.values().map(|t| t.bytes().len() as u64).sum();
         let unused = unused_groups(&store);
         for g in &unused {
-            tracing::info!(
-                tensors = g.tensors,
-                bytes = g.bytes,
-                "the checkpoint carries a {} that Lily does not use: not loaded, not counted",
-                g.kind
-            );
+            tracing::info!(tensors = g.tensors, bytes = g.bytes, "the checkpoint carries a {} that Lily does not use: not loaded, not counted", g.kind);
         }
 
         let get = |name: &str| -> Result<TensorRef> {
-            taken
-                .get(name)
-                .cloned()
-                .ok_or_else(|| Error::MissingTensor {
-                    tensor: name.into(),
-                    searched: "expected list".into(),
-                })
+            taken.get(name).cloned().ok_or_else(|| Error::MissingTensor { tensor: name.into(), searched: "expected list".into() })
         };
         let convention = NormConvention::of_layout(config.format());
         if let Some(warning) = norm_values_warning(config.format(), norm_mean(&config, &get)?) {
@@ -785,9 +617,7 @@ impl Weights {
                 NormConvention::OnePlus => v.into_iter().map(|w| 1.0 + w).collect(),
             })
         };
-        let linear = |path: &str, rows: usize, cols: usize, experts: usize| -> Result<Linear> {
-            load_linear(&config, &get, path, rows, cols, experts)
-        };
+        let linear = |path: &str, rows: usize, cols: usize, experts: usize| -> Result<Linear> { load_linear(&config, &get, path, rows, cols, experts) };
 
         let format = config.format();
         let top = top_names(format);
@@ -803,25 +633,10 @@ impl Weights {
                     // (MLX [C, K, 1], HF [C, 1, K]); oldest input first.
                     let conv = conv_t.to_f32();
                     Mixer::DeltaNet(DeltaNetWeights {
-                        in_qkv: linear(
-                            &format!("{la}.in_proj_qkv"),
-                            config.linear_conv_dim(),
-                            h,
-                            1,
-                        )?,
+                        in_qkv: linear(&format!("{la}.in_proj_qkv"), config.linear_conv_dim(), h, 1)?,
                         in_z: linear(&format!("{la}.in_proj_z"), config.linear_value_dim(), h, 1)?,
-                        in_a: linear(
-                            &format!("{la}.in_proj_a"),
-                            config.linear_num_value_heads,
-                            h,
-                            1,
-                        )?,
-                        in_b: linear(
-                            &format!("{la}.in_proj_b"),
-                            config.linear_num_value_heads,
-                            h,
-                            1,
-                        )?,
+                        in_a: linear(&format!("{la}.in_proj_a"), config.linear_num_value_heads, h, 1)?,
+                        in_b: linear(&format!("{la}.in_proj_b"), config.linear_num_value_heads, h, 1)?,
                         out: linear(&format!("{la}.out_proj"), h, config.linear_value_dim(), 1)?,
                         conv,
                         a_log: get(&format!("{la}.A_log"))?.to_f32(),
@@ -852,29 +667,10 @@ impl Weights {
                 ),
                 Format::HfBf16 => {
                     let fused = get(&format!("{p}.mlp.experts.gate_up_proj"))?;
-                    let view = |row_offset| {
-                        Linear::Dense(DenseLinear {
-                            experts: e,
-                            rows: im,
-                            cols: h,
-                            tensor: fused.clone(),
-                            tensor_rows: 2 * im,
-                            row_offset,
-                        })
-                    };
+                    let view =
+                        |row_offset| Linear::Dense(DenseLinear { experts: e, rows: im, cols: h, tensor: fused.clone(), tensor_rows: 2 * im, row_offset });
                     let down_t = get(&format!("{p}.mlp.experts.down_proj"))?;
-                    (
-                        view(0),
-                        view(im),
-                        Linear::Dense(DenseLinear {
-                            experts: e,
-                            rows: h,
-                            cols: im,
-                            tensor: down_t,
-                            tensor_rows: h,
-                            row_offset: 0,
-                        }),
-                    )
+                    (view(0), view(im), Linear::Dense(DenseLinear { experts: e, rows: h, cols: im, tensor: down_t, tensor_rows: h, row_offset: 0 }))
                 }
             };
             let moe = MoeWeights {
@@ -908,14 +704,7 @@ impl Weights {
     }
 }
 
-fn load_linear(
-    cfg: &ModelConfig,
-    get: &dyn Fn(&str) -> Result<TensorRef>,
-    path: &str,
-    rows: usize,
-    cols: usize,
-    experts: usize,
-) -> Result<Linear> {
+fn load_linear(cfg: &ModelConfig, get: &dyn Fn(&str) -> Result<TensorRef>, path: &str, rows: usize, cols: usize, experts: usize) -> Result<Linear> {
     match &cfg.quantization {
         Some(q) => Ok(Linear::Quant(QuantLinear {
             spec: q.spec_for(path).unwrap_or(q.default),
@@ -926,14 +715,7 @@ fn load_linear(
             scales: get(&format!("{path}.scales"))?,
             biases: get(&format!("{path}.biases"))?,
         })),
-        None => Ok(Linear::Dense(DenseLinear {
-            experts,
-            rows,
-            cols,
-            tensor: get(&format!("{path}.weight"))?,
-            tensor_rows: rows,
-            row_offset: 0,
-        })),
+        None => Ok(Linear::Dense(DenseLinear { experts, rows, cols, tensor: get(&format!("{path}.weight"))?, tensor_rows: rows, row_offset: 0 })),
     }
 }
 
@@ -944,11 +726,7 @@ fn unused_groups(store: &TensorStore) -> Vec<UnusedGroup> {
         let (Some(kind), Some(t)) = (UnusedKind::of(name), store.peek(name)) else {
             continue;
         };
-        let g = groups.entry(kind).or_insert(UnusedGroup {
-            kind,
-            tensors: 0,
-            bytes: 0,
-        });
+        let g = groups.entry(kind).or_insert(UnusedGroup { kind, tensors: 0, bytes: 0 });
         g.tensors += 1;
         g.bytes += t.bytes().len() as u64;
     }

@@ -38,11 +38,7 @@ fn huge_linear_key_heads_is_an_error_not_an_overflow() {
 /// `to_config_json` wrote it as null.
 #[test]
 fn rms_norm_eps_must_fit_f32_and_be_positive() {
-    for eps in [
-        Value::from(9.301706296574047e79),
-        Value::from(0),
-        Value::from(-1e-6),
-    ] {
+    for eps in [Value::from(9.301706296574047e79), Value::from(0), Value::from(-1e-6)] {
         let mut v = prod_json();
         v["text_config"]["rms_norm_eps"] = eps.clone();
         let err = refused(&v);
@@ -53,10 +49,7 @@ fn rms_norm_eps_must_fit_f32_and_be_positive() {
 #[test]
 fn rope_theta_must_be_positive() {
     // A test shape (production rope_theta is pinned separately).
-    let mut v: Value = serde_json::from_str(include_str!(
-        "../../../tests/fixtures/tiny/mlx-q4/config.json"
-    ))
-    .unwrap();
+    let mut v: Value = serde_json::from_str(include_str!("../../../tests/fixtures/tiny/mlx-q4/config.json")).unwrap();
     v["text_config"]["rope_parameters"]["rope_theta"] = (-5.0).into();
     let err = refused(&v);
     assert!(err.contains("rope_theta"), "{err}");
@@ -68,16 +61,8 @@ fn rope_theta_must_be_positive() {
 /// for ever. No dimension may exceed the real model's now.
 #[test]
 fn no_dimension_may_exceed_the_real_model() {
-    let tiny: Value = serde_json::from_str(include_str!(
-        "../../../tests/fixtures/tiny/mlx-q4/config.json"
-    ))
-    .unwrap();
-    assert_eq!(
-        ModelConfig::from_json_str(&tiny.to_string())
-            .unwrap()
-            .shape_class,
-        ShapeClass::Test
-    );
+    let tiny: Value = serde_json::from_str(include_str!("../../../tests/fixtures/tiny/mlx-q4/config.json")).unwrap();
+    assert_eq!(ModelConfig::from_json_str(&tiny.to_string()).unwrap().shape_class, ShapeClass::Test);
     for (field, value) in [
         ("num_hidden_layers", 1u64 << 62),
         ("vocab_size", 1 << 40),

@@ -25,11 +25,7 @@ const L: &str = "language_model.model.layers";
 
 /// A bf16 tensor of `n` zeros.
 fn zeros(n: usize) -> Raw {
-    Raw {
-        dtype: DType::BF16,
-        shape: vec![n],
-        data: vec![0; 2 * n],
-    }
+    Raw { dtype: DType::BF16, shape: vec![n], data: vec![0; 2 * n] }
 }
 
 /// Writes a valid small checkpoint, then rewrites its config.json with `edit`.
@@ -61,45 +57,21 @@ fn mtp_tensors_under_each_prefix_load_and_are_reported_not_counted() {
         let base = Weights::load(plain.path()).expect("without MTP");
         assert!(base.unused.is_empty(), "{format:?}: {:?}", base.unused);
 
-        for prefix in [
-            "mtp.",
-            "model.mtp.",
-            "language_model.mtp.",
-            "model.language_model.mtp.",
-        ] {
+        for prefix in ["mtp.", "model.mtp.", "language_model.mtp.", "model.language_model.mtp."] {
             let mut tensors = valid_tensors(&cfg);
-            let extra = [
-                (format!("{prefix}fc.weight"), 64),
-                (format!("{prefix}layers.0.mlp.gate.weight"), 32),
-                (format!("{prefix}norm.weight"), 16),
-            ];
+            let extra = [(format!("{prefix}fc.weight"), 64), (format!("{prefix}layers.0.mlp.gate.weight"), 32), (format!("{prefix}norm.weight"), 16)];
             for (name, n) in &extra {
                 tensors.insert(name.clone(), zeros(*n));
             }
             let dir = tempfile::tempdir().expect("tempdir");
             write_checkpoint(dir.path(), &cfg, &tensors);
-            let w = Weights::load(dir.path())
-                .unwrap_or_else(|e| panic!("{format:?} with {prefix}*: {e}"));
-            assert_eq!(
-                w.unused,
-                vec![UnusedGroup {
-                    kind: UnusedKind::Mtp,
-                    tensors: 3,
-                    bytes: 2 * (64 + 32 + 16),
-                }],
-                "{format:?} {prefix}"
-            );
+            let w = Weights::load(dir.path()).unwrap_or_else(|e| panic!("{format:?} with {prefix}*: {e}"));
+            assert_eq!(w.unused, vec![UnusedGroup { kind: UnusedKind::Mtp, tensors: 3, bytes: 2 * (64 + 32 + 16) }], "{format:?} {prefix}");
             // Not counted: the model's bytes are those of the checkpoint
             // without the head, though the files hold more.
             assert_eq!(w.model_bytes, base.model_bytes, "{format:?} {prefix}");
-            assert_eq!(
-                w.store.data_bytes() as u64,
-                base.model_bytes + 2 * (64 + 32 + 16)
-            );
-            assert_eq!(
-                w.unused[0].kind.to_string(),
-                "multi-token-prediction (MTP) head"
-            );
+            assert_eq!(w.store.data_bytes() as u64, base.model_bytes + 2 * (64 + 32 + 16));
+            assert_eq!(w.unused[0].kind.to_string(), "multi-token-prediction (MTP) head");
         }
     }
 }
@@ -127,18 +99,7 @@ fn vision_tower_and_mtp_are_reported_separately() {
     let w = Weights::load(dir.path()).expect("loads");
     assert_eq!(
         w.unused,
-        vec![
-            UnusedGroup {
-                kind: UnusedKind::VisionTower,
-                tensors: 2,
-                bytes: 32
-            },
-            UnusedGroup {
-                kind: UnusedKind::Mtp,
-                tensors: 1,
-                bytes: 8
-            },
-        ]
+        vec![UnusedGroup { kind: UnusedKind::VisionTower, tensors: 2, bytes: 32 }, UnusedGroup { kind: UnusedKind::Mtp, tensors: 1, bytes: 8 },]
     );
 }
 
@@ -254,13 +215,7 @@ fn overrides_round_trip_through_config_json_untouched() {
     let mut cfg = small_config(Format::MlxQ4);
     let q = cfg.quantization.as_mut().expect("mlx");
     q.overrides.insert("vision_tower.patch_embed".into(), None);
-    q.overrides.insert(
-        "vision_tower.blocks.0.mlp.fc1".into(),
-        Some(QuantSpec {
-            bits: 8,
-            group_size: 32,
-        }),
-    );
+    q.overrides.insert("vision_tower.blocks.0.mlp.fc1".into(), Some(QuantSpec { bits: 8, group_size: 32 }));
     let back = ModelConfig::from_json_str(&to_config_json(&cfg).to_string()).expect("parses");
     assert_eq!(back.quantization, cfg.quantization);
 }
@@ -284,10 +239,7 @@ fn settings_that_change_the_math_are_refused_naming_field_and_value() {
              implements no rope scaling), found \"linear\"",
         ),
         (
-            |t| {
-                t["rope_scaling"] =
-                    json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144})
-            },
+            |t| t["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}),
             "config: field `text_config.rope_scaling.type`: expected \"default\" (Lily implements \
              no rope scaling), found \"yarn\"",
         ),
@@ -301,10 +253,7 @@ fn settings_that_change_the_math_are_refused_naming_field_and_value() {
             "config: field `text_config.rope_scaling.factor`: expected no factor (Lily implements \
              no rope scaling), found 4.0",
         ),
-        (
-            |t| t["rope_scaling"] = json!("yarn"),
-            "config: field `text_config.rope_scaling`: expected an object or null, found \"yarn\"",
-        ),
+        (|t| t["rope_scaling"] = json!("yarn"), "config: field `text_config.rope_scaling`: expected an object or null, found \"yarn\""),
         (
             |t| t["attn_output_gate"] = false.into(),
             "config: field `text_config.attn_output_gate`: expected true (Lily's attention always \
@@ -358,9 +307,7 @@ fn the_values_lily_implements_are_accepted() {
         |t| t["rope_scaling"] = json!({"type": "mrope", "mrope_section": [11, 11, 10]}),
         |t| t["rope_scaling"] = json!({"rope_type": "default", "factor": 1.0}),
         |t| {
-            t.as_object_mut()
-                .expect("text_config")
-                .remove("rope_parameters");
+            t.as_object_mut().expect("text_config").remove("rope_parameters");
         },
         |t| t["attn_output_gate"] = true.into(),
         |t| t["norm_topk_prob"] = true.into(),
@@ -401,10 +348,7 @@ fn the_norm_convention_comes_from_the_layout_not_the_values() {
         assert_eq!(w.norm_convention, want, "{format:?} stored {stored}");
         assert_eq!(NormConvention::of_layout(format), want);
         for l in &w.layers {
-            assert!(
-                l.input_norm.iter().chain(&l.post_norm).all(|&g| g == gain),
-                "{format:?} {stored}"
-            );
+            assert!(l.input_norm.iter().chain(&l.post_norm).all(|&g| g == gain), "{format:?} {stored}");
         }
         assert!(w.final_norm.iter().all(|&g| g == gain));
     }
@@ -415,15 +359,9 @@ fn values_that_disagree_with_the_layout_give_a_warning() {
     assert_eq!(norm_values_warning(Format::MlxQ4, 1.02), None);
     assert_eq!(norm_values_warning(Format::HfBf16, 0.01), None);
     let w = norm_values_warning(Format::MlxQ4, 0.02).expect("MLX values around 0");
-    assert!(
-        w.contains("MlxQ4") && w.contains("0.020") && w.contains("using the layout's"),
-        "{w}"
-    );
+    assert!(w.contains("MlxQ4") && w.contains("0.020") && w.contains("using the layout's"), "{w}");
     let w = norm_values_warning(Format::HfBf16, 0.98).expect("BF16 values around 1");
-    assert!(
-        w.contains("HfBf16") && w.contains("0.980") && w.contains("OnePlus"),
-        "{w}"
-    );
+    assert!(w.contains("HfBf16") && w.contains("0.980") && w.contains("OnePlus"), "{w}");
 }
 
 // ----------------------------------------------------------------- EOS ids
@@ -438,24 +376,12 @@ fn without_generation_config_chat_still_stops_at_im_end() {
     });
     assert!(!dir.path().join("generation_config.json").exists());
     let w = Weights::load(dir.path()).expect("loads");
-    assert!(
-        w.config.eos_token_ids.contains(&IM_END_ID),
-        "{:?}",
-        w.config.eos_token_ids
-    );
-    assert!(
-        w.config.eos_token_ids.contains(&ENDOFTEXT_ID),
-        "{:?}",
-        w.config.eos_token_ids
-    );
+    assert!(w.config.eos_token_ids.contains(&IM_END_ID), "{:?}", w.config.eos_token_ids);
+    assert!(w.config.eos_token_ids.contains(&ENDOFTEXT_ID), "{:?}", w.config.eos_token_ids);
     assert_eq!(w.config.eos_token_ids.len(), 2);
 
     // With a generation_config.json naming other ids, <|im_end|> stays.
-    std::fs::write(
-        dir.path().join("generation_config.json"),
-        json!({"eos_token_id": [7]}).to_string(),
-    )
-    .expect("write");
+    std::fs::write(dir.path().join("generation_config.json"), json!({"eos_token_id": [7]}).to_string()).expect("write");
     let cfg = ModelConfig::from_dir(dir.path()).expect("config");
     let mut ids = cfg.eos_token_ids.clone();
     ids.sort_unstable();

@@ -92,14 +92,7 @@ fn a_mistyped_tensor_names_tensor_and_dtypes() {
 fn an_unused_tensor_is_named_with_its_file() {
     let extra = format!("{L}.2.mlp.experts.gate_up_proj.weight");
     let err = load_error(Format::MlxQ4, |t| {
-        t.insert(
-            extra.clone(),
-            Raw {
-                dtype: DType::BF16,
-                shape: vec![4],
-                data: vec![0; 8],
-            },
-        );
+        t.insert(extra.clone(), Raw { dtype: DType::BF16, shape: vec![4], data: vec![0; 8] });
     });
     assert!(err.contains(&extra) && err.contains(SHARDS[1]), "{err}");
     assert!(err.contains("not used"), "{err}");
@@ -108,30 +101,14 @@ fn an_unused_tensor_is_named_with_its_file() {
 #[test]
 fn vision_tower_and_mtp_tensors_are_ignored() {
     for (format, names) in [
-        (
-            Format::MlxQ4,
-            ["vision_tower.blocks.0.attn.qkv.weight", "mtp.fc.weight"],
-        ),
-        (
-            Format::HfBf16,
-            [
-                "model.visual.blocks.0.attn.qkv.weight",
-                "mtp.layers.0.mlp.gate.weight",
-            ],
-        ),
+        (Format::MlxQ4, ["vision_tower.blocks.0.attn.qkv.weight", "mtp.fc.weight"]),
+        (Format::HfBf16, ["model.visual.blocks.0.attn.qkv.weight", "mtp.layers.0.mlp.gate.weight"]),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = small_config(format);
         let mut tensors = valid_tensors(&cfg);
         for name in names {
-            tensors.insert(
-                name.to_string(),
-                Raw {
-                    dtype: DType::BF16,
-                    shape: vec![2, 2],
-                    data: vec![0; 8],
-                },
-            );
+            tensors.insert(name.to_string(), Raw { dtype: DType::BF16, shape: vec![2, 2], data: vec![0; 8] });
         }
         write_checkpoint(dir.path(), &cfg, &tensors);
         Weights::load(dir.path()).unwrap_or_else(|e| panic!("{format:?}: {e}"));
@@ -143,33 +120,16 @@ fn a_truncated_shard_names_the_file() {
     let dir = valid_dir(Format::MlxQ4);
     let path = dir.path().join(SHARDS[1]);
     let len = std::fs::metadata(&path).expect("meta").len();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .expect("open");
+    let file = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
     file.set_len(len - 100).expect("truncate");
     drop(file);
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        err.contains(SHARDS[1]) && err.contains("not a valid safetensors file"),
-        "{err}"
-    );
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    assert!(err.contains(SHARDS[1]) && err.contains("not a valid safetensors file"), "{err}");
 
     // Cut inside the header, and down to less than the length field.
     for keep in [20, 3] {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .expect("open")
-            .set_len(keep)
-            .expect("truncate");
-        let err = Weights::load(dir.path())
-            .err()
-            .expect("refused")
-            .to_string();
+        std::fs::OpenOptions::new().write(true).open(&path).expect("open").set_len(keep).expect("truncate");
+        let err = Weights::load(dir.path()).err().expect("refused").to_string();
         assert!(err.contains(SHARDS[1]), "{keep} bytes: {err}");
     }
 }
@@ -184,23 +144,14 @@ fn a_corrupt_header_names_the_file() {
     let mut bytes = original.clone();
     bytes[8] = b'#';
     std::fs::write(&path, &bytes).expect("write");
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        err.contains(SHARDS[0]) && err.contains("not a valid safetensors file"),
-        "{err}"
-    );
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    assert!(err.contains(SHARDS[0]) && err.contains("not a valid safetensors file"), "{err}");
 
     // A header length far beyond the file.
     let mut bytes = original.clone();
     bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
     assert!(err.contains(SHARDS[0]), "{err}");
 
     // Data offsets with a gap: the first tensor ends one byte early.
@@ -208,10 +159,7 @@ fn a_corrupt_header_names_the_file() {
     let header = String::from_utf8(original[8..8 + n].to_vec()).expect("utf8");
     let key = "\"data_offsets\":[0,";
     let at = header.find(key).expect("first tensor") + key.len();
-    let end: String = header[at..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit())
-        .collect();
+    let end: String = header[at..].chars().take_while(|c| c.is_ascii_digit()).collect();
     let shorter = (end.parse::<u64>().expect("number") - 1).to_string();
     let mut changed = header[..at].to_string() + &shorter + &header[at + end.len()..];
     // Keep the header length: JSON allows the trailing spaces.
@@ -221,10 +169,7 @@ fn a_corrupt_header_names_the_file() {
     let mut bytes = original.clone();
     bytes[8..8 + n].copy_from_slice(changed.as_bytes());
     std::fs::write(&path, &bytes).expect("write");
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
     assert!(err.contains(SHARDS[0]), "{err}");
 }
 
@@ -232,24 +177,17 @@ fn a_corrupt_header_names_the_file() {
 fn an_index_naming_a_missing_file_names_it() {
     let dir = valid_dir(Format::MlxQ4);
     let index_path = dir.path().join("model.safetensors.index.json");
-    let mut index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&index_path).expect("read")).expect("json");
+    let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index_path).expect("read")).expect("json");
     let name = format!("{L}.3.mlp.gate.weight");
     index["weight_map"][&name] = "model-00003-of-00003.safetensors".into();
     std::fs::write(&index_path, index.to_string()).expect("write");
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
     assert!(err.contains("model-00003-of-00003.safetensors"), "{err}");
 
     // A shard deleted from under a valid index.
     let dir = valid_dir(Format::MlxQ4);
     std::fs::remove_file(dir.path().join(SHARDS[1])).expect("remove");
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
     assert!(err.contains(SHARDS[1]), "{err}");
 }
 
@@ -257,18 +195,11 @@ fn an_index_naming_a_missing_file_names_it() {
 fn an_index_disagreeing_with_the_files_names_tensor_and_file() {
     let dir = valid_dir(Format::MlxQ4);
     let index_path = dir.path().join("model.safetensors.index.json");
-    let mut index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&index_path).expect("read")).expect("json");
+    let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index_path).expect("read")).expect("json");
     // The tensor lives in the second shard; the index says the first.
     let name = format!("{L}.3.mlp.gate.weight");
     index["weight_map"][&name] = SHARDS[0].into();
     std::fs::write(&index_path, index.to_string()).expect("write");
-    let err = Weights::load(dir.path())
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        err.contains(&name) && err.contains(SHARDS[0]) && err.contains(SHARDS[1]),
-        "{err}"
-    );
+    let err = Weights::load(dir.path()).err().expect("refused").to_string();
+    assert!(err.contains(&name) && err.contains(SHARDS[0]) && err.contains(SHARDS[1]), "{err}");
 }

@@ -11,18 +11,13 @@ use lily_core::config::{Format, ShapeClass};
 use lily_core::weights::{Linear, Mixer, NormConvention, Weights};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name)
 }
 
 /// Largest |a - b| over a pair of equally shaped linears, relative to the
 /// largest step (|scale|) a 4/8-bit group of `b` may have: `a` is exact.
 fn max_err(a: &Linear, b: &Linear) -> f32 {
-    assert_eq!(
-        (a.experts(), a.rows(), a.cols()),
-        (b.experts(), b.rows(), b.cols())
-    );
+    assert_eq!((a.experts(), a.rows(), a.cols()), (b.experts(), b.rows(), b.cols()));
     let mut worst = 0f32;
     for e in 0..a.experts() {
         let (x, y) = (a.to_f32(e), b.to_f32(e));
@@ -77,11 +72,7 @@ fn both_tiny_checkpoints_load_and_agree() {
     close(&hf.lm_head, &mlx.lm_head, "lm_head");
     gains(&hf.final_norm, &mlx.final_norm, "final norm");
     for (i, (a, b)) in hf.layers.iter().zip(&mlx.layers).enumerate() {
-        gains(
-            &a.input_norm,
-            &b.input_norm,
-            &format!("layer {i} input norm"),
-        );
+        gains(&a.input_norm, &b.input_norm, &format!("layer {i} input norm"));
         gains(&a.post_norm, &b.post_norm, &format!("layer {i} post norm"));
         match (&a.mixer, &b.mixer) {
             (Mixer::DeltaNet(x), Mixer::DeltaNet(y)) => {
@@ -113,10 +104,6 @@ fn both_tiny_checkpoints_load_and_agree() {
         close(&x.shared_gate, &y.shared_gate, "shared gate_proj");
         close(&x.shared_up, &y.shared_up, "shared up_proj");
         close(&x.shared_down, &y.shared_down, "shared down_proj");
-        close(
-            &x.shared_expert_gate,
-            &y.shared_expert_gate,
-            "shared_expert_gate",
-        );
+        close(&x.shared_expert_gate, &y.shared_expert_gate, "shared_expert_gate");
     }
 }

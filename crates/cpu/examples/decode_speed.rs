@@ -27,13 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut be = CpuBackend::new(weights.clone())?;
     let load_s = t.elapsed().as_secs_f64();
     let vocab = weights.config.vocab_size as u64;
-    println!(
-        "{}: {} layers, hidden {}, vocab {vocab}; backend {}",
-        dir.display(),
-        weights.config.num_layers,
-        weights.config.hidden_size,
-        be.name()
-    );
+    println!("{}: {} layers, hidden {}, vocab {vocab}; backend {}", dir.display(), weights.config.num_layers, weights.config.hidden_size, be.name());
     println!("load (mmap + checks): {load_s:.2} s");
     if std::env::var_os("PREFAULT").is_some() {
         let t = Instant::now();

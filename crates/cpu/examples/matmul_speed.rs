@@ -16,11 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("lily-matmul-speed-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     // (rows, cols, label): an expert's gate/up, in_proj_qkv, and lm_head.
-    let shapes = [
-        (512usize, 2048usize, "expert gate 512x2048"),
-        (8192, 2048, "in_proj_qkv 8192x2048"),
-        (248_320, 2048, "lm_head 248320x2048"),
-    ];
+    let shapes = [(512usize, 2048usize, "expert gate 512x2048"), (8192, 2048, "in_proj_qkv 8192x2048"), (248_320, 2048, "lm_head 248320x2048")];
     for (rows, cols, label) in shapes {
         let path = dir.join("m.safetensors");
         let words = rows * cols / 8;
@@ -35,21 +31,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (state as u32).to_le_bytes()
             })
             .collect();
-        let half: Vec<u8> =
-            (0..groups).flat_map(|i| half::bf16::from_f32(0.01 + (i % 7) as f32 * 1e-3).to_le_bytes()).collect();
+        let half: Vec<u8> = (0..groups).flat_map(|i| half::bf16::from_f32(0.01 + (i % 7) as f32 * 1e-3).to_le_bytes()).collect();
         let views = vec![
-            (
-                "m.weight".to_string(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &codes)?,
-            ),
-            (
-                "m.scales".to_string(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &half)?,
-            ),
-            (
-                "m.biases".to_string(),
-                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &half)?,
-            ),
+            ("m.weight".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &codes)?),
+            ("m.scales".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &half)?),
+            ("m.biases".to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &half)?),
         ];
         safetensors::serialize_to_file(views, None, &path)?;
         let store = TensorStore::open_files(std::slice::from_ref(&path))?;

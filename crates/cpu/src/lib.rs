@@ -91,14 +91,7 @@ impl CpuBackend {
 
     fn build(weights: Arc<Weights>, engine: Engine) -> Self {
         let max_seq_len = weights.config.max_position_embeddings;
-        CpuBackend {
-            weights,
-            engine,
-            seqs: BTreeMap::new(),
-            next_id: 0,
-            max_seq_len,
-            max_sequences: DEFAULT_MAX_SEQUENCES,
-        }
+        CpuBackend { weights, engine, seqs: BTreeMap::new(), next_id: 0, max_seq_len, max_sequences: DEFAULT_MAX_SEQUENCES }
     }
 
     /// Caps the context below the config's limit (never above it).
@@ -149,10 +142,7 @@ impl CpuBackend {
     fn check_room(&self, seq: SeqId, extra: usize) -> ModelResult<()> {
         let len = self.seqs.get(&seq).ok_or(ModelError::UnknownSequence(seq))?.len;
         if len + extra > self.max_seq_len {
-            return Err(ModelError::Capacity(format!(
-                "sequence {seq:?} holds {len} tokens; {extra} more exceed the limit of {}",
-                self.max_seq_len
-            )));
+            return Err(ModelError::Capacity(format!("sequence {seq:?} holds {len} tokens; {extra} more exceed the limit of {}", self.max_seq_len)));
         }
         Ok(())
     }
@@ -186,11 +176,8 @@ impl CpuBackend {
                 let result = match missing {
                     Some(seq) => Err(ModelError::UnknownSequence(seq)),
                     None => {
-                        let mut spans: Vec<fast::Span> = states
-                            .iter_mut()
-                            .zip(work)
-                            .map(|(state, &(_, tokens, wanted))| fast::Span { state, tokens, wanted })
-                            .collect();
+                        let mut spans: Vec<fast::Span> =
+                            states.iter_mut().zip(work).map(|(state, &(_, tokens, wanted))| fast::Span { state, tokens, wanted }).collect();
                         fast.forward(&mut spans)
                     }
                 };
@@ -288,8 +275,7 @@ impl Backend for CpuBackend {
             self.check_tokens(&[token])?;
         }
         let tokens: Vec<[u32; 1]> = batch.iter().map(|&(_, t)| [t]).collect();
-        let work: Vec<(SeqId, &[u32], LogitsWanted)> =
-            batch.iter().zip(&tokens).map(|(&(seq, _), t)| (seq, &t[..], LogitsWanted::Last)).collect();
+        let work: Vec<(SeqId, &[u32], LogitsWanted)> = batch.iter().zip(&tokens).map(|(&(seq, _), t)| (seq, &t[..], LogitsWanted::Last)).collect();
         let out = self.run(&work)?;
         Ok(out.into_iter().map(|mut rows| rows.pop().unwrap_or_default()).collect())
     }

@@ -42,10 +42,7 @@ impl SeqState {
             .map(|kind| match kind {
                 LayerKind::DeltaNet => LayerState::DeltaNet {
                     conv: vec![0.0; (cfg.conv_kernel - 1) * cfg.linear_conv_dim()],
-                    recurrent: vec![
-                        0.0;
-                        cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
-                    ],
+                    recurrent: vec![0.0; cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim],
                 },
                 LayerKind::Attention => LayerState::Attention { keys: Vec::new(), values: Vec::new() },
             })

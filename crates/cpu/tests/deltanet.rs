@@ -28,11 +28,7 @@ fn random_inputs(dims: &DeltaDims, tokens: usize, seed: u64) -> DeltaInputs {
         for _ in 0..dims.value_heads {
             x.v.extend((0..dims.value_dim).map(|_| rng.random_range(-2.0f32..2.0)));
             // Mix near-zero and strong decays, as trained models have both.
-            x.g.push(if rng.random_bool(0.5) {
-                rng.random_range(-0.05f32..0.0)
-            } else {
-                rng.random_range(-4.0f32..0.0)
-            });
+            x.g.push(if rng.random_bool(0.5) { rng.random_range(-0.05f32..0.0) } else { rng.random_range(-4.0f32..0.0) });
             x.beta.push(rng.random_range(0.0f32..1.0));
         }
     }

@@ -72,11 +72,7 @@ impl Diffs {
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             assert_eq!(g.len(), w.len(), "{what}: vocab size at position {i}");
             if common::argmax(g) != common::argmax(w) {
-                self.top1_mismatches.push(format!(
-                    "{what} position {i}: got {} want {}",
-                    common::argmax(g),
-                    common::argmax(w)
-                ));
+                self.top1_mismatches.push(format!("{what} position {i}: got {} want {}", common::argmax(g), common::argmax(w)));
             }
             let (lg, lw) = (log_softmax(g), log_softmax(w));
             self.all.extend(lg.iter().zip(&lw).map(|(a, b)| (a - b).abs()));
@@ -101,10 +97,7 @@ fn check(checkpoint: &str, goldens: &str) {
     let prompts = (0..).take_while(|k| g.contains(&format!("prompt{k}.tokens"))).count();
     assert_eq!(prompts, 5, "{goldens}: expected 5 prompts");
 
-    let backends = [
-        ("reference", CpuBackend::reference(weights.clone())),
-        ("fast", CpuBackend::new(weights.clone()).expect("fast path")),
-    ];
+    let backends = [("reference", CpuBackend::reference(weights.clone())), ("fast", CpuBackend::new(weights.clone()).expect("fast path"))];
     for (name, mut be) in backends {
         let mut diffs = Diffs::default();
         for k in 0..prompts {

@@ -32,10 +32,7 @@ fn check(name: &str, lin: &Linear, expert: usize) {
                 let got = &all[t * lin.rows()..(t + 1) * lin.rows()];
                 let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
                 for (r, (a, b)) in want.iter().zip(got).enumerate() {
-                    assert!(
-                        (a - b).abs() <= 1e-5 * scale * (lin.cols() as f32).sqrt(),
-                        "{name} {variant} n={n} t={t} row {r}: {a} vs {b}"
-                    );
+                    assert!((a - b).abs() <= 1e-5 * scale * (lin.cols() as f32).sqrt(), "{name} {variant} n={n} t={t} row {r}: {a} vs {b}");
                 }
             }
         }
@@ -100,18 +97,9 @@ fn wide_4bit_products_cross_column_blocks() {
     let code_bytes: Vec<u8> = codes.iter().flat_map(|c| c.to_le_bytes()).collect();
     let (sb, bb) = (half(&scales), half(&biases));
     let views = vec![
-        (
-            "m.weight",
-            safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &code_bytes).unwrap(),
-        ),
-        (
-            "m.scales",
-            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &sb).unwrap(),
-        ),
-        (
-            "m.biases",
-            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &bb).unwrap(),
-        ),
+        ("m.weight", safetensors::tensor::TensorView::new(safetensors::Dtype::U32, vec![rows, cols / 8], &code_bytes).unwrap()),
+        ("m.scales", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &sb).unwrap()),
+        ("m.biases", safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols / 64], &bb).unwrap()),
     ];
     safetensors::serialize_to_file(views, None, &path).unwrap();
     let store = TensorStore::open_files(&[path]).unwrap();
@@ -141,15 +129,9 @@ fn a_batch_of_products_equals_each_alone() {
         (Mat::new(&l0.moe.gate).unwrap(), 2, 12),
     ];
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let xs: Vec<Vec<f32>> =
-        mats.iter().map(|(m, _, n)| (0..n * m.cols).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect();
+    let xs: Vec<Vec<f32>> = mats.iter().map(|(m, _, n)| (0..n * m.cols).map(|_| rng.random_range(-1.0f32..1.0)).collect()).collect();
     let mut batched: Vec<Vec<f32>> = mats.iter().map(|(m, _, n)| vec![0f32; n * m.rows]).collect();
-    let products = mats
-        .iter()
-        .zip(&xs)
-        .zip(batched.iter_mut())
-        .map(|(((mat, expert, n), x), y)| Product { mat, expert: *expert, x, n: *n, y })
-        .collect();
+    let products = mats.iter().zip(&xs).zip(batched.iter_mut()).map(|(((mat, expert, n), x), y)| Product { mat, expert: *expert, x, n: *n, y }).collect();
     matmul_many(products);
     for (((mat, expert, n), x), got) in mats.iter().zip(&xs).zip(&batched) {
         let mut alone = vec![0f32; n * mat.rows];

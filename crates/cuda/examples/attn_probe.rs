@@ -104,7 +104,9 @@ fn run() -> Result<(), String> {
         slot.upload_sync_at(0, &(0..batch as i32).collect::<Vec<_>>()).map_err(e)?;
         let kv = KvView { k: kc.ptr(), v: vc.ptr(), block_table: table.ptr(), bt_stride: stride };
         let ps = d.proj_stride();
-        let secs = time(&mut || attention::decode(&gpu, &k, &d, q.ptr(), &kv, pos.ptr(), slot.ptr(), &scratch, proj.ptr(), ps, MixOut::F32(mix.ptr()), batch).map_err(e))?;
+        let secs = time(&mut || {
+            attention::decode(&gpu, &k, &d, q.ptr(), &kv, pos.ptr(), slot.ptr(), &scratch, proj.ptr(), ps, MixOut::F32(mix.ptr()), batch).map_err(e)
+        })?;
         let bytes = (batch * len * 2 * d.a_kv_heads * d.a_head_dim * 2) as f64;
         println!(
             "decode  batch {batch:>3} context {len:>7}: {:>9.1} us, {:>7.1} MB of K/V, {:>5.2} TB/s ({} splits per sequence)",
@@ -116,7 +118,9 @@ fn run() -> Result<(), String> {
     }
     for &(t, p0) in PREFILL {
         let ps = d.proj_stride();
-        let secs = time(&mut || attention::prefill(&gpu, &k, &d, q16.ptr(), kc.ptr(), vc.ptr(), table.ptr(), proj.ptr(), ps, t, p0, MixOut::F16(mix.ptr())).map_err(e))?;
+        let secs = time(&mut || {
+            attention::prefill(&gpu, &k, &d, q16.ptr(), kc.ptr(), vc.ptr(), table.ptr(), proj.ptr(), ps, t, p0, MixOut::F16(mix.ptr())).map_err(e)
+        })?;
         // Query i sees p0 + i + 1 keys; 4 FLOP per (query, key, dim, head).
         let pairs = (t * p0 + t * (t + 1) / 2) as f64;
         let flop = pairs * 4.0 * (d.a_head_dim * d.a_heads) as f64;

@@ -36,7 +36,9 @@ fn parse() -> Result<Args, String> {
             "--model" => a.model = Some(PathBuf::from(val()?)),
             "--synth-layers" => a.synth_layers = Some(val()?.parse().map_err(|e| format!("--synth-layers: {e}"))?),
             "--random-layers" => a.random_layers = Some(val()?.parse().map_err(|e| format!("--random-layers: {e}"))?),
-            "--lengths" => a.lengths = val()?.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().map_err(|e| format!("--lengths: {e}"))).collect::<Result<_, _>>()?,
+            "--lengths" => {
+                a.lengths = val()?.split(',').filter(|s| !s.is_empty()).map(|s| s.parse().map_err(|e| format!("--lengths: {e}"))).collect::<Result<_, _>>()?
+            }
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
             "--profile" => a.profile = true,

@@ -55,7 +55,20 @@ pub enum QOut {
 
 /// Norms, rotates and stores q/k/v of `ntok` tokens (positions `pos`, slots `slot`).
 #[allow(clippy::too_many_arguments)]
-pub fn prep(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &AttentionDev, inv_freq: u64, proj: u64, proj_stride: usize, pos: u64, slot: u64, kv: &KvView, q: QOut, ntok: usize) -> CudaResult<()> {
+pub fn prep(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    w: &AttentionDev,
+    inv_freq: u64,
+    proj: u64,
+    proj_stride: usize,
+    pos: u64,
+    slot: u64,
+    kv: &KvView,
+    q: QOut,
+    ntok: usize,
+) -> CudaResult<()> {
     if proj_stride < dims.attn_proj() {
         return Err(CudaError::shape("attn_prep", format!("proj stride {proj_stride} < {}", dims.attn_proj())));
     }
@@ -180,7 +193,20 @@ pub fn scale_log2(dims: &Dims) -> f32 {
 /// scratch only, so one captured graph per batch size serves every context
 /// length.
 #[allow(clippy::too_many_arguments)]
-pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64, slot: u64, s: &DecodeScratch, proj: u64, proj_stride: usize, mix: MixOut, ntok: usize) -> CudaResult<()> {
+pub fn decode(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    q: u64,
+    kv: &KvView,
+    pos: u64,
+    slot: u64,
+    s: &DecodeScratch,
+    proj: u64,
+    proj_stride: usize,
+    mix: MixOut,
+    ntok: usize,
+) -> CudaResult<()> {
     if s.max_splits == 0 {
         return Err(CudaError::shape("attn_decode", "scratch holds no splits"));
     }
@@ -203,7 +229,10 @@ pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64
     };
     let smem = decode_smem(dims, ntok);
     if smem > gpu.max_smem_optin as usize {
-        return Err(CudaError::shape("attn_decode", format!("a batch of {ntok} tokens needs {smem} bytes of shared memory, the device allows {}", gpu.max_smem_optin)));
+        return Err(CudaError::shape(
+            "attn_decode",
+            format!("a batch of {ntok} tokens needs {smem} bytes of shared memory, the device allows {}", gpu.max_smem_optin),
+        ));
     }
     let grid = decode_grid(gpu, dims, ntok, s.max_splits);
     launch(gpu, k, "attn_decode", (grid, 1, 1), (ATTN_DEC_WARPS * 32) as u32, smem, &p)?;
@@ -212,7 +241,16 @@ pub fn decode(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv: &KvView, pos: u64
         MixOut::F16(p) => (0, p),
         MixOut::Packed { .. } => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
     };
-    let c = AttnCombineParams { part_o: s.part_o, part_ml: s.part_ml, proj, mix_f32, mix_f16, pos, max_splits: s.max_splits as i32, proj_stride: proj_stride as i32 };
+    let c = AttnCombineParams {
+        part_o: s.part_o,
+        part_ml: s.part_ml,
+        proj,
+        mix_f32,
+        mix_f16,
+        pos,
+        max_splits: s.max_splits as i32,
+        proj_stride: proj_stride as i32,
+    };
     launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
 }
 
@@ -245,7 +283,20 @@ pub fn prefill_smem(dims: &Dims) -> usize {
 /// Causal attention of `t` query tokens (fp16 q, positions p0..p0+t) of one
 /// sequence over its cache (block table row `block_table`).
 #[allow(clippy::too_many_arguments)]
-pub fn prefill(gpu: &Gpu, k: &Kernels, dims: &Dims, q: u64, kv_k: u64, kv_v: u64, block_table: u64, proj: u64, proj_stride: usize, t: usize, p0: usize, mix: MixOut) -> CudaResult<()> {
+pub fn prefill(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    q: u64,
+    kv_k: u64,
+    kv_v: u64,
+    block_table: u64,
+    proj: u64,
+    proj_stride: usize,
+    t: usize,
+    p0: usize,
+    mix: MixOut,
+) -> CudaResult<()> {
     if t == 0 {
         return Ok(());
     }

@@ -217,10 +217,6 @@ impl Backend for CudaBackend {
     }
     fn kv_room(&self) -> Option<lily_model::KvRoom> {
         let mem = &self.model.mem;
-        Some(lily_model::KvRoom {
-            free_tokens: mem.free_block_count() * KV_BLOCK,
-            total_tokens: mem.num_blocks * KV_BLOCK,
-            block_tokens: KV_BLOCK,
-        })
+        Some(lily_model::KvRoom { free_tokens: mem.free_block_count() * KV_BLOCK, total_tokens: mem.num_blocks * KV_BLOCK, block_tokens: KV_BLOCK })
     }
 }

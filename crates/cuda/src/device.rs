@@ -53,13 +53,10 @@ impl Gpu {
         let (major, minor) = ctx.compute_capability().ctx("cuDeviceGetAttribute(compute capability)")?;
         let name = ctx.name().ctx("cuDeviceGetName")?;
         if (major, minor) != (9, 0) {
-            return Err(CudaError::Unsupported(format!(
-                "{name} has compute capability {major}.{minor}; the kernels are built for sm_90a (Hopper: H100/H200)"
-            )));
+            return Err(CudaError::Unsupported(format!("{name} has compute capability {major}.{minor}; the kernels are built for sm_90a (Hopper: H100/H200)")));
         }
         let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).ctx("SM count")? as u32;
-        let max_smem_optin =
-            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).ctx("smem limit")? as u32;
+        let max_smem_optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).ctx("smem limit")? as u32;
         let total_mem = ctx.total_mem().ctx("cuDeviceTotalMem")?;
         let stream = ctx.new_stream().ctx("cuStreamCreate")?;
         Ok(Arc::new(Gpu { ctx, stream, name, sm_count, max_smem_optin, total_mem, allocated: AtomicU64::new(0), peak: AtomicU64::new(0) }))
@@ -106,9 +103,8 @@ impl DeviceBuffer {
         gpu.bind()?;
         let bytes = bytes.max(256);
         // SAFETY: the context is current; the size is non-zero.
-        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
-            CudaError::Capacity(format!("allocating {what} ({:.2} GiB) on {}: {e}", bytes as f64 / (1u64 << 30) as f64, gpu.name))
-        })?;
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| CudaError::Capacity(format!("allocating {what} ({:.2} GiB) on {}: {e}", bytes as f64 / (1u64 << 30) as f64, gpu.name)))?;
         // On the backend's own (non-blocking) stream and waited for: a memset
         // on the legacy stream is not ordered with that stream's copies and
         // could land after them.

@@ -63,7 +63,18 @@ pub struct Grouping {
 /// C = A W^T: `a` fp16 [rows][lda]; `m` rows (dense) or the grouping's
 /// rows; `up` is the second matrix of SwiGLU.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: &QMat, up: Option<&QMat>, out: GemmOut, ldc: usize, group: Option<&Grouping>) -> CudaResult<()> {
+pub fn gemm(
+    gpu: &Gpu,
+    k: &Kernels,
+    a: u64,
+    lda: usize,
+    m: usize,
+    w: &QMat,
+    up: Option<&QMat>,
+    out: GemmOut,
+    ldc: usize,
+    group: Option<&Grouping>,
+) -> CudaResult<()> {
     const NAME: &str = "gemm";
     if !w.cols.is_multiple_of(64) || lda < w.cols || !lda.is_multiple_of(8) {
         return Err(CudaError::shape(NAME, format!("K = {} (multiple of 64), lda = {lda} (multiple of 8, >= K)", w.cols)));

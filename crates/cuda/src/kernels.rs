@@ -37,11 +37,7 @@ pub const FAMILIES: &[Family] = &[
         source: include_str!("kernels/gdn.cu"),
         kernels: &["gdn_decode", "gdn_prefill_prep", "gdn_conv_store", "gdn_chunk_wu", "gdn_chunk_state", "gdn_chunk_out", "gdn_gated_norm"],
     },
-    Family {
-        name: "attention",
-        source: include_str!("kernels/attention.cu"),
-        kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"],
-    },
+    Family { name: "attention", source: include_str!("kernels/attention.cu"), kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"] },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: &["gemm_q4", "gemm_q8", "rmsnorm_f16"] },
     Family { name: "sampling", source: include_str!("kernels/sampling.cu"), kernels: &["argmax_finish", "argmax_rows", "sample_rows"] },
     Family { name: "synth", source: include_str!("kernels/synth.cu"), kernels: &["fill_random"] },
@@ -83,14 +79,8 @@ pub fn compile_all(dims: &Dims, extra: &[String]) -> CudaResult<Cubins> {
     }
     nvrtc::ensure_nvrtc()?;
     let results: Vec<CudaResult<(&'static str, Vec<u8>)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = FAMILIES
-            .iter()
-            .map(|f| s.spawn(move || compile_family(f, dims, extra).map(|c| (f.name, c.cubin))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(CudaError::NvrtcMissing("a compile thread panicked".into()))))
-            .collect()
+        let handles: Vec<_> = FAMILIES.iter().map(|f| s.spawn(move || compile_family(f, dims, extra).map(|c| (f.name, c.cubin)))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(CudaError::NvrtcMissing("a compile thread panicked".into())))).collect()
     });
     let mut out = Vec::with_capacity(results.len());
     for r in results {
@@ -131,10 +121,9 @@ impl Kernels {
                 // Every kernel may take up to the opt-in shared memory limit;
                 // launchers size what they actually ask for.
                 // SAFETY: f is a valid function of a loaded module.
-                let static_smem = unsafe {
-                    result::function::get_function_attribute(f.cu_function(), CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-                }
-                .ctx(&format!("cuFuncGetAttribute({k})"))?;
+                let static_smem =
+                    unsafe { result::function::get_function_attribute(f.cu_function(), CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) }
+                        .ctx(&format!("cuFuncGetAttribute({k})"))?;
                 // SAFETY: as above; the value respects the opt-in limit minus
                 // the kernel's static shared memory.
                 unsafe {

@@ -12,15 +12,7 @@ use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::kernels::Kernels;
 
 /// Launches `name` with a single by-value parameter struct.
-pub fn launch<P: DeviceRepr>(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    name: &'static str,
-    grid: (u32, u32, u32),
-    block: u32,
-    smem: usize,
-    params: &P,
-) -> CudaResult<()> {
+pub fn launch<P: DeviceRepr>(gpu: &Gpu, kernels: &Kernels, name: &'static str, grid: (u32, u32, u32), block: u32, smem: usize, params: &P) -> CudaResult<()> {
     check_config(gpu, name, grid, block, smem)?;
     let f = kernels.get(name)?;
     let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };

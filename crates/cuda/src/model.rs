@@ -116,12 +116,9 @@ impl Model {
     fn in_projections(&self, l: &LayerDev) -> Vec<(QMat, usize)> {
         let d = &self.dims;
         match &l.mixer {
-            MixerDev::DeltaNet(g) => vec![
-                (g.in_qkv, 0),
-                (g.in_z, d.conv_dim),
-                (g.in_a, d.conv_dim + d.gdn_val_dim()),
-                (g.in_b, d.conv_dim + d.gdn_val_dim() + d.gv_heads),
-            ],
+            MixerDev::DeltaNet(g) => {
+                vec![(g.in_qkv, 0), (g.in_z, d.conv_dim), (g.in_a, d.conv_dim + d.gdn_val_dim()), (g.in_b, d.conv_dim + d.gdn_val_dim() + d.gv_heads)]
+            }
             MixerDev::Attention(a) => {
                 let q = 2 * d.a_heads * d.a_head_dim;
                 vec![(a.q, 0), (a.k, q), (a.v, q + d.kv_dim())]
@@ -164,10 +161,8 @@ impl Model {
         self.mark("xnorm (+ moe combine)")?;
         let ps = d.proj_stride();
         let projs = self.in_projections(l);
-        let segs: Vec<DenseSeg> = projs
-            .iter()
-            .map(|(m, off)| DenseSeg { w: m, out: dec.proj.from(*off).unwrap_or(dec.proj), out_stride: ps, epilogue: Epilogue::Store })
-            .collect();
+        let segs: Vec<DenseSeg> =
+            projs.iter().map(|(m, off)| DenseSeg { w: m, out: dec.proj.from(*off).unwrap_or(dec.proj), out_stride: ps, epilogue: Epilogue::Store }).collect();
         qmm::dense(g, k, &segs, dec.px_in, n, None)?;
         let attn = matches!(l.mixer, MixerDev::Attention(_));
         self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;

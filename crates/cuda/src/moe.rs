@@ -10,7 +10,6 @@ use crate::error::CudaResult;
 use crate::kernels::Kernels;
 use crate::launch::launch;
 
-
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct MoeRouteParams {

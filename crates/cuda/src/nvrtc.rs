@@ -51,10 +51,7 @@ fn candidate_dirs() -> Vec<PathBuf> {
 
 /// `site-packages/nvidia` of the first python3 on PATH, if it has one.
 pub fn python_nvidia_dir() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import nvidia, sys; sys.stdout.write(list(nvidia.__path__)[0])"])
-        .output()
-        .ok()?;
+    let out = std::process::Command::new("python3").args(["-c", "import nvidia, sys; sys.stdout.write(list(nvidia.__path__)[0])"]).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -93,10 +90,8 @@ fn preload_from(dir: &Path) -> Result<(), String> {
         // SAFETY: loading NVRTC runs its initialisers, which have no
         // preconditions; the handle is leaked on purpose so the library stays
         // loaded for the life of the process (cudarc resolves symbols later).
-        let handle = unsafe {
-            libloading::os::unix::Library::open(Some(lib), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL)
-        }
-        .map_err(|e| format!("{}: {e}", lib.display()))?;
+        let handle = unsafe { libloading::os::unix::Library::open(Some(lib), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL) }
+            .map_err(|e| format!("{}: {e}", lib.display()))?;
         std::mem::forget(handle);
     }
     Ok(())

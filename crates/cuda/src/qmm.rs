@@ -386,7 +386,10 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
     if m.router.rows != e || m.router.cols != hd || m.router.bits != 8 || m.sh_expert_gate.rows != 1 || m.sh_expert_gate.bits != 8 {
         return Err(CudaError::shape(
             NAME,
-            format!("router {}x{} {}-bit, shared gate {} rows {}-bit; expected {e}x{hd} and 1 row, 8-bit", m.router.rows, m.router.cols, m.router.bits, m.sh_expert_gate.rows, m.sh_expert_gate.bits),
+            format!(
+                "router {}x{} {}-bit, shared gate {} rows {}-bit; expected {e}x{hd} and 1 row, 8-bit",
+                m.router.rows, m.router.cols, m.router.bits, m.sh_expert_gate.rows, m.sh_expert_gate.bits
+            ),
         ));
     }
     if b.max_items < max_plan_items(dims, ntok) {

@@ -446,10 +446,7 @@ impl Memory {
     /// (conv, state) of layer `layer` (a DeltaNet layer) in slot 0.
     pub fn gdn_layer(&self, layer: usize) -> (u64, u64) {
         let g = self.gdn_layers[layer];
-        (
-            self.gdn_conv.ptr() + (g * self.dims.gdn_conv_floats() * 4) as u64,
-            self.gdn_state.ptr() + (g * self.dims.gdn_state_floats() * 4) as u64,
-        )
+        (self.gdn_conv.ptr() + (g * self.dims.gdn_conv_floats() * 4) as u64, self.gdn_state.ptr() + (g * self.dims.gdn_state_floats() * 4) as u64)
     }
     /// (conv, state) of layer `layer` for `slot`.
     pub fn gdn_layer_slot(&self, layer: usize, slot: usize) -> (u64, u64) {
@@ -465,9 +462,10 @@ impl Memory {
     // ---- sequences -----------------------------------------------------------
 
     pub fn alloc(&mut self) -> CudaResult<SeqId> {
-        let slot = self.free_slots.pop().ok_or_else(|| {
-            CudaError::Capacity(format!("all {} sequence slots are in use; free a sequence first", self.opts.max_sequences))
-        })?;
+        let slot = self
+            .free_slots
+            .pop()
+            .ok_or_else(|| CudaError::Capacity(format!("all {} sequence slots are in use; free a sequence first", self.opts.max_sequences)))?;
         // A fresh sequence starts from zero state.
         let g = &self.gpu;
         let (c0, s0) = self.gdn_layer_slot_first(slot);
@@ -480,10 +478,7 @@ impl Memory {
     }
 
     fn gdn_layer_slot_first(&self, slot: usize) -> (u64, u64) {
-        (
-            self.gdn_conv.ptr() + (slot * self.gdn_conv_slot_stride() * 4) as u64,
-            self.gdn_state.ptr() + (slot * self.gdn_state_slot_stride() * 4) as u64,
-        )
+        (self.gdn_conv.ptr() + (slot * self.gdn_conv_slot_stride() * 4) as u64, self.gdn_state.ptr() + (slot * self.gdn_state_slot_stride() * 4) as u64)
     }
 
     pub fn free(&mut self, id: SeqId) {

@@ -144,7 +144,6 @@ struct PendingLinear<'a> {
     sizes: [usize; 3],
 }
 
-
 /// bf16 bytes of a float tensor (copied as is when already bf16).
 fn to_bf16_piece(t: &TensorRef) -> Piece<'_> {
     match t.dtype {

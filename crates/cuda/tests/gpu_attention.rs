@@ -340,8 +340,23 @@ fn prefill_flash_attention_matches_causal_reference() {
     // (p0, t): chunks from position 0 and chunks continuing a cached prefix
     // (p0 > 0, on and off block boundaries), lengths around the query tile
     // (16) and the key tile (64) and not multiples of either.
-    let cases: [(usize, usize); 15] =
-        [(0, 1), (0, 7), (0, 16), (0, 17), (0, 64), (0, 130), (0, 333), (64, 100), (100, 1), (100, 77), (128, 64), (1000, 200), (3000, 45), (4033, 31), (8191, 300)];
+    let cases: [(usize, usize); 15] = [
+        (0, 1),
+        (0, 7),
+        (0, 16),
+        (0, 17),
+        (0, 64),
+        (0, 130),
+        (0, 333),
+        (64, 100),
+        (100, 1),
+        (100, 77),
+        (128, 64),
+        (1000, 200),
+        (3000, 45),
+        (4033, 31),
+        (8191, 300),
+    ];
     for (label, d) in both() {
         let k = Kernels::load(&gpu, &d).expect("kernels");
         for &(p0, t) in &cases {

@@ -82,7 +82,9 @@ fn gemm_matches_reference_in_every_mode() {
     let d = prod_dims();
     let k = Kernels::load(&gpu, &d).expect("kernels");
     let mut rng = Rng::new(600);
-    for &(m, n, kk, bits) in &[(1usize, 8192usize, 2048usize, 4u32), (5, 512, 2048, 4), (130, 2048, 4096, 4), (300, 256, 2048, 8), (77, 1, 2048, 8), (64, 1024, 64, 4)] {
+    for &(m, n, kk, bits) in
+        &[(1usize, 8192usize, 2048usize, 4u32), (5, 512, 2048, 4), (130, 2048, 4096, 4), (300, 256, 2048, 8), (77, 1, 2048, 8), (64, 1024, 64, 4)]
+    {
         let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
         let w = HostQ::random(rng.seed(), 1, n, kk, bits, 0.1);
         let (_wb, wm) = w.upload(&gpu);
@@ -178,7 +180,13 @@ impl HostMoe {
         let (idx, w) = topk_ref(logits, topk);
         let h = self.down.rows;
         let mut out = vec![0f64; h];
-        let round = |v: &[f32]| -> Vec<f32> { if f16_ops { v.iter().map(|x| f16_round(*x)).collect() } else { v.to_vec() } };
+        let round = |v: &[f32]| -> Vec<f32> {
+            if f16_ops {
+                v.iter().map(|x| f16_round(*x)).collect()
+            } else {
+                v.to_vec()
+            }
+        };
         let x = round(xn);
         let mv = |m: &HostQ, e: usize, v: &[f32]| if f16_ops { m.matvec_f16w(e, v) } else { m.matvec(e, v) };
         for (slot, &e) in idx.iter().enumerate() {
@@ -259,9 +267,12 @@ fn grouped_moe_gemm_path_matches_reference() {
             moe::route(&gpu, &k, &d, &rb, n, GEMM_BM).expect("route");
             let gather = Grouping { tiles: tiles.ptr(), ntiles: ntiles.ptr(), max_tiles: mt, a_rows: perm.ptr() };
             let sorted = Grouping { a_rows: 0, ..gather };
-            gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n * d.topk, &dev.gate, Some(&dev.up), GemmOut::SwiGlu(act_sorted.ptr()), d.moe_inter, Some(&gather)).expect("gate_up");
-            gemm::gemm(&gpu, &k, act_sorted.ptr(), d.moe_inter, n * d.topk, &dev.down, None, GemmOut::Store(y_sorted.ptr()), d.hidden, Some(&sorted)).expect("down");
-            gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n, &dev.sh_gate, Some(&dev.sh_up), GemmOut::SwiGlu(act_sh.ptr()), d.moe_inter, None).expect("shared gate_up");
+            gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n * d.topk, &dev.gate, Some(&dev.up), GemmOut::SwiGlu(act_sorted.ptr()), d.moe_inter, Some(&gather))
+                .expect("gate_up");
+            gemm::gemm(&gpu, &k, act_sorted.ptr(), d.moe_inter, n * d.topk, &dev.down, None, GemmOut::Store(y_sorted.ptr()), d.hidden, Some(&sorted))
+                .expect("down");
+            gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n, &dev.sh_gate, Some(&dev.sh_up), GemmOut::SwiGlu(act_sh.ptr()), d.moe_inter, None)
+                .expect("shared gate_up");
             gemm::gemm(&gpu, &k, act_sh.ptr(), d.moe_inter, n, &dev.sh_down, None, GemmOut::Store(ys.ptr()), d.hidden, None).expect("shared down");
             moe::combine(&gpu, &k, hb.ptr(), y_sorted.ptr(), ys.ptr(), sb.ptr(), &rb, n).expect("combine");
             let got: Vec<f32> = download(&gpu, hb.ptr(), n * d.hidden);

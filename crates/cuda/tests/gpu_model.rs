@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use common::{argmax, gpu, log_softmax};
 use lily_core::tensors::TensorStore;
-use lily_core::weights::Weights;
 use lily_core::weights::Mixer;
+use lily_core::weights::Weights;
 use lily_cpu::reference::{self, attention, deltanet, moe, ops};
 use lily_cpu::{CpuBackend, LayerState, SeqState};
 use lily_cuda::{CudaBackend, Gpu, Options};
@@ -630,7 +630,12 @@ fn check_upload(gpu: &Gpu, be: &CudaBackend, w: &Weights, checks: &mut Checks) {
             }
             _ => checks.check(false, format!("layer {i}: mixer kinds differ")),
         }
-        for (n, x, y) in [("router", &l.moe.router, d.moe.router), ("gate", &l.moe.gate, d.moe.gate), ("down", &l.moe.down, d.moe.down), ("sh_down", &l.moe.shared_down, d.moe.sh_down)] {
+        for (n, x, y) in [
+            ("router", &l.moe.router, d.moe.router),
+            ("gate", &l.moe.gate, d.moe.gate),
+            ("down", &l.moe.down, d.moe.down),
+            ("sh_down", &l.moe.shared_down, d.moe.sh_down),
+        ] {
             pairs.push((format!("layer {i} {n}"), x, y));
         }
     }

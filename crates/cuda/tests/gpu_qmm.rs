@@ -274,7 +274,10 @@ fn moe_router_plan_and_experts_match_the_reference() {
             let xt = ops::rms_norm_vec(&h[t * d.hidden..(t + 1) * d.hidden], &lw.post_norm, d.rms_eps);
             let logits = ops::linear(&lw.moe.router, 0, &xt);
             let want_route: Vec<i32> = moe::route(&logits, d.topk).into_iter().map(|(e, _)| e as i32).collect();
-            check(idx[t * d.topk..(t + 1) * d.topk] == want_route[..], format!("batch {n}, token {t}: top-k {:?} vs {want_route:?}", &idx[t * d.topk..(t + 1) * d.topk]));
+            check(
+                idx[t * d.topk..(t + 1) * d.topk] == want_route[..],
+                format!("batch {n}, token {t}: top-k {:?} vs {want_route:?}", &idx[t * d.topk..(t + 1) * d.topk]),
+            );
             let want = moe::moe(&lw.moe, d.topk, &xt);
             let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h[t * d.hidden + c]).collect();
             let e = rel(&got, &want);

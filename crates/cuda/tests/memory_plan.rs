@@ -18,12 +18,7 @@ fn model_plus_a_262144_token_context_fits_in_28_gb() {
     assert_eq!(opts.max_seq_len, 262_144);
     let plan = Memory::planned_bytes(&dims, &opts);
     let total = w + plan;
-    eprintln!(
-        "weights {:.2} GB + KV/state/scratch {:.2} GB = {:.2} GB",
-        w as f64 / 1e9,
-        plan as f64 / 1e9,
-        total as f64 / 1e9
-    );
+    eprintln!("weights {:.2} GB + KV/state/scratch {:.2} GB = {:.2} GB", w as f64 / 1e9, plan as f64 / 1e9, total as f64 / 1e9);
     // The 4-bit checkpoint is about 19.4 GB of text weights.
     assert!((18.5e9..20.5e9).contains(&(w as f64)), "weights {w} bytes");
     assert!(total as f64 <= 28e9, "{total} bytes > 28 GB");

@@ -19,8 +19,7 @@ fn fixture_config() -> ModelConfig {
 fn shapes() -> Vec<(&'static str, Dims)> {
     let prod = Dims::from_config(&production()).expect("production dims");
     let tiny_fixture = Dims::from_config(&fixture_config()).expect("fixture dims");
-    let tiny_synth = Dims::from_config(&lily_synth::preset_config(lily_synth::Preset::Tiny, None, Format::MlxQ4).expect("preset"))
-        .expect("synth tiny dims");
+    let tiny_synth = Dims::from_config(&lily_synth::preset_config(lily_synth::Preset::Tiny, None, Format::MlxQ4).expect("preset")).expect("synth tiny dims");
     vec![("production", prod), ("tiny fixture", tiny_fixture), ("tiny synth preset", tiny_synth)]
 }
 
@@ -86,7 +85,9 @@ fn shapes_the_kernels_cannot_run_are_refused_by_name() {
 fn defines_carry_every_dimension_once() {
     let dims = Dims::from_config(&production()).expect("dims");
     let defs = dims.defines();
-    for name in ["HIDDEN", "VOCAB", "GK_HEADS", "GV_HEADS", "GK_DIM", "A_HEADS", "A_HEAD_DIM", "ROT_DIM", "N_EXPERTS", "TOPK", "MOE_INTER", "KV_BLOCK", "RMS_EPS"] {
+    for name in
+        ["HIDDEN", "VOCAB", "GK_HEADS", "GV_HEADS", "GK_DIM", "A_HEADS", "A_HEAD_DIM", "ROT_DIM", "N_EXPERTS", "TOPK", "MOE_INTER", "KV_BLOCK", "RMS_EPS"]
+    {
         let n = defs.iter().filter(|d| d.starts_with(&format!("-D{name}="))).count();
         assert_eq!(n, 1, "{name} defined {n} times in {defs:?}");
     }

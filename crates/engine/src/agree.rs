@@ -49,55 +49,33 @@ pub enum AgreeError {
 
 /// Runs both backends over `tokens[..positions]` and compares them. Each
 /// backend gets one fresh sequence, freed before returning.
-pub fn agree(
-    model: &mut dyn Backend,
-    reference: &mut dyn Backend,
-    tokens: &[u32],
-    positions: usize,
-) -> Result<AgreeReport, AgreeError> {
+pub fn agree(model: &mut dyn Backend, reference: &mut dyn Backend, tokens: &[u32], positions: usize) -> Result<AgreeReport, AgreeError> {
     let vocab = model.config().vocab_size;
     if reference.config().vocab_size != vocab {
-        return Err(AgreeError::VocabMismatch {
-            model: vocab,
-            reference: reference.config().vocab_size,
-        });
+        return Err(AgreeError::VocabMismatch { model: vocab, reference: reference.config().vocab_size });
     }
     if positions == 0 {
         return Err(AgreeError::Input("positions must be at least 1".into()));
     }
     if tokens.len() < positions {
-        return Err(AgreeError::Input(format!(
-            "the text has {} tokens; {positions} positions were asked for",
-            tokens.len()
-        )));
+        return Err(AgreeError::Input(format!("the text has {} tokens; {positions} positions were asked for", tokens.len())));
     }
     let tokens = &tokens[..positions];
     if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-        return Err(AgreeError::Input(format!(
-            "token id {t} is outside the models' vocabulary of {vocab} ids"
-        )));
+        return Err(AgreeError::Input(format!("token id {t} is outside the models' vocabulary of {vocab} ids")));
     }
     for (b, which) in [(&*model, "model"), (&*reference, "reference")] {
         if b.max_seq_len() < positions {
-            return Err(AgreeError::Input(format!(
-                "the {which} holds at most {} tokens; {positions} positions were asked for",
-                b.max_seq_len()
-            )));
+            return Err(AgreeError::Input(format!("the {which} holds at most {} tokens; {positions} positions were asked for", b.max_seq_len())));
         }
     }
 
-    let m_seq = model.alloc().map_err(|source| AgreeError::Backend {
-        which: "model",
-        source,
-    })?;
+    let m_seq = model.alloc().map_err(|source| AgreeError::Backend { which: "model", source })?;
     let r_seq = match reference.alloc() {
         Ok(s) => s,
         Err(source) => {
             model.free(m_seq);
-            return Err(AgreeError::Backend {
-                which: "reference",
-                source,
-            });
+            return Err(AgreeError::Backend { which: "reference", source });
         }
     };
     let result = compare(model, m_seq, reference, r_seq, tokens);
@@ -130,25 +108,10 @@ fn compare(
     let mut matches = 0;
     let mut deltas = Vec::with_capacity(tokens.len());
     for chunk in tokens.chunks(CHUNK) {
-        let m = model
-            .prefill(m_seq, chunk, LogitsWanted::All)
-            .map_err(|source| AgreeError::Backend {
-                which: "model",
-                source,
-            })?;
-        let r = reference
-            .prefill(r_seq, chunk, LogitsWanted::All)
-            .map_err(|source| AgreeError::Backend {
-                which: "reference",
-                source,
-            })?;
+        let m = model.prefill(m_seq, chunk, LogitsWanted::All).map_err(|source| AgreeError::Backend { which: "model", source })?;
+        let r = reference.prefill(r_seq, chunk, LogitsWanted::All).map_err(|source| AgreeError::Backend { which: "reference", source })?;
         if m.len() != chunk.len() || r.len() != chunk.len() {
-            return Err(AgreeError::Input(format!(
-                "a backend returned {} / {} logit rows for {} tokens",
-                m.len(),
-                r.len(),
-                chunk.len()
-            )));
+            return Err(AgreeError::Input(format!("a backend returned {} / {} logit rows for {} tokens", m.len(), r.len(), chunk.len())));
         }
         for (mrow, rrow) in m.iter().zip(&r) {
             let top_m = lily_model::argmax(mrow);
@@ -166,11 +129,7 @@ fn compare(
 
 fn log_sum_exp(row: &[f32]) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    max + row
-        .iter()
-        .map(|&x| (x as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
+    max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
 }
 
 impl AgreeReport {

@@ -68,10 +68,7 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Argmax decoding.
     pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        }
+        SamplingParams { temperature: 0.0, ..SamplingParams::default() }
     }
 
     /// Whether the parameters are in range; the message names the field.
@@ -90,10 +87,7 @@ impl SamplingParams {
         finite("frequency_penalty", self.frequency_penalty)?;
         finite("repetition_penalty", self.repetition_penalty)?;
         if self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
+            return Err(format!("temperature must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -102,22 +96,13 @@ impl SamplingParams {
             return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(format!(
-                "presence_penalty must be in [-2, 2], got {}",
-                self.presence_penalty
-            ));
+            return Err(format!("presence_penalty must be in [-2, 2], got {}", self.presence_penalty));
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(format!(
-                "frequency_penalty must be in [-2, 2], got {}",
-                self.frequency_penalty
-            ));
+            return Err(format!("frequency_penalty must be in [-2, 2], got {}", self.frequency_penalty));
         }
         if self.repetition_penalty <= 0.0 {
-            return Err(format!(
-                "repetition_penalty must be > 0, got {}",
-                self.repetition_penalty
-            ));
+            return Err(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         Ok(())
     }
@@ -257,20 +242,13 @@ pub enum SubmitError {
     /// Too many requests are waiting; retry later (HTTP 429/503 with
     /// Retry-After).
     #[error("the engine queue is full ({waiting} waiting); retry in {}s", retry_after.as_secs().max(1))]
-    QueueFull {
-        waiting: usize,
-        retry_after: Duration,
-    },
+    QueueFull { waiting: usize, retry_after: Duration },
     /// The prompt alone leaves no room to generate (HTTP 400).
     #[error("the prompt has {prompt} tokens; the context holds {max}, and at least one must be left to generate")]
     PromptTooLong { prompt: usize, max: usize },
     /// prompt + max_tokens exceeds the context (HTTP 400).
     #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {max} tokens; at most {} can be generated", max - prompt)]
-    MaxTokensTooLarge {
-        prompt: usize,
-        max_tokens: usize,
-        max: usize,
-    },
+    MaxTokensTooLarge { prompt: usize, max_tokens: usize, max: usize },
     /// Malformed request: empty prompt, token id beyond the vocabulary, bad
     /// sampling values, max_tokens 0, too many logprobs (HTTP 400).
     #[error("invalid request: {0}")]
@@ -473,26 +451,14 @@ impl EngineHandle {
         validate(&req, &shared.info)?;
         // Reserve a queue slot before sending so concurrent submitters cannot
         // overshoot the bound.
-        let reserved = shared
-            .waiting
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
-                (w < shared.max_queue).then_some(w + 1)
-            });
+        let reserved = shared.waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| (w < shared.max_queue).then_some(w + 1));
         if let Err(waiting) = reserved {
-            return Err(SubmitError::QueueFull {
-                waiting,
-                retry_after: Duration::from_secs(1),
-            });
+            return Err(SubmitError::QueueFull { waiting, retry_after: Duration::from_secs(1) });
         }
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let sub = Submission {
-            id,
-            req,
-            events: tx,
-            cancel: cancel.clone(),
-        };
+        let sub = Submission { id, req, events: tx, cancel: cancel.clone() };
         if self.commands.send(Command::Submit(sub)).is_err() {
             shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShuttingDown);
@@ -563,40 +529,26 @@ fn validate(req: &GenerateRequest, info: &ModelInfo) -> Result<(), SubmitError> 
         return Err(SubmitError::Invalid("the prompt is empty".into()));
     }
     if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-        return Err(SubmitError::Invalid(format!(
-            "prompt token id {bad} is beyond the vocabulary ({} ids)",
-            info.vocab_size
-        )));
+        return Err(SubmitError::Invalid(format!("prompt token id {bad} is beyond the vocabulary ({} ids)", info.vocab_size)));
     }
     if req.max_tokens == 0 {
         return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
     }
     if let Some(n) = req.logprobs {
         if n > MAX_TOP_LOGPROBS {
-            return Err(SubmitError::Invalid(format!(
-                "at most {MAX_TOP_LOGPROBS} top logprobs may be requested, got {n}"
-            )));
+            return Err(SubmitError::Invalid(format!("at most {MAX_TOP_LOGPROBS} top logprobs may be requested, got {n}")));
         }
     }
     if req.stop_strings.iter().any(|s| s.is_empty()) {
-        return Err(SubmitError::Invalid(
-            "stop strings must not be empty".into(),
-        ));
+        return Err(SubmitError::Invalid("stop strings must not be empty".into()));
     }
     req.sampling.validate().map_err(SubmitError::Invalid)?;
     let max = info.context_length;
     if req.prompt.len() >= max {
-        return Err(SubmitError::PromptTooLong {
-            prompt: req.prompt.len(),
-            max,
-        });
+        return Err(SubmitError::PromptTooLong { prompt: req.prompt.len(), max });
     }
     if req.prompt.len() + req.max_tokens > max {
-        return Err(SubmitError::MaxTokensTooLarge {
-            prompt: req.prompt.len(),
-            max_tokens: req.max_tokens,
-            max,
-        });
+        return Err(SubmitError::MaxTokensTooLarge { prompt: req.prompt.len(), max_tokens: req.max_tokens, max });
     }
     Ok(())
 }

@@ -28,11 +28,7 @@ impl Engine {
     /// `Tokenizer` or an `Arc<Tokenizer>` (the server shares one with its
     /// chat templating). The only failure is the OS refusing to create the
     /// thread.
-    pub fn start(
-        backend: Box<dyn Backend>,
-        tokenizer: impl Into<Arc<Tokenizer>>,
-        opts: EngineOptions,
-    ) -> std::io::Result<EngineHandle> {
+    pub fn start(backend: Box<dyn Backend>, tokenizer: impl Into<Arc<Tokenizer>>, opts: EngineOptions) -> std::io::Result<EngineHandle> {
         let tokenizer = tokenizer.into();
         let backend_max = backend.max_seq_len();
         let context_length = opts.max_seq_len.map_or(backend_max, |m| m.min(backend_max));
@@ -48,13 +44,8 @@ impl Engine {
         let shared = Arc::new(Shared::new(info, opts.max_queue));
         let sched = Scheduler::new(backend, tokenizer, &opts, shared.clone());
         let thread_shared = shared.clone();
-        std::thread::Builder::new()
-            .name("lily-engine".into())
-            .spawn(move || run(sched, rx, thread_shared))?;
-        Ok(EngineHandle {
-            shared,
-            commands: tx,
-        })
+        std::thread::Builder::new().name("lily-engine".into()).spawn(move || run(sched, rx, thread_shared))?;
+        Ok(EngineHandle { shared, commands: tx })
     }
 }
 
@@ -109,11 +100,7 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>) {
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| sched.step())) {
             let why = panic_message(&panic);
             tracing::error!("engine step panicked: {why}; failing the requests in flight");
-            if catch_unwind(AssertUnwindSafe(|| {
-                sched.fail_all(&format!("engine step panicked: {why}"))
-            }))
-            .is_err()
-            {
+            if catch_unwind(AssertUnwindSafe(|| sched.fail_all(&format!("engine step panicked: {why}")))).is_err() {
                 tracing::error!("engine could not recover from a panic; stopping");
                 return;
             }

@@ -89,12 +89,7 @@ pub(crate) struct KvLedger {
 
 impl KvLedger {
     pub(crate) fn new(max_sequences: usize, cache: PrefixCache) -> Self {
-        KvLedger {
-            max_sequences,
-            cache,
-            held: BTreeMap::new(),
-            orphans: BTreeMap::new(),
-        }
+        KvLedger { max_sequences, cache, held: BTreeMap::new(), orphans: BTreeMap::new() }
     }
 
     pub(crate) fn holding(&self, age: Age) -> Option<&Holding> {
@@ -119,16 +114,7 @@ impl KvLedger {
     /// Records that request `age` holds `seq`, fed with `fed` tokens and to
     /// be prefilled up to `prefill_to`.
     pub(crate) fn hold(&mut self, age: Age, seq: SeqId, fed: usize, prefill_to: usize) {
-        self.held.insert(
-            age,
-            Holding {
-                seq,
-                fed,
-                prefill_to,
-                ahead: 0,
-                offered: fed,
-            },
-        );
+        self.held.insert(age, Holding { seq, fed, prefill_to, ahead: 0, offered: fed });
     }
 
     /// Frees request `age`'s sequence, if it holds one; one that steps in
@@ -232,19 +218,11 @@ impl KvLedger {
     /// for a free slot or KV memory; the request waits (`Wait`) while
     /// running requests hold what it needs, and fails only when it could
     /// never be served.
-    pub(crate) fn acquire(
-        &mut self,
-        backend: &mut dyn Backend,
-        tokens: &[u32],
-        target: usize,
-    ) -> Acquired {
+    pub(crate) fn acquire(&mut self, backend: &mut dyn Backend, tokens: &[u32], target: usize) -> Acquired {
         if !self.make_room_for_one(backend) {
             if self.holders() == 0 {
                 // No slot will ever free up (a backend with no sequences).
-                return Acquired::Fail(EngineError::Capacity(format!(
-                    "the backend holds at most {} sequences",
-                    backend.max_sequences()
-                )));
+                return Acquired::Fail(EngineError::Capacity(format!("the backend holds at most {} sequences", backend.max_sequences())));
             }
             return Acquired::Wait;
         }
@@ -292,11 +270,7 @@ impl KvLedger {
     /// failing a request. Retrying is sound because a backend that answers
     /// `Capacity` has changed no sequence's length (the CUDA backend
     /// reserves KV blocks before it runs anything).
-    pub(crate) fn evicting<T>(
-        &mut self,
-        backend: &mut dyn Backend,
-        mut f: impl FnMut(&mut dyn Backend) -> Result<T, ModelError>,
-    ) -> Result<T, ModelError> {
+    pub(crate) fn evicting<T>(&mut self, backend: &mut dyn Backend, mut f: impl FnMut(&mut dyn Backend) -> Result<T, ModelError>) -> Result<T, ModelError> {
         loop {
             match f(backend) {
                 Err(ModelError::Capacity(m)) => match self.cache.evict_lru() {
@@ -319,13 +293,7 @@ impl KvLedger {
     /// sequence consumed (a step in flight may have fed one it has not seen
     /// yet); a sequence fed a token its request never keeps (a step run
     /// ahead past a stop) is never offered, since the request has ended.
-    pub(crate) fn maybe_snapshot(
-        &mut self,
-        backend: &mut dyn Backend,
-        age: Age,
-        tokens: &[u32],
-        prompt_len: usize,
-    ) {
+    pub(crate) fn maybe_snapshot(&mut self, backend: &mut dyn Backend, age: Age, tokens: &[u32], prompt_len: usize) {
         let Some(h) = self.held.get_mut(&age) else {
             return;
         };
@@ -365,23 +333,14 @@ impl KvLedger {
     /// boundary that will be snapshotted, so the snapshot holds exactly
     /// that prefix. Other boundaries do not cut the chunk (large chunks
     /// keep prefill efficient).
-    pub(crate) fn chunk_end(
-        &self,
-        tokens: &[u32],
-        prompt_len: usize,
-        start: usize,
-        limit: usize,
-    ) -> usize {
+    pub(crate) fn chunk_end(&self, tokens: &[u32], prompt_len: usize, start: usize, limit: usize) -> usize {
         let interval = self.cache.interval();
         let mut b = match self.cache.next_boundary(start) {
             Some(b) => b,
             None => return limit,
         };
         while b < limit {
-            if prompt_boundary_wanted(b, prompt_len, interval)
-                && self.cache.admits(&tokens[..b])
-                && !self.cache.contains(&tokens[..b])
-            {
+            if prompt_boundary_wanted(b, prompt_len, interval) && self.cache.admits(&tokens[..b]) && !self.cache.contains(&tokens[..b]) {
                 return b;
             }
             b += interval;

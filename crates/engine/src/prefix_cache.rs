@@ -53,15 +53,7 @@ fn chain(prev: u64, block: &[u32]) -> u64 {
 impl PrefixCache {
     /// `interval` 0 or a zero budget disables the cache.
     pub fn new(interval: usize, budget_tokens: usize, max_entries: usize) -> Self {
-        PrefixCache {
-            interval,
-            budget_tokens,
-            max_entries,
-            entries: HashMap::new(),
-            held_tokens: 0,
-            clock: 0,
-            evictions: 0,
-        }
+        PrefixCache { interval, budget_tokens, max_entries, entries: HashMap::new(), held_tokens: 0, clock: 0, evictions: 0 }
     }
 
     pub fn enabled(&self) -> bool {
@@ -90,8 +82,7 @@ impl PrefixCache {
 
     /// The next snapshot boundary strictly after `len` tokens.
     pub fn next_boundary(&self, len: usize) -> Option<usize> {
-        self.enabled()
-            .then(|| (len / self.interval + 1) * self.interval)
+        self.enabled().then(|| (len / self.interval + 1) * self.interval)
     }
 
     fn key_of(&self, tokens: &[u32]) -> u64 {
@@ -132,10 +123,7 @@ impl PrefixCache {
     /// Whether the cache could hold a snapshot of exactly `tokens`: enabled,
     /// at a boundary, and within budget on its own.
     pub fn admits(&self, tokens: &[u32]) -> bool {
-        self.enabled()
-            && !tokens.is_empty()
-            && tokens.len().is_multiple_of(self.interval)
-            && tokens.len() <= self.budget_tokens
+        self.enabled() && !tokens.is_empty() && tokens.len().is_multiple_of(self.interval) && tokens.len() <= self.budget_tokens
     }
 
     /// Whether a snapshot of exactly `tokens` (or of a prefix with the same
@@ -182,9 +170,7 @@ impl PrefixCache {
             return vec![seq];
         }
         let mut evicted = Vec::new();
-        while self.held_tokens + tokens.len() > self.budget_tokens
-            || self.entries.len() + 1 > self.max_entries
-        {
+        while self.held_tokens + tokens.len() > self.budget_tokens || self.entries.len() + 1 > self.max_entries {
             match self.evict_lru() {
                 Some(s) => evicted.push(s),
                 None => break,
@@ -192,25 +178,14 @@ impl PrefixCache {
         }
         let now = self.tick();
         self.held_tokens += tokens.len();
-        self.entries.insert(
-            key,
-            Entry {
-                seq,
-                tokens: tokens.to_vec(),
-                last_used: now,
-            },
-        );
+        self.entries.insert(key, Entry { seq, tokens: tokens.to_vec(), last_used: now });
         evicted
     }
 
     /// Evicts the least recently used snapshot; the engine frees its
     /// sequence (used when the backend needs the slot or memory back).
     pub fn evict_lru(&mut self) -> Option<SeqId> {
-        let key = self
-            .entries
-            .iter()
-            .min_by_key(|(_, e)| e.last_used)
-            .map(|(k, _)| *k)?;
+        let key = self.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| *k)?;
         let e = self.entries.remove(&key)?;
         self.held_tokens -= e.tokens.len();
         self.evictions += 1;
@@ -234,8 +209,7 @@ impl PrefixCache {
 /// turn of a chat, or a retried request, diverges near the end). While
 /// generating, every boundary is taken: one copy per `interval` tokens.
 pub fn prompt_boundary_wanted(boundary: usize, prompt_len: usize, interval: usize) -> bool {
-    if interval == 0 || boundary == 0 || !boundary.is_multiple_of(interval) || boundary > prompt_len
-    {
+    if interval == 0 || boundary == 0 || !boundary.is_multiple_of(interval) || boundary > prompt_len {
         return false;
     }
     let k = boundary / interval;
@@ -252,9 +226,7 @@ mod tests {
     use super::*;
 
     fn toks(n: usize, salt: u32) -> Vec<u32> {
-        (0..n as u32)
-            .map(|i| i.wrapping_mul(31).wrapping_add(salt))
-            .collect()
+        (0..n as u32).map(|i| i.wrapping_mul(31).wrapping_add(salt)).collect()
     }
 
     #[test]
@@ -306,10 +278,7 @@ mod tests {
         c.insert(&b, SeqId(2));
         assert_eq!(c.held_tokens(), 16);
         // Touch a, so b is the least recently used.
-        assert_eq!(
-            c.lookup(&[a.clone(), vec![0]].concat()),
-            Some((SeqId(1), 8))
-        );
+        assert_eq!(c.lookup(&[a.clone(), vec![0]].concat()), Some((SeqId(1), 8)));
         assert_eq!(c.insert(&d, SeqId(3)), vec![SeqId(2)]);
         assert_eq!(c.held_tokens(), 16);
         assert_eq!(c.evictions(), 1);
@@ -342,15 +311,8 @@ mod tests {
 
     #[test]
     fn prompt_boundaries_dense_at_both_ends_sparse_between() {
-        let taken: Vec<usize> = (1..=100)
-            .map(|k| k * 10)
-            .filter(|&b| prompt_boundary_wanted(b, 1005, 10))
-            .map(|b| b / 10)
-            .collect();
-        assert_eq!(
-            taken,
-            vec![1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 97, 98, 99, 100]
-        );
+        let taken: Vec<usize> = (1..=100).map(|k| k * 10).filter(|&b| prompt_boundary_wanted(b, 1005, 10)).map(|b| b / 10).collect();
+        assert_eq!(taken, vec![1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 97, 98, 99, 100]);
         assert!(!prompt_boundary_wanted(15, 1000, 10));
         assert!(!prompt_boundary_wanted(1010, 1005, 10));
         assert!(!prompt_boundary_wanted(10, 100, 0));

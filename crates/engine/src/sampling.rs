@@ -17,12 +17,7 @@ use crate::api::{SamplingParams, TokenLogprob};
 /// one drawn at random (once, when the request is admitted); `logprobs`
 /// the alternatives it asked for; `vocab_limit` the tokenizer's vocabulary
 /// size (ids past it have no text and are never drawn).
-pub fn sample_params(
-    p: &SamplingParams,
-    seed: u64,
-    logprobs: Option<usize>,
-    vocab_limit: usize,
-) -> SampleParams {
+pub fn sample_params(p: &SamplingParams, seed: u64, logprobs: Option<usize>, vocab_limit: usize) -> SampleParams {
     SampleParams {
         temperature: p.temperature,
         top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
@@ -45,28 +40,18 @@ pub fn request_seed(p: &SamplingParams) -> u64 {
 
 /// The API report of a drawn token: its text, bytes and logprob, and the
 /// alternatives `lily_model` reported.
-pub fn logprob_report(
-    tok: &Tokenizer,
-    token: u32,
-    logprob: f32,
-    top: &[(u32, f32)],
-) -> TokenLogprob {
+pub fn logprob_report(tok: &Tokenizer, token: u32, logprob: f32, top: &[(u32, f32)]) -> TokenLogprob {
     TokenLogprob {
         token: token_text(tok, token),
         logprob,
         bytes: token_bytes(tok, token),
-        top: top
-            .iter()
-            .map(|&(t, l)| (token_text(tok, t), l, token_bytes(tok, t)))
-            .collect(),
+        top: top.iter().map(|&(t, l)| (token_text(tok, t), l, token_bytes(tok, t))).collect(),
     }
 }
 
 /// A token's text on its own (lossy for a fragment of a character).
 fn token_text(tok: &Tokenizer, id: u32) -> String {
-    tok.token_bytes(id)
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_default()
+    tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()
 }
 
 fn token_bytes(tok: &Tokenizer, id: u32) -> Vec<u8> {
@@ -103,15 +88,7 @@ mod tests {
             vocab_limit: 1000,
         };
         assert_eq!(p, want);
-        let p = sample_params(
-            &SamplingParams {
-                top_k: usize::MAX,
-                ..api
-            },
-            3,
-            None,
-            1000,
-        );
+        let p = sample_params(&SamplingParams { top_k: usize::MAX, ..api }, 3, None, 1000);
         assert_eq!((p.top_k, p.top_logprobs), (u32::MAX, 0));
     }
 

@@ -40,14 +40,10 @@ use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_model::sample::sample_host;
-use lily_model::{
-    Backend, Feed, InFlight, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId,
-};
+use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{
-    EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission,
-};
+use crate::api::{EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission};
 use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{logprob_report, request_seed, sample_params};
@@ -143,19 +139,10 @@ struct Step {
 }
 
 impl Scheduler {
-    pub(crate) fn new(
-        backend: Box<dyn Backend>,
-        tokenizer: Arc<Tokenizer>,
-        opts: &EngineOptions,
-        shared: Arc<Shared>,
-    ) -> Self {
+    pub(crate) fn new(backend: Box<dyn Backend>, tokenizer: Arc<Tokenizer>, opts: &EngineOptions, shared: Arc<Shared>) -> Self {
         let eos = backend.config().eos_token_ids.clone();
         let text_vocab = tokenizer.vocab_size();
-        let cache = PrefixCache::new(
-            opts.snapshot_interval,
-            opts.prefix_cache_tokens,
-            opts.prefix_cache_max_entries,
-        );
+        let cache = PrefixCache::new(opts.snapshot_interval, opts.prefix_cache_tokens, opts.prefix_cache_max_entries);
         Scheduler {
             kv: KvLedger::new(backend.max_sequences(), cache),
             next_age: 0,
@@ -198,8 +185,7 @@ impl Scheduler {
         // Steps in flight are waited for (their draws dropped) before their
         // sequences are freed.
         for step in std::mem::take(&mut self.in_flight) {
-            let mut states: Vec<SampleState> =
-                step.members.iter().map(|_| placeholder_state()).collect();
+            let mut states: Vec<SampleState> = step.members.iter().map(|_| placeholder_state()).collect();
             if let Err(e) = self.backend.collect_decode(step.handle, &mut states) {
                 tracing::warn!("collecting a decode step after a panic: {e}");
             }
@@ -221,10 +207,7 @@ impl Scheduler {
         let running = self.running.len();
         let cache = &self.kv.cache;
         let (entries, held, evictions) = (cache.len(), cache.held_tokens(), cache.evictions());
-        let kv = self
-            .backend
-            .kv_room()
-            .map(|r| (r.free_tokens, r.total_tokens));
+        let kv = self.backend.kv_room().map(|r| (r.free_tokens, r.total_tokens));
         self.shared.with_stats(|s| {
             s.running = running;
             s.kv_tokens = kv;
@@ -248,12 +231,7 @@ impl Scheduler {
                         s.requests_cancelled += 1;
                     }
                 });
-                Event::Finished {
-                    reason,
-                    completion_tokens,
-                    prompt_tokens,
-                    cached_tokens,
-                }
+                Event::Finished { reason, completion_tokens, prompt_tokens, cached_tokens }
             }
             Outcome::Failed(e) => {
                 self.shared.with_stats(|s| s.requests_failed += 1);
@@ -349,10 +327,7 @@ impl Scheduler {
                 break;
             };
             let target = sub.req.prompt.len();
-            let outcome = match self
-                .kv
-                .acquire(self.backend.as_mut(), &sub.req.prompt, target)
-            {
+            let outcome = match self.kv.acquire(self.backend.as_mut(), &sub.req.prompt, target) {
                 Acquired::Wait => {
                     self.waiting.push_front(sub);
                     break;
@@ -362,8 +337,7 @@ impl Scheduler {
             };
             // One lookup per request that got an answer.
             let lookups = u64::from(self.kv.cache.enabled());
-            self.shared
-                .with_stats(|s| s.prefix_cache_lookups += lookups);
+            self.shared.with_stats(|s| s.prefix_cache_lookups += lookups);
             match outcome {
                 Ok((seq, cached)) => self.start(sub, seq, cached),
                 Err(e) => self.end_waiting(sub, Outcome::Failed(e)),
@@ -373,21 +347,8 @@ impl Scheduler {
 
     fn start(&mut self, sub: Submission, seq: SeqId, cached: usize) {
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let Submission {
-            id,
-            req,
-            events,
-            cancel,
-        } = sub;
-        let GenerateRequest {
-            prompt,
-            max_tokens,
-            sampling,
-            stop_strings,
-            stop_token_ids,
-            logprobs,
-            deadline,
-        } = req;
+        let Submission { id, req, events, cancel } = sub;
+        let GenerateRequest { prompt, max_tokens, sampling, stop_strings, stop_token_ids, logprobs, deadline } = req;
         let prompt_len = prompt.len();
         let mut stop_ids = self.eos.clone();
         stop_ids.extend(stop_token_ids);
@@ -402,15 +363,7 @@ impl Scheduler {
             max_tokens,
             logprobs,
             stop_ids,
-            sampling: SampleState::new(
-                sample_params(
-                    &sampling,
-                    request_seed(&sampling),
-                    logprobs,
-                    self.text_vocab,
-                ),
-                &prompt,
-            ),
+            sampling: SampleState::new(sample_params(&sampling, request_seed(&sampling), logprobs, self.text_vocab), &prompt),
             text: TextStream::new(self.tokenizer.stream_decoder(), stop_strings),
             tokens: prompt,
             cached_tokens: cached,
@@ -424,13 +377,7 @@ impl Scheduler {
             }
         });
         tracing::debug!(request = id, prompt = prompt_len, cached, "admitted");
-        if a.events
-            .send(Event::Started {
-                prompt_tokens: prompt_len,
-                cached_tokens: cached,
-            })
-            .is_err()
-        {
+        if a.events.send(Event::Started { prompt_tokens: prompt_len, cached_tokens: cached }).is_err() {
             self.backend.free(seq);
             self.send_outcome_active(&a, Outcome::Finished(FinishReason::Cancelled));
             return;
@@ -462,11 +409,7 @@ impl Scheduler {
             if h.prefilling() || a.generated() + h.ahead >= a.max_tokens {
                 continue;
             }
-            let feed = if h.ahead > 0 {
-                Feed::Previous
-            } else {
-                Feed::Token(a.tokens[h.fed])
-            };
+            let feed = if h.ahead > 0 { Feed::Previous } else { Feed::Token(a.tokens[h.fed]) };
             members.push(a.age);
             batch.push((h.seq, feed));
         }
@@ -482,9 +425,7 @@ impl Scheduler {
     /// and the requests decoded one by one instead.
     fn submit(&mut self, members: Vec<Age>, batch: &[(SeqId, Feed)]) -> bool {
         let mut states = self.lend_states(&members);
-        let r = self.kv.evicting(self.backend.as_mut(), |b| {
-            b.submit_decode(batch, &mut states)
-        });
+        let r = self.kv.evicting(self.backend.as_mut(), |b| b.submit_decode(batch, &mut states));
         self.return_states(&members, states);
         self.count_decode_step(batch.len());
         match r {
@@ -538,11 +479,7 @@ impl Scheduler {
             // The step's draws are lost and its sequences' states unknown.
             other => {
                 let e = match other {
-                    Ok(d) => EngineError::Backend(format!(
-                        "collect returned {} tokens for a batch of {}",
-                        d.len(),
-                        step.members.len()
-                    )),
+                    Ok(d) => EngineError::Backend(format!("collect returned {} tokens for a batch of {}", d.len(), step.members.len())),
                     Err(e) => model_error(e),
                 };
                 for &age in &step.members {
@@ -622,11 +559,7 @@ impl Scheduler {
     ///
     /// Returns results for a prefix of `members`; the entries past it were
     /// preempted (or failed) here.
-    fn isolate_decode_failure(
-        &mut self,
-        members: &[(Age, SeqId, u32)],
-        err: ModelError,
-    ) -> Vec<(Age, Result<Sampled, EngineError>)> {
+    fn isolate_decode_failure(&mut self, members: &[(Age, SeqId, u32)], err: ModelError) -> Vec<(Age, Result<Sampled, EngineError>)> {
         tracing::warn!(batch = members.len(), error = %err, "batched decode failed; retrying sequences one by one");
         // A lone sequence's fault is its own; out of memory may still be
         // settled by a younger request that is prefilling.
@@ -656,9 +589,7 @@ impl Scheduler {
                 }
             }
             let mut state = [self.lend_state(i)];
-            let r = self.kv.evicting(self.backend.as_mut(), |b| {
-                b.decode_sample(&[(seq, tok)], &mut state)
-            });
+            let r = self.kv.evicting(self.backend.as_mut(), |b| b.decode_sample(&[(seq, tok)], &mut state));
             let [state] = state;
             self.running[i].sampling = state;
             match r {
@@ -668,13 +599,7 @@ impl Scheduler {
                     }
                     out.push((age, Ok(rows.remove(0))));
                 }
-                Ok(rows) => out.push((
-                    age,
-                    Err(EngineError::Backend(format!(
-                        "decode returned {} tokens for one sequence",
-                        rows.len()
-                    ))),
-                )),
+                Ok(rows) => out.push((age, Err(EngineError::Backend(format!("decode returned {} tokens for one sequence", rows.len()))))),
                 Err(ModelError::Capacity(m)) => {
                     // The youngest holder gives its memory back: a
                     // prefilling one, the youngest entry still waiting in
@@ -712,25 +637,16 @@ impl Scheduler {
         }
         let v = self.find(age)?;
         let target = self.running[v].target();
-        let never = matches!(
-            self.kv.fits(self.backend.as_ref(), target, 0),
-            KvFit::Never(_)
-        );
+        let never = matches!(self.kv.fits(self.backend.as_ref(), target, 0), KvFit::Never(_));
         if never || self.kv.holders() == 1 {
             // Nobody else holds memory to give back: it cannot fit at all.
-            let e = EngineError::Capacity(format!(
-                "KV cache full: this request needs more KV memory than the whole pool ({why})"
-            ));
+            let e = EngineError::Capacity(format!("KV cache full: this request needs more KV memory than the whole pool ({why})"));
             self.retire(v, Outcome::Failed(e));
             return Some(Released::Failed(age));
         }
         let a = &self.running[v];
         self.kv.release(self.backend.as_mut(), a.age);
-        tracing::info!(
-            request = a.id,
-            tokens = a.tokens.len(),
-            "out of KV memory: preempted, will be recomputed"
-        );
+        tracing::info!(request = a.id, tokens = a.tokens.len(), "out of KV memory: preempted, will be recomputed");
         self.shared.with_stats(|s| s.preemptions += 1);
         Some(Released::Paused(age))
     }
@@ -753,22 +669,13 @@ impl Scheduler {
                 continue;
             };
             let a = &self.running[i];
-            let Some((seq, start, target)) = self
-                .kv
-                .holding(age)
-                .filter(|h| h.prefilling())
-                .map(|h| (h.seq, h.fed, h.prefill_to))
-            else {
+            let Some((seq, start, target)) = self.kv.holding(age).filter(|h| h.prefilling()).map(|h| (h.seq, h.fed, h.prefill_to)) else {
                 k += 1;
                 continue;
             };
-            let end = self
-                .kv
-                .chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
+            let end = self.kv.chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
             let chunk = &a.tokens[start..end];
-            let result = self.kv.evicting(self.backend.as_mut(), |b| {
-                b.prefill(seq, chunk, LogitsWanted::Last)
-            });
+            let result = self.kv.evicting(self.backend.as_mut(), |b| b.prefill(seq, chunk, LogitsWanted::Last));
             let outcome = match result {
                 // Out of memory with every snapshot evicted: the youngest
                 // holder gives its memory back (this request, or a younger
@@ -789,8 +696,7 @@ impl Scheduler {
                 Err(e) => Some(Outcome::Failed(work_error(e))),
                 Ok(mut rows) => {
                     budget -= end - start;
-                    self.shared
-                        .with_stats(|s| s.prefill_tokens += (end - start) as u64);
+                    self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
                     if let Some(h) = self.kv.holding_mut(age) {
                         h.fed = end;
                     }
@@ -810,9 +716,7 @@ impl Scheduler {
                                 let picked = sample_host(&logits, &mut self.running[i].sampling);
                                 self.emit(i, picked)
                             }
-                            None => Some(Outcome::Failed(EngineError::Backend(
-                                "prefill returned no logits".into(),
-                            ))),
+                            None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
                         }
                     }
                 }
@@ -834,8 +738,7 @@ impl Scheduler {
     /// Offers the prefix cache a snapshot of request `i`'s sequence.
     fn maybe_snapshot(&mut self, i: usize) {
         let a = &self.running[i];
-        self.kv
-            .maybe_snapshot(self.backend.as_mut(), a.age, &a.tokens, a.prompt_len);
+        self.kv.maybe_snapshot(self.backend.as_mut(), a.age, &a.tokens, a.prompt_len);
     }
 
     /// The sampling states of the requests of `ages` for a backend call
@@ -885,39 +788,17 @@ impl Scheduler {
                     if a.generated() >= a.max_tokens {
                         let tail = a.text.finish();
                         d.text.push_str(&tail.text);
-                        (
-                            d.text,
-                            Some(if tail.stopped {
-                                FinishReason::Stop
-                            } else {
-                                FinishReason::Length
-                            }),
-                        )
+                        (d.text, Some(if tail.stopped { FinishReason::Stop } else { FinishReason::Length }))
                     } else {
                         (d.text, None)
                     }
                 }
             }
         };
-        let logprob = if a.stop_ids.contains(&token) || a.logprobs.is_none() {
-            None
-        } else {
-            Some(logprob_report(
-                &self.tokenizer,
-                token,
-                picked.logprob,
-                &picked.top,
-            ))
-        };
+        let logprob =
+            if a.stop_ids.contains(&token) || a.logprobs.is_none() { None } else { Some(logprob_report(&self.tokenizer, token, picked.logprob, &picked.top)) };
         let a = &self.running[i];
-        if a.events
-            .send(Event::Token {
-                id: token,
-                text,
-                logprob,
-            })
-            .is_err()
-        {
+        if a.events.send(Event::Token { id: token, text, logprob }).is_err() {
             return Some(Outcome::Finished(FinishReason::Cancelled));
         }
         reason.map(Outcome::Finished)

@@ -30,11 +30,7 @@ pub struct TextStream {
 
 impl TextStream {
     pub fn new(decoder: StreamDecoder, stops: Vec<String>) -> Self {
-        TextStream {
-            decoder,
-            stops,
-            held: String::new(),
-        }
+        TextStream { decoder, stops, held: String::new() }
     }
 
     /// Adds one generated token.
@@ -57,34 +53,17 @@ impl TextStream {
 
     fn release(&mut self, at_end: bool) -> Delta {
         if self.stops.is_empty() {
-            return Delta {
-                text: std::mem::take(&mut self.held),
-                stopped: false,
-            };
+            return Delta { text: std::mem::take(&mut self.held), stopped: false };
         }
-        let first_stop = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
+        let first_stop = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
         if let Some(p) = first_stop {
             let mut text = std::mem::take(&mut self.held);
             text.truncate(p);
-            return Delta {
-                text,
-                stopped: true,
-            };
+            return Delta { text, stopped: true };
         }
-        let keep_from = if at_end {
-            self.held.len()
-        } else {
-            self.hold_from()
-        };
+        let keep_from = if at_end { self.held.len() } else { self.hold_from() };
         let rest = self.held.split_off(keep_from);
-        Delta {
-            text: std::mem::replace(&mut self.held, rest),
-            stopped: false,
-        }
+        Delta { text: std::mem::replace(&mut self.held, rest), stopped: false }
     }
 
     /// Start of the longest tail of `held` that is a proper prefix of some
@@ -93,11 +72,7 @@ impl TextStream {
     fn hold_from(&self) -> usize {
         for (i, _) in self.held.char_indices() {
             let tail = &self.held[i..];
-            if self
-                .stops
-                .iter()
-                .any(|s| s.len() > tail.len() && s.starts_with(tail))
-            {
+            if self.stops.iter().any(|s| s.len() > tail.len() && s.starts_with(tail)) {
                 return i;
             }
         }
@@ -120,10 +95,7 @@ mod tests {
     /// the emitted text and whether a stop fired.
     fn run(tok: &Tokenizer, text: &str, stops: &[&str]) -> (String, bool, Vec<String>) {
         let ids = tok.encode(text).expect("encode");
-        let mut s = TextStream::new(
-            tok.stream_decoder(),
-            stops.iter().map(|s| s.to_string()).collect(),
-        );
+        let mut s = TextStream::new(tok.stream_decoder(), stops.iter().map(|s| s.to_string()).collect());
         let mut out = String::new();
         let mut deltas = Vec::new();
         for id in ids {

@@ -20,9 +20,7 @@ fn write_bf16(dir: &Path) {
 }
 
 fn text_tokens(n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761) >> 9) % VOCAB as u32)
-        .collect()
+    (0..n as u32).map(|i| (i.wrapping_mul(2654435761) >> 9) % VOCAB as u32).collect()
 }
 
 #[test]
@@ -45,15 +43,9 @@ fn quantised_model_against_its_reference() {
     let r = agree(&mut model, &mut reference, &tokens, 100).expect("agree");
     eprintln!("{}", r.to_text());
     assert_eq!(r.positions, 100);
-    assert!(
-        r.mean_abs_dlogprob > 0.0 && r.mean_abs_dlogprob.is_finite(),
-        "{r:?}"
-    );
+    assert!(r.mean_abs_dlogprob > 0.0 && r.mean_abs_dlogprob.is_finite(), "{r:?}");
     assert!(r.max_abs_dlogprob >= r.p99_abs_dlogprob && r.p99_abs_dlogprob >= 0.0);
-    assert!(
-        r.top1_agreement_pct > 50.0,
-        "4-bit and BF16 barely agree: {r:?}"
-    );
+    assert!(r.top1_agreement_pct > 50.0, "4-bit and BF16 barely agree: {r:?}");
     assert!((r.top1_agreement_pct - 100.0 * r.top1_matches as f64 / 100.0).abs() < 1e-9);
 
     // Sequences are freed: the backends can run the check again.
@@ -61,16 +53,7 @@ fn quantised_model_against_its_reference() {
     assert_eq!(again, r);
 
     // Refusals.
-    assert!(matches!(
-        agree(&mut model, &mut reference, &tokens, 101),
-        Err(AgreeError::Input(_))
-    ));
-    assert!(matches!(
-        agree(&mut model, &mut reference, &[5, VOCAB as u32], 2),
-        Err(AgreeError::Input(_))
-    ));
-    assert!(matches!(
-        agree(&mut model, &mut reference, &tokens, 0),
-        Err(AgreeError::Input(_))
-    ));
+    assert!(matches!(agree(&mut model, &mut reference, &tokens, 101), Err(AgreeError::Input(_))));
+    assert!(matches!(agree(&mut model, &mut reference, &[5, VOCAB as u32], 2), Err(AgreeError::Input(_))));
+    assert!(matches!(agree(&mut model, &mut reference, &tokens, 0), Err(AgreeError::Input(_))));
 }

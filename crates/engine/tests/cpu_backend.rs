@@ -29,16 +29,11 @@ fn engine(dir: &Path, opts: EngineOptions) -> EngineHandle {
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) >> 9).wrapping_add(salt * 101)) % VOCAB as u32)
-        .collect()
+    (0..n as u32).map(|i| ((i.wrapping_mul(2654435761) >> 9).wrapping_add(salt * 101)) % VOCAB as u32).collect()
 }
 
 fn greedy(prompt: Vec<u32>) -> GenerateRequest {
-    GenerateRequest {
-        sampling: SamplingParams::greedy(),
-        ..GenerateRequest::new(prompt, 12)
-    }
+    GenerateRequest { sampling: SamplingParams::greedy(), ..GenerateRequest::new(prompt, 12) }
 }
 
 #[test]
@@ -48,45 +43,16 @@ fn cache_chunking_and_batching_do_not_change_greedy_tokens() {
     let prompts: Vec<Vec<u32>> = (0..3).map(|s| prompt(40, s)).collect();
 
     // One request at a time, whole-prompt prefill, no cache.
-    let plain = engine(
-        tmp.path(),
-        EngineOptions {
-            prefix_cache_tokens: 0,
-            prefill_chunk: 4096,
-            max_batch: 1,
-            ..EngineOptions::default()
-        },
-    );
-    let solo: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| collect(plain.submit(greedy(p.clone())).expect("submit")).ids)
-        .collect();
+    let plain = engine(tmp.path(), EngineOptions { prefix_cache_tokens: 0, prefill_chunk: 4096, max_batch: 1, ..EngineOptions::default() });
+    let solo: Vec<Vec<u32>> = prompts.iter().map(|p| collect(plain.submit(greedy(p.clone())).expect("submit")).ids).collect();
     assert!(solo.iter().all(|ids| ids.len() == 12));
 
     // Small chunks, snapshots every 16 tokens, all three at once.
-    let fancy = engine(
-        tmp.path(),
-        EngineOptions {
-            prefix_cache_tokens: 10_000,
-            snapshot_interval: 16,
-            prefill_chunk: 8,
-            ..EngineOptions::default()
-        },
-    );
-    let streams: Vec<_> = prompts
-        .iter()
-        .map(|p| fancy.submit(greedy(p.clone())).expect("submit"))
-        .collect();
-    let batched: Vec<_> = streams
-        .into_iter()
-        .map(|s| std::thread::spawn(move || collect(s)))
-        .collect();
+    let fancy = engine(tmp.path(), EngineOptions { prefix_cache_tokens: 10_000, snapshot_interval: 16, prefill_chunk: 8, ..EngineOptions::default() });
+    let streams: Vec<_> = prompts.iter().map(|p| fancy.submit(greedy(p.clone())).expect("submit")).collect();
+    let batched: Vec<_> = streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect();
     for (i, t) in batched.into_iter().enumerate() {
-        assert_eq!(
-            t.join().expect("collector").ids,
-            solo[i],
-            "batched request {i}"
-        );
+        assert_eq!(t.join().expect("collector").ids, solo[i], "batched request {i}");
     }
     assert!(fancy.stats().decode_batch_sizes.iter().skip(2).sum::<u64>() > 0);
 

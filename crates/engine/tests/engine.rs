@@ -7,19 +7,11 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lily_engine::{
-    Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest,
-    SamplingParams, SubmitError,
-};
-use support::{
-    collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS,
-};
+use lily_engine::{Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest, SamplingParams, SubmitError};
+use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS};
 
 fn opts() -> EngineOptions {
-    EngineOptions {
-        prefix_cache_tokens: 0,
-        ..EngineOptions::default()
-    }
+    EngineOptions { prefix_cache_tokens: 0, ..EngineOptions::default() }
 }
 
 fn start(fake: Fake, opts: EngineOptions) -> EngineHandle {
@@ -27,10 +19,7 @@ fn start(fake: Fake, opts: EngineOptions) -> EngineHandle {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        sampling: SamplingParams::greedy(),
-        ..GenerateRequest::new(prompt, max_tokens)
-    }
+    GenerateRequest { sampling: SamplingParams::greedy(), ..GenerateRequest::new(prompt, max_tokens) }
 }
 
 /// Polls `f` until it holds or `limit` passes.
@@ -49,8 +38,7 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// cache's snapshots (anything more is a sequence some request leaked).
 fn assert_only_snapshots_hold_sequences(probe: &Mutex<Probe>, h: &EngineHandle) {
     assert!(
-        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
-            == h.stats().prefix_cache_entries),
+        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == h.stats().prefix_cache_entries),
         "live sequences {} != snapshots {}",
         probe.lock().expect("probe").live,
         h.stats().prefix_cache_entries
@@ -58,9 +46,7 @@ fn assert_only_snapshots_hold_sequences(probe: &Mutex<Probe>, h: &EngineHandle) 
 }
 
 fn pseudo_prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) >> 7).wrapping_add(salt.wrapping_mul(7919))) % 250)
-        .collect()
+    (0..n as u32).map(|i| ((i.wrapping_mul(2654435761) >> 7).wrapping_add(salt.wrapping_mul(7919))) % 250).collect()
 }
 
 #[test]
@@ -73,38 +59,19 @@ fn greedy_generation_length_and_text() {
     assert_eq!(c.ids, vec![A + 1, A + 2, A + 3, A + 4, A + 5]);
     assert_eq!(c.finish, Some(FinishReason::Length));
     assert_eq!(c.completion_tokens, 5);
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == 0));
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
     let s = h.stats();
-    assert_eq!(
-        (
-            s.requests_submitted,
-            s.requests_finished,
-            s.generated_tokens
-        ),
-        (1, 1, 5)
-    );
+    assert_eq!((s.requests_submitted, s.requests_finished, s.generated_tokens), (1, 1, 5));
     let info = h.model_info();
-    assert_eq!(
-        (info.backend.as_str(), info.context_length, info.vocab_size),
-        ("fake", 4096, 256)
-    );
+    assert_eq!((info.backend.as_str(), info.context_length, info.vocab_size), ("fake", 4096, 256));
 }
 
 #[test]
 fn concurrent_requests_are_batched_and_all_finish() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.delay(Duration::from_millis(2)), opts());
-    let streams: Vec<_> = (0..6u32)
-        .map(|i| h.submit(greedy(vec![A + i], 12)).expect("submit"))
-        .collect();
-    let threads: Vec<_> = streams
-        .into_iter()
-        .map(|s| std::thread::spawn(move || collect(s)))
-        .collect();
+    let streams: Vec<_> = (0..6u32).map(|i| h.submit(greedy(vec![A + i], 12)).expect("submit")).collect();
+    let threads: Vec<_> = streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect();
     for (i, t) in threads.into_iter().enumerate() {
         let c = t.join().expect("collector");
         let expect: Vec<u32> = (1..=12).map(|k| A + i as u32 + k).collect();
@@ -121,31 +88,18 @@ fn concurrent_requests_are_batched_and_all_finish() {
         .max();
     assert!(max_batch.unwrap_or(0) > 1, "no decode batch larger than 1");
     let s = h.stats();
-    assert!(
-        s.decode_batch_sizes.iter().skip(2).sum::<u64>() > 0,
-        "{:?}",
-        s.decode_batch_sizes
-    );
+    assert!(s.decode_batch_sizes.iter().skip(2).sum::<u64>() > 0, "{:?}", s.decode_batch_sizes);
     assert_eq!(s.requests_finished, 6);
 }
 
 #[test]
 fn long_prefill_is_chunked_and_interleaved_with_decode() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.delay(Duration::from_millis(1)),
-        EngineOptions {
-            prefill_chunk: 32,
-            ..opts()
-        },
-    );
+    let h = start(fake.delay(Duration::from_millis(1)), EngineOptions { prefill_chunk: 32, ..opts() });
     let short = h.submit(greedy(vec![A], 40)).expect("submit");
     let long_prompt = pseudo_prompt(300, 1);
     let long = h.submit(greedy(long_prompt, 4)).expect("submit");
-    let (a, b) = (
-        std::thread::spawn(move || collect(short)),
-        std::thread::spawn(move || collect(long)),
-    );
+    let (a, b) = (std::thread::spawn(move || collect(short)), std::thread::spawn(move || collect(long)));
     let (a, b) = (a.join().expect("short"), b.join().expect("long"));
     assert_eq!(a.finish, Some(FinishReason::Length));
     assert_eq!(b.finish, Some(FinishReason::Length));
@@ -159,13 +113,8 @@ fn long_prefill_is_chunked_and_interleaved_with_decode() {
             _ => None,
         })
         .expect("short prompt prefill");
-    let long_chunks: Vec<usize> = calls
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| {
-            matches!(c, Call::Prefill { seq, .. } if *seq != short_seq).then_some(i)
-        })
-        .collect();
+    let long_chunks: Vec<usize> =
+        calls.iter().enumerate().filter_map(|(i, c)| matches!(c, Call::Prefill { seq, .. } if *seq != short_seq).then_some(i)).collect();
     let sizes: Vec<usize> = long_chunks
         .iter()
         .map(|&i| match calls[i] {
@@ -176,14 +125,8 @@ fn long_prefill_is_chunked_and_interleaved_with_decode() {
     assert_eq!(sizes.iter().sum::<usize>(), 300);
     assert!(sizes.iter().all(|&n| n <= 32), "{sizes:?}");
     let (first, last) = (long_chunks[0], *long_chunks.last().expect("chunks"));
-    let decodes_between = calls[first..last]
-        .iter()
-        .filter(|c| matches!(c, Call::Decode { .. }))
-        .count();
-    assert!(
-        decodes_between >= long_chunks.len() - 1,
-        "decode steps did not run between prefill chunks: {calls:?}"
-    );
+    let decodes_between = calls[first..last].iter().filter(|c| matches!(c, Call::Decode { .. })).count();
+    assert!(decodes_between >= long_chunks.len() - 1, "decode steps did not run between prefill chunks: {calls:?}");
 }
 
 /// Prompt tokens prefilled between consecutive decode steps, in order.
@@ -206,21 +149,12 @@ fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
     // decode step between every two budgets.
     let gate = Arc::new(Mutex::new(()));
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.gate(gate.clone()),
-        EngineOptions {
-            prefill_chunk: 32,
-            ..opts()
-        },
-    );
+    let h = start(fake.gate(gate.clone()), EngineOptions { prefill_chunk: 32, ..opts() });
     let held = gate.lock().expect("gate");
     let mut stream = h.submit(greedy(vec![A], 60)).expect("submit");
     let started = wait_started(&mut stream);
     let prompts: Vec<Vec<u32>> = (0..3).map(|k| pseudo_prompt(100, 20 + k)).collect();
-    let longs: Vec<_> = prompts
-        .iter()
-        .map(|p| h.submit(greedy(p.clone(), 2)).expect("submit"))
-        .collect();
+    let longs: Vec<_> = prompts.iter().map(|p| h.submit(greedy(p.clone(), 2)).expect("submit")).collect();
     drop(held);
     let longs: Vec<_> = longs.into_iter().map(collect).collect();
     let stream = collect_rest(stream, started);
@@ -235,10 +169,7 @@ fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
     assert!(windows.iter().all(|&n| n <= 32), "{windows:?}");
     // The 300 prompt tokens took ten steps, each with a decode step for the
     // running stream before the next.
-    assert!(
-        windows.iter().filter(|&&n| n > 0).count() >= 10,
-        "{windows:?}"
-    );
+    assert!(windows.iter().filter(|&&n| n > 0).count() >= 10, "{windows:?}");
     // All of it while the stream ran (it decodes 59 of its 60 tokens).
     let busy = windows.iter().rposition(|&n| n > 0).expect("prefill ran");
     assert!(busy < 59, "{windows:?}");
@@ -257,21 +188,11 @@ fn dropping_the_stream_cancels_and_frees_the_sequence() {
     }
     assert_eq!(probe.lock().expect("probe").live, 1);
     drop(s);
-    assert!(
-        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
-            == 0),
-        "sequence not freed"
-    );
-    assert!(eventually(Duration::from_secs(2), || h
-        .stats()
-        .requests_cancelled
-        == 1));
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0), "sequence not freed");
+    assert!(eventually(Duration::from_secs(2), || h.stats().requests_cancelled == 1));
     assert_eq!(h.stats().running, 0);
     // The engine still serves.
-    assert_eq!(
-        collect(h.submit(greedy(vec![A], 2)).expect("submit")).text,
-        "bc"
-    );
+    assert_eq!(collect(h.submit(greedy(vec![A], 2)).expect("submit")).text, "bc");
 }
 
 #[test]
@@ -279,72 +200,40 @@ fn explicit_cancel_answers_cancelled() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.delay(Duration::from_millis(2)), opts());
     let mut s = h.submit(greedy(vec![A], 1000)).expect("submit");
-    assert!(matches!(
-        s.blocking_recv(),
-        Some(lily_engine::Event::Started { .. })
-    ));
+    assert!(matches!(s.blocking_recv(), Some(lily_engine::Event::Started { .. })));
     s.cancel();
     let mut finish = None;
     while let Some(ev) = s.blocking_recv() {
-        if let lily_engine::Event::Finished {
-            reason,
-            completion_tokens,
-            ..
-        } = ev
-        {
+        if let lily_engine::Event::Finished { reason, completion_tokens, .. } = ev {
             assert!(completion_tokens < 1000);
             finish = Some(reason);
         }
     }
     assert_eq!(finish, Some(FinishReason::Cancelled));
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == 0));
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
 }
 
 #[test]
 fn deadline_ends_the_request() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.delay(Duration::from_millis(3)), opts());
-    let req = GenerateRequest {
-        deadline: Some(Instant::now() + Duration::from_millis(60)),
-        ..greedy(vec![A], 1000)
-    };
+    let req = GenerateRequest { deadline: Some(Instant::now() + Duration::from_millis(60)), ..greedy(vec![A], 1000) };
     let t0 = Instant::now();
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.finish, Some(FinishReason::Deadline));
     assert!(c.completion_tokens > 0 && c.completion_tokens < 1000);
     assert!(t0.elapsed() < Duration::from_secs(2));
     // Already expired on arrival: ends without generating.
-    let req = GenerateRequest {
-        deadline: Some(Instant::now()),
-        ..greedy(vec![A], 10)
-    };
+    let req = GenerateRequest { deadline: Some(Instant::now()), ..greedy(vec![A], 10) };
     let c = collect(h.submit(req).expect("submit"));
-    assert_eq!(
-        (c.finish, c.completion_tokens),
-        (Some(FinishReason::Deadline), 0)
-    );
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == 0));
+    assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Deadline), 0));
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
 }
 
 #[test]
 fn queue_full_is_refused_and_accepted_requests_finish() {
     let (fake, _probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.delay(Duration::from_millis(5)),
-        EngineOptions {
-            max_batch: 1,
-            max_queue: 2,
-            ..opts()
-        },
-    );
+    let h = start(fake.delay(Duration::from_millis(5)), EngineOptions { max_batch: 1, max_queue: 2, ..opts() });
     let mut accepted = Vec::new();
     let mut refused = 0;
     for _ in 0..10 {
@@ -368,72 +257,29 @@ fn queue_full_is_refused_and_accepted_requests_finish() {
 fn limits_are_checked_at_submit() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake.max_seq(64), opts());
-    assert!(matches!(
-        h.submit(greedy(vec![A; 64], 1)),
-        Err(SubmitError::PromptTooLong {
-            prompt: 64,
-            max: 64
-        })
-    ));
-    assert!(matches!(
-        h.submit(greedy(vec![A; 10], 60)),
-        Err(SubmitError::MaxTokensTooLarge {
-            prompt: 10,
-            max_tokens: 60,
-            max: 64
-        })
-    ));
+    assert!(matches!(h.submit(greedy(vec![A; 64], 1)), Err(SubmitError::PromptTooLong { prompt: 64, max: 64 })));
+    assert!(matches!(h.submit(greedy(vec![A; 10], 60)), Err(SubmitError::MaxTokensTooLarge { prompt: 10, max_tokens: 60, max: 64 })));
     assert!(h.submit(greedy(vec![A; 10], 54)).is_ok());
-    assert!(matches!(
-        h.submit(greedy(vec![], 5)),
-        Err(SubmitError::Invalid(_))
-    ));
-    assert!(matches!(
-        h.submit(greedy(vec![999], 5)),
-        Err(SubmitError::Invalid(_))
-    ));
-    assert!(matches!(
-        h.submit(greedy(vec![A], 0)),
-        Err(SubmitError::Invalid(_))
-    ));
-    let bad = GenerateRequest {
-        logprobs: Some(21),
-        ..greedy(vec![A], 1)
-    };
+    assert!(matches!(h.submit(greedy(vec![], 5)), Err(SubmitError::Invalid(_))));
+    assert!(matches!(h.submit(greedy(vec![999], 5)), Err(SubmitError::Invalid(_))));
+    assert!(matches!(h.submit(greedy(vec![A], 0)), Err(SubmitError::Invalid(_))));
+    let bad = GenerateRequest { logprobs: Some(21), ..greedy(vec![A], 1) };
     assert!(matches!(h.submit(bad), Err(SubmitError::Invalid(_))));
-    let bad = GenerateRequest {
-        sampling: SamplingParams {
-            top_p: 0.0,
-            ..SamplingParams::default()
-        },
-        ..greedy(vec![A], 1)
-    };
+    let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..greedy(vec![A], 1) };
     assert!(matches!(h.submit(bad), Err(SubmitError::Invalid(_))));
 
     // The engine's own cap below the backend's.
     let (fake, _probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake,
-        EngineOptions {
-            max_seq_len: Some(16),
-            ..opts()
-        },
-    );
+    let h = start(fake, EngineOptions { max_seq_len: Some(16), ..opts() });
     assert_eq!(h.model_info().context_length, 16);
-    assert!(matches!(
-        h.submit(greedy(vec![A; 16], 1)),
-        Err(SubmitError::PromptTooLong { .. })
-    ));
+    assert!(matches!(h.submit(greedy(vec![A; 16], 1)), Err(SubmitError::PromptTooLong { .. })));
 }
 
 #[test]
 fn stop_strings_spanning_tokens_are_never_emitted() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());
-    let req = GenerateRequest {
-        stop_strings: vec!["efg".into()],
-        ..greedy(vec![A], 20)
-    };
+    let req = GenerateRequest { stop_strings: vec!["efg".into()], ..greedy(vec![A], 20) };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.text, "bcd");
     assert_eq!(c.finish, Some(FinishReason::Stop));
@@ -442,27 +288,14 @@ fn stop_strings_spanning_tokens_are_never_emitted() {
 
     // A held prefix of a stop string that never completes is released at
     // the length limit.
-    let req = GenerateRequest {
-        stop_strings: vec!["dex".into()],
-        ..greedy(vec![A], 3)
-    };
+    let req = GenerateRequest { stop_strings: vec!["dex".into()], ..greedy(vec![A], 3) };
     let c = collect(h.submit(req).expect("submit"));
-    assert_eq!(
-        (c.text.as_str(), c.finish),
-        ("bcd", Some(FinishReason::Length))
-    );
+    assert_eq!((c.text.as_str(), c.finish), ("bcd", Some(FinishReason::Length)));
 
     // ... and when a stop token arrives.
-    let req = GenerateRequest {
-        stop_strings: vec!["dex".into()],
-        stop_token_ids: vec![A + 4],
-        ..greedy(vec![A], 10)
-    };
+    let req = GenerateRequest { stop_strings: vec!["dex".into()], stop_token_ids: vec![A + 4], ..greedy(vec![A], 10) };
     let c = collect(h.submit(req).expect("submit"));
-    assert_eq!(
-        (c.text.as_str(), c.finish),
-        ("bcd", Some(FinishReason::Stop))
-    );
+    assert_eq!((c.text.as_str(), c.finish), ("bcd", Some(FinishReason::Stop)));
     assert_eq!(c.ids.last(), Some(&(A + 4)));
 }
 
@@ -474,10 +307,7 @@ fn eos_and_stop_ids_end_with_stop_and_no_text() {
     assert_eq!(c.ids, vec![EOS - 2, EOS - 1, EOS]);
     assert_eq!(c.finish, Some(FinishReason::Stop));
     assert_eq!(c.text, decode(&[EOS - 2, EOS - 1]));
-    let req = GenerateRequest {
-        stop_token_ids: vec![A + 3],
-        ..greedy(vec![A], 10)
-    };
+    let req = GenerateRequest { stop_token_ids: vec![A + 3], ..greedy(vec![A], 10) };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!((c.text.as_str(), c.completion_tokens), ("bc", 3));
 }
@@ -487,12 +317,7 @@ fn same_seed_same_text_even_when_batched() {
     let (fake, _probe) = Fake::new(Mode::Hash);
     let h = start(fake, opts());
     let sampled = |seed| GenerateRequest {
-        sampling: SamplingParams {
-            temperature: 1.0,
-            top_p: 0.9,
-            seed: Some(seed),
-            ..SamplingParams::default()
-        },
+        sampling: SamplingParams { temperature: 1.0, top_p: 0.9, seed: Some(seed), ..SamplingParams::default() },
         ..GenerateRequest::new(pseudo_prompt(20, 3), 40)
     };
     let alone = collect(h.submit(sampled(42)).expect("submit"));
@@ -513,10 +338,7 @@ fn same_seed_same_text_even_when_batched() {
 fn logprobs_report_chosen_and_alternatives() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());
-    let req = GenerateRequest {
-        logprobs: Some(3),
-        ..greedy(vec![A], 3)
-    };
+    let req = GenerateRequest { logprobs: Some(3), ..greedy(vec![A], 3) };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.logprobs.len(), 3);
     for (id, lp) in c.ids.iter().zip(&c.logprobs) {
@@ -537,42 +359,22 @@ fn decode_steps_sample_in_the_backend_within_the_tokenizer_vocabulary() {
     let (fake, probe) = Fake::new(Mode::Hash);
     let h = start(fake, opts());
     let req = GenerateRequest {
-        sampling: SamplingParams {
-            temperature: 0.8,
-            top_k: 50,
-            seed: Some(11),
-            ..SamplingParams::default()
-        },
+        sampling: SamplingParams { temperature: 0.8, top_k: 50, seed: Some(11), ..SamplingParams::default() },
         logprobs: Some(2),
         ..GenerateRequest::new(pseudo_prompt(5, 1), 6)
     };
     let c = collect(h.submit(req).expect("submit"));
     assert_eq!(c.completion_tokens, 6);
-    assert!(c
-        .logprobs
-        .iter()
-        .all(|l| l.as_ref().is_some_and(|l| l.top.len() == 2)));
+    assert!(c.logprobs.iter().all(|l| l.as_ref().is_some_and(|l| l.top.len() == 2)));
     let p = probe.lock().expect("probe");
     // Every decode step sampled in the backend: no logits came back.
     assert_eq!(p.logits_decodes, 0);
     let params = p.last_params.first().expect("a decode_sample call");
-    assert_eq!(
-        (
-            params.vocab_limit as usize,
-            params.top_logprobs,
-            params.seed,
-            params.top_k
-        ),
-        (tokenizer().vocab_size(), 2, 11, 50)
-    );
+    assert_eq!((params.vocab_limit as usize, params.top_logprobs, params.seed, params.top_k), (tokenizer().vocab_size(), 2, 11, 50));
 }
 
 fn cache_opts(interval: usize, budget: usize) -> EngineOptions {
-    EngineOptions {
-        prefix_cache_tokens: budget,
-        snapshot_interval: interval,
-        ..EngineOptions::default()
-    }
+    EngineOptions { prefix_cache_tokens: budget, snapshot_interval: interval, ..EngineOptions::default() }
 }
 
 #[test]
@@ -612,10 +414,7 @@ fn prefix_cache_hit_reports_cached_tokens_and_matches_uncached_output() {
     diverged[20] = (diverged[20] + 1) % 250;
     let d = collect(cached.submit(greedy(diverged.clone(), 5)).expect("submit"));
     assert_eq!(d.cached_tokens, 16);
-    assert_eq!(
-        d.ids,
-        collect(uncached.submit(greedy(diverged, 5)).expect("submit")).ids
-    );
+    assert_eq!(d.ids, collect(uncached.submit(greedy(diverged, 5)).expect("submit")).ids);
 }
 
 #[test]
@@ -630,14 +429,8 @@ fn prefix_cache_evicts_least_recently_used_within_budget() {
     let s = h.stats();
     assert!(s.prefix_cache_held_tokens <= 64, "{s:?}");
     assert_eq!(s.prefix_cache_evictions, 2);
-    assert_eq!(
-        collect(h.submit(greedy(b, 4)).expect("submit")).cached_tokens,
-        32
-    );
-    assert_eq!(
-        collect(h.submit(greedy(a, 4)).expect("submit")).cached_tokens,
-        0
-    );
+    assert_eq!(collect(h.submit(greedy(b, 4)).expect("submit")).cached_tokens, 32);
+    assert_eq!(collect(h.submit(greedy(a, 4)).expect("submit")).cached_tokens, 0);
     // Only snapshots hold sequences once everything finished.
     assert_only_snapshots_hold_sequences(&probe, &h);
 }
@@ -645,16 +438,8 @@ fn prefix_cache_evicts_least_recently_used_within_budget() {
 #[test]
 fn snapshots_give_way_to_requests_when_sequences_are_scarce() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.max_seqs(2),
-        EngineOptions {
-            max_batch: 8,
-            ..cache_opts(4, 10_000)
-        },
-    );
-    let streams: Vec<_> = (0..4u32)
-        .map(|i| h.submit(greedy(pseudo_prompt(30, i), 10)).expect("submit"))
-        .collect();
+    let h = start(fake.max_seqs(2), EngineOptions { max_batch: 8, ..cache_opts(4, 10_000) });
+    let streams: Vec<_> = (0..4u32).map(|i| h.submit(greedy(pseudo_prompt(30, i), 10)).expect("submit")).collect();
     for s in streams {
         let c = collect(s);
         assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
@@ -669,56 +454,29 @@ fn a_backend_fault_fails_only_its_request() {
     let h = start(fake.poison(A + 5).delay(Duration::from_millis(1)), opts());
     let bad = h.submit(greedy(vec![A], 10)).expect("submit");
     let good = h.submit(greedy(vec![A + 10], 10)).expect("submit");
-    let (bad, good) = (
-        std::thread::spawn(move || collect(bad)),
-        std::thread::spawn(move || collect(good)),
-    );
+    let (bad, good) = (std::thread::spawn(move || collect(bad)), std::thread::spawn(move || collect(good)));
     let (bad, good) = (bad.join().expect("bad"), good.join().expect("good"));
-    assert!(
-        matches!(bad.failed, Some(EngineError::Backend(_))),
-        "{bad:?}"
-    );
+    assert!(matches!(bad.failed, Some(EngineError::Backend(_))), "{bad:?}");
     assert_eq!(good.finish, Some(FinishReason::Length));
     assert_eq!(good.completion_tokens, 10);
     // A prompt with the poison fails at prefill; the engine keeps serving.
     let c = collect(h.submit(greedy(vec![A + 5, A], 3)).expect("submit"));
     assert!(c.failed.is_some());
-    assert_eq!(
-        collect(h.submit(greedy(vec![A + 20], 3)).expect("submit")).finish,
-        Some(FinishReason::Length)
-    );
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == 0));
+    assert_eq!(collect(h.submit(greedy(vec![A + 20], 3)).expect("submit")).finish, Some(FinishReason::Length));
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
     assert_eq!(h.stats().requests_failed, 2);
 }
 
 #[test]
 fn shutdown_drains_in_flight_requests_then_refuses() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.delay(Duration::from_millis(1)),
-        EngineOptions {
-            max_batch: 2,
-            ..cache_opts(4, 1000)
-        },
-    );
-    let streams: Vec<_> = (0..4u32)
-        .map(|i| h.submit(greedy(vec![A + i], 20)).expect("submit"))
-        .collect();
+    let h = start(fake.delay(Duration::from_millis(1)), EngineOptions { max_batch: 2, ..cache_opts(4, 1000) });
+    let streams: Vec<_> = (0..4u32).map(|i| h.submit(greedy(vec![A + i], 20)).expect("submit")).collect();
     h.shutdown();
-    assert!(matches!(
-        h.submit(greedy(vec![A], 1)),
-        Err(SubmitError::ShuttingDown)
-    ));
+    assert!(matches!(h.submit(greedy(vec![A], 1)), Err(SubmitError::ShuttingDown)));
     for s in streams {
         let c = collect(s);
-        assert_eq!(
-            (c.finish, c.completion_tokens),
-            (Some(FinishReason::Length), 20)
-        );
+        assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Length), 20));
     }
     assert!(h.wait_stopped(Duration::from_secs(5)));
     assert!(h.is_stopped());
@@ -730,10 +488,7 @@ fn shutdown_drains_in_flight_requests_then_refuses() {
 fn async_consumers_and_stopped_future() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         let mut s = h.submit(greedy(vec![A], 4)).expect("submit");
         let mut text = String::new();
@@ -744,9 +499,7 @@ fn async_consumers_and_stopped_future() {
         }
         assert_eq!(text, "bcde");
         h.shutdown();
-        tokio::time::timeout(Duration::from_secs(5), h.stopped())
-            .await
-            .expect("engine stopped");
+        tokio::time::timeout(Duration::from_secs(5), h.stopped()).await.expect("engine stopped");
     });
 }
 
@@ -754,13 +507,7 @@ fn async_consumers_and_stopped_future() {
 fn long_prompts_snapshot_sparsely_without_cutting_every_chunk() {
     let prompt = pseudo_prompt(400, 5);
     let (fake, probe) = Fake::new(Mode::Hash);
-    let h = start(
-        fake,
-        EngineOptions {
-            prefill_chunk: 128,
-            ..cache_opts(16, 100_000)
-        },
-    );
+    let h = start(fake, EngineOptions { prefill_chunk: 128, ..cache_opts(16, 100_000) });
     let first = collect(h.submit(greedy(prompt.clone(), 4)).expect("submit"));
     // Blocks 1-8, 16, and the last four (22-25) of 25.
     assert_eq!(h.stats().prefix_cache_entries, 13);
@@ -774,33 +521,20 @@ fn long_prompts_snapshot_sparsely_without_cutting_every_chunk() {
             _ => None,
         })
         .collect();
-    assert!(
-        chunks.iter().any(|&n| n > 16),
-        "every chunk was cut at a boundary: {chunks:?}"
-    );
+    assert!(chunks.iter().any(|&n| n > 16), "every chunk was cut at a boundary: {chunks:?}");
     assert_eq!(chunks.iter().sum::<usize>(), 400);
 
     let (fake, _probe) = Fake::new(Mode::Hash);
-    let plain = collect(
-        start(fake, opts())
-            .submit(greedy(prompt.clone(), 4))
-            .expect("submit"),
-    );
+    let plain = collect(start(fake, opts()).submit(greedy(prompt.clone(), 4)).expect("submit"));
     assert_eq!(first.ids, plain.ids);
 
     let mut next = prompt.clone();
     next.extend(pseudo_prompt(30, 6));
-    assert_eq!(
-        collect(h.submit(greedy(next, 4)).expect("submit")).cached_tokens,
-        400
-    );
+    assert_eq!(collect(h.submit(greedy(next, 4)).expect("submit")).cached_tokens, 400);
     let mut mid = prompt[..300].to_vec();
     mid.extend(pseudo_prompt(30, 7));
     // 300 tokens in common: the best sparse snapshot below is block 16 (256).
-    assert_eq!(
-        collect(h.submit(greedy(mid, 4)).expect("submit")).cached_tokens,
-        256
-    );
+    assert_eq!(collect(h.submit(greedy(mid, 4)).expect("submit")).cached_tokens, 256);
 }
 
 /// The `EngineError::Capacity` message of a request that ran out of KV
@@ -825,11 +559,7 @@ fn snapshots_give_back_kv_memory_before_a_request_fails() {
     let refusals_before = probe.lock().expect("probe").pool_refusals;
 
     let second = collect(h.submit(greedy(vec![A + 100; 50], 4)).expect("submit"));
-    assert_eq!(
-        (second.finish, second.completion_tokens),
-        (Some(FinishReason::Length), 4),
-        "{second:?}"
-    );
+    assert_eq!((second.finish, second.completion_tokens), (Some(FinishReason::Length), 4), "{second:?}");
     assert_eq!(second.ids, vec![A + 101, A + 102, A + 103, A + 104]);
     // The pool really ran out, and snapshots were what gave way.
     assert!(probe.lock().expect("probe").pool_refusals > refusals_before);
@@ -859,42 +589,21 @@ fn kv_memory_running_out_mid_generation_preempts_the_youngest_which_resumes() {
     drop(held);
     let blocker = collect_rest(blocker, started);
     assert_eq!(blocker.finish, Some(FinishReason::Length), "{blocker:?}");
-    let (older, younger) = (
-        std::thread::spawn(move || collect(older)),
-        std::thread::spawn(move || collect(younger)),
-    );
-    let (older, younger) = (
-        older.join().expect("older"),
-        younger.join().expect("younger"),
-    );
+    let (older, younger) = (std::thread::spawn(move || collect(older)), std::thread::spawn(move || collect(younger)));
+    let (older, younger) = (older.join().expect("older"), younger.join().expect("younger"));
 
     // Both run to their end with every token right: the younger paused
     // (its sequence freed), was recomputed once the older had finished,
     // and went on where it stopped.
-    assert_eq!(
-        (older.finish, older.completion_tokens),
-        (Some(FinishReason::Length), 20),
-        "{older:?}"
-    );
+    assert_eq!((older.finish, older.completion_tokens), (Some(FinishReason::Length), 20), "{older:?}");
     assert_eq!(older.ids, (1..=20).map(|k| A + k).collect::<Vec<_>>());
-    assert_eq!(
-        (younger.finish, younger.completion_tokens),
-        (Some(FinishReason::Length), 20),
-        "{younger:?}"
-    );
-    assert_eq!(
-        younger.ids,
-        (1..=20).map(|k| A + 100 + k).collect::<Vec<_>>()
-    );
+    assert_eq!((younger.finish, younger.completion_tokens), (Some(FinishReason::Length), 20), "{younger:?}");
+    assert_eq!(younger.ids, (1..=20).map(|k| A + 100 + k).collect::<Vec<_>>());
     assert!(probe.lock().expect("probe").pool_refusals > 0);
     let s = h.stats();
     assert!(s.preemptions >= 1, "{s:?}");
     assert_eq!((s.requests_failed, s.requests_finished), (0, 3));
-    assert!(
-        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
-            == 0),
-        "a sequence was not freed"
-    );
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0), "a sequence was not freed");
 }
 
 #[test]
@@ -904,11 +613,7 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
     // two of them at full length, against the same requests with room.
     let requests: Vec<GenerateRequest> = (0..8u32)
         .map(|k| GenerateRequest {
-            sampling: SamplingParams {
-                temperature: 1.0,
-                seed: Some(u64::from(k) + 7),
-                ..SamplingParams::default()
-            },
+            sampling: SamplingParams { temperature: 1.0, seed: Some(u64::from(k) + 7), ..SamplingParams::default() },
             ..GenerateRequest::new(pseudo_prompt(20 + 3 * k as usize, 40 + k), 30)
         })
         .collect();
@@ -920,26 +625,12 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             Some(n) => fake.kv_pool(n).pipelined(),
             None => fake,
         };
-        let h = start(
-            fake.delay(Duration::from_micros(200)),
-            cache_opts(16, 10_000),
-        );
-        let streams: Vec<_> = requests
-            .iter()
-            .map(|r| h.submit(r.clone()).expect("submit"))
-            .collect();
-        let outs: Vec<_> = streams
-            .into_iter()
-            .map(|s| std::thread::spawn(move || collect(s)))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|t| t.join().expect("collect"))
-            .collect();
+        let h = start(fake.delay(Duration::from_micros(200)), cache_opts(16, 10_000));
+        let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+        let outs: Vec<_> =
+            streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect::<Vec<_>>().into_iter().map(|t| t.join().expect("collect")).collect();
         assert_only_snapshots_hold_sequences(&probe, &h);
-        assert_eq!(
-            probe.lock().expect("probe").violations,
-            Vec::<String>::new()
-        );
+        assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
         (outs, h.stats())
     };
     let (roomy, _) = run(None);
@@ -947,11 +638,7 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
     assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
     assert_eq!(stats.requests_failed, 0, "{stats:?}");
     for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
-        assert_eq!(
-            (t.finish, t.completion_tokens),
-            (Some(FinishReason::Length), 30),
-            "request {k}: {t:?}"
-        );
+        assert_eq!((t.finish, t.completion_tokens), (Some(FinishReason::Length), 30), "request {k}: {t:?}");
         assert_eq!(t.ids, r.ids, "request {k}: tokens differ after preemption");
         assert_eq!(t.text, r.text, "request {k}");
     }
@@ -960,24 +647,14 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
 #[test]
 fn a_request_larger_than_the_kv_pool_fails_while_others_are_served() {
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.kv_pool(64).delay(Duration::from_millis(1)),
-        cache_opts(16, 10_000),
-    );
+    let h = start(fake.kv_pool(64).delay(Duration::from_millis(1)), cache_opts(16, 10_000));
     // A 100-token prompt can never fit; a small request runs meanwhile
     // (it grows to 33 tokens) and must not be the one that pays.
     let small = h.submit(greedy(vec![A; 4], 30)).expect("submit");
     let huge = h.submit(greedy(pseudo_prompt(100, 3), 4)).expect("submit");
-    let (small, huge) = (
-        std::thread::spawn(move || collect(small)),
-        std::thread::spawn(move || collect(huge)),
-    );
+    let (small, huge) = (std::thread::spawn(move || collect(small)), std::thread::spawn(move || collect(huge)));
     let (small, huge) = (small.join().expect("small"), huge.join().expect("huge"));
-    assert_eq!(
-        (small.finish, small.completion_tokens),
-        (Some(FinishReason::Length), 30),
-        "{small:?}"
-    );
+    assert_eq!((small.finish, small.completion_tokens), (Some(FinishReason::Length), 30), "{small:?}");
     assert!(out_of_memory_message(&huge).contains("KV cache full"));
     assert!(huge.ids.is_empty(), "{huge:?}");
 
@@ -992,10 +669,7 @@ fn a_request_larger_than_the_kv_pool_fails_while_others_are_served() {
 
     // The engine keeps serving.
     let c = collect(h.submit(greedy(vec![A; 4], 8)).expect("submit"));
-    assert_eq!(
-        (c.finish, c.completion_tokens),
-        (Some(FinishReason::Length), 8)
-    );
+    assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Length), 8));
     assert_eq!(h.stats().requests_failed, 2);
     assert_only_snapshots_hold_sequences(&probe, &h);
 }
@@ -1004,13 +678,7 @@ fn a_request_larger_than_the_kv_pool_fails_while_others_are_served() {
 fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
     let gate = Arc::new(Mutex::new(()));
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.kv_pool(44).gate(gate.clone()),
-        EngineOptions {
-            prefill_chunk: 8,
-            ..opts()
-        },
-    );
+    let h = start(fake.kv_pool(44).gate(gate.clone()), EngineOptions { prefill_chunk: 8, ..opts() });
     let held = gate.lock().expect("gate");
     // `older` grows to 8 + 29 = 37 tokens. `younger` needs 40 + 3: alone it
     // fits the 44-token pool, beside `older` it does not, so it is not
@@ -1023,38 +691,20 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
     let younger = collect(younger);
     let older = older.join().expect("older");
 
-    assert_eq!(
-        (older.finish, older.completion_tokens),
-        (Some(FinishReason::Length), 30),
-        "{older:?}"
-    );
-    assert_eq!(
-        (younger.finish, younger.completion_tokens),
-        (Some(FinishReason::Length), 4),
-        "{younger:?}"
-    );
-    assert_eq!(
-        younger.ids,
-        (1..=4).map(|k| A + 100 + k).collect::<Vec<_>>()
-    );
+    assert_eq!((older.finish, older.completion_tokens), (Some(FinishReason::Length), 30), "{older:?}");
+    assert_eq!((younger.finish, younger.completion_tokens), (Some(FinishReason::Length), 4), "{younger:?}");
+    assert_eq!(younger.ids, (1..=4).map(|k| A + 100 + k).collect::<Vec<_>>());
     let s = h.stats();
     assert_eq!((s.requests_failed, s.preemptions), (0, 0), "{s:?}");
     // It never touched the pool before `older` was done.
     assert_eq!(probe.lock().expect("probe").pool_refusals, 0);
-    assert!(eventually(Duration::from_secs(2), || probe
-        .lock()
-        .expect("probe")
-        .live
-        == 0));
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
 }
 
 // ----- running ahead ---------------------------------------------------------
 
 fn no_violations(probe: &Mutex<Probe>) {
-    assert_eq!(
-        probe.lock().expect("probe").violations,
-        Vec::<String>::new()
-    );
+    assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
 }
 
 #[test]
@@ -1081,45 +731,21 @@ fn running_ahead_gives_the_same_tokens_as_not() {
     let run = |run_ahead: bool, pipelined: bool| {
         let (fake, probe) = Fake::new(Mode::Hash);
         let fake = if pipelined { fake.pipelined() } else { fake };
-        let h = start(
-            fake.delay(Duration::from_micros(300)),
-            EngineOptions {
-                run_ahead,
-                ..cache_opts(8, 10_000)
-            },
-        );
-        let streams: Vec<_> = requests
-            .iter()
-            .map(|r| h.submit(r.clone()).expect("submit"))
-            .collect();
-        let outs: Vec<_> = streams
-            .into_iter()
-            .map(|s| std::thread::spawn(move || collect(s)))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|t| t.join().expect("collect"))
-            .collect();
+        let h = start(fake.delay(Duration::from_micros(300)), EngineOptions { run_ahead, ..cache_opts(8, 10_000) });
+        let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+        let outs: Vec<_> =
+            streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect::<Vec<_>>().into_iter().map(|t| t.join().expect("collect")).collect();
         assert_only_snapshots_hold_sequences(&probe, &h);
         no_violations(&probe);
         outs
     };
     let plain = run(false, false);
-    let stopped = plain
-        .iter()
-        .filter(|c| c.finish == Some(FinishReason::Stop) && c.completion_tokens < 40)
-        .count();
+    let stopped = plain.iter().filter(|c| c.finish == Some(FinishReason::Stop) && c.completion_tokens < 40).count();
     assert!(stopped >= 2, "too few early stops to test: {plain:?}");
-    for (label, ahead) in [
-        ("run ahead", run(true, false)),
-        ("pipelined", run(true, true)),
-    ] {
+    for (label, ahead) in [("run ahead", run(true, false)), ("pipelined", run(true, true))] {
         for (k, (a, p)) in ahead.iter().zip(&plain).enumerate() {
             assert_eq!(a.ids, p.ids, "{label}, request {k}");
-            assert_eq!(
-                (&a.text, a.finish),
-                (&p.text, p.finish),
-                "{label}, request {k}"
-            );
+            assert_eq!((&a.text, a.finish), (&p.text, p.finish), "{label}, request {k}");
             assert_eq!(a.logprobs, p.logprobs, "{label}, request {k}");
         }
     }
@@ -1131,37 +757,16 @@ fn a_stop_at_step_t_discards_step_t_plus_one_and_never_snapshots_it() {
     // Running ahead, d is fed by one more step (the sequence then holds 8
     // tokens, a snapshot boundary) whose draw is discarded.
     let prompt = vec![A + 20, A + 21, A + 22, A + 23, A];
-    let req = GenerateRequest {
-        stop_token_ids: vec![A + 3],
-        ..greedy(prompt.clone(), 10)
-    };
+    let req = GenerateRequest { stop_token_ids: vec![A + 3], ..greedy(prompt.clone(), 10) };
     for run_ahead in [false, true] {
         let (fake, probe) = Fake::new(Mode::Count);
-        let h = start(
-            fake.pipelined(),
-            EngineOptions {
-                run_ahead,
-                ..cache_opts(8, 10_000)
-            },
-        );
+        let h = start(fake.pipelined(), EngineOptions { run_ahead, ..cache_opts(8, 10_000) });
         let c = collect(h.submit(req.clone()).expect("submit"));
         assert_eq!(c.ids, vec![A + 1, A + 2, A + 3], "run ahead {run_ahead}");
-        assert_eq!(
-            (c.text.as_str(), c.finish),
-            ("bc", Some(FinishReason::Stop))
-        );
-        let fed_stop = probe
-            .lock()
-            .expect("probe")
-            .fed
-            .iter()
-            .any(|f| f.1 == A + 3);
+        assert_eq!((c.text.as_str(), c.finish), ("bc", Some(FinishReason::Stop)));
+        let fed_stop = probe.lock().expect("probe").fed.iter().any(|f| f.1 == A + 3);
         assert_eq!(fed_stop, run_ahead, "the stop token fed to a step");
-        assert!(eventually(Duration::from_secs(2), || probe
-            .lock()
-            .expect("probe")
-            .live
-            == 0));
+        assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
         no_violations(&probe);
         assert_eq!(h.stats().prefix_cache_entries, 0, "run ahead {run_ahead}");
         // The next turn finds no snapshot holding the stop token.
@@ -1191,27 +796,14 @@ fn cancelling_mid_run_ahead_frees_the_sequence_once_its_step_is_collected() {
         }
     }
     assert_eq!(finish, Some(FinishReason::Cancelled));
-    assert!(
-        eventually(Duration::from_secs(2), || probe.lock().expect("probe").live
-            == 0),
-        "sequence not freed"
-    );
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0), "sequence not freed");
     no_violations(&probe);
     // Every step submitted was collected.
     let calls = probe.lock().expect("probe").calls.clone();
-    let submitted = calls
-        .iter()
-        .filter(|c| matches!(c, Call::Decode { .. }))
-        .count();
-    let collected = calls
-        .iter()
-        .filter(|c| matches!(c, Call::Collect { .. }))
-        .count();
+    let submitted = calls.iter().filter(|c| matches!(c, Call::Decode { .. })).count();
+    let collected = calls.iter().filter(|c| matches!(c, Call::Collect { .. })).count();
     assert_eq!(submitted, collected);
-    assert_eq!(
-        collect(h.submit(greedy(vec![A], 2)).expect("submit")).text,
-        "bc"
-    );
+    assert_eq!(collect(h.submit(greedy(vec![A], 2)).expect("submit")).text, "bc");
 }
 
 #[test]
@@ -1225,37 +817,19 @@ fn preemption_while_a_step_is_in_flight_collects_it_first() {
     // first, then it is preempted; it resumes once `older` is done.
     let gate = Arc::new(Mutex::new(()));
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(
-        fake.kv_pool(44).pipelined().gate(gate.clone()),
-        EngineOptions {
-            prefill_chunk: 16,
-            ..cache_opts(8, 10_000)
-        },
-    );
+    let h = start(fake.kv_pool(44).pipelined().gate(gate.clone()), EngineOptions { prefill_chunk: 16, ..cache_opts(8, 10_000) });
     let held = gate.lock().expect("gate");
     let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
     let started = wait_started(&mut blocker);
     let older = h.submit(greedy(vec![A; 40], 3)).expect("submit");
-    let younger = h
-        .submit(greedy(vec![A + 100, A + 100], 12))
-        .expect("submit");
+    let younger = h.submit(greedy(vec![A + 100, A + 100], 12)).expect("submit");
     drop(held);
     let blocker = collect_rest(blocker, started);
     assert_eq!(blocker.finish, Some(FinishReason::Length));
-    let (older, younger) = (
-        std::thread::spawn(move || collect(older)),
-        std::thread::spawn(move || collect(younger)),
-    );
-    let (older, younger) = (
-        older.join().expect("older"),
-        younger.join().expect("younger"),
-    );
+    let (older, younger) = (std::thread::spawn(move || collect(older)), std::thread::spawn(move || collect(younger)));
+    let (older, younger) = (older.join().expect("older"), younger.join().expect("younger"));
     assert_eq!(older.ids, vec![A + 1, A + 2, A + 3], "{older:?}");
-    assert_eq!(
-        younger.ids,
-        (1..=12).map(|k| A + 100 + k).collect::<Vec<_>>(),
-        "{younger:?}"
-    );
+    assert_eq!(younger.ids, (1..=12).map(|k| A + 100 + k).collect::<Vec<_>>(), "{younger:?}");
     let s = h.stats();
     assert!(s.preemptions >= 1, "{s:?}");
     assert_eq!(s.requests_failed, 0, "{s:?}");
@@ -1263,11 +837,6 @@ fn preemption_while_a_step_is_in_flight_collects_it_first() {
     // A prefill refused for memory was followed by collecting the step in
     // flight (before anything was freed).
     let calls = probe.lock().expect("probe").calls.clone();
-    assert!(
-        calls
-            .windows(2)
-            .any(|w| w[0] == Call::Refused("prefill") && matches!(w[1], Call::Collect { .. })),
-        "{calls:?}"
-    );
+    assert!(calls.windows(2).any(|w| w[0] == Call::Refused("prefill") && matches!(w[1], Call::Collect { .. })), "{calls:?}");
     assert_only_snapshots_hold_sequences(&probe, &h);
 }

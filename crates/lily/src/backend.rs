@@ -31,12 +31,7 @@ const COMMAND_SEQUENCES: usize = 8;
 /// Loads the checkpoint in `dir` onto `device` for a one-shot command.
 /// `max_seq` caps the context a sequence may hold (the backend's own limit
 /// when `None`). `progress` gets (bytes done, bytes total) while weights load.
-pub fn open_backend(
-    dir: &Path,
-    device: Device,
-    max_seq: Option<usize>,
-    progress: &mut dyn FnMut(u64, u64),
-) -> anyhow::Result<Box<dyn Backend>> {
+pub fn open_backend(dir: &Path, device: Device, max_seq: Option<usize>, progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<Box<dyn Backend>> {
     open_backend_with(dir, device, Sizing { max_seq, max_sequences: COMMAND_SEQUENCES, kv_tokens: None }, progress)
 }
 
@@ -54,12 +49,7 @@ pub struct Sizing {
 }
 
 /// Like `open_backend`, sized by `sizing` (the server).
-pub fn open_backend_with(
-    dir: &Path,
-    device: Device,
-    sizing: Sizing,
-    progress: &mut dyn FnMut(u64, u64),
-) -> anyhow::Result<Box<dyn Backend>> {
+pub fn open_backend_with(dir: &Path, device: Device, sizing: Sizing, progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<Box<dyn Backend>> {
     let Sizing { max_seq, max_sequences, kv_tokens } = sizing;
     let use_cuda = match device {
         Device::Cuda => true,
@@ -80,9 +70,8 @@ pub fn open_backend_with(
     // The CPU backend maps the checkpoint; there is nothing to copy, so
     // progress jumps from 0 to done.
     progress(0, 1);
-    let backend = lily_cpu::CpuBackend::open(dir, max_seq)
-        .with_context(|| format!("loading {} on the CPU", dir.display()))?
-        .with_max_sequences(max_sequences.max(1));
+    let backend =
+        lily_cpu::CpuBackend::open(dir, max_seq).with_context(|| format!("loading {} on the CPU", dir.display()))?.with_max_sequences(max_sequences.max(1));
     progress(1, 1);
     Ok(Box::new(backend))
 }
@@ -105,7 +94,6 @@ fn open_cuda(
         kv_tokens: kv_tokens.unwrap_or(max_seq_len + (defaults.kv_tokens - defaults.max_seq_len)),
         ..defaults
     };
-    let backend = lily_cuda::CudaBackend::open(dir, opts, progress)
-        .with_context(|| format!("loading {} on the GPU", dir.display()))?;
+    let backend = lily_cuda::CudaBackend::open(dir, opts, progress).with_context(|| format!("loading {} on the GPU", dir.display()))?;
     Ok(Box::new(backend))
 }

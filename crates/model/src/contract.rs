@@ -4,9 +4,7 @@
 /// The synthetic prompt of the contract: token i is
 /// `((i * 2654435761) mod 2^32) mod vocab`.
 pub fn prompt_tokens(len: usize, vocab: usize) -> Vec<u32> {
-    (0..len)
-        .map(|i| (((i as u64).wrapping_mul(2_654_435_761) % (1u64 << 32)) % vocab as u64) as u32)
-        .collect()
+    (0..len).map(|i| (((i as u64).wrapping_mul(2_654_435_761) % (1u64 << 32)) % vocab as u64) as u32).collect()
 }
 
 /// FNV-1a (64-bit) over the little-endian bytes of the ids, as 16 hex digits.

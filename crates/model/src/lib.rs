@@ -95,12 +95,7 @@ pub trait Backend: Send {
 
     /// Appends `tokens` to the sequence and returns logits (`vocab_size`
     /// floats per returned position).
-    fn prefill(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        wanted: LogitsWanted,
-    ) -> ModelResult<Vec<Vec<f32>>>;
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>>;
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
@@ -109,9 +104,7 @@ pub trait Backend: Send {
     /// take the argmax on the device override this to avoid copying logits.
     fn prefill_greedy(&mut self, seq: SeqId, tokens: &[u32]) -> ModelResult<u32> {
         let logits = self.prefill(seq, tokens, LogitsWanted::Last)?;
-        let last = logits
-            .last()
-            .ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
+        let last = logits.last().ok_or_else(|| ModelError::Invalid("empty prompt".into()))?;
         Ok(argmax(last))
     }
 
@@ -157,24 +150,12 @@ pub trait Backend: Send {
     /// sample on the device override this to avoid copying logits; this
     /// default samples on the host (sample.rs). The engine decodes through
     /// this (or `submit_decode`), never through `decode`.
-    fn decode_sample(
-        &mut self,
-        batch: &[(SeqId, u32)],
-        states: &mut [SampleState],
-    ) -> ModelResult<Vec<Sampled>> {
+    fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
         if states.len() != batch.len() {
-            return Err(ModelError::Invalid(format!(
-                "{} sampling states for a batch of {}",
-                states.len(),
-                batch.len()
-            )));
+            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
         }
         let logits = self.decode(batch)?;
-        Ok(logits
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(l, s)| sample::sample_host(l, s))
-            .collect())
+        Ok(logits.iter().zip(states.iter_mut()).map(|(l, s)| sample::sample_host(l, s)).collect())
     }
 
     /// Pipelined decode, first half: starts one decode step for a batch of
@@ -207,25 +188,15 @@ pub trait Backend: Send {
     ///
     /// The default runs the step synchronously through `decode_sample`
     /// (`Feed::Previous` is the state's `last_draw`) and returns it ready.
-    fn submit_decode(
-        &mut self,
-        batch: &[(SeqId, Feed)],
-        states: &mut [SampleState],
-    ) -> ModelResult<InFlight> {
+    fn submit_decode(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> ModelResult<InFlight> {
         if states.len() != batch.len() {
-            return Err(ModelError::Invalid(format!(
-                "{} sampling states for a batch of {}",
-                states.len(),
-                batch.len()
-            )));
+            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
         }
         let mut fed = Vec::with_capacity(batch.len());
         for (&(seq, feed), st) in batch.iter().zip(states.iter()) {
             let token = match feed {
                 Feed::Token(t) => t,
-                Feed::Previous => st.last_draw().ok_or_else(|| {
-                    ModelError::Invalid(format!("{seq:?} is fed its previous draw but has none"))
-                })?,
+                Feed::Previous => st.last_draw().ok_or_else(|| ModelError::Invalid(format!("{seq:?} is fed its previous draw but has none")))?,
             };
             fed.push((seq, token));
         }
@@ -239,21 +210,11 @@ pub trait Backend: Send {
     /// request ended meanwhile) any state may stand in. On an error the
     /// step's draws are lost and its sequences' states are unknown (the
     /// caller frees them).
-    fn collect_decode(
-        &mut self,
-        step: InFlight,
-        states: &mut [SampleState],
-    ) -> ModelResult<Vec<Sampled>> {
+    fn collect_decode(&mut self, step: InFlight, states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
         match step {
             InFlight::Ready(draws) if draws.len() == states.len() => Ok(draws),
-            InFlight::Ready(draws) => Err(ModelError::Invalid(format!(
-                "{} sampling states to collect a step of {}",
-                states.len(),
-                draws.len()
-            ))),
-            InFlight::Device { .. } => Err(ModelError::Invalid(
-                "a device step handed to a backend that runs steps synchronously".into(),
-            )),
+            InFlight::Ready(draws) => Err(ModelError::Invalid(format!("{} sampling states to collect a step of {}", states.len(), draws.len()))),
+            InFlight::Device { .. } => Err(ModelError::Invalid("a device step handed to a backend that runs steps synchronously".into())),
         }
     }
 
@@ -308,18 +269,11 @@ mod tests {
         fn new() -> Self {
             let mut config = lily_core::config::production();
             config.vocab_size = 64;
-            Toy {
-                config,
-                seqs: HashMap::new(),
-            }
+            Toy { config, seqs: HashMap::new() }
         }
         fn logits(history: &[u32]) -> Vec<f32> {
-            let h = history.iter().fold(0x9e37u64, |h, &t| {
-                (h ^ t as u64).wrapping_mul(0x100_0000_01b3)
-            });
-            (0..64u64)
-                .map(|j| ((h ^ j).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 40) as f32 / 4e6)
-                .collect()
+            let h = history.iter().fold(0x9e37u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3));
+            (0..64u64).map(|j| ((h ^ j).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 40) as f32 / 4e6).collect()
         }
     }
 
@@ -348,31 +302,17 @@ mod tests {
             Err(ModelError::Invalid("not needed".into()))
         }
         fn seq_len(&self, seq: SeqId) -> ModelResult<usize> {
-            self.seqs
-                .get(&seq)
-                .map(Vec::len)
-                .ok_or(ModelError::UnknownSequence(seq))
+            self.seqs.get(&seq).map(Vec::len).ok_or(ModelError::UnknownSequence(seq))
         }
-        fn prefill(
-            &mut self,
-            seq: SeqId,
-            tokens: &[u32],
-            _: LogitsWanted,
-        ) -> ModelResult<Vec<Vec<f32>>> {
-            let h = self
-                .seqs
-                .get_mut(&seq)
-                .ok_or(ModelError::UnknownSequence(seq))?;
+        fn prefill(&mut self, seq: SeqId, tokens: &[u32], _: LogitsWanted) -> ModelResult<Vec<Vec<f32>>> {
+            let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
             h.extend_from_slice(tokens);
             Ok(vec![Toy::logits(h)])
         }
         fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
             let mut out = Vec::new();
             for &(seq, t) in batch {
-                let h = self
-                    .seqs
-                    .get_mut(&seq)
-                    .ok_or(ModelError::UnknownSequence(seq))?;
+                let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
                 h.push(t);
                 out.push(Toy::logits(h));
             }
@@ -382,52 +322,28 @@ mod tests {
 
     #[test]
     fn default_pipeline_equals_decode_sample_step_by_step() {
-        let params = SampleParams {
-            seed: 3,
-            presence_penalty: 0.5,
-            ..Default::default()
-        };
+        let params = SampleParams { seed: 3, presence_penalty: 0.5, ..Default::default() };
         // Reference: decode_sample, feeding each draw back.
         let mut reference = Toy::new();
         let seq = reference.alloc().expect("alloc");
         let mut st = SampleState::new(params, &[1, 2]);
-        let first = sample::sample_host(
-            &reference
-                .prefill(seq, &[1, 2], LogitsWanted::Last)
-                .expect("prefill")[0],
-            &mut st,
-        );
+        let first = sample::sample_host(&reference.prefill(seq, &[1, 2], LogitsWanted::Last).expect("prefill")[0], &mut st);
         let mut want = vec![first.token];
         for _ in 0..6 {
             let t = *want.last().expect("a token");
-            want.push(
-                reference
-                    .decode_sample(&[(seq, t)], std::slice::from_mut(&mut st))
-                    .expect("decode")[0]
-                    .token,
-            );
+            want.push(reference.decode_sample(&[(seq, t)], std::slice::from_mut(&mut st)).expect("decode")[0].token);
         }
         // Pipelined: the first step fed the token, then Previous, two in flight.
         let mut toy = Toy::new();
         let seq = toy.alloc().expect("alloc");
         let mut st = SampleState::new(params, &[1, 2]);
-        let first = sample::sample_host(
-            &toy.prefill(seq, &[1, 2], LogitsWanted::Last)
-                .expect("prefill")[0],
-            &mut st,
-        );
+        let first = sample::sample_host(&toy.prefill(seq, &[1, 2], LogitsWanted::Last).expect("prefill")[0], &mut st);
         let mut got = vec![first.token];
         let states = std::slice::from_mut(&mut st);
         let mut pending = std::collections::VecDeque::new();
-        pending.push_back(
-            toy.submit_decode(&[(seq, Feed::Token(first.token))], states)
-                .expect("submit"),
-        );
+        pending.push_back(toy.submit_decode(&[(seq, Feed::Token(first.token))], states).expect("submit"));
         for _ in 0..5 {
-            pending.push_back(
-                toy.submit_decode(&[(seq, Feed::Previous)], states)
-                    .expect("submit"),
-            );
+            pending.push_back(toy.submit_decode(&[(seq, Feed::Previous)], states).expect("submit"));
             assert_eq!(pending.len(), MAX_IN_FLIGHT);
             let step = pending.pop_front().expect("in flight");
             got.push(toy.collect_decode(step, states).expect("collect")[0].token);
@@ -441,12 +357,8 @@ mod tests {
         // number of states, are refused.
         let fresh = toy.alloc().expect("alloc");
         let mut none = [SampleState::new(params, &[])];
-        assert!(toy
-            .submit_decode(&[(fresh, Feed::Previous)], &mut none)
-            .is_err());
-        let step = toy
-            .submit_decode(&[(fresh, Feed::Token(4))], &mut none)
-            .expect("submit");
+        assert!(toy.submit_decode(&[(fresh, Feed::Previous)], &mut none).is_err());
+        let step = toy.submit_decode(&[(fresh, Feed::Token(4))], &mut none).expect("submit");
         assert!(toy.collect_decode(step, &mut []).is_err());
     }
 }

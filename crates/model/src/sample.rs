@@ -99,16 +99,11 @@ impl Default for SampleParams {
 
 impl SampleParams {
     pub fn greedy() -> Self {
-        SampleParams {
-            temperature: 0.0,
-            ..Default::default()
-        }
+        SampleParams { temperature: 0.0, ..Default::default() }
     }
     /// Whether any penalty changes the logits (a count table is needed).
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
     /// How many leading entries of a logits row of `len` take part.
     pub fn row_len(&self, len: usize) -> usize {
@@ -157,13 +152,7 @@ impl SampleState {
                 *counts.entry(t).or_insert(0) |= SEEN_IN_PROMPT;
             }
         }
-        SampleState {
-            params,
-            step: 0,
-            counts,
-            device_copy: None,
-            last: None,
-        }
+        SampleState { params, step: 0, counts, device_copy: None, last: None }
     }
 
     /// Records a generated token that did not come from a draw (e.g. one
@@ -234,11 +223,7 @@ pub fn penalised(logit: f32, entry: u32, p: &SampleParams) -> f32 {
     let mut l = logit;
     let gen = entry & !SEEN_IN_PROMPT;
     if p.repetition_penalty != 1.0 && entry != 0 {
-        l = if l > 0.0 {
-            l / p.repetition_penalty
-        } else {
-            l * p.repetition_penalty
-        };
+        l = if l > 0.0 { l / p.repetition_penalty } else { l * p.repetition_penalty };
     }
     if gen != 0 && (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) {
         l -= p.presence_penalty + p.frequency_penalty * gen as f32;
@@ -271,33 +256,16 @@ impl Distribution {
             }
         }
         let argmax = first_max(&penalised);
-        let m = penalised
-            .get(argmax as usize)
-            .copied()
-            .unwrap_or(f32::NEG_INFINITY);
-        let lse = m as f64
-            + penalised
-                .iter()
-                .map(|&l| (l - m).exp() as f64)
-                .sum::<f64>()
-                .ln();
+        let m = penalised.get(argmax as usize).copied().unwrap_or(f32::NEG_INFINITY);
+        let lse = m as f64 + penalised.iter().map(|&l| (l - m).exp() as f64).sum::<f64>().ln();
         let top = top_logprobs(&penalised, lse, p.top_count());
-        let candidates =
-            (p.temperature > 0.0 && m.is_finite()).then(|| candidates(&penalised, m, p));
-        Distribution {
-            penalised,
-            lse,
-            argmax,
-            top,
-            candidates,
-        }
+        let candidates = (p.temperature > 0.0 && m.is_finite()).then(|| candidates(&penalised, m, p));
+        Distribution { penalised, lse, argmax, top, candidates }
     }
 
     /// The logprob of `token` (penalised, before temperature).
     pub fn logprob(&self, token: u32) -> f32 {
-        self.penalised
-            .get(token as usize)
-            .map_or(f32::NEG_INFINITY, |&l| (l as f64 - self.lse) as f32)
+        self.penalised.get(token as usize).map_or(f32::NEG_INFINITY, |&l| (l as f64 - self.lse) as f32)
     }
 
     /// The token for a uniform `u` in [0, 1), its logprob and the reported
@@ -321,11 +289,7 @@ impl Distribution {
                 pick
             }
         };
-        Sampled {
-            token,
-            logprob: self.logprob(token),
-            top: self.top.clone(),
-        }
+        Sampled { token, logprob: self.logprob(token), top: self.top.clone() }
     }
 }
 
@@ -352,11 +316,7 @@ fn top_logprobs(penalised: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    let mut all: Vec<(u32, f32)> = penalised
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, (l as f64 - lse) as f32))
-        .collect();
+    let mut all: Vec<(u32, f32)> = penalised.iter().enumerate().map(|(i, &l)| (i as u32, (l as f64 - lse) as f32)).collect();
     if n < all.len() {
         all.select_nth_unstable_by(n - 1, heavier_first);
         all.truncate(n);

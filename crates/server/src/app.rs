@@ -53,9 +53,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 fn check_key(headers: &HeaderMap, key: &str) -> Result<(), ApiError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(ApiError::unauthorized(
-            "missing API key: send `Authorization: Bearer <key>`",
-        ));
+        return Err(ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`"));
     };
     let value = value.as_bytes();
     let token = value
@@ -82,19 +80,11 @@ async fn require_key(State(app): State<Arc<AppState>>, req: Request, next: Next)
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(format!(
-        "no route for {} {}",
-        req.method(),
-        req.uri().path()
-    ))
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
 }
 
 async fn wrong_method(req: Request) -> ApiError {
-    ApiError::method_not_allowed(format!(
-        "{} is not allowed on {}",
-        req.method(),
-        req.uri().path()
-    ))
+    ApiError::method_not_allowed(format!("{} is not allowed on {}", req.method(), req.uri().path()))
 }
 
 /// The whole application.
@@ -115,12 +105,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(app.clone(), record_status))
         .with_state(app.clone());
     if app.config.cors {
-        router = router.layer(
-            CorsLayer::new()
-                .allow_origin(Any)
-                .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-                .allow_headers(Any),
-        );
+        router = router.layer(CorsLayer::new().allow_origin(Any).allow_methods([Method::GET, Method::POST, Method::OPTIONS]).allow_headers(Any));
     }
     router
 }
@@ -128,20 +113,14 @@ pub fn router(app: Arc<AppState>) -> Router {
 /// Serves until `shutdown` resolves, then stops taking connections and
 /// waits for the requests in flight to finish (streams included) before
 /// telling the engine to stop.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Arc<AppState>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, app: Arc<AppState>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
     let state = app.clone();
     let signal = async move {
         shutdown.await;
         state.draining.store(true, Ordering::SeqCst);
         tracing::info!("shutting down: no new connections; draining requests in flight");
     };
-    let result = axum::serve(listener, router(app.clone()))
-        .with_graceful_shutdown(signal)
-        .await;
+    let result = axum::serve(listener, router(app.clone())).with_graceful_shutdown(signal).await;
     app.engine.shutdown();
     result
 }

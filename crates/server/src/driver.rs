@@ -56,15 +56,11 @@ pub struct ForcedCall {
 
 impl ForcedCall {
     pub fn named(name: &str) -> Self {
-        ForcedCall {
-            opening: format!("<tool_call>\n<function={name}>\n"),
-        }
+        ForcedCall { opening: format!("<tool_call>\n<function={name}>\n") }
     }
 
     pub fn any() -> Self {
-        ForcedCall {
-            opening: "<tool_call>\n<function=".to_string(),
-        }
+        ForcedCall { opening: "<tool_call>\n<function=".to_string() }
     }
 }
 
@@ -78,16 +74,9 @@ struct AfterThinking {
 
 pub fn submit_error(e: SubmitError) -> ApiError {
     match e {
-        SubmitError::QueueFull { retry_after, .. } => {
-            ApiError::too_many_requests(e.to_string(), retry_after.as_secs().max(1))
-        }
-        SubmitError::PromptTooLong { .. } => {
-            ApiError::invalid_param("messages", e.to_string()).with_code("context_length_exceeded")
-        }
-        SubmitError::MaxTokensTooLarge { .. } => {
-            ApiError::invalid_param("max_tokens", e.to_string())
-                .with_code("context_length_exceeded")
-        }
+        SubmitError::QueueFull { retry_after, .. } => ApiError::too_many_requests(e.to_string(), retry_after.as_secs().max(1)),
+        SubmitError::PromptTooLong { .. } => ApiError::invalid_param("messages", e.to_string()).with_code("context_length_exceeded"),
+        SubmitError::MaxTokensTooLarge { .. } => ApiError::invalid_param("max_tokens", e.to_string()).with_code("context_length_exceeded"),
         SubmitError::Invalid(m) => ApiError::invalid(m),
         SubmitError::ShuttingDown => ApiError::unavailable("the server is shutting down", Some(5)),
     }
@@ -95,12 +84,8 @@ pub fn submit_error(e: SubmitError) -> ApiError {
 
 pub fn engine_error(e: &EngineError) -> ApiError {
     match e {
-        EngineError::Capacity(m) => {
-            ApiError::unavailable(format!("the engine is out of capacity: {m}"), Some(1))
-        }
-        EngineError::Stopped(m) => {
-            ApiError::unavailable(format!("the engine stopped: {m}"), Some(5))
-        }
+        EngineError::Capacity(m) => ApiError::unavailable(format!("the engine is out of capacity: {m}"), Some(1)),
+        EngineError::Stopped(m) => ApiError::unavailable(format!("the engine stopped: {m}"), Some(5)),
         other => ApiError::internal(format!("generation failed: {other}")),
     }
 }
@@ -142,10 +127,7 @@ impl Driver {
         let mut preamble = None;
         match forced {
             Some(call) if thinking => {
-                after = Some(AfterThinking {
-                    call,
-                    stop_strings: std::mem::take(&mut req.stop_strings),
-                });
+                after = Some(AfterThinking { call, stop_strings: std::mem::take(&mut req.stop_strings) });
                 req.stop_token_ids.push(THINK_END_ID);
             }
             Some(call) => preamble = Some(call.opening),
@@ -184,9 +166,7 @@ impl Driver {
                 return None;
             };
             let Some(event) = stream.next().await else {
-                self.finish_with(Step::Failed(ApiError::internal(
-                    "the engine ended the request without a final event",
-                )));
+                self.finish_with(Step::Failed(ApiError::internal("the engine ended the request without a final event")));
                 continue;
             };
             self.on_event(event);
@@ -201,24 +181,14 @@ impl Driver {
 
     fn on_event(&mut self, event: Event) {
         match event {
-            Event::Started {
-                prompt_tokens,
-                cached_tokens,
-            } => {
+            Event::Started { prompt_tokens, cached_tokens } => {
                 // The second half of a forced call starts again; the client
                 // only hears about the first.
                 if self.first.is_none() {
                     self.first = Some((prompt_tokens, cached_tokens));
-                    self.queue.push_back(Step::Started {
-                        prompt_tokens,
-                        cached_tokens,
-                    });
+                    self.queue.push_back(Step::Started { prompt_tokens, cached_tokens });
                     if let Some(text) = self.preamble.take() {
-                        self.queue.push_back(Step::Text {
-                            text,
-                            logprob: None,
-                            counted: false,
-                        });
+                        self.queue.push_back(Step::Text { text, logprob: None, counted: false });
                     }
                 }
             }
@@ -227,35 +197,19 @@ impl Driver {
                 if !text.is_empty() {
                     self.last_text.clone_from(&text);
                 }
-                self.queue.push_back(Step::Text {
-                    text,
-                    logprob,
-                    counted: true,
-                });
+                self.queue.push_back(Step::Text { text, logprob, counted: true });
             }
-            Event::Finished {
-                reason,
-                completion_tokens,
-                prompt_tokens,
-                cached_tokens,
-            } => {
+            Event::Finished { reason, completion_tokens, prompt_tokens, cached_tokens } => {
                 let (p, c) = self.first.unwrap_or((prompt_tokens, cached_tokens));
                 let total = self.completion_before + completion_tokens;
                 if reason == FinishReason::Stop {
                     if let Some(after) = self.after.take() {
                         self.completion_before = total;
                         match self.second_half(after) {
-                            Ok(Some(text)) => self.queue.push_back(Step::Text {
-                                text,
-                                logprob: None,
-                                counted: false,
-                            }),
-                            Ok(None) => self.finish_with(Step::Finished {
-                                reason: FinishReason::Length,
-                                prompt_tokens: p,
-                                completion_tokens: total,
-                                cached_tokens: c,
-                            }),
+                            Ok(Some(text)) => self.queue.push_back(Step::Text { text, logprob: None, counted: false }),
+                            Ok(None) => {
+                                self.finish_with(Step::Finished { reason: FinishReason::Length, prompt_tokens: p, completion_tokens: total, cached_tokens: c })
+                            }
                             Err(e) => self.finish_with(Step::Failed(e)),
                         }
                         return;
@@ -263,17 +217,10 @@ impl Driver {
                 }
                 if reason == FinishReason::Deadline {
                     let secs = self.timeout.map(|d| d.as_secs()).unwrap_or(0);
-                    self.finish_with(Step::Failed(ApiError::timeout(format!(
-                        "the request exceeded the server's time limit of {secs} s"
-                    ))));
+                    self.finish_with(Step::Failed(ApiError::timeout(format!("the request exceeded the server's time limit of {secs} s"))));
                     return;
                 }
-                self.finish_with(Step::Finished {
-                    reason,
-                    prompt_tokens: p,
-                    completion_tokens: total,
-                    cached_tokens: c,
-                });
+                self.finish_with(Step::Finished { reason, prompt_tokens: p, completion_tokens: total, cached_tokens: c });
             }
             Event::Failed(e) => self.finish_with(Step::Failed(engine_error(&e))),
         }
@@ -282,23 +229,13 @@ impl Driver {
     /// Submits the call after the thinking; returns the injected text, or
     /// `None` when no room is left to generate.
     fn second_half(&mut self, after: AfterThinking) -> Result<Option<String>, ApiError> {
-        let sep = if self.last_text.ends_with('\n') || self.generated.is_empty() {
-            ""
-        } else {
-            "\n"
-        };
+        let sep = if self.last_text.ends_with('\n') || self.generated.is_empty() { "" } else { "\n" };
         let injected = format!("{sep}</think>\n\n{}", after.call.opening);
-        let injected_ids = self
-            .tokenizer
-            .encode_with_specials(&injected)
-            .map_err(|e| ApiError::internal(format!("cannot encode the forced tool call: {e}")))?;
+        let injected_ids =
+            self.tokenizer.encode_with_specials(&injected).map_err(|e| ApiError::internal(format!("cannot encode the forced tool call: {e}")))?;
         // The engine sends the token that stopped the first half (`</think>`,
         // or an EOS) as an event too; the injected text replaces it.
-        while self
-            .generated
-            .last()
-            .is_some_and(|t| *t == THINK_END_ID || STOP_IDS.contains(t))
-        {
+        while self.generated.last().is_some_and(|t| *t == THINK_END_ID || STOP_IDS.contains(t)) {
             self.generated.pop();
         }
         let mut prompt = self.base.prompt.clone();

@@ -27,14 +27,7 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            message: message.into(),
-            kind,
-            param: None,
-            code: None,
-            retry_after: None,
-        }
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
     }
 
     /// 400 for a request we cannot or will not serve as written.
@@ -48,8 +41,7 @@ impl ApiError {
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
-            .with_code("invalid_api_key")
+        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message).with_code("invalid_api_key")
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -67,34 +59,24 @@ impl ApiError {
     }
 
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "invalid_request_error",
-            message,
-        )
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", message)
     }
 
     pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!("request body is larger than the server's limit of {limit} bytes"),
-        )
-        .with_code("request_too_large")
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("request body is larger than the server's limit of {limit} bytes"))
+            .with_code("request_too_large")
     }
 
     /// 429: the waiting queue is full; try again shortly.
     pub fn too_many_requests(message: impl Into<String>, retry_after: u64) -> Self {
-        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
-            .with_code("server_busy");
+        let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message).with_code("server_busy");
         e.retry_after = Some(retry_after);
         e
     }
 
     /// 503: the server cannot take work now (shutting down, engine gone).
     pub fn unavailable(message: impl Into<String>, retry_after: Option<u64>) -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
-            .with_code("service_unavailable");
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code("service_unavailable");
         e.retry_after = retry_after;
         e
     }
@@ -132,15 +114,8 @@ impl ApiError {
         struct Outer<'a> {
             error: Inner<'a>,
         }
-        serde_json::to_value(Outer {
-            error: Inner {
-                message: &self.message,
-                kind: self.kind,
-                param: self.param.as_deref(),
-                code: self.code,
-            },
-        })
-        .unwrap_or(serde_json::Value::Null)
+        serde_json::to_value(Outer { error: Inner { message: &self.message, kind: self.kind, param: self.param.as_deref(), code: self.code } })
+            .unwrap_or(serde_json::Value::Null)
     }
 }
 
@@ -155,10 +130,7 @@ impl IntoResponse for ApiError {
         let body = self.body().to_string();
         let mut resp = (self.status, body).into_response();
         let headers = resp.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -188,29 +160,14 @@ mod tests {
     fn retry_after_header_is_set() {
         let resp = ApiError::too_many_requests("queue full", 2).into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(
-            resp.headers()
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-            Some("2")
-        );
-        assert_eq!(
-            resp.headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok()),
-            Some("application/json")
-        );
+        assert_eq!(resp.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()), Some("2"));
+        assert_eq!(resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()), Some("application/json"));
     }
 
     #[test]
     fn unauthorized_asks_for_bearer() {
         let resp = ApiError::unauthorized("no key").into_response();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-        assert_eq!(
-            resp.headers()
-                .get(header::WWW_AUTHENTICATE)
-                .and_then(|v| v.to_str().ok()),
-            Some("Bearer")
-        );
+        assert_eq!(resp.headers().get(header::WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()), Some("Bearer"));
     }
 }

@@ -16,9 +16,7 @@ use lily_engine::EngineStats;
 
 /// Latency buckets, seconds: from a fast TTFT on the GPU to a long CPU
 /// generation.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
+const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 const BATCH_BUCKETS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256];
 
 /// A cumulative histogram of durations.
@@ -32,12 +30,7 @@ pub struct Histogram {
 
 impl Histogram {
     fn new(buckets: &'static [f64]) -> Self {
-        Histogram {
-            buckets,
-            counts: buckets.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
+        Histogram { buckets, counts: buckets.iter().map(|_| AtomicU64::new(0)).collect(), count: AtomicU64::new(0), sum_micros: AtomicU64::new(0) }
     }
 
     pub fn observe(&self, d: Duration) {
@@ -48,10 +41,7 @@ impl Histogram {
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(
-            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.sum_micros.fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub fn count(&self) -> u64 {
@@ -61,11 +51,7 @@ impl Histogram {
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (b, c) in self.buckets.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{b}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Ordering::Relaxed));
         }
         let count = self.count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
@@ -123,230 +109,78 @@ impl Metrics {
     }
 
     pub fn record_usage(&self, prompt: usize, completion: usize, cached: usize) {
-        self.prompt_tokens
-            .fetch_add(prompt as u64, Ordering::Relaxed);
-        self.completion_tokens
-            .fetch_add(completion as u64, Ordering::Relaxed);
-        self.cached_tokens
-            .fetch_add(cached as u64, Ordering::Relaxed);
+        self.prompt_tokens.fetch_add(prompt as u64, Ordering::Relaxed);
+        self.completion_tokens.fetch_add(completion as u64, Ordering::Relaxed);
+        self.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
     }
 
     /// The whole exposition, edge counters then engine counters.
     pub fn render(&self, stats: &EngineStats) -> String {
         let mut out = String::with_capacity(8192);
-        let _ = writeln!(
-            out,
-            "# HELP lily_http_requests_total HTTP requests by endpoint and status code.\n# TYPE lily_http_requests_total counter"
-        );
+        let _ = writeln!(out, "# HELP lily_http_requests_total HTTP requests by endpoint and status code.\n# TYPE lily_http_requests_total counter");
         {
             let m = match self.requests.lock() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
             for ((endpoint, status), n) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "lily_http_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
-                );
+                let _ = writeln!(out, "lily_http_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
             }
         }
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };
         let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        counter(
-            &mut out,
-            "lily_prompt_tokens_total",
-            "Prompt tokens of completed requests.",
-            self.prompt_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "lily_completion_tokens_total",
-            "Generated tokens of completed requests.",
-            self.completion_tokens.load(Ordering::Relaxed),
-        );
+        counter(&mut out, "lily_prompt_tokens_total", "Prompt tokens of completed requests.", self.prompt_tokens.load(Ordering::Relaxed));
+        counter(&mut out, "lily_completion_tokens_total", "Generated tokens of completed requests.", self.completion_tokens.load(Ordering::Relaxed));
         counter(
             &mut out,
             "lily_cached_prompt_tokens_total",
             "Prompt tokens served from the prefix cache (as reported in usage).",
             self.cached_tokens.load(Ordering::Relaxed),
         );
-        gauge(
-            &mut out,
-            "lily_http_requests_in_flight",
-            "Generation requests being served.",
-            self.in_flight.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "lily_client_disconnects_total",
-            "Requests cancelled because the client went away.",
-            self.disconnects.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "lily_engine_failures_total",
-            "Accepted requests that failed inside the engine.",
-            self.engine_failures.load(Ordering::Relaxed),
-        );
-        self.ttft.render(
-            &mut out,
-            "lily_time_to_first_token_seconds",
-            "Time from request arrival to the first generated token.",
-        );
-        self.request_duration.render(
-            &mut out,
-            "lily_request_duration_seconds",
-            "Time from request arrival to the end of the response.",
-        );
+        gauge(&mut out, "lily_http_requests_in_flight", "Generation requests being served.", self.in_flight.load(Ordering::Relaxed));
+        counter(&mut out, "lily_client_disconnects_total", "Requests cancelled because the client went away.", self.disconnects.load(Ordering::Relaxed));
+        counter(&mut out, "lily_engine_failures_total", "Accepted requests that failed inside the engine.", self.engine_failures.load(Ordering::Relaxed));
+        self.ttft.render(&mut out, "lily_time_to_first_token_seconds", "Time from request arrival to the first generated token.");
+        self.request_duration.render(&mut out, "lily_request_duration_seconds", "Time from request arrival to the end of the response.");
 
-        gauge(
-            &mut out,
-            "lily_engine_running",
-            "Requests admitted (prefilling, generating, or paused for KV memory).",
-            stats.running as i64,
-        );
-        gauge(
-            &mut out,
-            "lily_engine_waiting",
-            "Requests waiting for admission.",
-            stats.waiting as i64,
-        );
-        counter(
-            &mut out,
-            "lily_engine_requests_submitted_total",
-            "Requests accepted by the engine.",
-            stats.requests_submitted,
-        );
-        counter(
-            &mut out,
-            "lily_engine_requests_finished_total",
-            "Requests the engine finished.",
-            stats.requests_finished,
-        );
-        counter(
-            &mut out,
-            "lily_engine_requests_failed_total",
-            "Requests the engine failed.",
-            stats.requests_failed,
-        );
-        counter(
-            &mut out,
-            "lily_engine_requests_cancelled_total",
-            "Requests cancelled in the engine.",
-            stats.requests_cancelled,
-        );
-        counter(
-            &mut out,
-            "lily_engine_prompt_tokens_total",
-            "Prompt tokens admitted (cached included).",
-            stats.prompt_tokens,
-        );
-        counter(
-            &mut out,
-            "lily_engine_prefill_tokens_total",
-            "Prompt tokens run through the model.",
-            stats.prefill_tokens,
-        );
-        counter(
-            &mut out,
-            "lily_engine_generated_tokens_total",
-            "Tokens generated.",
-            stats.generated_tokens,
-        );
-        counter(
-            &mut out,
-            "lily_prefix_cache_hits_total",
-            "Requests that reused a cached prefix.",
-            stats.prefix_cache_hits,
-        );
-        counter(
-            &mut out,
-            "lily_prefix_cache_lookups_total",
-            "Prefix cache lookups.",
-            stats.prefix_cache_lookups,
-        );
-        counter(
-            &mut out,
-            "lily_prefix_cache_reused_tokens_total",
-            "Prompt tokens restored from the prefix cache.",
-            stats.prefix_cache_tokens,
-        );
-        counter(
-            &mut out,
-            "lily_prefix_cache_evictions_total",
-            "Prefix cache entries evicted.",
-            stats.prefix_cache_evictions,
-        );
-        gauge(
-            &mut out,
-            "lily_prefix_cache_entries",
-            "Snapshots held by the prefix cache.",
-            stats.prefix_cache_entries as i64,
-        );
-        gauge(
-            &mut out,
-            "lily_prefix_cache_held_tokens",
-            "Tokens covered by held snapshots.",
-            stats.prefix_cache_held_tokens as i64,
-        );
-        counter(
-            &mut out,
-            "lily_decode_steps_total",
-            "Decode steps run.",
-            stats.decode_steps,
-        );
-        counter(
-            &mut out,
-            "lily_engine_preemptions_total",
-            "Requests paused to give KV memory to older ones (recomputed later).",
-            stats.preemptions,
-        );
+        gauge(&mut out, "lily_engine_running", "Requests admitted (prefilling, generating, or paused for KV memory).", stats.running as i64);
+        gauge(&mut out, "lily_engine_waiting", "Requests waiting for admission.", stats.waiting as i64);
+        counter(&mut out, "lily_engine_requests_submitted_total", "Requests accepted by the engine.", stats.requests_submitted);
+        counter(&mut out, "lily_engine_requests_finished_total", "Requests the engine finished.", stats.requests_finished);
+        counter(&mut out, "lily_engine_requests_failed_total", "Requests the engine failed.", stats.requests_failed);
+        counter(&mut out, "lily_engine_requests_cancelled_total", "Requests cancelled in the engine.", stats.requests_cancelled);
+        counter(&mut out, "lily_engine_prompt_tokens_total", "Prompt tokens admitted (cached included).", stats.prompt_tokens);
+        counter(&mut out, "lily_engine_prefill_tokens_total", "Prompt tokens run through the model.", stats.prefill_tokens);
+        counter(&mut out, "lily_engine_generated_tokens_total", "Tokens generated.", stats.generated_tokens);
+        counter(&mut out, "lily_prefix_cache_hits_total", "Requests that reused a cached prefix.", stats.prefix_cache_hits);
+        counter(&mut out, "lily_prefix_cache_lookups_total", "Prefix cache lookups.", stats.prefix_cache_lookups);
+        counter(&mut out, "lily_prefix_cache_reused_tokens_total", "Prompt tokens restored from the prefix cache.", stats.prefix_cache_tokens);
+        counter(&mut out, "lily_prefix_cache_evictions_total", "Prefix cache entries evicted.", stats.prefix_cache_evictions);
+        gauge(&mut out, "lily_prefix_cache_entries", "Snapshots held by the prefix cache.", stats.prefix_cache_entries as i64);
+        gauge(&mut out, "lily_prefix_cache_held_tokens", "Tokens covered by held snapshots.", stats.prefix_cache_held_tokens as i64);
+        counter(&mut out, "lily_decode_steps_total", "Decode steps run.", stats.decode_steps);
+        counter(&mut out, "lily_engine_preemptions_total", "Requests paused to give KV memory to older ones (recomputed later).", stats.preemptions);
         if let Some((free, total)) = stats.kv_tokens {
-            gauge(
-                &mut out,
-                "lily_kv_cache_free_tokens",
-                "Free tokens in the KV pool.",
-                free as i64,
-            );
-            gauge(
-                &mut out,
-                "lily_kv_cache_total_tokens",
-                "Tokens the KV pool holds.",
-                total as i64,
-            );
+            gauge(&mut out, "lily_kv_cache_free_tokens", "Free tokens in the KV pool.", free as i64);
+            gauge(&mut out, "lily_kv_cache_total_tokens", "Tokens the KV pool holds.", total as i64);
         }
 
         let name = "lily_decode_batch_size";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Sequences per decode step.\n# TYPE {name} histogram"
-        );
+        let _ = writeln!(out, "# HELP {name} Sequences per decode step.\n# TYPE {name} histogram");
         let (mut count, mut sum) = (0u64, 0u64);
         for (size, n) in stats.decode_batch_sizes.iter().enumerate() {
             count += n;
             sum += size as u64 * n;
         }
         for b in BATCH_BUCKETS {
-            let le: u64 = stats
-                .decode_batch_sizes
-                .iter()
-                .enumerate()
-                .filter(|(size, _)| *size as u64 <= *b)
-                .map(|(_, n)| *n)
-                .sum();
+            let le: u64 = stats.decode_batch_sizes.iter().enumerate().filter(|(size, _)| *size as u64 <= *b).map(|(_, n)| *n).sum();
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {le}");
         }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
-        );
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}");
         out
     }
 }
@@ -364,10 +198,7 @@ mod tests {
         m.record_usage(10, 5, 4);
         m.ttft.observe(Duration::from_millis(30));
         m.request_duration.observe(Duration::from_secs(2));
-        let stats = EngineStats {
-            decode_batch_sizes: vec![0, 3, 2, 0, 1],
-            ..EngineStats::default()
-        };
+        let stats = EngineStats { decode_batch_sizes: vec![0, 3, 2, 0, 1], ..EngineStats::default() };
         let text = m.render(&stats);
         assert!(text.contains("lily_http_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"));
         assert!(text.contains("lily_http_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"));
@@ -384,10 +215,7 @@ mod tests {
         // every metric has HELP and TYPE lines.
         for line in text.lines() {
             if line.starts_with('#') {
-                assert!(
-                    line.starts_with("# HELP ") || line.starts_with("# TYPE "),
-                    "{line}"
-                );
+                assert!(line.starts_with("# HELP ") || line.starts_with("# TYPE "), "{line}");
                 continue;
             }
             let (_, value) = line.rsplit_once(' ').unwrap();

@@ -323,12 +323,8 @@ impl Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: cached,
-            },
-            completion_tokens_details: reasoning.map(|r| CompletionTokensDetails {
-                reasoning_tokens: r,
-            }),
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+            completion_tokens_details: reasoning.map(|r| CompletionTokensDetails { reasoning_tokens: r }),
         }
     }
 }

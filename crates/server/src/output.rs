@@ -18,15 +18,8 @@ use crate::tool_parser::{Collected, ToolEvent, ToolParser, ToolSchemas};
 pub enum ChatPiece {
     Reasoning(String),
     Content(String),
-    CallStart {
-        index: usize,
-        id: String,
-        name: String,
-    },
-    Arguments {
-        index: usize,
-        fragment: String,
-    },
+    CallStart { index: usize, id: String, name: String },
+    Arguments { index: usize, fragment: String },
 }
 
 /// What one push produced: the pieces and the logprobs of the tokens that
@@ -42,15 +35,7 @@ pub fn logprob_out(lp: &TokenLogprob) -> TokenLogprobOut {
         token: lp.token.clone(),
         logprob: lp.logprob,
         bytes: lp.bytes.clone(),
-        top_logprobs: lp
-            .top
-            .iter()
-            .map(|(token, logprob, bytes)| TopLogprob {
-                token: token.clone(),
-                logprob: *logprob,
-                bytes: bytes.clone(),
-            })
-            .collect(),
+        top_logprobs: lp.top.iter().map(|(token, logprob, bytes)| TopLogprob { token: token.clone(), logprob: *logprob, bytes: bytes.clone() }).collect(),
     }
 }
 
@@ -122,11 +107,7 @@ impl ChatAssembler {
     }
 
     fn batch(&mut self, pieces: Vec<ChatPiece>, last: bool) -> Batch {
-        let logprobs = if !pieces.is_empty() || last {
-            std::mem::take(&mut self.pending_logprobs)
-        } else {
-            Vec::new()
-        };
+        let logprobs = if !pieces.is_empty() || last { std::mem::take(&mut self.pending_logprobs) } else { Vec::new() };
         Batch { pieces, logprobs }
     }
 
@@ -153,18 +134,12 @@ impl ChatAssembler {
             .into_iter()
             .filter_map(|e| match e {
                 ToolEvent::Content(t) => Some(ChatPiece::Content(t)),
-                ToolEvent::CallStart { index, .. } | ToolEvent::Arguments { index, .. }
-                    if index >= max =>
-                {
-                    None
-                }
+                ToolEvent::CallStart { index, .. } | ToolEvent::Arguments { index, .. } if index >= max => None,
                 ToolEvent::CallStart { index, id, name } => {
                     self.calls += 1;
                     Some(ChatPiece::CallStart { index, id, name })
                 }
-                ToolEvent::Arguments { index, fragment } => {
-                    Some(ChatPiece::Arguments { index, fragment })
-                }
+                ToolEvent::Arguments { index, fragment } => Some(ChatPiece::Arguments { index, fragment }),
             })
             .collect()
     }
@@ -184,12 +159,8 @@ impl Folded {
             match p {
                 ChatPiece::Reasoning(t) => self.reasoning.push_str(&t),
                 ChatPiece::Content(t) => self.calls.absorb([ToolEvent::Content(t)]),
-                ChatPiece::CallStart { index, id, name } => self
-                    .calls
-                    .absorb([ToolEvent::CallStart { index, id, name }]),
-                ChatPiece::Arguments { index, fragment } => self
-                    .calls
-                    .absorb([ToolEvent::Arguments { index, fragment }]),
+                ChatPiece::CallStart { index, id, name } => self.calls.absorb([ToolEvent::CallStart { index, id, name }]),
+                ChatPiece::Arguments { index, fragment } => self.calls.absorb([ToolEvent::Arguments { index, fragment }]),
             }
         }
         self.logprobs.extend(batch.logprobs);
@@ -202,20 +173,12 @@ mod tests {
     use serde_json::json;
 
     fn lp(t: &str) -> TokenLogprob {
-        TokenLogprob {
-            token: t.to_string(),
-            logprob: -0.5,
-            bytes: t.as_bytes().to_vec(),
-            top: vec![],
-        }
+        TokenLogprob { token: t.to_string(), logprob: -0.5, bytes: t.as_bytes().to_vec(), top: vec![] }
     }
 
     #[test]
     fn reasoning_content_and_a_call() {
-        let schemas = ToolSchemas::from_functions([(
-            "f",
-            Some(&json!({"properties": {"x": {"type": "integer"}}})),
-        )]);
+        let schemas = ToolSchemas::from_functions([("f", Some(&json!({"properties": {"x": {"type": "integer"}}})))]);
         let mut a = ChatAssembler::new(true, Some(schemas));
         let tokens = [
             "I should",
@@ -270,11 +233,7 @@ mod tests {
     fn tools_off_leaves_tags_as_content() {
         let mut a = ChatAssembler::new(false, None);
         let mut f = Folded::default();
-        f.absorb(a.push(
-            "<tool_call>\n<function=f>\n</function>\n</tool_call>",
-            None,
-            true,
-        ));
+        f.absorb(a.push("<tool_call>\n<function=f>\n</function>\n</tool_call>", None, true));
         f.absorb(a.finish());
         assert!(f.calls.calls.is_empty());
         assert!(f.calls.content.starts_with("<tool_call>"));

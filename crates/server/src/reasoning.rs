@@ -40,14 +40,7 @@ impl ReasoningSplitter {
     /// `thinking`: whether the prompt opened a `<think>` block. Without it,
     /// everything is content and this is a pass-through.
     pub fn new(thinking: bool) -> Self {
-        ReasoningSplitter {
-            phase: if thinking {
-                Phase::Start
-            } else {
-                Phase::Content
-            },
-            buf: String::new(),
-        }
+        ReasoningSplitter { phase: if thinking { Phase::Start } else { Phase::Content }, buf: String::new() }
     }
 
     /// Whether the output is still inside the reasoning.
@@ -57,11 +50,7 @@ impl ReasoningSplitter {
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         if self.phase == Phase::Content {
-            return if text.is_empty() {
-                Vec::new()
-            } else {
-                vec![Piece::Content(text.to_string())]
-            };
+            return if text.is_empty() { Vec::new() } else { vec![Piece::Content(text.to_string())] };
         }
         self.buf.push_str(text);
         let mut out = Vec::new();

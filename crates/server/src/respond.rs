@@ -75,13 +75,7 @@ pub struct InFlight {
 impl InFlight {
     pub fn new(metrics: Arc<Metrics>, id: &str, arrived: Instant) -> Self {
         metrics.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight {
-            metrics,
-            id: id.to_string(),
-            arrived,
-            first_token: None,
-            completed: false,
-        }
+        InFlight { metrics, id: id.to_string(), arrived, first_token: None, completed: false }
     }
 
     fn token(&mut self) {
@@ -97,11 +91,7 @@ impl InFlight {
             return;
         }
         self.completed = true;
-        self.metrics.record_usage(
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            usage.prompt_tokens_details.cached_tokens,
-        );
+        self.metrics.record_usage(usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens);
         let total = self.arrived.elapsed();
         self.metrics.request_duration.observe(total);
         tracing::info!(
@@ -138,13 +128,8 @@ fn finish_reason(reason: FinishReason, calls: usize) -> Result<&'static str, Api
         FinishReason::Stop if calls > 0 => Ok("tool_calls"),
         FinishReason::Stop => Ok("stop"),
         FinishReason::Length => Ok("length"),
-        FinishReason::Deadline => Err(ApiError::timeout(
-            "the request exceeded the server's time limit",
-        )),
-        FinishReason::Cancelled => Err(ApiError::unavailable(
-            "the request was cancelled by the server",
-            Some(1),
-        )),
+        FinishReason::Deadline => Err(ApiError::timeout("the request exceeded the server's time limit")),
+        FinishReason::Cancelled => Err(ApiError::unavailable("the request was cancelled by the server", Some(1))),
     }
 }
 
@@ -173,30 +158,19 @@ impl<S: Shape> Generation<S> {
         loop {
             match self.driver.next().await {
                 Some(Step::Started { .. }) => {}
-                Some(Step::Text {
-                    text,
-                    logprob,
-                    counted,
-                }) => {
+                Some(Step::Text { text, logprob, counted }) => {
                     if counted {
                         self.flight.token();
                     }
                     return Outcome::Piece(self.shape.push(text, logprob, counted));
                 }
-                Some(Step::Finished {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                    cached_tokens,
-                }) => {
+                Some(Step::Finished { reason, prompt_tokens, completion_tokens, cached_tokens }) => {
                     // Flushed first: held-back text may hold a tool call,
                     // which decides the finish reason.
                     let flushed = self.shape.flush();
                     let end = match finish_reason(reason, self.shape.calls()) {
                         Ok(finish) => {
-                            let usage =
-                                self.shape
-                                    .usage(prompt_tokens, completion_tokens, cached_tokens);
+                            let usage = self.shape.usage(prompt_tokens, completion_tokens, cached_tokens);
                             self.flight.complete(&usage, finish);
                             Ok((finish, usage))
                         }
@@ -222,20 +196,11 @@ impl<S: Shape> Generation<S> {
 /// Runs the request to its end and answers with one JSON response, or
 /// streams it as SSE. The answer owns the driver, so a client that goes away
 /// drops it and the engine cancels the request.
-pub async fn respond<S>(
-    driver: Driver,
-    shape: S,
-    flight: InFlight,
-    stream: bool,
-) -> Result<Response, ApiError>
+pub async fn respond<S>(driver: Driver, shape: S, flight: InFlight, stream: bool) -> Result<Response, ApiError>
 where
     S: Shape + Send + 'static,
 {
-    let generation = Generation {
-        driver,
-        shape,
-        flight,
-    };
+    let generation = Generation { driver, shape, flight };
     if stream {
         Ok(sse_stream(generation))
     } else {
@@ -260,10 +225,7 @@ async fn collect<S: Shape>(mut generation: Generation<S>) -> Result<S::Response,
 pub fn sse_frame(v: &impl Serialize) -> Bytes {
     match serde_json::to_string(v) {
         Ok(s) => Bytes::from(format!("data: {s}\n\n")),
-        Err(e) => Bytes::from(format!(
-            "data: {}\n\n",
-            ApiError::internal(format!("cannot serialise a chunk: {e}")).body()
-        )),
+        Err(e) => Bytes::from(format!("data: {}\n\n", ApiError::internal(format!("cannot serialise a chunk: {e}")).body())),
     }
 }
 
@@ -296,11 +258,7 @@ impl<S: Shape> Streamed<S> {
             Outcome::Finished { flushed, end } => {
                 self.ended = true;
                 let finish = end.as_ref().ok().map(|(finish, _)| *finish);
-                let mut frames: Vec<Bytes> = shape
-                    .closing(flushed, finish)
-                    .iter()
-                    .map(sse_frame)
-                    .collect();
+                let mut frames: Vec<Bytes> = shape.closing(flushed, finish).iter().map(sse_frame).collect();
                 match end {
                     Ok((_, usage)) => {
                         if shape.include_usage() {
@@ -322,11 +280,7 @@ impl<S: Shape> Streamed<S> {
 }
 
 fn sse_stream<S: Shape + Send + 'static>(generation: Generation<S>) -> Response {
-    let state = Streamed {
-        generation,
-        opened: false,
-        ended: false,
-    };
+    let state = Streamed { generation, opened: false, ended: false };
     let frames = stream::unfold(state, |mut st| async move {
         let frames = st.step().await?;
         Some((stream::iter(frames), st))
@@ -335,10 +289,7 @@ fn sse_stream<S: Shape + Send + 'static>(generation: Generation<S>) -> Response 
     let body = Body::from_stream(frames.map(Ok::<_, Infallible>));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Ask reverse proxies not to buffer the stream.
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
@@ -356,10 +307,7 @@ mod tests {
         let frame = sse_frame(&chunk);
         let text = std::str::from_utf8(&frame).unwrap();
         // One `data:` line (newlines in content are JSON-escaped), then a blank line.
-        assert!(
-            text.starts_with("data: {") && text.ends_with("}\n\n"),
-            "{text:?}"
-        );
+        assert!(text.starts_with("data: {") && text.ends_with("}\n\n"), "{text:?}");
         assert_eq!(text.matches('\n').count(), 2);
         let v: serde_json::Value = serde_json::from_str(&text[6..text.len() - 2]).unwrap();
         assert_eq!(v["content"], "line one\nline \"two\"\n\n");
@@ -371,15 +319,7 @@ mod tests {
         assert_eq!(finish_reason(FinishReason::Stop, 0), Ok("stop"));
         assert_eq!(finish_reason(FinishReason::Stop, 2), Ok("tool_calls"));
         assert_eq!(finish_reason(FinishReason::Length, 1), Ok("length"));
-        assert_eq!(
-            finish_reason(FinishReason::Deadline, 0).unwrap_err().status,
-            StatusCode::GATEWAY_TIMEOUT
-        );
-        assert_eq!(
-            finish_reason(FinishReason::Cancelled, 0)
-                .unwrap_err()
-                .status,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
+        assert_eq!(finish_reason(FinishReason::Deadline, 0).unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(finish_reason(FinishReason::Cancelled, 0).unwrap_err().status, StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -27,17 +27,11 @@ use crate::output::ChatAssembler;
 use crate::respond::{respond, InFlight};
 use crate::shapes::{ChatShape, Meta, TextShape};
 use crate::state::AppState;
-use crate::validate::{
-    chat_plan, completion_plan, parse_json, GenerationPlan, PromptPlan, ToolMode,
-};
+use crate::validate::{chat_plan, completion_plan, parse_json, GenerationPlan, PromptPlan, ToolMode};
 
 /// Reads a generation request: its body, parsed strictly, naming a model
 /// this server serves.
-fn read_request<R: DeserializeOwned>(
-    app: &AppState,
-    body: Result<Bytes, BytesRejection>,
-    model: impl Fn(&R) -> &str,
-) -> Result<R, ApiError> {
+fn read_request<R: DeserializeOwned>(app: &AppState, body: Result<Bytes, BytesRejection>, model: impl Fn(&R) -> &str) -> Result<R, ApiError> {
     let bytes = body.map_err(|rej| {
         if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::payload_too_large(app.config.max_body_bytes)
@@ -64,10 +58,7 @@ fn check_model(app: &AppState, model: &str) -> Result<(), ApiError> {
 
 fn check_accepting(app: &AppState) -> Result<(), ApiError> {
     if app.is_draining() {
-        Err(ApiError::unavailable(
-            "the server is shutting down",
-            Some(5),
-        ))
+        Err(ApiError::unavailable("the server is shutting down", Some(5)))
     } else {
         Ok(())
     }
@@ -75,29 +66,17 @@ fn check_accepting(app: &AppState) -> Result<(), ApiError> {
 
 fn template_error(e: lily_core::Error) -> ApiError {
     match e {
-        lily_core::Error::Template(m) => {
-            ApiError::invalid_param("messages", format!("cannot render the chat: {m}"))
-        }
+        lily_core::Error::Template(m) => ApiError::invalid_param("messages", format!("cannot render the chat: {m}")),
         other => ApiError::internal(format!("tokenizer: {other}")),
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(ApiError::internal(format!("worker task failed: {e}"))))
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::internal(format!("worker task failed: {e}"))))
 }
 
 /// Builds the engine request once the prompt is known and submits it.
-fn start(
-    app: &AppState,
-    prompt: Vec<u32>,
-    gen: &GenerationPlan,
-    forced: Option<ForcedCall>,
-    thinking: bool,
-) -> Result<Driver, ApiError> {
+fn start(app: &AppState, prompt: Vec<u32>, gen: &GenerationPlan, forced: Option<ForcedCall>, thinking: bool) -> Result<Driver, ApiError> {
     let room = app.info.context_length.saturating_sub(prompt.len());
     // With no limit asked for, generate up to the context; at least 1 so an
     // over-long prompt is reported as such by the engine.
@@ -107,22 +86,12 @@ fn start(
     req.stop_strings = gen.stop.clone();
     req.logprobs = gen.logprobs;
     req.deadline = app.config.request_timeout.map(|d| Instant::now() + d);
-    Driver::start(
-        app.engine.clone(),
-        app.tokenizer.clone(),
-        req,
-        forced,
-        thinking,
-        app.config.request_timeout,
-    )
+    Driver::start(app.engine.clone(), app.tokenizer.clone(), req, forced, thinking, app.config.request_timeout)
 }
 
 // ---------------------------------------------------------------- chat ----
 
-pub async fn chat_completions(
-    State(app): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req = read_request(&app, body, |r: &ChatCompletionRequest| &r.model)?;
     let plan = chat_plan(&req, &app.config.limits, &app.config.sampling_defaults)?;
@@ -136,21 +105,12 @@ pub async fn chat_completions(
     let prompt = {
         let (template, tokenizer) = (app.template.clone(), app.tokenizer.clone());
         let render = plan.render.clone();
-        let opening = forced
-            .as_ref()
-            .filter(|_| !plan.thinking)
-            .map(|f| f.opening.clone());
+        let opening = forced.as_ref().filter(|_| !plan.thinking).map(|f| f.opening.clone());
         blocking(move || {
-            let mut ids = template
-                .render_tokens(&render, &tokenizer)
-                .map_err(template_error)?;
+            let mut ids = template.render_tokens(&render, &tokenizer).map_err(template_error)?;
             if let Some(opening) = opening {
                 // Thinking off: the call is opened at the end of the prompt.
-                ids.extend(
-                    tokenizer
-                        .encode_with_specials(&opening)
-                        .map_err(template_error)?,
-                );
+                ids.extend(tokenizer.encode_with_specials(&opening).map_err(template_error)?);
             }
             Ok(ids)
         })
@@ -159,28 +119,15 @@ pub async fn chat_completions(
     let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
-    let asm = if plan.single_call {
-        asm.single_call()
-    } else {
-        asm
-    };
+    let asm = if plan.single_call { asm.single_call() } else { asm };
     let meta = Meta::new("chatcmpl-", &app.info.name, &plan.gen);
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
-    respond(
-        driver,
-        ChatShape::new(meta, asm, plan.thinking),
-        flight,
-        plan.gen.stream,
-    )
-    .await
+    respond(driver, ChatShape::new(meta, asm, plan.thinking), flight, plan.gen.stream).await
 }
 
 // ---------------------------------------------------------- completions ----
 
-pub async fn completions(
-    State(app): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req = read_request(&app, body, |r: &CompletionRequest| &r.model)?;
     let plan = completion_plan(&req, &app.config.sampling_defaults)?;
@@ -190,19 +137,11 @@ pub async fn completions(
         // A raw prompt is the model's input as written: special-token text
         // in it is markup (unlike chat messages, whose text never is).
         PromptPlan::Text(s) => {
-            blocking(move || {
-                tokenizer
-                    .encode_with_specials(&s)
-                    .map(|ids| (ids, s))
-                    .map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
-            })
-            .await?
+            blocking(move || tokenizer.encode_with_specials(&s).map(|ids| (ids, s)).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))).await?
         }
         PromptPlan::Tokens(ids) => {
             let text = if plan.echo {
-                tokenizer.decode(&ids).map_err(|e| {
-                    ApiError::invalid_param("prompt", format!("cannot decode the prompt: {e}"))
-                })?
+                tokenizer.decode(&ids).map_err(|e| ApiError::invalid_param("prompt", format!("cannot decode the prompt: {e}")))?
             } else {
                 String::new()
             };
@@ -211,11 +150,7 @@ pub async fn completions(
     };
     let driver = start(&app, prompt, &plan.gen, None, false)?;
     let meta = Meta::new("cmpl-", &app.info.name, &plan.gen);
-    let echo = if plan.echo {
-        prompt_text
-    } else {
-        String::new()
-    };
+    let echo = if plan.echo { prompt_text } else { String::new() };
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
     respond(driver, TextShape::new(meta, echo), flight, plan.gen.stream).await
 }
@@ -225,10 +160,7 @@ pub async fn completions(
 fn model_card(app: &AppState) -> ModelCard {
     let mut notes = Vec::new();
     if app.info.synthetic {
-        notes.push(
-            "random weights (a synthetic demo checkpoint): the output is meaningless text"
-                .to_string(),
-        );
+        notes.push("random weights (a synthetic demo checkpoint): the output is meaningless text".to_string());
     }
     if let Some(n) = &app.config.model_note {
         notes.push(n.clone());
@@ -246,16 +178,10 @@ fn model_card(app: &AppState) -> ModelCard {
 }
 
 pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<ModelList> {
-    Json(ModelList {
-        object: "list",
-        data: vec![model_card(&app)],
-    })
+    Json(ModelList { object: "list", data: vec![model_card(&app)] })
 }
 
-pub async fn get_model(
-    State(app): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Json<ModelCard>, ApiError> {
+pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
     if id == app.info.name || id == MODEL_ALIAS {
         Ok(Json(model_card(&app)))
     } else {
@@ -273,20 +199,13 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
         "running": stats.running,
         "waiting": stats.waiting,
     });
-    let code = if app.is_draining() {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    };
+    let code = if app.is_draining() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
     (code, Json(body)).into_response()
 }
 
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     let text = app.metrics.render(&app.engine.stats());
     let mut resp = text.into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     resp
 }

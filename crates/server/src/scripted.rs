@@ -21,9 +21,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use lily_core::tokenizer::{Tokenizer, STOP_IDS};
-use lily_engine::{
-    EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob,
-};
+use lily_engine::{EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob};
 use serde::Deserialize;
 
 use crate::engine::{EventStream, Generator};
@@ -56,11 +54,7 @@ pub struct ScriptedGenerator {
 
 impl ScriptedGenerator {
     pub fn new(inner: Arc<dyn Generator>, tokenizer: Arc<Tokenizer>, script: Script) -> Self {
-        ScriptedGenerator {
-            inner,
-            tokenizer,
-            script,
-        }
+        ScriptedGenerator { inner, tokenizer, script }
     }
 }
 
@@ -81,12 +75,7 @@ impl Replay {
     fn finished(&mut self, reason: FinishReason) -> Event {
         self.done = true;
         let (prompt_tokens, cached_tokens) = self.started.unwrap_or((self.req.prompt.len(), 0));
-        Event::Finished {
-            reason,
-            completion_tokens: self.emitted,
-            prompt_tokens,
-            cached_tokens,
-        }
+        Event::Finished { reason, completion_tokens: self.emitted, prompt_tokens, cached_tokens }
     }
 
     async fn next(&mut self) -> Option<Event> {
@@ -97,16 +86,10 @@ impl Replay {
             // Wait for the real admission; anything the model says is dropped.
             loop {
                 match inner.next().await {
-                    Some(Event::Started {
-                        prompt_tokens,
-                        cached_tokens,
-                    }) => {
+                    Some(Event::Started { prompt_tokens, cached_tokens }) => {
                         self.started = Some((prompt_tokens, cached_tokens));
                         self.inner = None;
-                        return Some(Event::Started {
-                            prompt_tokens,
-                            cached_tokens,
-                        });
+                        return Some(Event::Started { prompt_tokens, cached_tokens });
                     }
                     Some(Event::Failed(e)) => {
                         self.done = true;
@@ -140,39 +123,20 @@ impl Replay {
             self.emitted += 1;
             self.tokens.clear();
             self.stop_next = true;
-            return Some(Event::Token {
-                id,
-                text: String::new(),
-                logprob: None,
-            });
+            return Some(Event::Token { id, text: String::new(), logprob: None });
         }
         self.emitted += 1;
         let text = match self.decoder.push(id) {
             Ok(t) => t.unwrap_or_default(),
             Err(e) => {
                 self.done = true;
-                return Some(Event::Failed(lily_engine::EngineError::Tokenizer(
-                    e.to_string(),
-                )));
+                return Some(Event::Failed(lily_engine::EngineError::Tokenizer(e.to_string())));
             }
         };
         let logprob = self.req.logprobs.map(|n| {
-            let bytes = self
-                .tokenizer
-                .token_bytes(id)
-                .map(<[u8]>::to_vec)
-                .unwrap_or_default();
+            let bytes = self.tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
             let token = String::from_utf8_lossy(&bytes).into_owned();
-            TokenLogprob {
-                token: token.clone(),
-                logprob: 0.0,
-                bytes: bytes.clone(),
-                top: if n > 0 {
-                    vec![(token, 0.0, bytes)]
-                } else {
-                    Vec::new()
-                },
-            }
+            TokenLogprob { token: token.clone(), logprob: 0.0, bytes: bytes.clone(), top: if n > 0 { vec![(token, 0.0, bytes)] } else { Vec::new() } }
         });
         Some(Event::Token { id, text, logprob })
     }
@@ -181,18 +145,11 @@ impl Replay {
 impl Generator for ScriptedGenerator {
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
         let prompt = self.tokenizer.decode(&req.prompt).unwrap_or_default();
-        let rule = self
-            .script
-            .rules
-            .iter()
-            .find(|r| prompt.contains(&r.when_prompt_contains));
+        let rule = self.script.rules.iter().find(|r| prompt.contains(&r.when_prompt_contains));
         let Some(rule) = rule else {
             return self.inner.submit(req);
         };
-        let tokens = self
-            .tokenizer
-            .encode_with_specials(&rule.reply)
-            .map_err(|e| SubmitError::Invalid(format!("scripted reply cannot be encoded: {e}")))?;
+        let tokens = self.tokenizer.encode_with_specials(&rule.reply).map_err(|e| SubmitError::Invalid(format!("scripted reply cannot be encoded: {e}")))?;
         let inner = self.inner.submit(req.clone())?;
         tracing::info!(rule = %rule.when_prompt_contains, "test script: replacing the model's reply");
         let replay = Replay {
@@ -206,13 +163,10 @@ impl Generator for ScriptedGenerator {
             stop_next: false,
             done: false,
         };
-        Ok(Box::pin(futures::stream::unfold(
-            replay,
-            |mut r| async move {
-                let e = r.next().await?;
-                Some((e, r))
-            },
-        )))
+        Ok(Box::pin(futures::stream::unfold(replay, |mut r| async move {
+            let e = r.next().await?;
+            Some((e, r))
+        })))
     }
 
     fn stats(&self) -> EngineStats {

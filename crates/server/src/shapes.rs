@@ -10,9 +10,8 @@
 use lily_engine::TokenLogprob;
 
 use crate::openai::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice,
-    ChunkDelta, Completion, CompletionChoice, CompletionLogprobs, Envelope, FunctionCallOut,
-    FunctionDelta, TokenLogprobOut, ToolCallDelta, ToolCallOut, Usage, UsageField,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, ChunkDelta, Completion, CompletionChoice,
+    CompletionLogprobs, Envelope, FunctionCallOut, FunctionDelta, TokenLogprobOut, ToolCallDelta, ToolCallOut, Usage, UsageField,
 };
 use crate::output::{Batch, ChatAssembler, ChatPiece, Folded};
 use crate::respond::Shape;
@@ -25,10 +24,7 @@ fn fingerprint() -> String {
 
 fn random_id(prefix: &str) -> String {
     use rand::distr::{Alphanumeric, SampleString};
-    format!(
-        "{prefix}{}",
-        Alphanumeric.sample_string(&mut rand::rng(), 24)
-    )
+    format!("{prefix}{}", Alphanumeric.sample_string(&mut rand::rng(), 24))
 }
 
 /// What every chunk and response of one request repeats.
@@ -43,25 +39,11 @@ pub struct Meta {
 impl Meta {
     /// `prefix`: `chatcmpl-` or `cmpl-`, as OpenAI's ids start.
     pub fn new(prefix: &str, model: &str, gen: &GenerationPlan) -> Self {
-        Meta {
-            id: random_id(prefix),
-            created: unix_now(),
-            model: model.to_string(),
-            include_usage: gen.include_usage,
-            logprobs: gen.logprobs.is_some(),
-        }
+        Meta { id: random_id(prefix), created: unix_now(), model: model.to_string(), include_usage: gen.include_usage, logprobs: gen.logprobs.is_some() }
     }
 
     fn envelope<C>(&self, object: &'static str, choices: Vec<C>, usage: UsageField) -> Envelope<C> {
-        Envelope {
-            id: self.id.clone(),
-            object,
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage,
-            system_fingerprint: fingerprint(),
-        }
+        Envelope { id: self.id.clone(), object, created: self.created, model: self.model.clone(), choices, usage, system_fingerprint: fingerprint() }
     }
 
     /// `usage` of a chunk before the last: `null` when usage was asked for
@@ -92,53 +74,26 @@ pub struct ChatShape {
 
 impl ChatShape {
     pub fn new(meta: Meta, asm: ChatAssembler, thinking: bool) -> Self {
-        ChatShape {
-            meta,
-            asm,
-            thinking,
-            folded: Folded::default(),
-        }
+        ChatShape { meta, asm, thinking, folded: Folded::default() }
     }
 
-    fn chunk(
-        &self,
-        delta: ChunkDelta,
-        logprobs: Option<ChoiceLogprobs>,
-        finish: Option<&'static str>,
-    ) -> ChatCompletionChunk {
-        let choice = ChunkChoice {
-            index: 0,
-            delta,
-            logprobs,
-            finish_reason: finish,
-        };
-        self.meta
-            .envelope(CHUNK, vec![choice], self.meta.pending_usage())
+    fn chunk(&self, delta: ChunkDelta, logprobs: Option<ChoiceLogprobs>, finish: Option<&'static str>) -> ChatCompletionChunk {
+        let choice = ChunkChoice { index: 0, delta, logprobs, finish_reason: finish };
+        self.meta.envelope(CHUNK, vec![choice], self.meta.pending_usage())
     }
 
     fn logprobs(&self, lps: Vec<TokenLogprobOut>) -> Option<ChoiceLogprobs> {
-        (self.meta.logprobs && !lps.is_empty()).then_some(ChoiceLogprobs {
-            content: lps,
-            refusal: None,
-        })
+        (self.meta.logprobs && !lps.is_empty()).then_some(ChoiceLogprobs { content: lps, refusal: None })
     }
 }
 
-fn tool_call_delta(
-    index: usize,
-    id: Option<String>,
-    name: Option<String>,
-    arguments: String,
-) -> ChunkDelta {
+fn tool_call_delta(index: usize, id: Option<String>, name: Option<String>, arguments: String) -> ChunkDelta {
     ChunkDelta {
         tool_calls: Some(vec![ToolCallDelta {
             index,
             kind: id.is_some().then_some("function"),
             id,
-            function: FunctionDelta {
-                name,
-                arguments: Some(arguments),
-            },
+            function: FunctionDelta { name, arguments: Some(arguments) },
         }]),
         ..ChunkDelta::default()
     }
@@ -162,12 +117,7 @@ impl Shape for ChatShape {
     }
 
     fn usage(&self, prompt: usize, completion: usize, cached: usize) -> Usage {
-        Usage::new(
-            prompt,
-            completion,
-            cached,
-            self.thinking.then(|| self.asm.reasoning_tokens()),
-        )
+        Usage::new(prompt, completion, cached, self.thinking.then(|| self.asm.reasoning_tokens()))
     }
 
     fn include_usage(&self) -> bool {
@@ -175,11 +125,7 @@ impl Shape for ChatShape {
     }
 
     fn opening(&mut self) -> Option<ChatCompletionChunk> {
-        let delta = ChunkDelta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-            ..ChunkDelta::default()
-        };
+        let delta = ChunkDelta { role: Some("assistant"), content: Some(String::new()), ..ChunkDelta::default() };
         Some(self.chunk(delta, None, None))
     }
 
@@ -189,20 +135,10 @@ impl Shape for ChatShape {
         let mut out = Vec::with_capacity(batch.pieces.len());
         for piece in batch.pieces {
             let delta = match piece {
-                ChatPiece::Reasoning(t) => ChunkDelta {
-                    reasoning_content: Some(t),
-                    ..ChunkDelta::default()
-                },
-                ChatPiece::Content(t) => ChunkDelta {
-                    content: Some(t),
-                    ..ChunkDelta::default()
-                },
-                ChatPiece::CallStart { index, id, name } => {
-                    tool_call_delta(index, Some(id), Some(name), String::new())
-                }
-                ChatPiece::Arguments { index, fragment } => {
-                    tool_call_delta(index, None, None, fragment)
-                }
+                ChatPiece::Reasoning(t) => ChunkDelta { reasoning_content: Some(t), ..ChunkDelta::default() },
+                ChatPiece::Content(t) => ChunkDelta { content: Some(t), ..ChunkDelta::default() },
+                ChatPiece::CallStart { index, id, name } => tool_call_delta(index, Some(id), Some(name), String::new()),
+                ChatPiece::Arguments { index, fragment } => tool_call_delta(index, None, None, fragment),
             };
             out.push(self.chunk(delta, logprobs.take(), None));
         }
@@ -211,11 +147,7 @@ impl Shape for ChatShape {
 
     /// The last batch's logprobs go on the finish chunk: the batch may have
     /// no piece to carry them.
-    fn closing(
-        &self,
-        mut flushed: Batch,
-        finish: Option<&'static str>,
-    ) -> Vec<ChatCompletionChunk> {
+    fn closing(&self, mut flushed: Batch, finish: Option<&'static str>) -> Vec<ChatCompletionChunk> {
         let leftover = std::mem::take(&mut flushed.logprobs);
         let mut out = self.chunks(flushed);
         if let Some(finish) = finish {
@@ -225,8 +157,7 @@ impl Shape for ChatShape {
     }
 
     fn usage_chunk(&self, usage: Usage) -> ChatCompletionChunk {
-        self.meta
-            .envelope(CHUNK, Vec::new(), UsageField::Some(usage))
+        self.meta.envelope(CHUNK, Vec::new(), UsageField::Some(usage))
     }
 
     fn absorb(&mut self, batch: Batch) {
@@ -239,26 +170,12 @@ impl Shape for ChatShape {
             .calls
             .calls
             .into_iter()
-            .map(|c| ToolCallOut {
-                id: c.id,
-                kind: "function",
-                function: FunctionCallOut {
-                    name: c.name,
-                    arguments: c.arguments,
-                },
-            })
+            .map(|c| ToolCallOut { id: c.id, kind: "function", function: FunctionCallOut { name: c.name, arguments: c.arguments } })
             .collect();
         let content = folded.calls.content;
-        let content = if content.is_empty() && !calls.is_empty() {
-            None
-        } else {
-            Some(content)
-        };
+        let content = if content.is_empty() && !calls.is_empty() { None } else { Some(content) };
         let reasoning = (!folded.reasoning.is_empty()).then_some(folded.reasoning);
-        let logprobs = self.meta.logprobs.then_some(ChoiceLogprobs {
-            content: folded.logprobs,
-            refusal: None,
-        });
+        let logprobs = self.meta.logprobs.then_some(ChoiceLogprobs { content: folded.logprobs, refusal: None });
         ChatCompletion {
             id: self.meta.id,
             object: "chat.completion",
@@ -266,13 +183,7 @@ impl Shape for ChatShape {
             model: self.meta.model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content,
-                    reasoning_content: reasoning,
-                    tool_calls: calls,
-                    refusal: None,
-                },
+                message: AssistantMessage { role: "assistant", content, reasoning_content: reasoning, tool_calls: calls, refusal: None },
                 logprobs,
                 finish_reason: finish,
             }],
@@ -310,40 +221,16 @@ pub struct TextShape {
 impl TextShape {
     /// `echo`: the prompt's text when it is echoed, else empty.
     pub fn new(meta: Meta, echo: String) -> Self {
-        TextShape {
-            meta,
-            offset: echo.len(),
-            text: echo.clone(),
-            echo: (!echo.is_empty()).then_some(echo),
-            logprobs: CompletionLogprobs::default(),
-        }
+        TextShape { meta, offset: echo.len(), text: echo.clone(), echo: (!echo.is_empty()).then_some(echo), logprobs: CompletionLogprobs::default() }
     }
 
-    fn chunk(
-        &self,
-        text: String,
-        logprobs: Option<CompletionLogprobs>,
-        finish: Option<&'static str>,
-    ) -> Completion {
-        self.meta.envelope(
-            TEXT,
-            vec![choice(text, logprobs, finish)],
-            self.meta.pending_usage(),
-        )
+    fn chunk(&self, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>) -> Completion {
+        self.meta.envelope(TEXT, vec![choice(text, logprobs, finish)], self.meta.pending_usage())
     }
 }
 
-fn choice(
-    text: String,
-    logprobs: Option<CompletionLogprobs>,
-    finish: Option<&'static str>,
-) -> CompletionChoice {
-    CompletionChoice {
-        index: 0,
-        text,
-        logprobs,
-        finish_reason: finish,
-    }
+fn choice(text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>) -> CompletionChoice {
+    CompletionChoice { index: 0, text, logprobs, finish_reason: finish }
 }
 
 /// Legacy logprobs of one token, at byte `offset` of the returned text.
@@ -366,20 +253,12 @@ impl Shape for TextShape {
     fn push(&mut self, text: String, logprob: Option<TokenLogprob>, _counted: bool) -> TextPiece {
         let offset = self.offset;
         self.offset += text.len();
-        TextPiece {
-            text,
-            logprob: logprob.filter(|_| self.meta.logprobs),
-            offset,
-        }
+        TextPiece { text, logprob: logprob.filter(|_| self.meta.logprobs), offset }
     }
 
     /// Nothing is held back: text is returned as the engine releases it.
     fn flush(&mut self) -> TextPiece {
-        TextPiece {
-            text: String::new(),
-            logprob: None,
-            offset: self.offset,
-        }
+        TextPiece { text: String::new(), logprob: None, offset: self.offset }
     }
 
     fn calls(&self) -> usize {
@@ -420,8 +299,7 @@ impl Shape for TextShape {
     }
 
     fn usage_chunk(&self, usage: Usage) -> Completion {
-        self.meta
-            .envelope(TEXT, Vec::new(), UsageField::Some(usage))
+        self.meta.envelope(TEXT, Vec::new(), UsageField::Some(usage))
     }
 
     fn absorb(&mut self, piece: TextPiece) {
@@ -444,22 +322,11 @@ mod tests {
     use crate::respond::sse_frame;
 
     fn meta(include_usage: bool, logprobs: bool) -> Meta {
-        Meta {
-            id: "x-1".into(),
-            created: 1,
-            model: "m".into(),
-            include_usage,
-            logprobs,
-        }
+        Meta { id: "x-1".into(), created: 1, model: "m".into(), include_usage, logprobs }
     }
 
     fn lp(t: &str) -> TokenLogprob {
-        TokenLogprob {
-            token: t.to_string(),
-            logprob: -0.5,
-            bytes: t.as_bytes().to_vec(),
-            top: vec![(t.to_string(), -0.5, t.as_bytes().to_vec())],
-        }
+        TokenLogprob { token: t.to_string(), logprob: -0.5, bytes: t.as_bytes().to_vec(), top: vec![(t.to_string(), -0.5, t.as_bytes().to_vec())] }
     }
 
     fn json(v: &impl serde::Serialize) -> serde_json::Value {
@@ -476,10 +343,7 @@ mod tests {
     fn chat_chunks_carry_null_usage_only_when_asked() {
         let mut shape = ChatShape::new(meta(true, false), ChatAssembler::new(false, None), false);
         let opening = json(&shape.opening().unwrap());
-        assert_eq!(
-            opening["choices"][0]["delta"],
-            serde_json::json!({"role": "assistant", "content": ""})
-        );
+        assert_eq!(opening["choices"][0]["delta"], serde_json::json!({"role": "assistant", "content": ""}));
         assert!(opening["usage"].is_null() && opening.as_object().unwrap().contains_key("usage"));
         let mut shape = ChatShape::new(meta(false, false), ChatAssembler::new(false, None), false);
         let batch = shape.push("line one\nline \"two\"\n\n".into(), None, true);
@@ -488,10 +352,7 @@ mod tests {
         let frame = sse_frame(&chunks[0]);
         let text = std::str::from_utf8(&frame).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text[6..text.len() - 2]).unwrap();
-        assert_eq!(
-            v["choices"][0]["delta"]["content"],
-            "line one\nline \"two\"\n\n"
-        );
+        assert_eq!(v["choices"][0]["delta"]["content"], "line one\nline \"two\"\n\n");
         assert!(v.get("usage").is_none());
     }
 
@@ -520,10 +381,7 @@ mod tests {
             let p = shape.push(t.into(), Some(lp(t)), true);
             let streamed = json(&shape.chunks(p)[0]);
             assert_eq!(streamed["choices"][0]["text"], t);
-            assert_eq!(
-                streamed["choices"][0]["logprobs"]["text_offset"],
-                serde_json::json!([offset])
-            );
+            assert_eq!(streamed["choices"][0]["logprobs"]["text_offset"], serde_json::json!([offset]));
         }
         let opening = json(&shape.opening().unwrap());
         assert_eq!(opening["choices"][0]["text"], "Start:");
@@ -538,10 +396,7 @@ mod tests {
         shape.absorb(flushed);
         let v = json(&shape.response("stop", Usage::new(1, 2, 0, None)));
         assert_eq!(v["choices"][0]["text"], "Start: one two");
-        assert_eq!(
-            v["choices"][0]["logprobs"]["text_offset"],
-            serde_json::json!([6, 10])
-        );
+        assert_eq!(v["choices"][0]["logprobs"]["text_offset"], serde_json::json!([6, 10]));
         assert_eq!(v["choices"][0]["logprobs"]["top_logprobs"][1][" two"], -0.5);
         assert_eq!(v["usage"]["total_tokens"], 3);
     }
@@ -559,10 +414,6 @@ mod tests {
         let out = close(&mut shape, Some("length"));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["choices"][0]["finish_reason"], "length");
-        assert!(
-            shape.response("length", Usage::new(1, 1, 0, None)).choices[0]
-                .logprobs
-                .is_none()
-        );
+        assert!(shape.response("length", Usage::new(1, 1, 0, None)).choices[0].logprobs.is_none());
     }
 }

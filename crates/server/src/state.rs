@@ -64,12 +64,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(
-        engine: Arc<dyn Generator>,
-        tokenizer: Arc<Tokenizer>,
-        template: Arc<ChatTemplate>,
-        config: ServerConfig,
-    ) -> Arc<Self> {
+    pub fn new(engine: Arc<dyn Generator>, tokenizer: Arc<Tokenizer>, template: Arc<ChatTemplate>, config: ServerConfig) -> Arc<Self> {
         let info = engine.model_info();
         Arc::new(AppState {
             engine,
@@ -89,8 +84,5 @@ impl AppState {
 }
 
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

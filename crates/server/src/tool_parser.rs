@@ -49,16 +49,11 @@ pub struct ToolSchemas {
 
 impl ToolSchemas {
     /// Reads `properties.<name>.type` of each function's parameter schema.
-    pub fn from_functions<'a>(
-        functions: impl IntoIterator<Item = (&'a str, Option<&'a Value>)>,
-    ) -> Self {
+    pub fn from_functions<'a>(functions: impl IntoIterator<Item = (&'a str, Option<&'a Value>)>) -> Self {
         let mut out = HashMap::new();
         for (name, params) in functions {
             let mut kinds = HashMap::new();
-            if let Some(props) = params
-                .and_then(|p| p.get("properties"))
-                .and_then(Value::as_object)
-            {
+            if let Some(props) = params.and_then(|p| p.get("properties")).and_then(Value::as_object) {
                 for (pname, schema) in props {
                     kinds.insert(pname.clone(), kind_of_schema(schema));
                 }
@@ -69,11 +64,7 @@ impl ToolSchemas {
     }
 
     pub fn kind(&self, function: &str, param: &str) -> ParamKind {
-        self.functions
-            .get(function)
-            .and_then(|m| m.get(param))
-            .copied()
-            .unwrap_or(ParamKind::Unknown)
+        self.functions.get(function).and_then(|m| m.get(param)).copied().unwrap_or(ParamKind::Unknown)
     }
 }
 
@@ -89,11 +80,7 @@ fn kind_of_schema(schema: &Value) -> ParamKind {
             }
         }
         _ => {
-            if schema
-                .get("enum")
-                .and_then(Value::as_array)
-                .is_some_and(|e| e.iter().all(Value::is_string))
-            {
+            if schema.get("enum").and_then(Value::as_array).is_some_and(|e| e.iter().all(Value::is_string)) {
                 ParamKind::String
             } else {
                 ParamKind::Unknown
@@ -130,11 +117,7 @@ pub enum ToolEvent {
     /// Ordinary assistant text.
     Content(String),
     /// A call begins (its `arguments` are still empty).
-    CallStart {
-        index: usize,
-        id: String,
-        name: String,
-    },
+    CallStart { index: usize, id: String, name: String },
     /// A piece of the call's `arguments` JSON text.
     Arguments { index: usize, fragment: String },
 }
@@ -151,11 +134,7 @@ enum State {
     /// Inside `<function=...>`, between parameters.
     InFunction,
     /// Inside `<parameter=NAME>`.
-    InParam {
-        name: String,
-        kind: ParamKind,
-        started: bool,
-    },
+    InParam { name: String, kind: ParamKind, started: bool },
     /// After `</function>`, waiting for `</tool_call>`.
     AwaitCallEnd,
 }
@@ -230,25 +209,15 @@ impl ToolParser {
             State::Text { after_call } => {
                 let rest = std::mem::take(&mut self.buf);
                 let text = std::mem::take(&mut self.pending_ws) + &rest;
-                let text = if after_call {
-                    text.trim_start().to_string()
-                } else {
-                    text
-                };
+                let text = if after_call { text.trim_start().to_string() } else { text };
                 self.content(&mut out, text);
             }
             State::AwaitFunction | State::JsonBody => {
                 // Never became a call: it was text after all.
-                let raw = std::mem::take(&mut self.pending_ws)
-                    + &std::mem::take(&mut self.raw_call)
-                    + &std::mem::take(&mut self.buf);
+                let raw = std::mem::take(&mut self.pending_ws) + &std::mem::take(&mut self.raw_call) + &std::mem::take(&mut self.buf);
                 self.content(&mut out, raw);
             }
-            State::InParam {
-                name,
-                kind,
-                started,
-            } => {
+            State::InParam { name, kind, started } => {
                 let mut value = std::mem::take(&mut self.buf);
                 if !started && value.starts_with('\n') {
                     value.remove(0);
@@ -270,10 +239,7 @@ impl ToolParser {
     }
 
     fn args(&self, out: &mut Vec<ToolEvent>, fragment: String) {
-        out.push(ToolEvent::Arguments {
-            index: self.calls - 1,
-            fragment,
-        });
+        out.push(ToolEvent::Arguments { index: self.calls - 1, fragment });
     }
 
     fn close_arguments(&mut self, out: &mut Vec<ToolEvent>) {
@@ -292,11 +258,7 @@ impl ToolParser {
             State::AwaitFunction => self.step_await_function(out),
             State::JsonBody => self.step_json_body(out),
             State::InFunction => self.step_in_function(out),
-            State::InParam {
-                name,
-                kind,
-                started,
-            } => self.step_in_param(out, name, kind, started),
+            State::InParam { name, kind, started } => self.step_in_param(out, name, kind, started),
             State::AwaitCallEnd => self.step_await_call_end(),
         }
     }
@@ -304,19 +266,14 @@ impl ToolParser {
     fn step_text(&mut self, out: &mut Vec<ToolEvent>, after_call: bool) -> bool {
         let found = self.buf.find(CALL_OPEN);
         // Without a tag, hold back a possible partial `<tool_call>`.
-        let decided_end =
-            found.unwrap_or_else(|| self.buf.len() - partial_suffix_len(&self.buf, &[CALL_OPEN]));
+        let decided_end = found.unwrap_or_else(|| self.buf.len() - partial_suffix_len(&self.buf, &[CALL_OPEN]));
         let decided = self.buf[..decided_end].to_string();
         let body_end = decided.trim_end().len();
         let body = &decided[..body_end];
         let mut after_call = after_call;
         if !body.is_empty() {
             let ws = std::mem::take(&mut self.pending_ws);
-            let text = if after_call {
-                body.trim_start().to_string()
-            } else {
-                ws + body
-            };
+            let text = if after_call { body.trim_start().to_string() } else { ws + body };
             self.content(out, text);
             after_call = false;
             self.state = State::Text { after_call };
@@ -364,11 +321,7 @@ impl ToolParser {
                 let name = after[..end].trim().to_string();
                 // The same rules as the `None` arm below decides early, so a
                 // call is recognised the same way however the text is cut.
-                if name.is_empty()
-                    || name.contains('\n')
-                    || name.contains('<')
-                    || end > MAX_NAME_BYTES
-                {
+                if name.is_empty() || name.contains('\n') || name.contains('<') || end > MAX_NAME_BYTES {
                     return self.abandon_call(out);
                 }
                 let consumed = self.buf.len() - after.len() + end + 1;
@@ -381,12 +334,7 @@ impl ToolParser {
             // Give up only when no `>` can make it a name: too long, a `<`,
             // or a newline with text on both sides (one at either end would
             // be trimmed away).
-            None if after.len() > MAX_NAME_BYTES
-                || after.contains('<')
-                || after.trim().contains('\n') =>
-            {
-                self.abandon_call(out)
-            }
+            None if after.len() > MAX_NAME_BYTES || after.contains('<') || after.trim().contains('\n') => self.abandon_call(out),
             None => false,
         }
     }
@@ -396,11 +344,7 @@ impl ToolParser {
         self.calls += 1;
         self.function = name.clone();
         self.params_emitted = 0;
-        out.push(ToolEvent::CallStart {
-            index: self.calls - 1,
-            id: (self.id_source)(),
-            name,
-        });
+        out.push(ToolEvent::CallStart { index: self.calls - 1, id: (self.id_source)(), name });
     }
 
     /// What followed `<tool_call>` was not a call: it is content.
@@ -418,17 +362,16 @@ impl ToolParser {
             return false;
         };
         let body = self.buf[..end].trim().to_string();
-        let parsed: Option<(String, String)> =
-            serde_json::from_str::<Value>(&body).ok().and_then(|v| {
-                let name = v.get("name")?.as_str()?.to_string();
-                let args = match v.get("arguments").or_else(|| v.get("parameters")) {
-                    Some(Value::String(s)) => serde_json::from_str::<Value>(s).ok()?.to_string(),
-                    Some(a @ Value::Object(_)) => a.to_string(),
-                    None | Some(Value::Null) => "{}".to_string(),
-                    Some(_) => return None,
-                };
-                Some((name, args))
-            });
+        let parsed: Option<(String, String)> = serde_json::from_str::<Value>(&body).ok().and_then(|v| {
+            let name = v.get("name")?.as_str()?.to_string();
+            let args = match v.get("arguments").or_else(|| v.get("parameters")) {
+                Some(Value::String(s)) => serde_json::from_str::<Value>(s).ok()?.to_string(),
+                Some(a @ Value::Object(_)) => a.to_string(),
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(_) => return None,
+            };
+            Some((name, args))
+        });
         match parsed {
             Some((name, args)) => {
                 self.buf.drain(..end + CALL_CLOSE.len());
@@ -472,11 +415,7 @@ impl ToolParser {
                         let consumed = pos + PARAM_OPEN.len() + end + 1;
                         self.buf.drain(..consumed);
                         let kind = self.schemas.kind(&self.function, &name);
-                        self.state = State::InParam {
-                            name,
-                            kind,
-                            started: false,
-                        };
+                        self.state = State::InParam { name, kind, started: false };
                         true
                     }
                     Some(_) => {
@@ -507,13 +446,7 @@ impl ToolParser {
         }
     }
 
-    fn step_in_param(
-        &mut self,
-        out: &mut Vec<ToolEvent>,
-        name: String,
-        kind: ParamKind,
-        started: bool,
-    ) -> bool {
+    fn step_in_param(&mut self, out: &mut Vec<ToolEvent>, name: String, kind: ParamKind, started: bool) -> bool {
         // The value sits between `>\n` and `\n</parameter>`; a missing close
         // tag is tolerated when the next tag shows the value is over.
         let ends = [PARAM_CLOSE, PARAM_OPEN, FUNC_CLOSE, CALL_CLOSE];
@@ -532,21 +465,13 @@ impl ToolParser {
                 self.args(out, format!("{sep}{key}: \""));
                 self.params_emitted += 1;
             }
-            self.state = State::InParam {
-                name: name.clone(),
-                kind,
-                started,
-            };
+            self.state = State::InParam { name: name.clone(), kind, started };
         }
         match earliest(&self.buf, &ends) {
             Some((pos, tag)) => {
                 let value = self.buf[..pos].to_string();
                 let value = value.strip_suffix('\n').unwrap_or(&value).to_string();
-                let consumed = if tag == PARAM_CLOSE {
-                    pos + PARAM_CLOSE.len()
-                } else {
-                    pos
-                };
+                let consumed = if tag == PARAM_CLOSE { pos + PARAM_CLOSE.len() } else { pos };
                 self.buf.drain(..consumed);
                 self.finish_param(out, &name, kind, started, &value);
                 self.state = State::InFunction;
@@ -573,14 +498,7 @@ impl ToolParser {
 
     /// Emits the end of a parameter. For streamed strings, `value` is the
     /// tail not yet sent.
-    fn finish_param(
-        &mut self,
-        out: &mut Vec<ToolEvent>,
-        name: &str,
-        kind: ParamKind,
-        started: bool,
-        value: &str,
-    ) {
+    fn finish_param(&mut self, out: &mut Vec<ToolEvent>, name: &str, kind: ParamKind, started: bool, value: &str) {
         if kind == ParamKind::String && started {
             self.args(out, format!("{}\"", json_string_body(value)));
             return;
@@ -635,9 +553,7 @@ pub fn partial_suffix_len(buf: &str, tags: &[&str]) -> usize {
 
 /// The first occurrence of any of `tags`: (byte position, tag).
 fn earliest<'t>(buf: &str, tags: &[&'t str]) -> Option<(usize, &'t str)> {
-    tags.iter()
-        .filter_map(|t| buf.find(t).map(|p| (p, *t)))
-        .min_by_key(|(p, _)| *p)
+    tags.iter().filter_map(|t| buf.find(t).map(|p| (p, *t))).min_by_key(|(p, _)| *p)
 }
 
 /// Joins adjacent events of the same kind so a chunk carries one delta.
@@ -646,16 +562,7 @@ fn merge(events: Vec<ToolEvent>) -> Vec<ToolEvent> {
     for e in events {
         match (out.last_mut(), e) {
             (Some(ToolEvent::Content(a)), ToolEvent::Content(b)) => a.push_str(&b),
-            (
-                Some(ToolEvent::Arguments {
-                    index: i,
-                    fragment: a,
-                }),
-                ToolEvent::Arguments {
-                    index: j,
-                    fragment: b,
-                },
-            ) if *i == j => a.push_str(&b),
+            (Some(ToolEvent::Arguments { index: i, fragment: a }), ToolEvent::Arguments { index: j, fragment: b }) if *i == j => a.push_str(&b),
             (_, e) => out.push(e),
         }
     }
@@ -688,11 +595,7 @@ impl Collected {
         for e in events {
             match e {
                 ToolEvent::Content(t) => self.content.push_str(&t),
-                ToolEvent::CallStart { id, name, .. } => self.calls.push(ParsedCall {
-                    id,
-                    name,
-                    arguments: String::new(),
-                }),
+                ToolEvent::CallStart { id, name, .. } => self.calls.push(ParsedCall { id, name, arguments: String::new() }),
                 ToolEvent::Arguments { index, fragment } => {
                     if let Some(c) = self.calls.get_mut(index) {
                         c.arguments.push_str(&fragment);
@@ -812,10 +715,7 @@ mod tests {
         let cut = text.find("line two").unwrap();
         let mut p = ToolParser::new(schemas()).with_id_source(fixed_id);
         let first = p.push(&text[..cut]);
-        assert!(first.contains(&ToolEvent::Arguments {
-            index: 0,
-            fragment: "{\"code\": \"line one".to_string()
-        }));
+        assert!(first.contains(&ToolEvent::Arguments { index: 0, fragment: "{\"code\": \"line one".to_string() }));
         let mut c = Collected::default();
         c.absorb(first);
         c.absorb(p.push(&text[cut..]));
@@ -921,18 +821,13 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for _ in 0..400 {
             let n = rng.random_range(0..40);
-            let text: String = (0..n)
-                .map(|_| FRAGMENTS[rng.random_range(0..FRAGMENTS.len())])
-                .collect();
+            let text: String = (0..n).map(|_| FRAGMENTS[rng.random_range(0..FRAGMENTS.len())]).collect();
             let whole = run_whole(&text);
             for c in &whole.calls {
-                let v: Value = serde_json::from_str(&c.arguments)
-                    .unwrap_or_else(|e| panic!("{e}: {:?} from {text:?}", c.arguments));
+                let v: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|e| panic!("{e}: {:?} from {text:?}", c.arguments));
                 assert!(v.is_object(), "{text:?}");
             }
-            let mut cuts: Vec<usize> = (0..rng.random_range(0..6))
-                .map(|_| rng.random_range(0..=text.len()))
-                .collect();
+            let mut cuts: Vec<usize> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..=text.len())).collect();
             cuts.sort_unstable();
             let (split, _) = run_split(&text, &cuts);
             assert_eq!(split, whole, "{text:?} cut at {cuts:?}");

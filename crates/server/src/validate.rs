@@ -14,10 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::openai::{
-    ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptIn,
-    StringOrList, ToolChoiceIn,
-};
+use crate::openai::{ChatCompletionRequest, ChatMessageIn, CompletionRequest, MessageContent, PromptIn, StringOrList, ToolChoiceIn};
 use crate::tool_parser::ToolSchemas;
 
 /// OpenAI's limit on stop sequences.
@@ -33,10 +30,7 @@ pub const MAX_TOOLS: usize = 128;
 const UNSUPPORTED_HINTS: &[(&str, &str)] = &[
     ("functions", "the deprecated `functions` field is not supported; use `tools`"),
     ("function_call", "the deprecated `function_call` field is not supported; use `tool_choice`"),
-    (
-        "reasoning_effort",
-        "`reasoning_effort` is not supported; turn thinking on or off with `chat_template_kwargs: {\"enable_thinking\": false}`",
-    ),
+    ("reasoning_effort", "`reasoning_effort` is not supported; turn thinking on or off with `chat_template_kwargs: {\"enable_thinking\": false}`"),
     ("audio", "audio output is not supported"),
     ("prediction", "predicted outputs are not supported"),
     ("web_search_options", "web search is not supported"),
@@ -45,16 +39,13 @@ const UNSUPPORTED_HINTS: &[(&str, &str)] = &[
 /// Parses a JSON body strictly into `T`.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::invalid(
-            "the request body is empty; expected a JSON object",
-        ));
+        return Err(ApiError::invalid("the request body is empty; expected a JSON object"));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     match parsed {
         Ok(v) => {
-            de.end()
-                .map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
+            de.end().map_err(|e| ApiError::invalid(format!("invalid JSON: {e}")))?;
             Ok(v)
         }
         Err(err) => {
@@ -83,17 +74,11 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             }
             if path == "." {
                 if let Some(field) = missing_field_name(&msg) {
-                    return Err(ApiError::invalid_param(
-                        field.clone(),
-                        format!("missing required field `{field}`"),
-                    ));
+                    return Err(ApiError::invalid_param(field.clone(), format!("missing required field `{field}`")));
                 }
                 return Err(ApiError::invalid(format!("invalid request: {msg}")));
             }
-            Err(ApiError::invalid_param(
-                path.clone(),
-                format!("invalid value for `{path}`: {msg}"),
-            ))
+            Err(ApiError::invalid_param(path.clone(), format!("invalid value for `{path}`: {msg}")))
         }
     }
 }
@@ -178,20 +163,14 @@ struct Knobs<'a> {
 
 fn finite(name: &str, v: Option<f32>) -> Result<Option<f32>, ApiError> {
     match v {
-        Some(x) if !x.is_finite() => Err(ApiError::invalid_param(
-            name,
-            format!("`{name}` must be a finite number"),
-        )),
+        Some(x) if !x.is_finite() => Err(ApiError::invalid_param(name, format!("`{name}` must be a finite number"))),
         other => Ok(other),
     }
 }
 
 fn in_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
     match finite(name, v)? {
-        Some(x) if x < lo || x > hi => Err(ApiError::invalid_param(
-            name,
-            format!("`{name}` must be between {lo} and {hi}, got {x}"),
-        )),
+        Some(x) if x < lo || x > hi => Err(ApiError::invalid_param(name, format!("`{name}` must be between {lo} and {hi}, got {x}"))),
         other => Ok(other),
     }
 }
@@ -200,10 +179,7 @@ fn in_range(name: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>,
 /// the checkpoint's `generation_config.json`). A request that sets
 /// `temperature` alone gets untruncated sampling at that temperature only
 /// if the defaults do not truncate; this matches vLLM's handling.
-fn sampling(
-    k: &Knobs<'_>,
-    defaults: &SamplingParams,
-) -> Result<(SamplingParams, Vec<String>), ApiError> {
+fn sampling(k: &Knobs<'_>, defaults: &SamplingParams) -> Result<(SamplingParams, Vec<String>), ApiError> {
     let mut s = defaults.clone();
     if let Some(t) = in_range("temperature", k.temperature, 0.0, 2.0)? {
         s.temperature = t;
@@ -219,12 +195,7 @@ fn sampling(
     match k.top_k {
         None | Some(-1) | Some(0) => {}
         Some(n) if n > 0 => s.top_k = n as usize,
-        Some(n) => {
-            return Err(ApiError::invalid_param(
-                "top_k",
-                format!("`top_k` must be -1 or 0 (off) or a positive count, got {n}"),
-            ))
-        }
+        Some(n) => return Err(ApiError::invalid_param("top_k", format!("`top_k` must be -1 or 0 (off) or a positive count, got {n}"))),
     }
     if let Some(p) = in_range("min_p", k.min_p, 0.0, 1.0)? {
         s.min_p = p;
@@ -237,10 +208,7 @@ fn sampling(
     }
     if let Some(p) = finite("repetition_penalty", k.repetition_penalty)? {
         if p <= 0.0 || p > 10.0 {
-            return Err(ApiError::invalid_param(
-                "repetition_penalty",
-                format!("`repetition_penalty` must be in (0, 10] (1 = off), got {p}"),
-            ));
+            return Err(ApiError::invalid_param("repetition_penalty", format!("`repetition_penalty` must be in (0, 10] (1 = off), got {p}")));
         }
         s.repetition_penalty = p;
     }
@@ -249,18 +217,12 @@ fn sampling(
     match k.n {
         None | Some(1) => {}
         Some(n) => {
-            return Err(ApiError::invalid_param(
-                "n",
-                format!("`n` must be 1: Lily returns one choice per request (got {n}); send several requests instead"),
-            ))
+            return Err(ApiError::invalid_param("n", format!("`n` must be 1: Lily returns one choice per request (got {n}); send several requests instead")))
         }
     }
     if let Some(bias) = k.logit_bias {
         if !bias.is_empty() {
-            return Err(
-                ApiError::invalid_param("logit_bias", "`logit_bias` is not supported")
-                    .with_code("unsupported_parameter"),
-            );
+            return Err(ApiError::invalid_param("logit_bias", "`logit_bias` is not supported").with_code("unsupported_parameter"));
         }
     }
     let stop = match k.stop {
@@ -268,26 +230,14 @@ fn sampling(
         Some(s) => s.clone().into_vec(),
     };
     if stop.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid_param(
-            "stop",
-            format!(
-                "at most {MAX_STOP_STRINGS} stop sequences are allowed, got {}",
-                stop.len()
-            ),
-        ));
+        return Err(ApiError::invalid_param("stop", format!("at most {MAX_STOP_STRINGS} stop sequences are allowed, got {}", stop.len())));
     }
     for (i, st) in stop.iter().enumerate() {
         if st.is_empty() {
-            return Err(ApiError::invalid_param(
-                format!("stop[{i}]"),
-                "stop sequences must not be empty",
-            ));
+            return Err(ApiError::invalid_param(format!("stop[{i}]"), "stop sequences must not be empty"));
         }
         if st.len() > MAX_STOP_BYTES {
-            return Err(ApiError::invalid_param(
-                format!("stop[{i}]"),
-                format!("stop sequences may be at most {MAX_STOP_BYTES} bytes"),
-            ));
+            return Err(ApiError::invalid_param(format!("stop[{i}]"), format!("stop sequences may be at most {MAX_STOP_BYTES} bytes")));
         }
     }
     s.validate().map_err(ApiError::invalid)?;
@@ -297,24 +247,15 @@ fn sampling(
 fn max_tokens(param: &str, v: Option<u64>) -> Result<Option<usize>, ApiError> {
     match v {
         None => Ok(None),
-        Some(0) => Err(ApiError::invalid_param(
-            param,
-            format!("`{param}` must be at least 1"),
-        )),
+        Some(0) => Err(ApiError::invalid_param(param, format!("`{param}` must be at least 1"))),
         Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
     }
 }
 
-fn stream_flags(
-    stream: Option<bool>,
-    opts: Option<&crate::openai::StreamOptions>,
-) -> Result<(bool, bool), ApiError> {
+fn stream_flags(stream: Option<bool>, opts: Option<&crate::openai::StreamOptions>) -> Result<(bool, bool), ApiError> {
     let stream = stream.unwrap_or(false);
     if opts.is_some() && !stream {
-        return Err(ApiError::invalid_param(
-            "stream_options",
-            "`stream_options` is only allowed when `stream` is true",
-        ));
+        return Err(ApiError::invalid_param("stream_options", "`stream_options` is only allowed when `stream` is true"));
     }
     let usage = opts.and_then(|o| o.include_usage).unwrap_or(false);
     Ok((stream, usage))
@@ -363,33 +304,21 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError>
         other => {
             return Err(ApiError::invalid_param(
                 format!("messages[{i}].role"),
-                format!(
-                    "unknown role `{other}`: expected system, developer, user, assistant or tool"
-                ),
+                format!("unknown role `{other}`: expected system, developer, user, assistant or tool"),
             ))
         }
     };
     if m.function_call.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::invalid_param(
-            format!("messages[{i}].function_call"),
-            "the deprecated `function_call` is not supported; use `tool_calls`",
-        ));
+        return Err(ApiError::invalid_param(format!("messages[{i}].function_call"), "the deprecated `function_call` is not supported; use `tool_calls`"));
     }
     let content = message_text(i, m.content.as_ref())?;
-    let mut msg = ChatMessage {
-        role: role.to_string(),
-        content,
-        ..ChatMessage::default()
-    };
+    let mut msg = ChatMessage { role: role.to_string(), content, ..ChatMessage::default() };
     match role {
         "assistant" => {
             msg.reasoning_content = m.reasoning_content.clone().or_else(|| m.reasoning.clone());
             for (j, c) in m.tool_calls.iter().flatten().enumerate() {
                 if c.kind.as_deref().is_some_and(|k| k != "function") {
-                    return Err(ApiError::invalid_param(
-                        format!("messages[{i}].tool_calls[{j}].type"),
-                        "only `function` tool calls are supported",
-                    ));
+                    return Err(ApiError::invalid_param(format!("messages[{i}].tool_calls[{j}].type"), "only `function` tool calls are supported"));
                 }
                 let arguments_json = arguments_string(&c.function.arguments);
                 match serde_json::from_str::<Value>(&arguments_json) {
@@ -402,15 +331,8 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError>
                         ))
                     }
                 }
-                check_function_name(
-                    &format!("messages[{i}].tool_calls[{j}].function.name"),
-                    &c.function.name,
-                )?;
-                msg.tool_calls.push(ToolCall {
-                    id: c.id.clone().unwrap_or_default(),
-                    name: c.function.name.clone(),
-                    arguments_json,
-                });
+                check_function_name(&format!("messages[{i}].tool_calls[{j}].function.name"), &c.function.name)?;
+                msg.tool_calls.push(ToolCall { id: c.id.clone().unwrap_or_default(), name: c.function.name.clone(), arguments_json });
             }
             if msg.content.is_none() && msg.tool_calls.is_empty() {
                 msg.content = Some(String::new());
@@ -419,24 +341,15 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError>
         "tool" => {
             msg.tool_call_id = m.tool_call_id.clone();
             if msg.content.is_none() {
-                return Err(ApiError::invalid_param(
-                    format!("messages[{i}].content"),
-                    "a tool message needs `content`",
-                ));
+                return Err(ApiError::invalid_param(format!("messages[{i}].content"), "a tool message needs `content`"));
             }
         }
         _ => {
             if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
-                return Err(ApiError::invalid_param(
-                    format!("messages[{i}].tool_calls"),
-                    "only assistant messages may carry `tool_calls`",
-                ));
+                return Err(ApiError::invalid_param(format!("messages[{i}].tool_calls"), "only assistant messages may carry `tool_calls`"));
             }
             if msg.content.is_none() {
-                return Err(ApiError::invalid_param(
-                    format!("messages[{i}].content"),
-                    format!("a {role} message needs `content`"),
-                ));
+                return Err(ApiError::invalid_param(format!("messages[{i}].content"), format!("a {role} message needs `content`")));
             }
         }
     }
@@ -444,41 +357,23 @@ fn convert_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError>
 }
 
 fn check_function_name(param: &str, name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_FUNCTION_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
+    let ok = !name.is_empty() && name.len() <= MAX_FUNCTION_NAME && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid_param(
-            param,
-            format!("function names must be 1-{MAX_FUNCTION_NAME} characters of a-z, A-Z, 0-9, `_`, `-` or `.`, got {name:?}"),
-        ))
+        Err(ApiError::invalid_param(param, format!("function names must be 1-{MAX_FUNCTION_NAME} characters of a-z, A-Z, 0-9, `_`, `-` or `.`, got {name:?}")))
     }
 }
 
 /// Checks a chat request and plans it.
-pub fn chat_plan(
-    req: &ChatCompletionRequest,
-    limits: &Limits,
-    defaults: &SamplingParams,
-) -> Result<ChatPlan, ApiError> {
+pub fn chat_plan(req: &ChatCompletionRequest, limits: &Limits, defaults: &SamplingParams) -> Result<ChatPlan, ApiError> {
     if req.messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "`messages` must contain at least one message",
-        ));
+        return Err(ApiError::invalid_param("messages", "`messages` must contain at least one message"));
     }
     if req.messages.len() > limits.max_messages {
         return Err(ApiError::invalid_param(
             "messages",
-            format!(
-                "too many messages: {} (this server accepts at most {})",
-                req.messages.len(),
-                limits.max_messages
-            ),
+            format!("too many messages: {} (this server accepts at most {})", req.messages.len(), limits.max_messages),
         )
         .with_code("too_many_messages"));
     }
@@ -516,28 +411,18 @@ pub fn chat_plan(
         (Some(a), Some(b)) if a != b => {
             return Err(ApiError::invalid_param(
                 "max_completion_tokens",
-                format!(
-                "`max_tokens` ({a}) and `max_completion_tokens` ({b}) disagree; send one of them"
-            ),
+                format!("`max_tokens` ({a}) and `max_completion_tokens` ({b}) disagree; send one of them"),
             ))
         }
         (a, b) => b.or(a),
     };
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (false, None) => None,
-        (false, Some(_)) => {
-            return Err(ApiError::invalid_param(
-                "top_logprobs",
-                "`top_logprobs` requires `logprobs: true`",
-            ))
-        }
+        (false, Some(_)) => return Err(ApiError::invalid_param("top_logprobs", "`top_logprobs` requires `logprobs: true`")),
         (true, n) => {
             let n = n.unwrap_or(0) as usize;
             if n > MAX_TOP_LOGPROBS {
-                return Err(ApiError::invalid_param(
-                    "top_logprobs",
-                    format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
-                ));
+                return Err(ApiError::invalid_param("top_logprobs", format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")));
             }
             Some(n)
         }
@@ -545,54 +430,33 @@ pub fn chat_plan(
     let (stream, include_usage) = stream_flags(req.stream, req.stream_options.as_ref())?;
     if let Some(rf) = &req.response_format {
         if rf.kind != "text" {
-            return Err(ApiError::invalid_param(
-                "response_format.type",
-                format!(
-                    "response_format `{}` is not supported; only `text`",
-                    rf.kind
-                ),
-            )
-            .with_code("unsupported_parameter"));
+            return Err(ApiError::invalid_param("response_format.type", format!("response_format `{}` is not supported; only `text`", rf.kind))
+                .with_code("unsupported_parameter"));
         }
     }
     if let Some(m) = &req.modalities {
         if m.iter().any(|x| x != "text") {
-            return Err(ApiError::invalid_param(
-                "modalities",
-                "only the `text` modality is supported",
-            ));
+            return Err(ApiError::invalid_param("modalities", "only the `text` modality is supported"));
         }
     }
 
     // Tools.
     let tools = req.tools.as_deref().unwrap_or(&[]);
     if tools.len() > MAX_TOOLS {
-        return Err(ApiError::invalid_param(
-            "tools",
-            format!("at most {MAX_TOOLS} tools are allowed"),
-        ));
+        return Err(ApiError::invalid_param("tools", format!("at most {MAX_TOOLS} tools are allowed")));
     }
     let mut names = std::collections::HashSet::new();
     for (i, t) in tools.iter().enumerate() {
         if t.kind != "function" {
-            return Err(ApiError::invalid_param(
-                format!("tools[{i}].type"),
-                format!("only `function` tools are supported, got `{}`", t.kind),
-            ));
+            return Err(ApiError::invalid_param(format!("tools[{i}].type"), format!("only `function` tools are supported, got `{}`", t.kind)));
         }
         check_function_name(&format!("tools[{i}].function.name"), &t.function.name)?;
         if !names.insert(t.function.name.as_str()) {
-            return Err(ApiError::invalid_param(
-                format!("tools[{i}].function.name"),
-                format!("duplicate function name `{}`", t.function.name),
-            ));
+            return Err(ApiError::invalid_param(format!("tools[{i}].function.name"), format!("duplicate function name `{}`", t.function.name)));
         }
         if let Some(p) = &t.function.parameters {
             if !p.is_object() {
-                return Err(ApiError::invalid_param(
-                    format!("tools[{i}].function.parameters"),
-                    "`parameters` must be a JSON Schema object",
-                ));
+                return Err(ApiError::invalid_param(format!("tools[{i}].function.parameters"), "`parameters` must be a JSON Schema object"));
             }
         }
     }
@@ -603,46 +467,26 @@ pub fn chat_plan(
             "none" => ToolMode::Off,
             "auto" if empty => ToolMode::Off,
             "auto" => ToolMode::Auto,
-            "required" if empty => {
-                return Err(ApiError::invalid_param(
-                    "tool_choice",
-                    "`tool_choice: required` needs at least one tool in `tools`",
-                ))
-            }
+            "required" if empty => return Err(ApiError::invalid_param("tool_choice", "`tool_choice: required` needs at least one tool in `tools`")),
             "required" => ToolMode::Required,
             other => {
-                return Err(ApiError::invalid_param(
-                    "tool_choice",
-                    format!(
-                    "`tool_choice` must be none, auto, required or a named function, got `{other}`"
-                ),
-                ))
+                return Err(ApiError::invalid_param("tool_choice", format!("`tool_choice` must be none, auto, required or a named function, got `{other}`")))
             }
         },
         (Some(ToolChoiceIn::Named(n)), _) => {
             if n.kind != "function" {
-                return Err(ApiError::invalid_param(
-                    "tool_choice.type",
-                    "`tool_choice.type` must be `function`",
-                ));
+                return Err(ApiError::invalid_param("tool_choice.type", "`tool_choice.type` must be `function`"));
             }
             if !names.contains(n.function.name.as_str()) {
                 return Err(ApiError::invalid_param(
                     "tool_choice.function.name",
-                    format!(
-                        "`tool_choice` names `{}`, which is not among `tools`",
-                        n.function.name
-                    ),
+                    format!("`tool_choice` names `{}`, which is not among `tools`", n.function.name),
                 ));
             }
             ToolMode::Named(n.function.name.clone())
         }
     };
-    let schemas = ToolSchemas::from_functions(
-        tools
-            .iter()
-            .map(|t| (t.function.name.as_str(), t.function.parameters.as_ref())),
-    );
+    let schemas = ToolSchemas::from_functions(tools.iter().map(|t| (t.function.name.as_str(), t.function.parameters.as_ref())));
     let prompt_tools: Option<Vec<Value>> = match &tool_mode {
         ToolMode::Off => None,
         // Only the named tool is shown, so the model's view matches the choice.
@@ -650,26 +494,10 @@ pub fn chat_plan(
         _ => Some(tool_json(tools.iter())),
     };
 
-    let thinking = req
-        .chat_template_kwargs
-        .as_ref()
-        .and_then(|k| k.enable_thinking)
-        .unwrap_or(true);
+    let thinking = req.chat_template_kwargs.as_ref().and_then(|k| k.enable_thinking).unwrap_or(true);
     Ok(ChatPlan {
-        render: ChatRenderRequest {
-            messages,
-            tools: prompt_tools,
-            add_generation_prompt: true,
-            enable_thinking: thinking,
-        },
-        gen: GenerationPlan {
-            sampling,
-            max_tokens,
-            stop,
-            logprobs,
-            stream,
-            include_usage,
-        },
+        render: ChatRenderRequest { messages, tools: prompt_tools, add_generation_prompt: true, enable_thinking: thinking },
+        gen: GenerationPlan { sampling, max_tokens, stop, logprobs, stream, include_usage },
         tool_mode,
         schemas,
         thinking,
@@ -711,18 +539,12 @@ pub struct CompletionPlan {
 /// OpenAI's default for legacy completions.
 pub const COMPLETION_DEFAULT_MAX_TOKENS: usize = 16;
 
-pub fn completion_plan(
-    req: &CompletionRequest,
-    defaults: &SamplingParams,
-) -> Result<CompletionPlan, ApiError> {
+pub fn completion_plan(req: &CompletionRequest, defaults: &SamplingParams) -> Result<CompletionPlan, ApiError> {
     let one = |what: &str, n: usize| -> Result<(), ApiError> {
         if n == 1 {
             Ok(())
         } else {
-            Err(ApiError::invalid_param(
-                "prompt",
-                format!("exactly one prompt is supported per request, got {n} {what}; send several requests instead"),
-            ))
+            Err(ApiError::invalid_param("prompt", format!("exactly one prompt is supported per request, got {n} {what}; send several requests instead")))
         }
     };
     let prompt = match &req.prompt {
@@ -738,12 +560,8 @@ pub fn completion_plan(
         }
     };
     match &prompt {
-        PromptPlan::Text(s) if s.is_empty() => {
-            return Err(ApiError::invalid_param("prompt", "the prompt is empty"))
-        }
-        PromptPlan::Tokens(t) if t.is_empty() => {
-            return Err(ApiError::invalid_param("prompt", "the prompt is empty"))
-        }
+        PromptPlan::Text(s) if s.is_empty() => return Err(ApiError::invalid_param("prompt", "the prompt is empty")),
+        PromptPlan::Tokens(t) if t.is_empty() => return Err(ApiError::invalid_param("prompt", "the prompt is empty")),
         _ => {}
     }
     let (sampling, stop) = sampling(
@@ -764,52 +582,25 @@ pub fn completion_plan(
     )?;
     match req.best_of {
         None | Some(1) => {}
-        Some(n) => {
-            return Err(ApiError::invalid_param(
-                "best_of",
-                format!("`best_of` must be 1, got {n}"),
-            ))
-        }
+        Some(n) => return Err(ApiError::invalid_param("best_of", format!("`best_of` must be 1, got {n}"))),
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid_param(
-            "suffix",
-            "`suffix` (fill-in-the-middle) is not supported",
-        )
-        .with_code("unsupported_parameter"));
+        return Err(ApiError::invalid_param("suffix", "`suffix` (fill-in-the-middle) is not supported").with_code("unsupported_parameter"));
     }
     let logprobs = match req.logprobs {
         None => None,
         Some(n) if n as usize > MAX_TOP_LOGPROBS => {
-            return Err(ApiError::invalid_param(
-                "logprobs",
-                format!("`logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
-            ))
+            return Err(ApiError::invalid_param("logprobs", format!("`logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")))
         }
         Some(n) => Some(n as usize),
     };
     let echo = req.echo.unwrap_or(false);
     if echo && logprobs.is_some() {
-        return Err(ApiError::invalid_param(
-            "echo",
-            "`echo` together with `logprobs` (prompt logprobs) is not supported",
-        ));
+        return Err(ApiError::invalid_param("echo", "`echo` together with `logprobs` (prompt logprobs) is not supported"));
     }
     let (stream, include_usage) = stream_flags(req.stream, req.stream_options.as_ref())?;
-    let max_tokens =
-        max_tokens("max_tokens", req.max_tokens)?.or(Some(COMPLETION_DEFAULT_MAX_TOKENS));
-    Ok(CompletionPlan {
-        prompt,
-        gen: GenerationPlan {
-            sampling,
-            max_tokens,
-            stop,
-            logprobs,
-            stream,
-            include_usage,
-        },
-        echo,
-    })
+    let max_tokens = max_tokens("max_tokens", req.max_tokens)?.or(Some(COMPLETION_DEFAULT_MAX_TOKENS));
+    Ok(CompletionPlan { prompt, gen: GenerationPlan { sampling, max_tokens, stop, logprobs, stream, include_usage }, echo })
 }
 
 #[cfg(test)]
@@ -819,11 +610,7 @@ mod tests {
 
     fn chat(v: Value) -> Result<ChatPlan, ApiError> {
         let req: ChatCompletionRequest = parse_json(v.to_string().as_bytes())?;
-        chat_plan(
-            &req,
-            &Limits { max_messages: 8 },
-            &SamplingParams::default(),
-        )
+        chat_plan(&req, &Limits { max_messages: 8 }, &SamplingParams::default())
     }
 
     fn base() -> Value {
@@ -868,18 +655,8 @@ mod tests {
         })))
         .unwrap();
         let s = &p.gen.sampling;
-        assert_eq!(
-            (s.temperature, s.top_p, s.top_k, s.min_p),
-            (0.5, 0.9, 40, 0.05)
-        );
-        assert_eq!(
-            (
-                s.presence_penalty,
-                s.frequency_penalty,
-                s.repetition_penalty
-            ),
-            (0.5, -0.5, 1.1)
-        );
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p), (0.5, 0.9, 40, 0.05));
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.repetition_penalty), (0.5, -0.5, 1.1));
         assert_eq!(s.seed, Some((-3i64) as u64));
         assert_eq!(p.gen.max_tokens, Some(7));
         assert_eq!(p.gen.stop, vec!["END".to_string()]);
@@ -890,10 +667,8 @@ mod tests {
 
     #[test]
     fn content_parts_are_joined() {
-        let p = chat(
-            json!({"model": "m", "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}),
-        )
+        let p = chat(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}))
         .unwrap();
         assert_eq!(p.render.messages[0].content.as_deref(), Some("ab"));
     }
@@ -912,97 +687,46 @@ mod tests {
             (with(json!({"repetition_penalty": 0})), "repetition_penalty"),
             (with(json!({"max_tokens": 0})), "max_tokens"),
             (with(json!({"max_tokens": -1})), "max_tokens"),
-            (
-                with(json!({"max_tokens": 5, "max_completion_tokens": 6})),
-                "max_completion_tokens",
-            ),
+            (with(json!({"max_tokens": 5, "max_completion_tokens": 6})), "max_completion_tokens"),
             (with(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
             (with(json!({"stop": [""]})), "stop[0]"),
             (with(json!({"top_logprobs": 3})), "top_logprobs"),
-            (
-                with(json!({"logprobs": true, "top_logprobs": 21})),
-                "top_logprobs",
-            ),
-            (
-                with(json!({"stream_options": {"include_usage": true}})),
-                "stream_options",
-            ),
-            (
-                with(json!({"stream": true, "stream_options": {"bogus": 1}})),
-                "stream_options.bogus",
-            ),
+            (with(json!({"logprobs": true, "top_logprobs": 21})), "top_logprobs"),
+            (with(json!({"stream_options": {"include_usage": true}})), "stream_options"),
+            (with(json!({"stream": true, "stream_options": {"bogus": 1}})), "stream_options.bogus"),
             (with(json!({"frobnicate": 1})), "frobnicate"),
             (with(json!({"functions": []})), "functions"),
             (with(json!({"logit_bias": {"1": 5}})), "logit_bias"),
-            (
-                with(json!({"response_format": {"type": "json_object"}})),
-                "response_format.type",
-            ),
+            (with(json!({"response_format": {"type": "json_object"}})), "response_format.type"),
             (with(json!({"tool_choice": "required"})), "tool_choice"),
+            (with(json!({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]})), "tool_choice"),
             (
-                with(
-                    json!({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}),
-                ),
-                "tool_choice",
-            ),
-            (
-                with(
-                    json!({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]}),
-                ),
+                with(json!({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]})),
                 "tool_choice.function.name",
             ),
+            (with(json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]})), "tools[0].type"),
+            (with(json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]})), "tools[0].function.name"),
             (
-                with(json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]})),
-                "tools[0].type",
-            ),
-            (
-                with(json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]})),
-                "tools[0].function.name",
-            ),
-            (
-                with(
-                    json!({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}),
-                ),
+                with(json!({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})),
                 "tools[1].function.name",
             ),
-            (
-                with(json!({"chat_template_kwargs": {"foo": true}})),
-                "chat_template_kwargs.foo",
-            ),
+            (with(json!({"chat_template_kwargs": {"foo": true}})), "chat_template_kwargs.foo"),
             (json!({"model": "m", "messages": []}), "messages"),
             (json!({"model": "m"}), "messages"),
-            (
-                json!({"messages": [{"role": "user", "content": "x"}]}),
-                "model",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
-                "messages[0].role",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user"}]}),
-                "messages[0].content",
-            ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}),
-                "messages[1].role",
-            ),
+            (json!({"messages": [{"role": "user", "content": "x"}]}), "model"),
+            (json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
+            (json!({"model": "m", "messages": [{"role": "user"}]}), "messages[0].content"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}), "messages[1].role"),
             (
                 json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
                 "messages[0].content[0].type",
             ),
-            (
-                json!({"model": "m", "messages": [{"role": "user", "content": "x", "weird": 1}]}),
-                "messages[0].weird",
-            ),
+            (json!({"model": "m", "messages": [{"role": "user", "content": "x", "weird": 1}]}), "messages[0].weird"),
             (
                 json!({"model": "m", "messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}),
                 "messages[0].tool_calls[0].function.arguments",
             ),
-            (
-                json!({"model": "m", "messages": (0..9).map(|_| json!({"role": "user", "content": "x"})).collect::<Vec<_>>()}),
-                "messages",
-            ),
+            (json!({"model": "m", "messages": (0..9).map(|_| json!({"role": "user", "content": "x"})).collect::<Vec<_>>()}), "messages"),
         ];
         for (v, param) in cases {
             let (msg, got) = err_param(v.clone());
@@ -1013,13 +737,7 @@ mod tests {
 
     #[test]
     fn bad_json_is_a_clear_400() {
-        for body in [
-            "",
-            "{",
-            "[1,2]",
-            "{\"model\": \"m\", \"messages\": [] } trailing",
-            "null",
-        ] {
+        for body in ["", "{", "[1,2]", "{\"model\": \"m\", \"messages\": [] } trailing", "null"] {
             let e = parse_json::<ChatCompletionRequest>(body.as_bytes()).unwrap_err();
             assert_eq!(e.status.as_u16(), 400, "{body}");
             assert_eq!(e.kind, "invalid_request_error");
@@ -1033,19 +751,13 @@ mod tests {
         let p = chat(with(json!({"tools": tools}))).unwrap();
         assert_eq!(p.tool_mode, ToolMode::Auto);
         assert_eq!(p.render.tools.as_ref().map(Vec::len), Some(2));
-        assert_eq!(
-            p.schemas.kind("f", "x"),
-            crate::tool_parser::ParamKind::String
-        );
+        assert_eq!(p.schemas.kind("f", "x"), crate::tool_parser::ParamKind::String);
         let p = chat(with(json!({"tools": tools, "tool_choice": "none"}))).unwrap();
         assert_eq!(p.tool_mode, ToolMode::Off);
         assert!(p.render.tools.is_none());
         let p = chat(with(json!({"tools": tools, "tool_choice": "required"}))).unwrap();
         assert_eq!(p.tool_mode, ToolMode::Required);
-        let p = chat(with(
-            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}),
-        ))
-        .unwrap();
+        let p = chat(with(json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}))).unwrap();
         assert_eq!(p.tool_mode, ToolMode::Named("g".into()));
         assert_eq!(p.render.tools.as_ref().map(Vec::len), Some(1));
     }
@@ -1069,13 +781,8 @@ mod tests {
 
     #[test]
     fn defaults_fill_what_the_request_leaves_out() {
-        let defaults = SamplingParams {
-            top_k: 20,
-            top_p: 0.95,
-            ..SamplingParams::default()
-        };
-        let req: ChatCompletionRequest =
-            parse_json(with(json!({"top_p": 0.5})).to_string().as_bytes()).unwrap();
+        let defaults = SamplingParams { top_k: 20, top_p: 0.95, ..SamplingParams::default() };
+        let req: ChatCompletionRequest = parse_json(with(json!({"top_p": 0.5})).to_string().as_bytes()).unwrap();
         let p = chat_plan(&req, &Limits::default(), &defaults).unwrap();
         assert_eq!((p.gen.sampling.top_k, p.gen.sampling.top_p), (20, 0.5));
     }
@@ -1107,8 +814,7 @@ mod tests {
                     _ => body.insert(i, b"\"0[{"[rng.random_range(0..4)]),
                 }
             }
-            let r = parse_json::<ChatCompletionRequest>(&body)
-                .and_then(|req| chat_plan(&req, &Limits::default(), &SamplingParams::default()));
+            let r = parse_json::<ChatCompletionRequest>(&body).and_then(|req| chat_plan(&req, &Limits::default(), &SamplingParams::default()));
             if let Err(e) = r {
                 assert_eq!(e.status.as_u16(), 400, "{e:?}");
             }
@@ -1128,8 +834,7 @@ mod tests {
         let p = completion_plan(&req, &SamplingParams::default()).unwrap();
         assert_eq!(p.prompt, PromptPlan::Text("hello".into()));
         assert_eq!(p.gen.max_tokens, Some(COMPLETION_DEFAULT_MAX_TOKENS));
-        let req: CompletionRequest =
-            parse_json(br#"{"model": "m", "prompt": [[1, 2, 3]], "logprobs": 2}"#).unwrap();
+        let req: CompletionRequest = parse_json(br#"{"model": "m", "prompt": [[1, 2, 3]], "logprobs": 2}"#).unwrap();
         let p = completion_plan(&req, &SamplingParams::default()).unwrap();
         assert_eq!(p.prompt, PromptPlan::Tokens(vec![1, 2, 3]));
         assert_eq!(p.gen.logprobs, Some(2));
@@ -1141,8 +846,7 @@ mod tests {
             r#"{"model": "m", "prompt": "a", "echo": true, "logprobs": 1}"#,
             r#"{"model": "m", "prompt": {"x": 1}}"#,
         ] {
-            let r = parse_json::<CompletionRequest>(bad.as_bytes())
-                .and_then(|r| completion_plan(&r, &SamplingParams::default()).map(|_| ()));
+            let r = parse_json::<CompletionRequest>(bad.as_bytes()).and_then(|r| completion_plan(&r, &SamplingParams::default()).map(|_| ()));
             assert_eq!(r.unwrap_err().status.as_u16(), 400, "{bad}");
         }
     }

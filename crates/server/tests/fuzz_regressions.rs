@@ -23,11 +23,7 @@ fn cut_everywhere(text: &str) {
     let whole = parse(&[text]);
     for i in 0..=text.len() {
         if text.is_char_boundary(i) {
-            assert_eq!(
-                parse(&[&text[..i], &text[i..]]),
-                whole,
-                "{text:?} cut at {i}"
-            );
+            assert_eq!(parse(&[&text[..i], &text[i..]]), whole, "{text:?} cut at {i}");
         }
     }
 }
@@ -61,10 +57,7 @@ fn function_name_with_a_leading_newline_parses_the_same_however_cut() {
     cut_everywhere("<tool_call><function=get\nweather>\n</function></tool_call>");
     // Leading and trailing newlines around a name are layout.
     cut_everywhere("<tool_call><function=\nget_weather\n>\n</function></tool_call>");
-    assert_eq!(
-        parse(&["<tool_call><function=\nget_weather\n>\n</function></tool_call>"]).calls[0].name,
-        "get_weather"
-    );
+    assert_eq!(parse(&["<tool_call><function=\nget_weather\n>\n</function></tool_call>"]).calls[0].name, "get_weather");
 }
 
 /// tool_parser: names longer than the parser waits for were accepted when
@@ -75,9 +68,7 @@ fn overlong_names_are_refused_however_cut() {
     let call = format!("<tool_call><function={long}>\n</function></tool_call>");
     assert!(parse(&[&call]).calls.is_empty());
     cut_everywhere(&call);
-    let param = format!(
-        "<tool_call><function=f>\n<parameter={long}>\n1\n</parameter>\n</function></tool_call>"
-    );
+    let param = format!("<tool_call><function=f>\n<parameter={long}>\n1\n</parameter>\n</function></tool_call>");
     cut_everywhere(&param);
 }
 
@@ -103,19 +94,10 @@ fn split(thinking: bool, pieces: &[&str]) -> (String, String) {
 /// `finish` promises held newlines are returned.
 #[test]
 fn held_newlines_of_cut_short_reasoning_are_returned() {
-    assert_eq!(
-        split(true, &["\u{18}\n"]),
-        ("\u{18}\n".to_string(), String::new())
-    );
-    assert_eq!(
-        split(true, &["a", "\n", "\n"]),
-        ("a\n\n".to_string(), String::new())
-    );
+    assert_eq!(split(true, &["\u{18}\n"]), ("\u{18}\n".to_string(), String::new()));
+    assert_eq!(split(true, &["a", "\n", "\n"]), ("a\n\n".to_string(), String::new()));
     // Before any reasoning text, leading newlines are still layout.
     assert_eq!(split(true, &["\n\n"]), (String::new(), String::new()));
     // With the tag, newlines before it are layout.
-    assert_eq!(
-        split(true, &["a\n", "</think>\n\nb"]),
-        ("a".to_string(), "b".to_string())
-    );
+    assert_eq!(split(true, &["a\n", "</think>\n\nb"]), ("a".to_string(), "b".to_string()));
 }

@@ -17,31 +17,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let w = Weights::load(std::path::Path::new(&dir))?;
     let load = start.elapsed().as_secs_f64();
     let bytes = w.store.data_bytes();
-    println!(
-        "Weights::load {dir}: {load:.3} s ({} layers, {} tensor bytes in {} files)",
-        w.layers.len(),
-        bytes,
-        w.store.files().len()
-    );
+    println!("Weights::load {dir}: {load:.3} s ({} layers, {} tensor bytes in {} files)", w.layers.len(), bytes, w.store.files().len());
     if touch {
         let start = Instant::now();
         let mut sum = 0u64;
         for name in w.store.names() {
             if let Some(t) = w.store.peek(name) {
                 // One byte per 4 KiB page is enough to fault every page in.
-                sum += t
-                    .bytes()
-                    .iter()
-                    .step_by(4096)
-                    .map(|b| *b as u64)
-                    .sum::<u64>();
+                sum += t.bytes().iter().step_by(4096).map(|b| *b as u64).sum::<u64>();
             }
         }
         let secs = start.elapsed().as_secs_f64();
-        println!(
-            "read every page: {secs:.2} s ({:.2} GB/s; checksum {sum})",
-            bytes as f64 / secs / 1e9
-        );
+        println!("read every page: {secs:.2} s ({:.2} GB/s; checksum {sum})", bytes as f64 / secs / 1e9);
     }
     Ok(())
 }

@@ -31,12 +31,7 @@ use crate::presets::FULL_SHARD_BYTES;
 use crate::{finish_checkpoint, Progress};
 
 /// Files copied unchanged from the input checkpoint when present.
-pub const COPIED_FILES: [&str; 4] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "generation_config.json",
-];
+pub const COPIED_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"];
 
 /// What `quantize_checkpoint` did.
 #[derive(Clone, Debug)]
@@ -54,18 +49,11 @@ pub struct QuantizeReport {
 
 /// Converts the BF16 checkpoint in `in_dir` into the MLX 4-bit layout in
 /// `out_dir` (created if needed). `progress` hears about every block.
-pub fn quantize_checkpoint(
-    in_dir: &Path,
-    out_dir: &Path,
-    progress: Option<&(dyn Fn(Progress) + Sync)>,
-) -> Result<QuantizeReport> {
+pub fn quantize_checkpoint(in_dir: &Path, out_dir: &Path, progress: Option<&(dyn Fn(Progress) + Sync)>) -> Result<QuantizeReport> {
     let start = Instant::now();
     let weights = Weights::load(in_dir)?;
     if weights.config.format() != Format::HfBf16 {
-        return Err(Error::Other(format!(
-            "{}: already an MLX quantised checkpoint (config.json has a quantization block)",
-            in_dir.display()
-        )));
+        return Err(Error::Other(format!("{}: already an MLX quantised checkpoint (config.json has a quantization block)", in_dir.display())));
     }
     let mut cfg = weights.config.clone();
     cfg.quantization = Some(mlx_quantization(&cfg));
@@ -158,14 +146,11 @@ impl WeightsSource<'_> {
 /// Decodes `out.len()` float elements starting at element `start`.
 fn decode_into(t: &TensorRef, start: usize, out: &mut [f32]) -> Result<()> {
     let es = t.dtype.size();
-    let bytes = t
-        .bytes()
-        .get(start * es..(start + out.len()) * es)
-        .ok_or_else(|| Error::Tensor {
-            tensor: t.name.clone(),
-            file: t.file.clone(),
-            message: format!("elements {start}..{} are out of range", start + out.len()),
-        })?;
+    let bytes = t.bytes().get(start * es..(start + out.len()) * es).ok_or_else(|| Error::Tensor {
+        tensor: t.name.clone(),
+        file: t.file.clone(),
+        message: format!("elements {start}..{} are out of range", start + out.len()),
+    })?;
     match t.dtype {
         DType::BF16 => {
             for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
@@ -183,11 +168,7 @@ fn decode_into(t: &TensorRef, start: usize, out: &mut [f32]) -> Result<()> {
             }
         }
         other => {
-            return Err(Error::Tensor {
-                tensor: t.name.clone(),
-                file: t.file.clone(),
-                message: format!("a {} tensor is not a float linear", other.name()),
-            })
+            return Err(Error::Tensor { tensor: t.name.clone(), file: t.file.clone(), message: format!("a {} tensor is not a float linear", other.name()) })
         }
     }
     Ok(())
@@ -198,12 +179,7 @@ impl Source for WeightsSource<'_> {
         let lin = self.linear(&p.key)?;
         let d = match lin {
             Linear::Dense(d) => d,
-            Linear::Quant(_) => {
-                return Err(Error::Other(format!(
-                    "quantize: `{}` is already quantised",
-                    p.key
-                )))
-            }
+            Linear::Quant(_) => return Err(Error::Other(format!("quantize: `{}` is already quantised", p.key))),
         };
         if (d.experts, d.rows, d.cols) != (p.experts, p.rows, p.cols) {
             return Err(Error::Other(format!(

@@ -9,9 +9,7 @@
 //! both; neither of those modules knows about the other's files. It does not
 //! read these files for serving (`lily_core` does).
 
-use lily_core::tokenizer::{
-    embedded_tokenizer_json, FIRST_SPECIAL_ID, NOT_FLAGGED_SPECIAL_IN_RELEASE, SPECIAL_TOKENS,
-};
+use lily_core::tokenizer::{embedded_tokenizer_json, FIRST_SPECIAL_ID, NOT_FLAGGED_SPECIAL_IN_RELEASE, SPECIAL_TOKENS};
 use lily_core::{Error, Result};
 
 /// Longest prompt, in tokens, the real tokenizer_config.json advertises.
@@ -29,27 +27,17 @@ fn flagged_special_in_release(token: &str) -> bool {
 /// tokenizer as a real checkpoint brings it.
 pub fn tokenizer_json() -> Result<Vec<u8>> {
     let bad = |what: &str| Error::Tokenizer(format!("embedded tokenizer.json: {what}"));
-    let mut json: serde_json::Value = serde_json::from_slice(&embedded_tokenizer_json()?)
-        .map_err(|e| bad(&format!("not JSON: {e}")))?;
-    let added = json
-        .get_mut("added_tokens")
-        .and_then(serde_json::Value::as_array_mut)
-        .ok_or_else(|| bad("no `added_tokens` list"))?;
+    let mut json: serde_json::Value = serde_json::from_slice(&embedded_tokenizer_json()?).map_err(|e| bad(&format!("not JSON: {e}")))?;
+    let added = json.get_mut("added_tokens").and_then(serde_json::Value::as_array_mut).ok_or_else(|| bad("no `added_tokens` list"))?;
     let mut unflagged = 0;
     for token in added {
-        let content = token
-            .get("content")
-            .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| bad("an added token without `content`"))?;
+        let content = token.get("content").and_then(serde_json::Value::as_str).ok_or_else(|| bad("an added token without `content`"))?;
         let special = flagged_special_in_release(content);
         unflagged += usize::from(!special);
         token["special"] = special.into();
     }
     if unflagged != NOT_FLAGGED_SPECIAL_IN_RELEASE.len() {
-        return Err(bad(&format!(
-            "{unflagged} of the {} tokens the release leaves unflagged are added tokens",
-            NOT_FLAGGED_SPECIAL_IN_RELEASE.len()
-        )));
+        return Err(bad(&format!("{unflagged} of the {} tokens the release leaves unflagged are added tokens", NOT_FLAGGED_SPECIAL_IN_RELEASE.len())));
     }
     serde_json::to_vec(&json).map_err(|e| Error::Other(format!("serialising tokenizer.json: {e}")))
 }
@@ -73,11 +61,7 @@ pub fn tokenizer_config_json() -> serde_json::Value {
             }),
         );
     }
-    let additional: Vec<&str> = SPECIAL_TOKENS[1..]
-        .iter()
-        .copied()
-        .filter(|t| flagged_special_in_release(t))
-        .collect();
+    let additional: Vec<&str> = SPECIAL_TOKENS[1..].iter().copied().filter(|t| flagged_special_in_release(t)).collect();
     serde_json::json!({
         "add_bos_token": false,
         "add_prefix_space": false,
@@ -121,19 +105,14 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
         let added = json["added_tokens"].as_array().expect("added tokens");
         assert_eq!(added.len(), SPECIAL_TOKENS.len());
-        let unflagged: Vec<&str> = added
-            .iter()
-            .filter(|t| t["special"] == false)
-            .map(|t| t["content"].as_str().expect("content"))
-            .collect();
+        let unflagged: Vec<&str> = added.iter().filter(|t| t["special"] == false).map(|t| t["content"].as_str().expect("content")).collect();
         let mut want = NOT_FLAGGED_SPECIAL_IN_RELEASE.to_vec();
         want.sort_unstable();
         let mut got = unflagged.clone();
         got.sort_unstable();
         assert_eq!(got, want);
         // Everything but the flags is the embedded file.
-        let mut embedded: serde_json::Value =
-            serde_json::from_slice(&embedded_tokenizer_json().expect("embedded")).expect("JSON");
+        let mut embedded: serde_json::Value = serde_json::from_slice(&embedded_tokenizer_json().expect("embedded")).expect("JSON");
         for t in embedded["added_tokens"].as_array_mut().expect("added") {
             let content = t["content"].as_str().expect("content").to_string();
             t["special"] = flagged_special_in_release(&content).into();

@@ -85,10 +85,7 @@ pub fn canonical_key(name: &str) -> String {
     if name == "language_model.lm_head" || name == "lm_head.weight" || name == "lm_head" {
         return "lm_head".into();
     }
-    let rest = name
-        .strip_prefix("language_model.model.")
-        .or_else(|| name.strip_prefix("model.language_model."))
-        .unwrap_or(name);
+    let rest = name.strip_prefix("language_model.model.").or_else(|| name.strip_prefix("model.language_model.")).unwrap_or(name);
     rest.replace(".mlp.switch_mlp.", ".mlp.experts.")
 }
 
@@ -106,45 +103,18 @@ fn module_path(name: &str) -> &str {
 /// Groups the plan's tensors into write units.
 pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
     let format = plan.config.format();
-    let group = plan
-        .config
-        .quantization
-        .as_ref()
-        .map(|q| q.default.group_size)
-        .unwrap_or(64);
-    let index: std::collections::HashMap<&str, usize> = plan
-        .tensors
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.spec.name.as_str(), i))
-        .collect();
+    let group = plan.config.quantization.as_ref().map(|q| q.default.group_size).unwrap_or(64);
+    let index: std::collections::HashMap<&str, usize> = plan.tensors.iter().enumerate().map(|(i, t)| (t.spec.name.as_str(), i)).collect();
     let find = |name: String| -> Result<usize> {
-        index
-            .get(name.as_str())
-            .copied()
-            .ok_or_else(|| Error::Other(format!("layout: `{name}` is not in the tensor list")))
+        index.get(name.as_str()).copied().ok_or_else(|| Error::Other(format!("layout: `{name}` is not in the tensor list")))
     };
     let mut out = Vec::new();
     for (i, t) in plan.tensors.iter().enumerate() {
         match (&t.spec.role, format) {
-            (
-                Role::Linear {
-                    part: LinearPart::Codes { bits },
-                    rows,
-                    cols,
-                    experts,
-                    ..
-                },
-                Format::MlxQ4,
-            ) => {
+            (Role::Linear { part: LinearPart::Codes { bits }, rows, cols, experts, .. }, Format::MlxQ4) => {
                 let path = module_path(&t.spec.name);
                 out.push(Unit::Quant {
-                    param: LinearParam {
-                        key: canonical_key(path),
-                        experts: *experts,
-                        rows: *rows,
-                        cols: *cols,
-                    },
+                    param: LinearParam { key: canonical_key(path), experts: *experts, rows: *rows, cols: *cols },
                     bits: *bits,
                     group,
                     codes: i,
@@ -153,72 +123,27 @@ pub fn units(plan: &Plan) -> Result<Vec<Unit>> {
                 });
             }
             // Scales and biases are written by their codes' unit.
-            (
-                Role::Linear {
-                    part: LinearPart::Scales { .. } | LinearPart::Biases { .. },
-                    ..
-                },
-                Format::MlxQ4,
-            ) => {}
-            (
-                Role::Linear {
-                    part: LinearPart::Dense,
-                    rows,
-                    cols,
-                    experts,
-                    ..
-                },
-                Format::HfBf16,
-            ) => {
+            (Role::Linear { part: LinearPart::Scales { .. } | LinearPart::Biases { .. }, .. }, Format::MlxQ4) => {}
+            (Role::Linear { part: LinearPart::Dense, rows, cols, experts, .. }, Format::HfBf16) => {
                 let name = &t.spec.name;
                 let rows_map = if let Some(prefix) = name.strip_suffix("experts.gate_up_proj") {
                     let base = canonical_key(prefix);
                     let half = rows / 2;
                     DenseRows::GateUp {
-                        gate: LinearParam {
-                            key: format!("{base}experts.gate_proj"),
-                            experts: *experts,
-                            rows: half,
-                            cols: *cols,
-                        },
-                        up: LinearParam {
-                            key: format!("{base}experts.up_proj"),
-                            experts: *experts,
-                            rows: half,
-                            cols: *cols,
-                        },
+                        gate: LinearParam { key: format!("{base}experts.gate_proj"), experts: *experts, rows: half, cols: *cols },
+                        up: LinearParam { key: format!("{base}experts.up_proj"), experts: *experts, rows: half, cols: *cols },
                     }
                 } else {
-                    DenseRows::Direct(LinearParam {
-                        key: canonical_key(module_path(name)),
-                        experts: *experts,
-                        rows: *rows,
-                        cols: *cols,
-                    })
+                    DenseRows::Direct(LinearParam { key: canonical_key(module_path(name)), experts: *experts, rows: *rows, cols: *cols })
                 };
-                out.push(Unit::Dense {
-                    tensor: i,
-                    rows: rows_map,
-                    total_rows: experts * rows,
-                    cols: *cols,
-                });
+                out.push(Unit::Dense { tensor: i, rows: rows_map, total_rows: experts * rows, cols: *cols });
             }
             (Role::Linear { part, .. }, _) => {
-                return Err(Error::Other(format!(
-                    "layout: `{}` is a {part:?} part in a {format:?} checkpoint",
-                    t.spec.name
-                )));
+                return Err(Error::Other(format!("layout: `{}` is a {part:?} part in a {format:?} checkpoint", t.spec.name)));
             }
             (role, _) => {
                 let len = t.spec.shape.iter().product();
-                out.push(Unit::Vector {
-                    tensor: i,
-                    param: VectorParam {
-                        key: canonical_key(&t.spec.name),
-                        role: role.clone(),
-                        len,
-                    },
-                });
+                out.push(Unit::Vector { tensor: i, param: VectorParam { key: canonical_key(&t.spec.name), role: role.clone(), len } });
             }
         }
     }
@@ -232,22 +157,10 @@ mod tests {
 
     #[test]
     fn keys_agree_between_layouts() {
-        assert_eq!(
-            canonical_key("language_model.model.layers.3.mlp.switch_mlp.gate_proj"),
-            "layers.3.mlp.experts.gate_proj"
-        );
-        assert_eq!(
-            canonical_key("model.language_model.layers.3.mlp.experts.down_proj"),
-            "layers.3.mlp.experts.down_proj"
-        );
-        assert_eq!(
-            canonical_key("language_model.lm_head"),
-            canonical_key("lm_head.weight")
-        );
-        assert_eq!(
-            canonical_key("language_model.model.norm.weight"),
-            canonical_key("model.language_model.norm.weight")
-        );
+        assert_eq!(canonical_key("language_model.model.layers.3.mlp.switch_mlp.gate_proj"), "layers.3.mlp.experts.gate_proj");
+        assert_eq!(canonical_key("model.language_model.layers.3.mlp.experts.down_proj"), "layers.3.mlp.experts.down_proj");
+        assert_eq!(canonical_key("language_model.lm_head"), canonical_key("lm_head.weight"));
+        assert_eq!(canonical_key("language_model.model.norm.weight"), canonical_key("model.language_model.norm.weight"));
     }
 
     /// Both layouts of one config must describe the same logical linears.
@@ -260,15 +173,10 @@ mod tests {
             let mut k: Vec<(String, usize, usize, usize)> = Vec::new();
             for u in units(&plan).expect("units") {
                 match u {
-                    Unit::Quant { param, .. }
-                    | Unit::Dense {
-                        rows: DenseRows::Direct(param),
-                        ..
-                    } => k.push((param.key, param.experts, param.rows, param.cols)),
-                    Unit::Dense {
-                        rows: DenseRows::GateUp { gate, up },
-                        ..
-                    } => {
+                    Unit::Quant { param, .. } | Unit::Dense { rows: DenseRows::Direct(param), .. } => {
+                        k.push((param.key, param.experts, param.rows, param.cols))
+                    }
+                    Unit::Dense { rows: DenseRows::GateUp { gate, up }, .. } => {
                         k.push((gate.key, gate.experts, gate.rows, gate.cols));
                         k.push((up.key, up.experts, up.rows, up.cols));
                     }
@@ -279,8 +187,6 @@ mod tests {
             keys.push(k);
         }
         assert_eq!(keys[0], keys[1]);
-        assert!(keys[0]
-            .iter()
-            .any(|k| k.0 == "layers.0.mlp.experts.up_proj"));
+        assert!(keys[0].iter().any(|k| k.0 == "layers.0.mlp.experts.up_proj"));
     }
 }

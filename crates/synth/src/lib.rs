@@ -61,15 +61,7 @@ pub struct SynthOptions {
 impl SynthOptions {
     /// The preset's defaults: its own depth and shard size, seed 0, MLX 4-bit.
     pub fn new(preset: Preset, out_dir: impl Into<PathBuf>) -> Self {
-        SynthOptions {
-            preset,
-            layers: None,
-            seed: 0,
-            format: Format::MlxQ4,
-            out_dir: out_dir.into(),
-            shard_bytes: None,
-            progress: None,
-        }
+        SynthOptions { preset, layers: None, seed: 0, format: Format::MlxQ4, out_dir: out_dir.into(), shard_bytes: None, progress: None }
     }
 
     /// The config and shard layout these options produce, without writing.
@@ -111,8 +103,7 @@ fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<u64> {
 }
 
 fn json_bytes(v: &serde_json::Value) -> Result<Vec<u8>> {
-    let mut out =
-        serde_json::to_vec_pretty(v).map_err(|e| Error::Other(format!("serialising JSON: {e}")))?;
+    let mut out = serde_json::to_vec_pretty(v).map_err(|e| Error::Other(format!("serialising JSON: {e}")))?;
     out.push(b'\n');
     Ok(out)
 }
@@ -120,12 +111,7 @@ fn json_bytes(v: &serde_json::Value) -> Result<Vec<u8>> {
 /// Writes the shards and the index, then `config.json` last: a directory
 /// whose writer was interrupted has no `config.json` and can never be
 /// mistaken for a complete checkpoint. Returns the bytes written.
-pub(crate) fn finish_checkpoint(
-    plan: &Plan,
-    dir: &Path,
-    source: &dyn layout::Source,
-    progress: &(dyn Fn(Progress) + Sync),
-) -> Result<u64> {
+pub(crate) fn finish_checkpoint(plan: &Plan, dir: &Path, source: &dyn layout::Source, progress: &(dyn Fn(Progress) + Sync)) -> Result<u64> {
     for stale in ["config.json", "model.safetensors.index.json"] {
         let p = dir.join(stale);
         if p.exists() {
@@ -133,16 +119,8 @@ pub(crate) fn finish_checkpoint(
         }
     }
     let mut n = writer::write_shards(plan, dir, source, progress)?;
-    n += write_file(
-        dir,
-        "model.safetensors.index.json",
-        &json_bytes(&plan.index_json())?,
-    )?;
-    n += write_file(
-        dir,
-        "config.json",
-        &json_bytes(&to_config_json(&plan.config))?,
-    )?;
+    n += write_file(dir, "model.safetensors.index.json", &json_bytes(&plan.index_json())?)?;
+    n += write_file(dir, "config.json", &json_bytes(&to_config_json(&plan.config))?)?;
     Ok(n)
 }
 
@@ -160,36 +138,15 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
 /// Writes a synthetic checkpoint of any plan (any validated config, e.g. a
 /// test model with a small vocabulary) into `dir`. `synth` is this with a
 /// preset's plan.
-pub fn write_synthetic(
-    plan: &Plan,
-    seed: u64,
-    dir: &Path,
-    progress: &(dyn Fn(Progress) + Sync),
-) -> Result<SynthReport> {
+pub fn write_synthetic(plan: &Plan, seed: u64, dir: &Path, progress: &(dyn Fn(Progress) + Sync)) -> Result<SynthReport> {
     let start = Instant::now();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut n = 0;
     n += write_file(dir, "tokenizer.json", &tokenizer_json()?)?;
-    n += write_file(
-        dir,
-        "tokenizer_config.json",
-        &json_bytes(&tokenizer_config_json())?,
-    )?;
-    n += write_file(
-        dir,
-        "chat_template.jinja",
-        lily_core::chat::DEFAULT_CHAT_TEMPLATE.as_bytes(),
-    )?;
-    n += write_file(
-        dir,
-        "generation_config.json",
-        &json_bytes(&generation_config_json())?,
-    )?;
-    let source = random::RandomSource {
-        seed,
-        num_layers: plan.config.num_layers,
-        conv_kernel: plan.config.conv_kernel,
-    };
+    n += write_file(dir, "tokenizer_config.json", &json_bytes(&tokenizer_config_json())?)?;
+    n += write_file(dir, "chat_template.jinja", lily_core::chat::DEFAULT_CHAT_TEMPLATE.as_bytes())?;
+    n += write_file(dir, "generation_config.json", &json_bytes(&generation_config_json())?)?;
+    let source = random::RandomSource { seed, num_layers: plan.config.num_layers, conv_kernel: plan.config.conv_kernel };
     n += finish_checkpoint(plan, dir, &source, progress)?;
     Ok(SynthReport {
         out_dir: dir.to_path_buf(),

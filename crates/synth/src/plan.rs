@@ -78,15 +78,7 @@ impl Plan {
             Format::MlxQ4 => "mlx",
             Format::HfBf16 => "pt",
         };
-        let mut tensors: Vec<PlannedTensor> = specs
-            .into_iter()
-            .map(|spec| PlannedTensor {
-                bytes: tensor_bytes(&spec),
-                spec,
-                shard: 0,
-                offset: 0,
-            })
-            .collect();
+        let mut tensors: Vec<PlannedTensor> = specs.into_iter().map(|spec| PlannedTensor { bytes: tensor_bytes(&spec), spec, shard: 0, offset: 0 }).collect();
         let mut shards = Vec::with_capacity(n);
         for (s, group) in groups.into_iter().enumerate() {
             // Data offsets inside the data section, in file order.
@@ -105,8 +97,7 @@ impl Plan {
                 );
                 pos += t.bytes;
             }
-            let mut text = serde_json::to_vec(&Value::Object(header))
-                .map_err(|e| Error::Other(format!("serialising a safetensors header: {e}")))?;
+            let mut text = serde_json::to_vec(&Value::Object(header)).map_err(|e| Error::Other(format!("serialising a safetensors header: {e}")))?;
             // Pad so the data section starts 8-byte aligned, as the
             // safetensors writers do; mapped U32/F32 tensors then stay aligned.
             while (8 + text.len()) % 8 != 0 {
@@ -121,18 +112,9 @@ impl Plan {
                 tensors[i].offset = base + pos;
                 pos += tensors[i].bytes;
             }
-            shards.push(PlannedShard {
-                file_name: shard_file_name(s, n),
-                header: bytes,
-                data_bytes: pos,
-                tensors: group,
-            });
+            shards.push(PlannedShard { file_name: shard_file_name(s, n), header: bytes, data_bytes: pos, tensors: group });
         }
-        Ok(Plan {
-            config: config.clone(),
-            tensors,
-            shards,
-        })
+        Ok(Plan { config: config.clone(), tensors, shards })
     }
 
     /// Sum of all tensor data (the index's `metadata.total_size`).
@@ -153,16 +135,7 @@ impl Plan {
     /// `model.safetensors.index.json`: `metadata.total_size` and the
     /// `weight_map` from tensor name to shard file (sorted by name).
     pub fn index_json(&self) -> Value {
-        let map: BTreeMap<&str, &str> = self
-            .tensors
-            .iter()
-            .map(|t| {
-                (
-                    t.spec.name.as_str(),
-                    self.shards[t.shard].file_name.as_str(),
-                )
-            })
-            .collect();
+        let map: BTreeMap<&str, &str> = self.tensors.iter().map(|t| (t.spec.name.as_str(), self.shards[t.shard].file_name.as_str())).collect();
         json!({
             "metadata": { "total_size": self.total_data_bytes() },
             "weight_map": map,
@@ -193,18 +166,11 @@ mod tests {
         for (s, shard) in plan.shards.iter().enumerate() {
             assert_eq!(shard.header.len() % 8, 0);
             let big_single = shard.tensors.len() == 1;
-            assert!(
-                big_single || shard.data_bytes <= 4 << 20,
-                "shard {s} holds {} bytes",
-                shard.data_bytes
-            );
+            assert!(big_single || shard.data_bytes <= 4 << 20, "shard {s} holds {} bytes", shard.data_bytes);
             assert_eq!(shard.file_name, shard_file_name(s, plan.shards.len()));
         }
         let placed: usize = plan.shards.iter().map(|s| s.tensors.len()).sum();
         assert_eq!(placed, plan.tensors.len());
-        assert_eq!(
-            plan.index_json()["weight_map"].as_object().map(|m| m.len()),
-            Some(plan.tensors.len())
-        );
+        assert_eq!(plan.index_json()["weight_map"].as_object().map(|m| m.len()), Some(plan.tensors.len()));
     }
 }

@@ -46,9 +46,7 @@ impl std::str::FromStr for Preset {
         match s {
             "tiny" => Ok(Preset::Tiny),
             "full" => Ok(Preset::Full),
-            other => Err(format!(
-                "unknown preset {other:?}; expected \"tiny\" or \"full\""
-            )),
+            other => Err(format!("unknown preset {other:?}; expected \"tiny\" or \"full\"")),
         }
     }
 }
@@ -74,11 +72,7 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, format: Format) -> R
     }
     if let Some(n) = layers {
         if n == 0 || n % 4 != 0 {
-            return Err(Error::config(
-                "--layers",
-                "a positive multiple of 4 (layer i is attention when i % 4 == 3)",
-                n,
-            ));
+            return Err(Error::config("--layers", "a positive multiple of 4 (layer i is attention when i % 4 == 3)", n));
         }
         cfg.num_layers = n;
     }
@@ -107,21 +101,11 @@ mod tests {
 
     #[test]
     fn layers_must_be_a_multiple_of_four() {
-        let err = preset_config(Preset::Tiny, Some(6), Format::MlxQ4)
-            .unwrap_err()
-            .to_string();
+        let err = preset_config(Preset::Tiny, Some(6), Format::MlxQ4).unwrap_err().to_string();
         assert!(err.contains("--layers") && err.contains('6'), "{err}");
-        assert_eq!(
-            preset_config(Preset::Tiny, Some(4), Format::MlxQ4)
-                .expect("4 layers")
-                .num_layers,
-            4
-        );
+        assert_eq!(preset_config(Preset::Tiny, Some(4), Format::MlxQ4).expect("4 layers").num_layers, 4);
         // The real widths with fewer layers are accepted as a test shape.
         let cut = preset_config(Preset::Full, Some(4), Format::MlxQ4).expect("full, 4 layers");
-        assert_eq!(
-            (cut.num_layers, cut.hidden_size, cut.shape_class),
-            (4, 2048, ShapeClass::Test)
-        );
+        assert_eq!((cut.num_layers, cut.hidden_size, cut.shape_class), (4, 2048, ShapeClass::Test));
     }
 }

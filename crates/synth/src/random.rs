@@ -105,9 +105,7 @@ impl RandomSource {
             return 1.0;
         }
         let base = 1.0 / (p.cols as f32).sqrt();
-        let into_residual = p.key.ends_with("linear_attn.out_proj")
-            || p.key.ends_with("self_attn.o_proj")
-            || p.key.ends_with("down_proj");
+        let into_residual = p.key.ends_with("linear_attn.out_proj") || p.key.ends_with("self_attn.o_proj") || p.key.ends_with("down_proj");
         if into_residual {
             base / (2.0 * self.num_layers as f32).sqrt()
         } else {
@@ -119,10 +117,7 @@ impl RandomSource {
 impl Source for RandomSource {
     fn linear_rows(&self, p: &LinearParam, row0: usize, out: &mut [f32]) -> Result<()> {
         if !out.len().is_multiple_of(p.cols) || row0 + out.len() / p.cols > p.experts * p.rows {
-            return Err(Error::Other(format!(
-                "rows {row0}.. of `{}` are out of range",
-                p.key
-            )));
+            return Err(Error::Other(format!("rows {row0}.. of `{}` are out of range", p.key)));
         }
         let std = self.linear_std(p);
         let mut rng = stream(self.seed, &p.key, row0 * p.cols);
@@ -136,23 +131,16 @@ impl Source for RandomSource {
         let mut rng = stream(self.seed, &p.key, 0);
         let mut next = || rng.next_u64();
         let v: Vec<f32> = match p.role {
-            Role::NormOneCentered => (0..p.len)
-                .map(|_| 1.0 + round_bf16(0.02 * normal(next())))
-                .collect(),
+            Role::NormOneCentered => (0..p.len).map(|_| 1.0 + round_bf16(0.02 * normal(next()))).collect(),
             Role::NormPlain => (0..p.len).map(|_| 1.0 + 0.02 * normal(next())).collect(),
             Role::ConvWeight => {
                 let s = 1.0 / (self.conv_kernel as f32).sqrt();
                 (0..p.len).map(|_| s * normal(next())).collect()
             }
-            Role::ALog => (0..p.len)
-                .map(|_| (1.0 + 15.0 * uniform(next())).ln())
-                .collect(),
+            Role::ALog => (0..p.len).map(|_| (1.0 + 15.0 * uniform(next())).ln()).collect(),
             Role::DtBias => (0..p.len).map(|_| 0.1 * normal(next())).collect(),
             Role::Linear { .. } => {
-                return Err(Error::Other(format!(
-                    "`{}` is a linear, not a vector",
-                    p.key
-                )));
+                return Err(Error::Other(format!("`{}` is a linear, not a vector", p.key)));
             }
         };
         Ok(v)
@@ -164,12 +152,7 @@ mod tests {
     use super::*;
 
     fn lin(key: &str, rows: usize, cols: usize) -> LinearParam {
-        LinearParam {
-            key: key.into(),
-            experts: 1,
-            rows,
-            cols,
-        }
+        LinearParam { key: key.into(), experts: 1, rows, cols }
     }
 
     #[test]
@@ -186,11 +169,7 @@ mod tests {
 
     #[test]
     fn any_block_of_rows_matches_the_whole() {
-        let src = RandomSource {
-            seed: 3,
-            num_layers: 8,
-            conv_kernel: 4,
-        };
+        let src = RandomSource { seed: 3, num_layers: 8, conv_kernel: 4 };
         let p = lin("layers.0.mlp.gate", 10, 64);
         let mut whole = vec![0f32; 10 * 64];
         src.linear_rows(&p, 0, &mut whole).expect("whole");
@@ -202,18 +181,13 @@ mod tests {
         other.linear_rows(&p, 0, &mut diff).expect("other seed");
         assert_ne!(whole, diff);
         let mut other_key = vec![0f32; 10 * 64];
-        src.linear_rows(&lin("layers.1.mlp.gate", 10, 64), 0, &mut other_key)
-            .expect("other key");
+        src.linear_rows(&lin("layers.1.mlp.gate", 10, 64), 0, &mut other_key).expect("other key");
         assert_ne!(whole, other_key);
     }
 
     #[test]
     fn scales_follow_the_table() {
-        let src = RandomSource {
-            seed: 1,
-            num_layers: 40,
-            conv_kernel: 4,
-        };
+        let src = RandomSource { seed: 1, num_layers: 40, conv_kernel: 4 };
         let rms = |p: &LinearParam| {
             let mut v = vec![0f32; p.rows * p.cols];
             src.linear_rows(p, 0, &mut v).expect("rows");
@@ -222,17 +196,8 @@ mod tests {
         let q = rms(&lin("layers.3.self_attn.q_proj", 256, 2048));
         assert!((q * 2048f64.sqrt() - 1.0).abs() < 0.02, "q_proj rms {q}");
         let o = rms(&lin("layers.3.self_attn.o_proj", 256, 4096));
-        assert!(
-            (o * 4096f64.sqrt() * 80f64.sqrt() - 1.0).abs() < 0.02,
-            "o_proj rms {o}"
-        );
-        let a = src
-            .vector(&VectorParam {
-                key: "layers.0.linear_attn.A_log".into(),
-                role: Role::ALog,
-                len: 1000,
-            })
-            .expect("A_log");
+        assert!((o * 4096f64.sqrt() * 80f64.sqrt() - 1.0).abs() < 0.02, "o_proj rms {o}");
+        let a = src.vector(&VectorParam { key: "layers.0.linear_attn.A_log".into(), role: Role::ALog, len: 1000 }).expect("A_log");
         assert!(a.iter().all(|x| *x > 0.0 && *x < 16f32.ln()));
     }
 }

@@ -38,29 +38,19 @@ struct Block {
 
 /// Writes all shards of `plan` into `dir`, filling tensors from `source`.
 /// Returns the bytes written (headers and data).
-pub fn write_shards(
-    plan: &Plan,
-    dir: &Path,
-    source: &dyn Source,
-    progress: &(dyn Fn(Progress) + Sync),
-) -> Result<u64> {
+pub fn write_shards(plan: &Plan, dir: &Path, source: &dyn Source, progress: &(dyn Fn(Progress) + Sync)) -> Result<u64> {
     let total = plan.total_file_bytes();
     let done = AtomicU64::new(0);
     let report = |bytes: u64| {
         let d = done.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        progress(Progress {
-            bytes_done: d,
-            bytes_total: total,
-        });
+        progress(Progress { bytes_done: d, bytes_total: total });
     };
     let mut files = Vec::with_capacity(plan.shards.len());
     for shard in &plan.shards {
         let path = dir.join(&shard.file_name);
         let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
-        file.set_len(shard.file_bytes())
-            .map_err(|e| Error::io(&path, e))?;
-        file.write_all_at(&shard.header, 0)
-            .map_err(|e| Error::io(&path, e))?;
+        file.set_len(shard.file_bytes()).map_err(|e| Error::io(&path, e))?;
+        file.write_all_at(&shard.header, 0).map_err(|e| Error::io(&path, e))?;
         report(shard.header.len() as u64);
         files.push((path, file));
     }
@@ -70,28 +60,19 @@ pub fn write_shards(
     for (u, unit) in units.iter().enumerate() {
         let (rows, cols) = match unit {
             Unit::Quant { param, .. } => (param.experts * param.rows, param.cols),
-            Unit::Dense {
-                total_rows, cols, ..
-            } => (*total_rows, *cols),
+            Unit::Dense { total_rows, cols, .. } => (*total_rows, *cols),
             Unit::Vector { .. } => (1, 1),
         };
         let step = (BLOCK_ELEMS / cols.max(1)).max(1);
         let mut row0 = 0;
         while row0 < rows {
             let n = step.min(rows - row0);
-            blocks.push(Block {
-                unit: u,
-                row0,
-                rows: n,
-            });
+            blocks.push(Block { unit: u, row0, rows: n });
             row0 += n;
         }
     }
 
-    let writer = Writer {
-        plan,
-        files: &files,
-    };
+    let writer = Writer { plan, files: &files };
     blocks.par_iter().try_for_each(|b| -> Result<()> {
         let written = writer.block(&units[b.unit], b.row0, b.rows, source)?;
         report(written);
@@ -110,29 +91,16 @@ impl Writer<'_> {
     fn put(&self, tensor: usize, at: u64, bytes: &[u8]) -> Result<u64> {
         let t = &self.plan.tensors[tensor];
         if at + bytes.len() as u64 > t.bytes {
-            return Err(Error::Other(format!(
-                "writer: {} bytes at {at} overflow `{}` ({} bytes)",
-                bytes.len(),
-                t.spec.name,
-                t.bytes
-            )));
+            return Err(Error::Other(format!("writer: {} bytes at {at} overflow `{}` ({} bytes)", bytes.len(), t.spec.name, t.bytes)));
         }
         let (path, file) = &self.files[t.shard];
-        file.write_all_at(bytes, t.offset + at)
-            .map_err(|e| Error::io(path, e))?;
+        file.write_all_at(bytes, t.offset + at).map_err(|e| Error::io(path, e))?;
         Ok(bytes.len() as u64)
     }
 
     fn block(&self, unit: &Unit, row0: usize, rows: usize, source: &dyn Source) -> Result<u64> {
         match unit {
-            Unit::Quant {
-                param,
-                bits,
-                group,
-                codes,
-                scales,
-                biases,
-            } => {
+            Unit::Quant { param, bits, group, codes, scales, biases } => {
                 let mut w = vec![0f32; rows * param.cols];
                 source.linear_rows(param, row0, &mut w)?;
                 let (q, s, b) = quant::quantize(&w, rows, param.cols, *bits, *group)?;
@@ -140,52 +108,28 @@ impl Writer<'_> {
                 let groups = param.cols / group;
                 let mut n = self.put(*codes, (row0 * words * 4) as u64, &u32_bytes(&q))?;
                 let half_of = |i: usize| self.plan.tensors[i].spec.dtype;
-                n += self.put(
-                    *scales,
-                    (row0 * groups) as u64 * half_of(*scales).size() as u64,
-                    &float_bytes(&s, half_of(*scales))?,
-                )?;
-                n += self.put(
-                    *biases,
-                    (row0 * groups) as u64 * half_of(*biases).size() as u64,
-                    &float_bytes(&b, half_of(*biases))?,
-                )?;
+                n += self.put(*scales, (row0 * groups) as u64 * half_of(*scales).size() as u64, &float_bytes(&s, half_of(*scales))?)?;
+                n += self.put(*biases, (row0 * groups) as u64 * half_of(*biases).size() as u64, &float_bytes(&b, half_of(*biases))?)?;
                 Ok(n)
             }
-            Unit::Dense {
-                tensor,
-                rows: map,
-                cols,
-                ..
-            } => {
+            Unit::Dense { tensor, rows: map, cols, .. } => {
                 let mut w = vec![0f32; rows * cols];
                 match map {
                     DenseRows::Direct(p) => source.linear_rows(p, row0, &mut w)?,
                     DenseRows::GateUp { gate, up } => gate_up_rows(source, gate, up, row0, &mut w)?,
                 }
                 let dtype = self.plan.tensors[*tensor].spec.dtype;
-                self.put(
-                    *tensor,
-                    (row0 * cols * dtype.size()) as u64,
-                    &float_bytes(&w, dtype)?,
-                )
+                self.put(*tensor, (row0 * cols * dtype.size()) as u64, &float_bytes(&w, dtype)?)
             }
             Unit::Vector { tensor, param } => {
                 let mut v = source.vector(param)?;
                 if v.len() != param.len {
-                    return Err(Error::Other(format!(
-                        "source gave {} values for `{}`, expected {}",
-                        v.len(),
-                        param.key,
-                        param.len
-                    )));
+                    return Err(Error::Other(format!("source gave {} values for `{}`, expected {}", v.len(), param.key, param.len)));
                 }
                 let spec = &self.plan.tensors[*tensor].spec;
                 // One-centred norms come as gains; transformers' layout
                 // stores them zero-centred.
-                if param.role == Role::NormOneCentered
-                    && self.plan.config.format() == lily_core::Format::HfBf16
-                {
+                if param.role == Role::NormOneCentered && self.plan.config.format() == lily_core::Format::HfBf16 {
                     for x in &mut v {
                         *x -= 1.0;
                     }
@@ -198,13 +142,7 @@ impl Writer<'_> {
 
 /// Fills rows of a fused `[experts, 2 * im, cols]` tensor: per expert the
 /// gate rows, then the up rows, each a contiguous run of its own parameter.
-fn gate_up_rows(
-    source: &dyn Source,
-    gate: &LinearParam,
-    up: &LinearParam,
-    row0: usize,
-    out: &mut [f32],
-) -> Result<()> {
+fn gate_up_rows(source: &dyn Source, gate: &LinearParam, up: &LinearParam, row0: usize, out: &mut [f32]) -> Result<()> {
     let im = gate.rows;
     let cols = gate.cols;
     let rows = out.len() / cols;
@@ -213,17 +151,9 @@ fn gate_up_rows(
         let global = row0 + r;
         let expert = global / (2 * im);
         let within = global % (2 * im);
-        let (param, local, left) = if within < im {
-            (gate, within, im - within)
-        } else {
-            (up, within - im, 2 * im - within)
-        };
+        let (param, local, left) = if within < im { (gate, within, im - within) } else { (up, within - im, 2 * im - within) };
         let n = left.min(rows - r);
-        source.linear_rows(
-            param,
-            expert * im + local,
-            &mut out[r * cols..(r + n) * cols],
-        )?;
+        source.linear_rows(param, expert * im + local, &mut out[r * cols..(r + n) * cols])?;
         r += n;
     }
     Ok(())
@@ -242,21 +172,10 @@ fn u32_bytes(v: &[u32]) -> Vec<u8> {
 pub fn float_bytes(v: &[f32], dtype: DType) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(v.len() * dtype.size());
     match dtype {
-        DType::BF16 => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes())),
-        DType::F16 => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&half::f16::from_f32(*x).to_bits().to_le_bytes())),
-        DType::F32 => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        other => {
-            return Err(Error::Other(format!(
-                "writer: cannot store floats as {}",
-                other.name()
-            )))
-        }
+        DType::BF16 => v.iter().for_each(|x| out.extend_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes())),
+        DType::F16 => v.iter().for_each(|x| out.extend_from_slice(&half::f16::from_f32(*x).to_bits().to_le_bytes())),
+        DType::F32 => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        other => return Err(Error::Other(format!("writer: cannot store floats as {}", other.name()))),
     }
     Ok(out)
 }

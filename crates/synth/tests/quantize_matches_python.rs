@@ -24,23 +24,12 @@ fn assert_same_tensors(got: &TensorStore, want: &TensorStore, what: &str) {
     let want_names: Vec<&str> = want.names().collect();
     assert_eq!(got_names, want_names, "{what}: tensor names");
     for name in want_names {
-        let (g, w) = (
-            got.peek(name).expect("listed"),
-            want.peek(name).expect("listed"),
-        );
+        let (g, w) = (got.peek(name).expect("listed"), want.peek(name).expect("listed"));
         assert_eq!(g.dtype, w.dtype, "{what}: {name} dtype");
         assert_eq!(g.shape, w.shape, "{what}: {name} shape");
         if g.bytes() != w.bytes() {
-            let first = g
-                .bytes()
-                .iter()
-                .zip(w.bytes())
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
-            panic!(
-                "{what}: {name} differs first at byte {first} of {}",
-                w.bytes().len()
-            );
+            let first = g.bytes().iter().zip(w.bytes()).position(|(a, b)| a != b).unwrap_or(0);
+            panic!("{what}: {name} differs first at byte {first} of {}", w.bytes().len());
         }
     }
 }
@@ -49,11 +38,9 @@ fn assert_same_tensors(got: &TensorStore, want: &TensorStore, what: &str) {
 fn quantize_checkpoint_equals_the_python_converter_byte_for_byte() {
     let root = fixtures();
     let out = tempfile::tempdir().expect("temp dir");
-    lily_synth::quantize_checkpoint(&root.join("hf-bf16"), out.path(), None)
-        .expect("quantize the tiny fixture");
+    lily_synth::quantize_checkpoint(&root.join("hf-bf16"), out.path(), None).expect("quantize the tiny fixture");
     let got = TensorStore::open_dir(out.path()).expect("read the output");
-    let want = TensorStore::open_files(&[root.join("mlx_q4_expected.safetensors")])
-        .expect("expected file");
+    let want = TensorStore::open_files(&[root.join("mlx_q4_expected.safetensors")]).expect("expected file");
     assert_same_tensors(&got, &want, "lily quantize output");
 
     let committed = TensorStore::open_dir(&root.join("mlx-q4")).expect("committed mlx-q4 fixture");

@@ -61,28 +61,17 @@ pub fn valid_tensors(cfg: &ModelConfig) -> BTreeMap<String, Raw> {
                     c.copy_from_slice(&one);
                 }
             }
-            (
-                s.name,
-                Raw {
-                    dtype: s.dtype,
-                    shape: s.shape,
-                    data,
-                },
-            )
+            (s.name, Raw { dtype: s.dtype, shape: s.shape, data })
         })
         .collect()
 }
 
-pub const SHARDS: [&str; 2] = [
-    "model-00001-of-00002.safetensors",
-    "model-00002-of-00002.safetensors",
-];
+pub const SHARDS: [&str; 2] = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
 
 /// Which shard a tensor goes to: layers 0-1 and the embedding in the
 /// first, the rest in the second.
 pub fn shard_of(name: &str) -> usize {
-    let first =
-        name.contains("embed_tokens") || name.contains("layers.0.") || name.contains("layers.1.");
+    let first = name.contains("embed_tokens") || name.contains("layers.0.") || name.contains("layers.1.");
     if first {
         0
     } else {
@@ -100,10 +89,7 @@ pub fn write_checkpoint(dir: &Path, cfg: &ModelConfig, tensors: &BTreeMap<String
             .filter(|(name, _)| shard_of(name) == s)
             .map(|(name, t)| {
                 weight_map.insert(name.clone(), file.to_string());
-                (
-                    name.clone(),
-                    TensorView::new(t.dtype.to_st(), t.shape.clone(), &t.data).expect("view"),
-                )
+                (name.clone(), TensorView::new(t.dtype.to_st(), t.shape.clone(), &t.data).expect("view"))
             })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join(file)).expect("shard");
@@ -130,8 +116,7 @@ pub fn fill_norms(cfg: &ModelConfig, tensors: &mut BTreeMap<String, Raw>, value:
 /// release: the 12 tokens of `NOT_FLAGGED_SPECIAL_IN_RELEASE` (`<think>`,
 /// `<tool_call>`, the FIM tokens, ...) are `"special": false`.
 pub fn release_flagged_tokenizer_json() -> Vec<u8> {
-    let mut json: serde_json::Value =
-        serde_json::from_slice(&embedded_tokenizer_json().expect("embedded")).expect("JSON");
+    let mut json: serde_json::Value = serde_json::from_slice(&embedded_tokenizer_json().expect("embedded")).expect("JSON");
     let mut unflagged = 0;
     for t in json["added_tokens"].as_array_mut().expect("added tokens") {
         let content = t["content"].as_str().expect("content").to_string();

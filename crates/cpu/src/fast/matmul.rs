@@ -183,27 +183,15 @@ impl Mat {
             Linear::Quant(q) => {
                 let bits = q.spec.bits;
                 if !(bits == 4 || bits == 8) || q.spec.group_size != 64 || q.cols % 64 != 0 {
-                    return Err(format!(
-                        "`{}`: unsupported quantisation (bits {}, group {}, cols {})",
-                        q.codes.name, bits, q.spec.group_size, q.cols
-                    ));
+                    return Err(format!("`{}`: unsupported quantisation (bits {}, group {}, cols {})", q.codes.name, bits, q.spec.group_size, q.cols));
                 }
-                MatData::Quant {
-                    bits,
-                    codes: Words::new(&q.codes),
-                    scales: Floats::new(&q.scales)?,
-                    biases: Floats::new(&q.biases)?,
-                }
+                MatData::Quant { bits, codes: Words::new(&q.codes), scales: Floats::new(&q.scales)?, biases: Floats::new(&q.biases)? }
             }
             Linear::Dense(d) => {
                 if d.cols % LANES != 0 {
                     return Err(format!("`{}`: {} columns is not a multiple of {LANES}", d.tensor.name, d.cols));
                 }
-                MatData::Dense {
-                    weights: Floats::new(&d.tensor)?,
-                    tensor_rows: d.tensor_rows,
-                    row_offset: d.row_offset,
-                }
+                MatData::Dense { weights: Floats::new(&d.tensor)?, tensor_rows: d.tensor_rows, row_offset: d.row_offset }
             }
         };
         Ok(Mat { rows: lin.rows(), cols: lin.cols(), experts: lin.experts(), data })
@@ -274,13 +262,9 @@ impl Mat {
                     MatView::Q8(Q8Source(src))
                 }
             }
-            MatData::Dense { weights, tensor_rows, row_offset } => MatView::Dense(DenseSource {
-                weights: weights.view(),
-                rows: self.rows,
-                cols: self.cols,
-                tensor_rows: *tensor_rows,
-                row_offset: *row_offset,
-            }),
+            MatData::Dense { weights, tensor_rows, row_offset } => {
+                MatView::Dense(DenseSource { weights: weights.view(), rows: self.rows, cols: self.cols, tensor_rows: *tensor_rows, row_offset: *row_offset })
+            }
         }
     }
 
@@ -306,9 +290,7 @@ impl Mat {
                 let xsum = group_sums(x);
                 Prepared::Q8(Job { variant, src, cols, groups, x: Cow::Borrowed(x), xsum, n, row_base })
             }
-            MatView::Dense(src) => {
-                Prepared::Dense(Job { variant, src, cols, groups, x: Cow::Borrowed(x), xsum: Vec::new(), n, row_base })
-            }
+            MatView::Dense(src) => Prepared::Dense(Job { variant, src, cols, groups, x: Cow::Borrowed(x), xsum: Vec::new(), n, row_base }),
         }
     }
 }
@@ -366,8 +348,7 @@ fn run_products(variant: Isa, products: Vec<Product<'_>>, parallel: bool) {
     let block = (total_rows / (threads * 16)).clamp(16, 512);
     // Rows are computed into [rows][n] (contiguous per row); with one token
     // that is y itself, otherwise a buffer transposed into y afterwards.
-    let mut buffers: Vec<Vec<f32>> =
-        outs.iter().map(|&(_, n, rows)| if n == 1 { Vec::new() } else { vec![0f32; rows * n] }).collect();
+    let mut buffers: Vec<Vec<f32>> = outs.iter().map(|&(_, n, rows)| if n == 1 { Vec::new() } else { vec![0f32; rows * n] }).collect();
     {
         let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
         for (pi, ((y, n, _), buf)) in outs.iter_mut().zip(buffers.iter_mut()).enumerate() {
@@ -588,11 +569,7 @@ impl<S: Source> Job<'_, S> {
                 let tokens = avx512::Tokens { x: &self.x, xsum: &self.xsum, cols: self.cols, first: t, groups: g0..g1 };
                 for i in 0..count {
                     let r = self.row_base + first + i;
-                    let row = avx512::Q4Row {
-                        codes: self.src.q4_row(r),
-                        scales: &sc[i * groups..(i + 1) * groups],
-                        biases: &bi[i * groups..(i + 1) * groups],
-                    };
+                    let row = avx512::Q4Row { codes: self.src.q4_row(r), scales: &sc[i * groups..(i + 1) * groups], biases: &bi[i * groups..(i + 1) * groups] };
                     let dst = &mut out[i * n + t..i * n + t + m];
                     match m {
                         1 => avx512::q4_dot::<1>(&row, &tokens, dst),
@@ -811,14 +788,7 @@ mod avx512 {
                 // SAFETY: `tt < first + N`, so `tt * cols + g * 64 + 64 <=
                 // (first + N) * cols <= x.len()` (checked above).
                 let xg = unsafe { x.add(tt * tok.cols + g * 64) };
-                let (x0, x1, x2, x3) = unsafe {
-                    (
-                        _mm512_loadu_ps(xg),
-                        _mm512_loadu_ps(xg.add(16)),
-                        _mm512_loadu_ps(xg.add(32)),
-                        _mm512_loadu_ps(xg.add(48)),
-                    )
-                };
+                let (x0, x1, x2, x3) = unsafe { (_mm512_loadu_ps(xg), _mm512_loadu_ps(xg.add(16)), _mm512_loadu_ps(xg.add(32)), _mm512_loadu_ps(xg.add(48))) };
                 let mut s = _mm512_mul_ps(q0, x0);
                 s = _mm512_fmadd_ps(q1, x1, s);
                 s = _mm512_fmadd_ps(q2, x2, s);

@@ -110,9 +110,7 @@ impl FastModel {
                         decay_rate: w.a_log.iter().map(|a| a.exp()).collect(),
                     })
                 }
-                Mixer::Attention(w) => {
-                    MixerFast::Attention(AttnFast { q: mat(&w.q)?, k: mat(&w.k)?, v: mat(&w.v)?, o: mat(&w.o)? })
-                }
+                Mixer::Attention(w) => MixerFast::Attention(AttnFast { q: mat(&w.q)?, k: mat(&w.k)?, v: mat(&w.v)?, o: mat(&w.o)? }),
             };
             let m = &lw.moe;
             let moe = MoeFast {
@@ -128,8 +126,7 @@ impl FastModel {
             layers.push(LayerFast { mixer, moe });
         }
         let rotary = cfg.rotary_dim();
-        let inv_freq =
-            (0..rotary / 2).map(|j| (1.0 / cfg.rope_theta.powf(2.0 * j as f64 / rotary as f64)) as f32).collect();
+        let inv_freq = (0..rotary / 2).map(|j| (1.0 / cfg.rope_theta.powf(2.0 * j as f64 / rotary as f64)) as f32).collect();
         Ok(FastModel { embed: mat(&weights.embed)?, lm_head: mat(&weights.lm_head)?, layers, inv_freq, weights })
     }
 
@@ -212,18 +209,9 @@ impl FastModel {
         Ok(counts.into_iter().map(|c| rows.by_ref().take(c).collect()).collect())
     }
 
-    fn deltanet(
-        &self,
-        li: usize,
-        m: &DeltaFast,
-        w: &DeltaNetWeights,
-        xn: &[f32],
-        n: usize,
-        spans: &mut [Span<'_>],
-    ) -> ModelResult<Vec<f32>> {
+    fn deltanet(&self, li: usize, m: &DeltaFast, w: &DeltaNetWeights, xn: &[f32], n: usize, spans: &mut [Span<'_>]) -> ModelResult<Vec<f32>> {
         let cfg = &self.weights.config;
-        let (hk, hv, dk, dv) =
-            (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+        let (hk, hv, dk, dv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
         let (c, kd, vd, kernel) = (cfg.linear_conv_dim(), hk * dk, hv * dv, cfg.conv_kernel);
         let mut qkv = vec![0f32; n * c];
         let mut z = vec![0f32; n * vd];
@@ -269,38 +257,36 @@ impl FastModel {
             let ratio = hv / hk;
             let rows: &[f32] = rows;
             let mut head_out = vec![0f32; hv * t_len * dv];
-            recurrent.par_chunks_mut(dk * dv).zip(head_out.par_chunks_mut(t_len * dv)).enumerate().for_each(
-                |(hh, (s, oh))| {
-                    let kh = hh / ratio;
-                    let mut kv = vec![0f32; dv];
-                    let mut u = vec![0f32; dv];
-                    for t in 0..t_len {
-                        let k = &kn[t * kd + kh * dk..][..dk];
-                        let q = &qn[t * kd + kh * dk..][..dk];
-                        let v = &rows[t * c + 2 * kd + hh * dv..][..dv];
-                        let decay = g[t * hv + hh].exp();
-                        let bt = beta[t * hv + hh];
-                        kv.fill(0.0);
-                        for (srow, &ki) in s.chunks_exact_mut(dv).zip(k) {
-                            for (sv, kvv) in srow.iter_mut().zip(kv.iter_mut()) {
-                                *sv *= decay;
-                                *kvv += *sv * ki;
-                            }
-                        }
-                        for d in 0..dv {
-                            u[d] = bt * (v[d] - kv[d]);
-                        }
-                        let out = &mut oh[t * dv..(t + 1) * dv];
-                        out.fill(0.0);
-                        for ((srow, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
-                            for ((sv, &ud), od) in srow.iter_mut().zip(&u).zip(out.iter_mut()) {
-                                *sv += ki * ud;
-                                *od += *sv * qi;
-                            }
+            recurrent.par_chunks_mut(dk * dv).zip(head_out.par_chunks_mut(t_len * dv)).enumerate().for_each(|(hh, (s, oh))| {
+                let kh = hh / ratio;
+                let mut kv = vec![0f32; dv];
+                let mut u = vec![0f32; dv];
+                for t in 0..t_len {
+                    let k = &kn[t * kd + kh * dk..][..dk];
+                    let q = &qn[t * kd + kh * dk..][..dk];
+                    let v = &rows[t * c + 2 * kd + hh * dv..][..dv];
+                    let decay = g[t * hv + hh].exp();
+                    let bt = beta[t * hv + hh];
+                    kv.fill(0.0);
+                    for (srow, &ki) in s.chunks_exact_mut(dv).zip(k) {
+                        for (sv, kvv) in srow.iter_mut().zip(kv.iter_mut()) {
+                            *sv *= decay;
+                            *kvv += *sv * ki;
                         }
                     }
-                },
-            );
+                    for d in 0..dv {
+                        u[d] = bt * (v[d] - kv[d]);
+                    }
+                    let out = &mut oh[t * dv..(t + 1) * dv];
+                    out.fill(0.0);
+                    for ((srow, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+                        for ((sv, &ud), od) in srow.iter_mut().zip(&u).zip(out.iter_mut()) {
+                            *sv += ki * ud;
+                            *od += *sv * qi;
+                        }
+                    }
+                }
+            });
 
             // Gated RMSNorm per (token, head) into o.
             for t in 0..t_len {
@@ -322,15 +308,7 @@ impl FastModel {
         Ok(out)
     }
 
-    fn attention(
-        &self,
-        li: usize,
-        m: &AttnFast,
-        w: &AttentionWeights,
-        xn: &[f32],
-        n: usize,
-        spans: &mut [Span<'_>],
-    ) -> ModelResult<Vec<f32>> {
+    fn attention(&self, li: usize, m: &AttnFast, w: &AttentionWeights, xn: &[f32], n: usize, spans: &mut [Span<'_>]) -> ModelResult<Vec<f32>> {
         let cfg = &self.weights.config;
         let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim);
         let (qw, kvw) = (2 * heads * hd, kv_heads * hd);
@@ -373,39 +351,37 @@ impl FastModel {
             let values: &[f32] = values;
             let qg: &[f32] = &qg;
             let scale = 1.0 / (hd as f32).sqrt();
-            gated[row0 * heads * hd..(row0 + t_len) * heads * hd].par_chunks_mut(hd).enumerate().for_each(
-                |(i, out)| {
-                    let (t, hh) = (i / heads, i % heads);
-                    let r = row0 + t;
-                    let q = &qg[r * qw + hh * 2 * hd..][..hd];
-                    let gate = &qg[r * qw + hh * 2 * hd + hd..][..hd];
-                    let kvh = hh / group;
-                    let positions = start + t + 1;
-                    let mut scores: Vec<f32> = (0..positions)
-                        .map(|p| {
-                            let kr = &keys[(p * kv_heads + kvh) * hd..][..hd];
-                            q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
-                        })
-                        .collect();
-                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for s in scores.iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s;
+            gated[row0 * heads * hd..(row0 + t_len) * heads * hd].par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
+                let (t, hh) = (i / heads, i % heads);
+                let r = row0 + t;
+                let q = &qg[r * qw + hh * 2 * hd..][..hd];
+                let gate = &qg[r * qw + hh * 2 * hd + hd..][..hd];
+                let kvh = hh / group;
+                let positions = start + t + 1;
+                let mut scores: Vec<f32> = (0..positions)
+                    .map(|p| {
+                        let kr = &keys[(p * kv_heads + kvh) * hd..][..hd];
+                        q.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                out.fill(0.0);
+                for (p, s) in scores.iter().enumerate() {
+                    let wgt = s / sum;
+                    let vr = &values[(p * kv_heads + kvh) * hd..][..hd];
+                    for (o, &vv) in out.iter_mut().zip(vr) {
+                        *o += wgt * vv;
                     }
-                    out.fill(0.0);
-                    for (p, s) in scores.iter().enumerate() {
-                        let wgt = s / sum;
-                        let vr = &values[(p * kv_heads + kvh) * hd..][..hd];
-                        for (o, &vv) in out.iter_mut().zip(vr) {
-                            *o += wgt * vv;
-                        }
-                    }
-                    for (o, &gv) in out.iter_mut().zip(gate) {
-                        *o *= sigmoid(gv);
-                    }
-                },
-            );
+                }
+                for (o, &gv) in out.iter_mut().zip(gate) {
+                    *o *= sigmoid(gv);
+                }
+            });
             row0 += t_len;
         }
         let mut out = vec![0f32; n * cfg.hidden_size];
@@ -448,20 +424,10 @@ impl FastModel {
                 for &(row, _) in routed {
                     xs.extend_from_slice(&xn[row * h..(row + 1) * h]);
                 }
-                Group {
-                    expert: Some(ex),
-                    rows: routed.iter().map(|r| r.0).collect(),
-                    weights: routed.iter().map(|r| r.1).collect(),
-                    xs,
-                }
+                Group { expert: Some(ex), rows: routed.iter().map(|r| r.0).collect(), weights: routed.iter().map(|r| r.1).collect(), xs }
             })
             .collect();
-        groups.push(Group {
-            expert: None,
-            rows: (0..n).collect(),
-            weights: shared_scale.iter().map(|&s| sigmoid(s)).collect(),
-            xs: Vec::new(),
-        });
+        groups.push(Group { expert: None, rows: (0..n).collect(), weights: shared_scale.iter().map(|&s| sigmoid(s)).collect(), xs: Vec::new() });
         let mats = |g: &Group| match g.expert {
             Some(ex) => (&m.gate, &m.up, &m.down, ex),
             None => (&m.shared_gate, &m.shared_up, &m.shared_down, 0),
@@ -536,9 +502,7 @@ fn conv_silu(window: &mut [f32], taps: &[f32], kernel: usize, rows: &mut [f32], 
             *a = tap * r;
         }
         for i in 0..kernel - 1 {
-            for ((a, &tap), &wv) in
-                acc.iter_mut().zip(&taps[i * channels..(i + 1) * channels]).zip(&window[i * channels..])
-            {
+            for ((a, &tap), &wv) in acc.iter_mut().zip(&taps[i * channels..(i + 1) * channels]).zip(&window[i * channels..]) {
                 *a += tap * wv;
             }
         }

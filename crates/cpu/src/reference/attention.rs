@@ -36,14 +36,7 @@ pub fn attend(q: &[f32], keys: &[f32], values: &[f32], kv_heads: usize, kv_head:
 
 /// The whole mixer for consecutive tokens of one sequence starting at
 /// position `start`. `keys`/`values` are the layer's cache and grow.
-pub fn attention_layer(
-    cfg: &ModelConfig,
-    w: &AttentionWeights,
-    keys: &mut Vec<f32>,
-    values: &mut Vec<f32>,
-    start: usize,
-    xs: &[Vec<f32>],
-) -> Vec<Vec<f32>> {
+pub fn attention_layer(cfg: &ModelConfig, w: &AttentionWeights, keys: &mut Vec<f32>, values: &mut Vec<f32>, start: usize, xs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim);
     let group = heads / kv_heads;
     let inv_freq = rope_inv_freq(cfg.rotary_dim(), cfg.rope_theta);

@@ -91,29 +91,14 @@ pub fn conv_step(window: &mut [f32], taps: &[f32], kernel: usize, raw: &[f32]) -
 
 /// Turns conv outputs and the a/b projections of one token into delta-rule
 /// inputs (appended to `inputs`).
-pub fn prepare_token(
-    dims: &DeltaDims,
-    w: &DeltaNetWeights,
-    conv_out: &[f32],
-    a: &[f32],
-    b: &[f32],
-    inputs: &mut DeltaInputs,
-) {
+pub fn prepare_token(dims: &DeltaDims, w: &DeltaNetWeights, conv_out: &[f32], a: &[f32], b: &[f32], inputs: &mut DeltaInputs) {
     prepare_token_with(dims, &w.a_log, &w.dt_bias, conv_out, a, b, inputs);
 }
 
 /// [`prepare_token`] given only the two gate parameters it reads (`A_log`
 /// and `dt_bias`, one per value head), for callers such as kernel tests that
 /// hold no full weight set.
-pub fn prepare_token_with(
-    dims: &DeltaDims,
-    a_log: &[f32],
-    dt_bias: &[f32],
-    conv_out: &[f32],
-    a: &[f32],
-    b: &[f32],
-    inputs: &mut DeltaInputs,
-) {
+pub fn prepare_token_with(dims: &DeltaDims, a_log: &[f32], dt_bias: &[f32], conv_out: &[f32], a: &[f32], b: &[f32], inputs: &mut DeltaInputs) {
     let kd = dims.key_heads * dims.key_dim;
     let (q, rest) = conv_out.split_at(kd);
     let (k, v) = rest.split_at(kd);
@@ -205,9 +190,7 @@ pub fn delta_rule_chunked(dims: &DeltaDims, state: &mut [f32], x: &DeltaInputs, 
                 .collect();
             let beta = |i: usize| x.beta[(start + i) * hv + h] as f64;
             // S0^T y for a key-space vector y.
-            let read = |s: &[f32], y: &[f32]| -> Vec<f64> {
-                (0..dv).map(|d| (0..dk).map(|i| s[i * dv + d] as f64 * y[i] as f64).sum()).collect()
-            };
+            let read = |s: &[f32], y: &[f32]| -> Vec<f64> { (0..dv).map(|d| (0..dk).map(|i| s[i * dv + d] as f64 * y[i] as f64).sum()).collect() };
             let dot = |a: &[f32], b: &[f32]| -> f64 { a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum() };
 
             // Forward substitution for u (len x dv).
@@ -215,8 +198,7 @@ pub fn delta_rule_chunked(dims: &DeltaDims, state: &mut [f32], x: &DeltaInputs, 
             for i in 0..len {
                 let sk = read(s, k_at(start + i));
                 let decay_i = cum[i].exp();
-                let mut ui: Vec<f64> =
-                    (0..dv).map(|d| beta(i) * (v_at(start + i)[d] as f64 - decay_i * sk[d])).collect();
+                let mut ui: Vec<f64> = (0..dv).map(|d| beta(i) * (v_at(start + i)[d] as f64 - decay_i * sk[d])).collect();
                 for j in 0..i {
                     let a_ij = beta(i) * (cum[i] - cum[j]).exp() * dot(k_at(start + i), k_at(start + j));
                     for d in 0..dv {
@@ -267,14 +249,7 @@ pub fn gated_norm(o: &[f32], z: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 
 /// The whole mixer for consecutive tokens of one sequence. `xs` are the
 /// normed layer inputs; `conv` and `recurrent` are the layer's state.
-pub fn deltanet_layer(
-    cfg: &ModelConfig,
-    w: &DeltaNetWeights,
-    conv: &mut [f32],
-    recurrent: &mut [f32],
-    xs: &[Vec<f32>],
-    rule: DeltaRule,
-) -> Vec<Vec<f32>> {
+pub fn deltanet_layer(cfg: &ModelConfig, w: &DeltaNetWeights, conv: &mut [f32], recurrent: &mut [f32], xs: &[Vec<f32>], rule: DeltaRule) -> Vec<Vec<f32>> {
     let dims = DeltaDims::of(cfg);
     let mut inputs = DeltaInputs { tokens: 0, q: vec![], k: vec![], v: vec![], g: vec![], beta: vec![] };
     let mut zs = Vec::with_capacity(xs.len());

@@ -30,24 +30,15 @@ pub fn embed(weights: &Weights, token: u32) -> Vec<f32> {
 /// The hidden states after every layer (before the final norm) for
 /// `tokens`, appended to the sequence in `state`. Token ids must be below
 /// the vocabulary size (the backend checks).
-pub fn hidden_states(
-    weights: &Weights,
-    state: &mut SeqState,
-    tokens: &[u32],
-    rule: DeltaRule,
-) -> ModelResult<Vec<Vec<f32>>> {
+pub fn hidden_states(weights: &Weights, state: &mut SeqState, tokens: &[u32], rule: DeltaRule) -> ModelResult<Vec<Vec<f32>>> {
     let cfg = &weights.config;
     let eps = cfg.rms_norm_eps;
     let mut xs: Vec<Vec<f32>> = tokens.iter().map(|&t| embed(weights, t)).collect();
     for (layer, layer_state) in weights.layers.iter().zip(state.layers.iter_mut()) {
         let normed: Vec<Vec<f32>> = xs.iter().map(|x| ops::rms_norm_vec(x, &layer.input_norm, eps)).collect();
         let mixed = match (&layer.mixer, layer_state) {
-            (Mixer::DeltaNet(w), LayerState::DeltaNet { conv, recurrent }) => {
-                deltanet::deltanet_layer(cfg, w, conv, recurrent, &normed, rule)
-            }
-            (Mixer::Attention(w), LayerState::Attention { keys, values }) => {
-                attention::attention_layer(cfg, w, keys, values, state.len, &normed)
-            }
+            (Mixer::DeltaNet(w), LayerState::DeltaNet { conv, recurrent }) => deltanet::deltanet_layer(cfg, w, conv, recurrent, &normed, rule),
+            (Mixer::Attention(w), LayerState::Attention { keys, values }) => attention::attention_layer(cfg, w, keys, values, state.len, &normed),
             _ => return Err(ModelError::Invalid("sequence state does not match the model's layer kinds".into())),
         };
         for (x, m) in xs.iter_mut().zip(&mixed) {
@@ -65,13 +56,7 @@ pub fn hidden_states(
 
 /// Appends `tokens` to the sequence and returns the logits of the wanted
 /// positions.
-pub fn forward(
-    weights: &Weights,
-    state: &mut SeqState,
-    tokens: &[u32],
-    wanted: LogitsWanted,
-    rule: DeltaRule,
-) -> ModelResult<Vec<Vec<f32>>> {
+pub fn forward(weights: &Weights, state: &mut SeqState, tokens: &[u32], wanted: LogitsWanted, rule: DeltaRule) -> ModelResult<Vec<Vec<f32>>> {
     let xs = hidden_states(weights, state, tokens, rule)?;
     let picked: &[Vec<f32>] = match wanted {
         LogitsWanted::All => &xs,

@@ -114,9 +114,7 @@ pub fn write_checkpoint(cfg: &ModelConfig, dir: &Path, seed: u64) -> Arc<Weights
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = data
         .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            (name.clone(), safetensors::tensor::TensorView::new(dtype.to_st(), shape.clone(), bytes).expect("view"))
-        })
+        .map(|(name, dtype, shape, bytes)| (name.clone(), safetensors::tensor::TensorView::new(dtype.to_st(), shape.clone(), bytes).expect("view")))
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).expect("write safetensors");
     std::fs::write(dir.join("config.json"), to_config_json(cfg).to_string()).expect("write config");

@@ -23,10 +23,7 @@ use lily_core::tokenizer::Tokenizer;
 use lily_core::ModelConfig;
 use lily_engine::{Event, FinishReason, RequestStream};
 use lily_model::sample::{philox_uniform, sample_host, Distribution};
-use lily_model::{
-    Backend, Feed, InFlight, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams,
-    SampleState, Sampled, SeqId, MAX_IN_FLIGHT,
-};
+use lily_model::{Backend, Feed, InFlight, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
 
 pub const VOCAB: usize = 256;
 pub const EOS: u32 = 255;
@@ -176,11 +173,7 @@ impl Fake {
     }
 
     fn in_flight(&self, seq: SeqId) -> bool {
-        self.pipe.as_ref().is_some_and(|p| {
-            p.steps
-                .iter()
-                .any(|(_, v)| v.iter().any(|(s, _)| *s == seq))
-        })
+        self.pipe.as_ref().is_some_and(|p| p.steps.iter().any(|(_, v)| v.iter().any(|(s, _)| *s == seq)))
     }
 
     fn violation(&self, what: String) -> ModelError {
@@ -210,9 +203,7 @@ impl Fake {
             p.pool_refusals += 1;
             p.calls.push(Call::Refused(op));
             drop(p);
-            return Err(ModelError::Capacity(format!(
-                "token pool full: {used} held + {extra} needed > {n}"
-            )));
+            return Err(ModelError::Capacity(format!("token pool full: {used} held + {extra} needed > {n}")));
         }
         Ok(())
     }
@@ -232,8 +223,7 @@ impl Fake {
                 }
                 let mut l: Vec<f32> = (0..VOCAB as u64)
                     .map(|j| {
-                        let x = (h ^ j.wrapping_mul(0x9e3779b97f4a7c15))
-                            .wrapping_mul(0xbf58476d1ce4e5b9);
+                        let x = (h ^ j.wrapping_mul(0x9e3779b97f4a7c15)).wrapping_mul(0xbf58476d1ce4e5b9);
                         let x = x ^ (x >> 31);
                         (x >> 40) as f32 / (1u64 << 24) as f32 * 3.0
                     })
@@ -246,20 +236,14 @@ impl Fake {
     }
 
     fn check(&self, seq: SeqId, tokens: &[u32]) -> ModelResult<()> {
-        let h = self
-            .seqs
-            .get(&seq)
-            .ok_or(ModelError::UnknownSequence(seq))?;
+        let h = self.seqs.get(&seq).ok_or(ModelError::UnknownSequence(seq))?;
         if let Some(p) = self.poison {
             if tokens.contains(&p) || h.contains(&p) {
                 return Err(ModelError::Device(format!("poisoned token {p}")));
             }
         }
         if h.len() + tokens.len() > self.max_seq {
-            return Err(ModelError::Capacity(format!(
-                "sequence {seq:?} would exceed {}",
-                self.max_seq
-            )));
+            return Err(ModelError::Capacity(format!("sequence {seq:?} would exceed {}", self.max_seq)));
         }
         Ok(())
     }
@@ -275,11 +259,7 @@ impl Backend for Fake {
     }
     fn kv_room(&self) -> Option<KvRoom> {
         let n = self.pool?;
-        Some(KvRoom {
-            free_tokens: n.saturating_sub(self.pool_used()),
-            total_tokens: n,
-            block_tokens: 1,
-        })
+        Some(KvRoom { free_tokens: n.saturating_sub(self.pool_used()), total_tokens: n, block_tokens: 1 })
     }
     fn config(&self) -> &ModelConfig {
         &self.config
@@ -313,11 +293,7 @@ impl Backend for Fake {
         }
     }
     fn fork(&mut self, seq: SeqId) -> ModelResult<SeqId> {
-        let h = self
-            .seqs
-            .get(&seq)
-            .ok_or(ModelError::UnknownSequence(seq))?
-            .clone();
+        let h = self.seqs.get(&seq).ok_or(ModelError::UnknownSequence(seq))?.clone();
         if self.seqs.len() >= self.max_seqs {
             return Err(ModelError::Capacity("no free sequence".into()));
         }
@@ -331,17 +307,9 @@ impl Backend for Fake {
         Ok(id)
     }
     fn seq_len(&self, seq: SeqId) -> ModelResult<usize> {
-        self.seqs
-            .get(&seq)
-            .map(Vec::len)
-            .ok_or(ModelError::UnknownSequence(seq))
+        self.seqs.get(&seq).map(Vec::len).ok_or(ModelError::UnknownSequence(seq))
     }
-    fn prefill(
-        &mut self,
-        seq: SeqId,
-        tokens: &[u32],
-        wanted: LogitsWanted,
-    ) -> ModelResult<Vec<Vec<f32>>> {
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>> {
         self.pass_gate();
         std::thread::sleep(self.delay);
         self.check(seq, tokens)?;
@@ -352,50 +320,30 @@ impl Backend for Fake {
             return Err(ModelError::Invalid("empty prefill".into()));
         }
         self.pool_room(tokens.len(), "prefill")?;
-        self.lock().calls.push(Call::Prefill {
-            seq,
-            tokens: tokens.len(),
-        });
+        self.lock().calls.push(Call::Prefill { seq, tokens: tokens.len() });
         let start = self.seqs[&seq].len();
-        let h = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(ModelError::UnknownSequence(seq))?;
+        let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
         h.extend_from_slice(tokens);
         let h = h.clone();
         Ok(match wanted {
             LogitsWanted::Last => vec![self.logits(&h)],
-            LogitsWanted::All => (start + 1..=h.len())
-                .map(|n| self.logits(&h[..n]))
-                .collect(),
+            LogitsWanted::All => (start + 1..=h.len()).map(|n| self.logits(&h[..n])).collect(),
         })
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.lock().logits_decodes += 1;
         self.decode_rows(batch, false)
     }
-    fn decode_sample(
-        &mut self,
-        batch: &[(SeqId, u32)],
-        states: &mut [SampleState],
-    ) -> ModelResult<Vec<Sampled>> {
+    fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
         if states.len() != batch.len() {
             return Err(ModelError::Invalid("one sampling state per entry".into()));
         }
         let rows = self.decode_rows(batch, false)?;
         self.lock().last_params = states.iter().map(|s| s.params).collect();
-        Ok(rows
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(l, s)| sample_host(l, s))
-            .collect())
+        Ok(rows.iter().zip(states.iter_mut()).map(|(l, s)| sample_host(l, s)).collect())
     }
 
-    fn submit_decode(
-        &mut self,
-        batch: &[(SeqId, Feed)],
-        states: &mut [SampleState],
-    ) -> ModelResult<InFlight> {
+    fn submit_decode(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> ModelResult<InFlight> {
         if self.pipe.is_none() {
             return self.submit_now(batch, states);
         }
@@ -412,9 +360,7 @@ impl Backend for Fake {
                 Feed::Token(t) => t,
                 Feed::Previous => match self.pipe.as_ref().and_then(|p| p.last.get(&seq)) {
                     Some(&t) => t,
-                    None => {
-                        return Err(self.violation(format!("{seq:?} fed Previous without a draw")))
-                    }
+                    None => return Err(self.violation(format!("{seq:?} fed Previous without a draw"))),
                 },
             };
             fed.push((seq, token));
@@ -442,22 +388,13 @@ impl Backend for Fake {
         let ticket = pipe.next_ticket;
         pipe.next_ticket += 1;
         pipe.steps.push_back((ticket, draws));
-        Ok(InFlight::Device {
-            ticket,
-            len: batch.len(),
-        })
+        Ok(InFlight::Device { ticket, len: batch.len() })
     }
 
-    fn collect_decode(
-        &mut self,
-        step: InFlight,
-        states: &mut [SampleState],
-    ) -> ModelResult<Vec<Sampled>> {
+    fn collect_decode(&mut self, step: InFlight, states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
         let ticket = match step {
             InFlight::Device { ticket, .. } if self.pipe.is_some() => ticket,
-            InFlight::Ready(draws) if self.pipe.is_none() && draws.len() == states.len() => {
-                return Ok(draws)
-            }
+            InFlight::Ready(draws) if self.pipe.is_none() && draws.len() == states.len() => return Ok(draws),
             other => return Err(self.violation(format!("collected {other:?}"))),
         };
         let oldest = self.pipe.as_mut().and_then(|p| p.steps.pop_front());
@@ -465,11 +402,7 @@ impl Backend for Fake {
             return Err(self.violation("collected with nothing in flight".into()));
         };
         if t != ticket || draws.len() != states.len() {
-            return Err(self.violation(format!(
-                "collected step {ticket} with {} states; the oldest is {t} of {}",
-                states.len(),
-                draws.len()
-            )));
+            return Err(self.violation(format!("collected step {ticket} with {} states; the oldest is {t} of {}", states.len(), draws.len())));
         }
         self.lock().calls.push(Call::Collect { batch: draws.len() });
         Ok(draws
@@ -485,20 +418,13 @@ impl Backend for Fake {
 
 impl Fake {
     /// `Backend::submit_decode`'s default: the step runs now.
-    fn submit_now(
-        &mut self,
-        batch: &[(SeqId, Feed)],
-        states: &mut [SampleState],
-    ) -> ModelResult<InFlight> {
+    fn submit_now(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> ModelResult<InFlight> {
         let fed = batch
             .iter()
             .zip(states.iter())
             .map(|(&(seq, feed), st)| match feed {
                 Feed::Token(t) => Ok((seq, t)),
-                Feed::Previous => st
-                    .last_draw()
-                    .map(|t| (seq, t))
-                    .ok_or_else(|| ModelError::Invalid("no previous draw".into())),
+                Feed::Previous => st.last_draw().map(|t| (seq, t)).ok_or_else(|| ModelError::Invalid("no previous draw".into())),
             })
             .collect::<ModelResult<Vec<_>>>()?;
         Ok(InFlight::Ready(self.decode_sample(&fed, states)?))
@@ -506,11 +432,7 @@ impl Fake {
 
     /// One decode step's logits (what `decode` returns). `pipelined`: a
     /// submitted step, which may feed sequences of the step in flight.
-    fn decode_rows(
-        &mut self,
-        batch: &[(SeqId, u32)],
-        pipelined: bool,
-    ) -> ModelResult<Vec<Vec<f32>>> {
+    fn decode_rows(&mut self, batch: &[(SeqId, u32)], pipelined: bool) -> ModelResult<Vec<Vec<f32>>> {
         if !pipelined {
             if let Some(&(seq, _)) = batch.iter().find(|(s, _)| self.in_flight(*s)) {
                 return Err(self.violation(format!("{seq:?} decoded while a step computes on it")));
@@ -529,10 +451,7 @@ impl Fake {
         drop(p);
         let mut out = Vec::with_capacity(batch.len());
         for &(seq, t) in batch {
-            let h = self
-                .seqs
-                .get_mut(&seq)
-                .ok_or(ModelError::UnknownSequence(seq))?;
+            let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
             h.push(t);
             let h = h.clone();
             out.push(self.logits(&h));
@@ -544,8 +463,7 @@ impl Fake {
 /// The real tokenizer, parsed once per test binary.
 pub fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer")))
-        .clone()
+    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer"))).clone()
 }
 
 /// Everything a request produced.
@@ -571,13 +489,7 @@ pub fn collect(s: RequestStream) -> Collected {
 /// was admitted); `collect_rest` reads the rest.
 pub fn wait_started(s: &mut RequestStream) -> Collected {
     match s.blocking_recv() {
-        Some(Event::Started {
-            prompt_tokens,
-            cached_tokens,
-        }) => Collected {
-            started: Some((prompt_tokens, cached_tokens)),
-            ..Collected::default()
-        },
+        Some(Event::Started { prompt_tokens, cached_tokens }) => Collected { started: Some((prompt_tokens, cached_tokens)), ..Collected::default() },
         other => panic!("expected Started first, got {other:?}"),
     }
 }
@@ -585,15 +497,9 @@ pub fn wait_started(s: &mut RequestStream) -> Collected {
 /// `collect` continued from what was already read into `c`.
 pub fn collect_rest(mut s: RequestStream, mut c: Collected) -> Collected {
     while let Some(ev) = s.blocking_recv() {
-        assert!(
-            c.finish.is_none() && c.failed.is_none(),
-            "event after the final one: {ev:?}"
-        );
+        assert!(c.finish.is_none() && c.failed.is_none(), "event after the final one: {ev:?}");
         match ev {
-            Event::Started {
-                prompt_tokens,
-                cached_tokens,
-            } => {
+            Event::Started { prompt_tokens, cached_tokens } => {
                 assert!(c.started.is_none(), "two Started events");
                 c.started = Some((prompt_tokens, cached_tokens));
             }
@@ -603,12 +509,7 @@ pub fn collect_rest(mut s: RequestStream, mut c: Collected) -> Collected {
                 c.text.push_str(&text);
                 c.logprobs.push(logprob);
             }
-            Event::Finished {
-                reason,
-                completion_tokens,
-                cached_tokens,
-                ..
-            } => {
+            Event::Finished { reason, completion_tokens, cached_tokens, .. } => {
                 c.finish = Some(reason);
                 c.completion_tokens = completion_tokens;
                 c.cached_tokens = cached_tokens;
@@ -616,10 +517,7 @@ pub fn collect_rest(mut s: RequestStream, mut c: Collected) -> Collected {
             Event::Failed(e) => c.failed = Some(e),
         }
     }
-    assert!(
-        c.finish.is_some() || c.failed.is_some(),
-        "stream ended without Finished or Failed: {c:?}"
-    );
+    assert!(c.finish.is_some() || c.failed.is_some(), "stream ended without Finished or Failed: {c:?}");
     c
 }
 

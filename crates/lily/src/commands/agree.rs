@@ -38,32 +38,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tokenizer = Tokenizer::from_dir(&args.model)
-        .with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
-    let text = std::fs::read_to_string(&args.text)
-        .with_context(|| format!("reading {}", args.text.display()))?;
+    let tokenizer = Tokenizer::from_dir(&args.model).with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
+    let text = std::fs::read_to_string(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
     let tokens = tokenizer.encode(&text)?;
     if tokens.len() < args.positions {
-        bail!(
-            "{} has {} tokens; --positions {} needs at least that many",
-            args.text.display(),
-            tokens.len(),
-            args.positions
-        );
+        bail!("{} has {} tokens; --positions {} needs at least that many", args.text.display(), tokens.len(), args.positions);
     }
 
-    let mut model = open_backend(
-        &args.model,
-        args.device,
-        Some(args.positions),
-        &mut |_, _| {},
-    )?;
-    let mut reference = open_backend(
-        &args.reference,
-        args.reference_device,
-        Some(args.positions),
-        &mut |_, _| {},
-    )?;
+    let mut model = open_backend(&args.model, args.device, Some(args.positions), &mut |_, _| {})?;
+    let mut reference = open_backend(&args.reference, args.reference_device, Some(args.positions), &mut |_, _| {})?;
     // Honest refusal instead of remapping ids: a model whose vocabulary is
     // smaller than its tokenizer cannot be measured on real text.
     for (dir, backend) in [(&args.model, &model), (&args.reference, &reference)] {
@@ -77,16 +60,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    let report =
-        lily_engine::agree::agree(model.as_mut(), reference.as_mut(), &tokens, args.positions)?;
+    let report = lily_engine::agree::agree(model.as_mut(), reference.as_mut(), &tokens, args.positions)?;
     if args.json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(obj) = v.as_object_mut() {
             obj.insert("model".into(), args.model.display().to_string().into());
-            obj.insert(
-                "reference".into(),
-                args.reference.display().to_string().into(),
-            );
+            obj.insert("reference".into(), args.reference.display().to_string().into());
             obj.insert("text".into(), args.text.display().to_string().into());
         }
         println!("{}", serde_json::to_string_pretty(&v)?);

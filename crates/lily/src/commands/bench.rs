@@ -292,8 +292,11 @@ fn run_rounds(args: &Args) -> anyhow::Result<()> {
             writeln!(
                 f,
                 "| {} | {:.0} | {:.1} | {} | {} |",
-                r["prompt_tokens"], r["prefill_tok_s"].as_f64().unwrap_or(0.0), r["decode_tok_s"].as_f64().unwrap_or(0.0),
-                r["digest"].as_str().unwrap_or(""), r["digest_repeats"]
+                r["prompt_tokens"],
+                r["prefill_tok_s"].as_f64().unwrap_or(0.0),
+                r["decode_tok_s"].as_f64().unwrap_or(0.0),
+                r["digest"].as_str().unwrap_or(""),
+                r["digest_repeats"]
             )?;
         }
     }

@@ -71,10 +71,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tokenizer = Arc::new(
-        Tokenizer::from_dir(&args.model)
-            .with_context(|| format!("loading the tokenizer of {}", args.model.display()))?,
-    );
+    let tokenizer = Arc::new(Tokenizer::from_dir(&args.model).with_context(|| format!("loading the tokenizer of {}", args.model.display()))?);
     let prompt = build_prompt(&args, &tokenizer)?;
     let sampling = sampling_params(&args)?;
 
@@ -88,12 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tokenizer.vocab_size()
         );
     }
-    eprintln!(
-        "loaded {} on {} in {:.1}s",
-        args.model.display(),
-        backend.name(),
-        load.elapsed().as_secs_f64()
-    );
+    eprintln!("loaded {} on {} in {:.1}s", args.model.display(), backend.name(), load.elapsed().as_secs_f64());
 
     let opts = EngineOptions {
         model_name: model_name(&args.model),
@@ -104,19 +96,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..EngineOptions::default()
     };
     let engine = Engine::start(backend, tokenizer, opts).context("starting the engine thread")?;
-    let request = GenerateRequest {
-        sampling,
-        stop_strings: args.stop.clone(),
-        ..GenerateRequest::new(prompt, args.max_tokens)
-    };
+    let request = GenerateRequest { sampling, stop_strings: args.stop.clone(), ..GenerateRequest::new(prompt, args.max_tokens) };
     let mut stream = engine.submit(request)?;
 
     let start = Instant::now();
     let mut first_token = None;
     let mut stdout = std::io::stdout().lock();
-    let mut outcome = Err(anyhow::anyhow!(
-        "the engine stopped without finishing the request"
-    ));
+    let mut outcome = Err(anyhow::anyhow!("the engine stopped without finishing the request"));
     while let Some(event) = stream.blocking_recv() {
         match event {
             Event::Started { .. } => {}
@@ -125,12 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 stdout.write_all(text.as_bytes())?;
                 stdout.flush()?;
             }
-            Event::Finished {
-                reason,
-                completion_tokens,
-                prompt_tokens,
-                ..
-            } => {
+            Event::Finished { reason, completion_tokens, prompt_tokens, .. } => {
                 outcome = Ok((reason, completion_tokens, prompt_tokens));
                 break;
             }
@@ -146,11 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (reason, completion, prompt_tokens) = outcome?;
     let total = start.elapsed().as_secs_f64();
     let ttft = first_token.map_or(total, |d| d.as_secs_f64());
-    let decode_tps = if completion > 1 && total > ttft {
-        (completion - 1) as f64 / (total - ttft)
-    } else {
-        0.0
-    };
+    let decode_tps = if completion > 1 && total > ttft { (completion - 1) as f64 / (total - ttft) } else { 0.0 };
     eprintln!(
         "[{prompt_tokens} prompt tokens, {completion} generated, finish: {}; first token {:.2}s ({:.1} prompt tok/s), decode {:.1} tok/s]",
         reason.as_str(),
@@ -177,11 +154,7 @@ fn build_prompt(args: &Args, tokenizer: &Tokenizer) -> anyhow::Result<Vec<u32>> 
                 messages.push(ChatMessage::system(system.clone()));
             }
             messages.push(ChatMessage::user(user.clone()));
-            let req = ChatRenderRequest {
-                messages,
-                enable_thinking: !args.no_think,
-                ..ChatRenderRequest::default()
-            };
+            let req = ChatRenderRequest { messages, enable_thinking: !args.no_think, ..ChatRenderRequest::default() };
             template.render_tokens(&req, tokenizer)?
         }
         (None, None) => bail!("give --prompt or --chat"),
@@ -195,39 +168,19 @@ fn build_prompt(args: &Args, tokenizer: &Tokenizer) -> anyhow::Result<Vec<u32>> 
 /// Flags over generation_config.json over OpenAI's defaults.
 fn sampling_params(args: &Args) -> anyhow::Result<SamplingParams> {
     let gen = read_generation_config(&args.model)?;
-    let from_file = |key: &str| {
-        gen.as_ref()
-            .and_then(|g| g.get(key))
-            .and_then(serde_json::Value::as_f64)
-    };
+    let from_file = |key: &str| gen.as_ref().and_then(|g| g.get(key)).and_then(serde_json::Value::as_f64);
     let d = SamplingParams::default();
     let p = SamplingParams {
-        temperature: args
-            .temperature
-            .or(from_file("temperature").map(|v| v as f32))
-            .unwrap_or(d.temperature),
-        top_p: args
-            .top_p
-            .or(from_file("top_p").map(|v| v as f32))
-            .unwrap_or(d.top_p),
-        top_k: args
-            .top_k
-            .or(from_file("top_k").map(|v| v as usize))
-            .unwrap_or(d.top_k),
-        min_p: args
-            .min_p
-            .or(from_file("min_p").map(|v| v as f32))
-            .unwrap_or(d.min_p),
+        temperature: args.temperature.or(from_file("temperature").map(|v| v as f32)).unwrap_or(d.temperature),
+        top_p: args.top_p.or(from_file("top_p").map(|v| v as f32)).unwrap_or(d.top_p),
+        top_k: args.top_k.or(from_file("top_k").map(|v| v as usize)).unwrap_or(d.top_k),
+        min_p: args.min_p.or(from_file("min_p").map(|v| v as f32)).unwrap_or(d.min_p),
         presence_penalty: args.presence_penalty.unwrap_or(d.presence_penalty),
         frequency_penalty: args.frequency_penalty.unwrap_or(d.frequency_penalty),
-        repetition_penalty: args
-            .repetition_penalty
-            .or(from_file("repetition_penalty").map(|v| v as f32))
-            .unwrap_or(d.repetition_penalty),
+        repetition_penalty: args.repetition_penalty.or(from_file("repetition_penalty").map(|v| v as f32)).unwrap_or(d.repetition_penalty),
         seed: args.seed,
     };
-    p.validate()
-        .map_err(|e| anyhow::anyhow!("sampling flags: {e}"))?;
+    p.validate().map_err(|e| anyhow::anyhow!("sampling flags: {e}"))?;
     Ok(p)
 }
 
@@ -237,15 +190,11 @@ fn read_generation_config(dir: &Path) -> anyhow::Result<Option<serde_json::Value
     if !path.is_file() {
         return Ok(None);
     }
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let v = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     Ok(Some(v))
 }
 
 fn model_name(dir: &Path) -> String {
-    dir.file_name().map_or_else(
-        || dir.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    )
+    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
 }

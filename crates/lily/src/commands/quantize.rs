@@ -26,19 +26,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bar.update(p);
     };
     let report = lily_synth::quantize_checkpoint(&args.input, &args.out, Some(&progress))
-        .with_context(|| {
-            format!(
-                "quantizing {} into {}",
-                args.input.display(),
-                args.out.display()
-            )
-        })?;
+        .with_context(|| format!("quantizing {} into {}", args.input.display(), args.out.display()))?;
     bar.finish();
     if !report.missing.is_empty() {
-        eprintln!(
-            "warning: the input has no {}; the output lacks it too",
-            report.missing.join(", ")
-        );
+        eprintln!("warning: the input has no {}; the output lacks it too", report.missing.join(", "));
     }
     eprintln!(
         "wrote {} ({} tensors in {} shards): {} in {:.1} s",

@@ -141,10 +141,7 @@ fn resolve_model(args: &Args) -> anyhow::Result<(PathBuf, String, bool)> {
             bail!("{} is not a checkpoint directory (no config.json)", dir.display());
         }
         let name = args.served_model_name.clone().unwrap_or_else(|| {
-            dir.canonicalize()
-                .ok()
-                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "lily".to_string())
+            dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "lily".to_string())
         });
         return Ok((dir.clone(), name, false));
     }
@@ -182,8 +179,7 @@ fn sampling_defaults(dir: &Path) -> anyhow::Result<SamplingParams> {
     if let Some(p) = f("repetition_penalty") {
         s.repetition_penalty = p;
     }
-    s.validate()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    s.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(s)
 }
 
@@ -217,11 +213,7 @@ fn human(bytes: u64) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let api_key = args
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("LILY_API_KEY").ok())
-        .filter(|k| !k.is_empty());
+    let api_key = args.api_key.clone().or_else(|| std::env::var("LILY_API_KEY").ok()).filter(|k| !k.is_empty());
     if args.max_concurrent == 0 || args.max_queue == 0 {
         bail!("--max-concurrent and --max-queue must be at least 1");
     }
@@ -253,11 +245,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.set_length(total);
         progress.set_position(done);
     };
-    let sizing = Sizing {
-        max_seq: args.max_seq,
-        max_sequences: sequences,
-        kv_tokens: args.kv_cache_tokens.map(|n| n as usize),
-    };
+    let sizing = Sizing { max_seq: args.max_seq, max_sequences: sequences, kv_tokens: args.kv_cache_tokens.map(|n| n as usize) };
     let backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
         Ok(b) => b,
         Err(e) if demo && args.device != Device::Cuda => {
@@ -280,10 +268,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut engine: Arc<dyn Generator> = Arc::new(handle.clone());
     let mut note = None;
     if let Some(script) = script {
-        eprintln!(
-            "WARNING: --test-script-file is set: replies to matching prompts are SCRIPTED, not generated ({} rules)",
-            script.rules.len()
-        );
+        eprintln!("WARNING: --test-script-file is set: replies to matching prompts are SCRIPTED, not generated ({} rules)", script.rules.len());
         note = Some("test mode: replies to some prompts are scripted (--test-script-file)".to_string());
         engine = Arc::new(lily_server::scripted::ScriptedGenerator::new(engine, tokenizer.clone(), script));
     }
@@ -293,32 +278,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key: api_key.clone(),
         cors: args.cors,
         max_body_bytes: args.max_body_bytes,
-        limits: Limits {
-            max_messages: args.max_messages,
-        },
+        limits: Limits { max_messages: args.max_messages },
         request_timeout,
         model_note: note,
         sampling_defaults: defaults,
     };
     let app = AppState::new(engine, tokenizer, template, config);
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("lily-http")
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("lily-http").build().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.bind)
-            .await
-            .with_context(|| format!("binding {}", args.bind))?;
+        let listener = tokio::net::TcpListener::bind(args.bind).await.with_context(|| format!("binding {}", args.bind))?;
         let addr = listener.local_addr().unwrap_or(args.bind);
 
         eprintln!("lily serve");
         if demo {
-            eprintln!(
-                "  model:    {name} ({}) -- DEMO CHECKPOINT WITH RANDOM WEIGHTS: the output is meaningless text",
-                dir.display()
-            );
+            eprintln!("  model:    {name} ({}) -- DEMO CHECKPOINT WITH RANDOM WEIGHTS: the output is meaningless text", dir.display());
         } else {
             eprintln!("  model:    {name} ({})", dir.display());
         }

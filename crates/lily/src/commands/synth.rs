@@ -37,9 +37,7 @@ fn parse_format(s: &str) -> Result<Format, String> {
     match s {
         "mlx-q4" => Ok(Format::MlxQ4),
         "hf-bf16" => Ok(Format::HfBf16),
-        other => Err(format!(
-            "unknown format {other:?}; expected \"mlx-q4\" or \"hf-bf16\""
-        )),
+        other => Err(format!("unknown format {other:?}; expected \"mlx-q4\" or \"hf-bf16\"")),
     }
 }
 
@@ -80,16 +78,12 @@ pub struct ByteBar {
 impl ByteBar {
     pub fn new(label: &'static str) -> Self {
         let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
-            "{prefix} [{elapsed_precise}] {wide_bar} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style =
+            ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
         bar.set_prefix(label);
-        ByteBar {
-            bar,
-            high: AtomicU64::new(0),
-        }
+        ByteBar { bar, high: AtomicU64::new(0) }
     }
 
     pub fn set_total(&self, bytes: u64) {

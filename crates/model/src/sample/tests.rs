@@ -5,10 +5,7 @@
 use super::*;
 
 fn params(f: impl FnOnce(&mut SampleParams)) -> SampleParams {
-    let mut p = SampleParams {
-        seed: 7,
-        ..Default::default()
-    };
+    let mut p = SampleParams { seed: 7, ..Default::default() };
     f(&mut p);
     p
 }
@@ -18,12 +15,7 @@ fn state(f: impl FnOnce(&mut SampleParams)) -> SampleState {
 }
 
 fn kept(logits: &[f32], s: &SampleState) -> Vec<u32> {
-    Distribution::new(logits, s)
-        .candidates
-        .unwrap_or_default()
-        .iter()
-        .map(|c| c.0)
-        .collect()
+    Distribution::new(logits, s).candidates.unwrap_or_default().iter().map(|c| c.0).collect()
 }
 
 /// Empirical distribution of `n` draws from the same logits.
@@ -40,8 +32,7 @@ fn histogram(p: SampleParams, logits: &[f32], n: usize) -> Vec<usize> {
 fn noise(n: usize, salt: u64) -> Vec<f32> {
     (0..n as u64)
         .map(|i| {
-            let x = ((i / 3) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let x = ((i / 3) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
             let x = x ^ (x >> 29);
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
         })
@@ -51,12 +42,8 @@ fn noise(n: usize, salt: u64) -> Vec<f32> {
 /// The candidate set by the definition, with full sorts only.
 fn naive_candidates(penalised: &[f32], p: &SampleParams) -> Vec<u32> {
     let m = penalised.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut c: Vec<(u32, f32)> = penalised
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, ((l - m) * (1.0 / p.temperature)).exp()))
-        .filter(|&(_, w)| w > 0.0 && w >= p.min_p)
-        .collect();
+    let mut c: Vec<(u32, f32)> =
+        penalised.iter().enumerate().map(|(i, &l)| (i as u32, ((l - m) * (1.0 / p.temperature)).exp())).filter(|&(_, w)| w > 0.0 && w >= p.min_p).collect();
     c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     if p.top_k > 0 {
         c.truncate(p.top_k as usize);
@@ -165,10 +152,7 @@ fn temperature_one_follows_softmax() {
     // softmax([ln 1, ln 2, ln 7]) = [0.1, 0.2, 0.7]
     let h = histogram(params(|_| {}), &[1f32.ln(), 2f32.ln(), 7f32.ln()], 20_000);
     let f: Vec<f64> = h.iter().map(|&c| c as f64 / 20_000.0).collect();
-    assert!(
-        (f[0] - 0.1).abs() < 0.015 && (f[1] - 0.2).abs() < 0.015 && (f[2] - 0.7).abs() < 0.015,
-        "{f:?}"
-    );
+    assert!((f[0] - 0.1).abs() < 0.015 && (f[1] - 0.2).abs() < 0.015 && (f[2] - 0.7).abs() < 0.015, "{f:?}");
 }
 
 #[test]
@@ -183,11 +167,7 @@ fn low_temperature_sharpens_high_flattens() {
 
 #[test]
 fn top_k_keeps_only_k_best() {
-    let h = histogram(
-        params(|p| p.top_k = 2),
-        &[3.0f32, 2.9, 2.8, -1.0, 2.7],
-        3_000,
-    );
+    let h = histogram(params(|p| p.top_k = 2), &[3.0f32, 2.9, 2.8, -1.0, 2.7], 3_000);
     assert!(h[0] > 0 && h[1] > 0);
     assert_eq!(h[2] + h[3] + h[4], 0, "{h:?}");
 }
@@ -220,11 +200,7 @@ fn top_p_beyond_the_sorted_head_falls_back_to_a_full_sort() {
 #[test]
 fn min_p_drops_tokens_below_fraction_of_top() {
     // Probabilities 0.6, 0.3, 0.1: min_p 0.4 keeps tokens with p >= 0.24.
-    let h = histogram(
-        params(|p| p.min_p = 0.4),
-        &[0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()],
-        4_000,
-    );
+    let h = histogram(params(|p| p.min_p = 0.4), &[0.6f32.ln(), 0.3f32.ln(), 0.1f32.ln()], 4_000);
     assert!(h[0] > 0 && h[1] > 0 && h[2] == 0, "{h:?}");
 }
 
@@ -239,12 +215,7 @@ fn truncation_never_picks_a_removed_token_with_extreme_logits() {
 
 #[test]
 fn penalties_follow_the_documented_order() {
-    let p = SampleParams {
-        repetition_penalty: 2.0,
-        presence_penalty: 0.5,
-        frequency_penalty: 0.25,
-        ..Default::default()
-    };
+    let p = SampleParams { repetition_penalty: 2.0, presence_penalty: 0.5, frequency_penalty: 0.25, ..Default::default() };
     let mut s = SampleState::new(p, &[0, 1]);
     s.accept(3);
     s.accept(3);
@@ -252,10 +223,7 @@ fn penalties_follow_the_documented_order() {
     assert_eq!(d.penalised, vec![2.0, -2.0, 3.0, 1.25 - 0.5 - 0.5]);
     assert_eq!(s.count_of(0), SEEN_IN_PROMPT);
     assert_eq!(s.count_of(3), 2);
-    assert_eq!(
-        s.dense_counts(5),
-        vec![SEEN_IN_PROMPT, SEEN_IN_PROMPT, 0, 2, 0]
-    );
+    assert_eq!(s.dense_counts(5), vec![SEEN_IN_PROMPT, SEEN_IN_PROMPT, 0, 2, 0]);
 }
 
 #[test]
@@ -267,10 +235,7 @@ fn presence_and_frequency_penalise_generated_tokens_only() {
     });
     // Token 2 is in the prompt: OpenAI penalties ignore the prompt.
     let mut s = SampleState::new(p, &[2]);
-    assert_eq!(
-        Distribution::new(&[1.0, 2.0, 3.0], &s).penalised,
-        vec![1.0, 2.0, 3.0]
-    );
+    assert_eq!(Distribution::new(&[1.0, 2.0, 3.0], &s).penalised, vec![1.0, 2.0, 3.0]);
     // Drawn tokens count: 2 twice, then 1 once.
     s.record_draw(2);
     s.record_draw(2);
@@ -289,10 +254,7 @@ fn repetition_penalty_divides_positive_multiplies_negative() {
     let mut s = SampleState::new(p, &[0, 1]);
     s.accept(3);
     let logits = [4.0f32, -1.0, 3.0, 2.5];
-    assert_eq!(
-        Distribution::new(&logits, &s).penalised,
-        vec![2.0, -2.0, 3.0, 1.25]
-    );
+    assert_eq!(Distribution::new(&logits, &s).penalised, vec![2.0, -2.0, 3.0, 1.25]);
     assert_eq!(sample_host(&logits, &mut s).token, 2);
 }
 
@@ -301,9 +263,7 @@ fn same_seed_same_tokens_different_seed_differs() {
     let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
     let run = |seed| {
         let mut s = state(|p| p.seed = seed);
-        (0..64)
-            .map(|_| sample_host(&logits, &mut s).token)
-            .collect::<Vec<_>>()
+        (0..64).map(|_| sample_host(&logits, &mut s).token).collect::<Vec<_>>()
     };
     assert_eq!(run(1), run(1));
     assert_ne!(run(1), run(2));
@@ -311,10 +271,7 @@ fn same_seed_same_tokens_different_seed_differs() {
     let mut s = state(|p| p.seed = 9);
     s.step = 5;
     let d = Distribution::new(&logits, &s);
-    assert_eq!(
-        sample_host(&logits, &mut s).token,
-        d.draw(philox_uniform(9, 5)).token
-    );
+    assert_eq!(sample_host(&logits, &mut s).token, d.draw(philox_uniform(9, 5)).token);
 }
 
 #[test]
@@ -337,13 +294,7 @@ fn logprobs_are_log_softmax_of_penalised_logits_before_temperature() {
     let wide = noise(100, 4);
     let out = sample_host(&wide, &mut state(|p| p.top_logprobs = 50));
     assert_eq!(out.top.len(), MAX_TOP_LOGPROBS as usize);
-    assert!(
-        out.top
-            .windows(2)
-            .all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0)),
-        "{:?}",
-        out.top
-    );
+    assert!(out.top.windows(2).all(|w| w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0)), "{:?}", out.top);
 }
 
 #[test]
@@ -361,23 +312,13 @@ fn ids_past_the_vocab_limit_are_never_drawn_reported_or_normalised() {
     let out = sample_host(&logits, &mut g);
     assert_eq!(out.token, 1);
     let lse = (1f64 + 1f64.exp() + 0.5f64.exp()).ln();
-    assert!(
-        (out.logprob as f64 - (1.0 - lse)).abs() < 1e-6,
-        "{}",
-        out.logprob
-    );
-    assert_eq!(
-        out.top.iter().map(|t| t.0).collect::<Vec<_>>(),
-        vec![1, 2, 0]
-    );
+    assert!((out.logprob as f64 - (1.0 - lse)).abs() < 1e-6, "{}", out.logprob);
+    assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2, 0]);
     let h = histogram(limited(|p| p.temperature = 1.0).params, &logits, 3_000);
     assert_eq!(h[3] + h[4], 0, "{h:?}");
     assert!(h[0] > 0 && h[1] > 0 && h[2] > 0, "{h:?}");
     // 0 means the whole row; a limit past the row is the whole row.
-    assert_eq!(
-        sample_host(&logits, &mut state(|p| p.temperature = 0.0)).token,
-        4
-    );
+    assert_eq!(sample_host(&logits, &mut state(|p| p.temperature = 0.0)).token, 4);
     assert_eq!(
         sample_host(
             &logits,

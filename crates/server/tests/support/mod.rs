@@ -14,10 +14,7 @@ use axum::http::{Request, Response};
 use http_body_util::BodyExt;
 use lily_core::chat::ChatTemplate;
 use lily_core::tokenizer::{Tokenizer, STOP_IDS};
-use lily_engine::{
-    EngineError, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError,
-    TokenLogprob,
-};
+use lily_engine::{EngineError, EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob};
 use lily_server::{AppState, EventStream, Generator, ServerConfig};
 use tower::ServiceExt;
 
@@ -26,8 +23,7 @@ pub const CONTEXT: usize = 2048;
 
 pub fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer")))
-        .clone()
+    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer"))).clone()
 }
 
 #[derive(Default)]
@@ -53,10 +49,7 @@ pub struct FakeEngine {
 impl FakeEngine {
     pub fn new(rules: &[(&str, &str)]) -> Self {
         FakeEngine {
-            rules: rules
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect(),
+            rules: rules.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
             token_delay: Duration::ZERO,
             max_live: usize::MAX,
             fail_with: None,
@@ -107,12 +100,7 @@ impl Run {
         self.finished = true;
         self.guard.done = true;
         self.guard.counters.finished.fetch_add(1, Ordering::SeqCst);
-        Event::Finished {
-            reason,
-            completion_tokens: emitted,
-            prompt_tokens: self.prompt_tokens,
-            cached_tokens: self.cached,
-        }
+        Event::Finished { reason, completion_tokens: emitted, prompt_tokens: self.prompt_tokens, cached_tokens: self.cached }
     }
 
     async fn next(&mut self) -> Option<Event> {
@@ -121,10 +109,7 @@ impl Run {
         }
         if !self.started {
             self.started = true;
-            return Some(Event::Started {
-                prompt_tokens: self.prompt_tokens,
-                cached_tokens: self.cached,
-            });
+            return Some(Event::Started { prompt_tokens: self.prompt_tokens, cached_tokens: self.cached });
         }
         if self.stop_next {
             return Some(self.finish(FinishReason::Stop, self.pos));
@@ -152,35 +137,18 @@ impl Run {
             // or logprob, then the request finishes.
             self.tokens.truncate(self.pos);
             self.stop_next = true;
-            return Some(Event::Token {
-                id,
-                text: String::new(),
-                logprob: None,
-            });
+            return Some(Event::Token { id, text: String::new(), logprob: None });
         }
         let piece = self.decoder.push(id).unwrap().unwrap_or_default();
         let before = self.text.len();
         self.text.push_str(&piece);
-        if let Some(s) = self
-            .req
-            .stop_strings
-            .iter()
-            .find_map(|s| self.text.find(s.as_str()))
-        {
-            let visible = if s > before {
-                self.text[before..s].to_string()
-            } else {
-                String::new()
-            };
+        if let Some(s) = self.req.stop_strings.iter().find_map(|s| self.text.find(s.as_str())) {
+            let visible = if s > before { self.text[before..s].to_string() } else { String::new() };
             if !visible.is_empty() {
                 // Release what came before the stop string, then stop.
                 self.text.truncate(s);
                 self.tokens.truncate(self.pos);
-                return Some(Event::Token {
-                    id,
-                    text: visible,
-                    logprob: None,
-                });
+                return Some(Event::Token { id, text: visible, logprob: None });
             }
             return Some(self.finish(FinishReason::Stop, self.pos));
         }
@@ -192,16 +160,10 @@ impl Run {
                 token: token.clone(),
                 logprob: -0.25,
                 bytes: bytes.clone(),
-                top: (0..n)
-                    .map(|i| (format!("{token}{i}"), -0.25 - i as f32, bytes.clone()))
-                    .collect(),
+                top: (0..n).map(|i| (format!("{token}{i}"), -0.25 - i as f32, bytes.clone())).collect(),
             }
         });
-        Some(Event::Token {
-            id,
-            text: piece,
-            logprob,
-        })
+        Some(Event::Token { id, text: piece, logprob })
     }
 }
 
@@ -214,58 +176,30 @@ impl Generator for FakeEngine {
             return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
         }
         if req.prompt.len() >= CONTEXT {
-            return Err(SubmitError::PromptTooLong {
-                prompt: req.prompt.len(),
-                max: CONTEXT,
-            });
+            return Err(SubmitError::PromptTooLong { prompt: req.prompt.len(), max: CONTEXT });
         }
         if req.prompt.len() + req.max_tokens > CONTEXT {
-            return Err(SubmitError::MaxTokensTooLarge {
-                prompt: req.prompt.len(),
-                max_tokens: req.max_tokens,
-                max: CONTEXT,
-            });
+            return Err(SubmitError::MaxTokensTooLarge { prompt: req.prompt.len(), max_tokens: req.max_tokens, max: CONTEXT });
         }
         let live = self.counters.live.load(Ordering::SeqCst);
         if live >= self.max_live {
-            return Err(SubmitError::QueueFull {
-                waiting: live,
-                retry_after: Duration::from_secs(2),
-            });
+            return Err(SubmitError::QueueFull { waiting: live, retry_after: Duration::from_secs(2) });
         }
         let tok = tokenizer();
         let text = tok.decode(&req.prompt).unwrap();
-        let reply = self
-            .rules
-            .iter()
-            .find(|(k, _)| text.contains(k.as_str()))
-            .map(|(_, r)| r.clone())
-            .unwrap_or_default();
+        let reply = self.rules.iter().find(|(k, _)| text.contains(k.as_str())).map(|(_, r)| r.clone()).unwrap_or_default();
         let tokens = tok.encode_with_specials(&reply).unwrap();
         // Prefix reuse: the longest common prefix with an earlier prompt.
         let cached = {
             let prompts = self.prompts.lock().unwrap();
-            prompts
-                .iter()
-                .map(|p| {
-                    p.iter()
-                        .zip(&req.prompt)
-                        .take_while(|(a, b)| a == b)
-                        .count()
-                })
-                .max()
-                .unwrap_or(0)
-                .min(req.prompt.len() - 1)
+            prompts.iter().map(|p| p.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count()).max().unwrap_or(0).min(req.prompt.len() - 1)
         };
         self.prompts.lock().unwrap().push(req.prompt.clone());
         self.requests.lock().unwrap().push(req.clone());
         self.counters.submitted.fetch_add(1, Ordering::SeqCst);
         self.counters.live.fetch_add(1, Ordering::SeqCst);
         let run = Run {
-            guard: Guard {
-                counters: self.counters.clone(),
-                done: false,
-            },
+            guard: Guard { counters: self.counters.clone(), done: false },
             tokens,
             pos: 0,
             prompt_tokens: req.prompt.len(),
@@ -318,10 +252,7 @@ pub async fn send(app: &Arc<AppState>, req: Request<Body>) -> Response<Body> {
 }
 
 pub fn post(path: &str, body: &serde_json::Value) -> Request<Body> {
-    Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap()
+    Request::post(path).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap()
 }
 
 pub fn get(path: &str) -> Request<Body> {
@@ -340,17 +271,10 @@ pub async fn json_of(resp: Response<Body>) -> serde_json::Value {
 
 /// The `data:` payloads of an SSE body, `[DONE]` included as a string.
 pub fn sse_events(text: &str) -> Vec<String> {
-    assert!(
-        text.ends_with("\n\n") || text.is_empty(),
-        "SSE body must end with a blank line: {text:?}"
-    );
+    assert!(text.ends_with("\n\n") || text.is_empty(), "SSE body must end with a blank line: {text:?}");
     text.split("\n\n")
         .filter(|f| !f.is_empty())
-        .map(|f| {
-            f.strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("frame without `data: `: {f:?}"))
-                .to_string()
-        })
+        .map(|f| f.strip_prefix("data: ").unwrap_or_else(|| panic!("frame without `data: `: {f:?}")).to_string())
         .collect()
 }
 
