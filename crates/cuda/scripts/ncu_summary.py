@@ -30,6 +30,6 @@ print(f"{'kernel':<22} {'launches':>8} {'total ms':>9} {'mean us':>9} {'share':>
 for name, (n, us) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
     print(f"{name:<22} {n:>8} {us / 1000:>9.3f} {us / n:>9.2f} {100 * us / total:>5.1f}%")
 if steps:
-    dec = {"gemv_q", "gdn_decode", "attn_prep", "attn_decode", "attn_combine", "moe_gate_up", "moe_down", "argmax_finish", "embed_q4"}
-    per = sum(us for name, us in rows if name in dec) / steps
-    print(f"decode kernels (incl. prefill's lm_head gemv and embeds): {per:.1f} us per step over {steps} steps")
+    dec = {"xnorm", "qmm_dense", "qmm_moe", "moe_router", "gdn_decode", "attn_prep", "attn_decode", "attn_combine", "argmax_finish", "embed_q4", "sample_rows"}
+    per = sum(us for name, us in rows if any(name.startswith(d) for d in dec)) / steps
+    print(f"decode kernels (incl. the prefills' lm_head and embeds): {per:.1f} us per step over {steps} steps")

@@ -8,8 +8,9 @@
 //! Runs on the H200 (`LILY_REQUIRE_GPU=1`); elsewhere every test prints
 //! "skipped: no CUDA device" and returns.
 //!
-//! Two precisions are gated separately. The decode path (fused GEMVs, fp32
-//! activations, fp16 KV cache) is compared tightly; the prefill path runs its
+//! Two precisions are gated separately. The decode path (qmm.cu: exact
+//! 4-bit codes times fp16 hi/lo activations, about fp32 precision; fp16 KV
+//! cache) is compared tightly; the prefill path runs its
 //! matrix products on fp16 tensor cores (fp32 accumulation), so its
 //! tolerances are those of fp16 operands, stated next to each gate.
 
@@ -328,9 +329,8 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
     // A batch equals its sequences decoded alone, bit for bit: one step
     // reads every weight once for the whole batch, and no token's arithmetic
     // depends on the batch (qmm.cu). The sizes cross every kernel variant
-    // (1-4, 5-8, 9-16, 17-32 and 33+ tokens, 64-token chunks beyond 64, the
-    // MoE item size changing at 9) with a different context length per
-    // sequence.
+    // (1-4 and 5+ tokens, token chunks of 8 beyond 8, the MoE item size
+    // changing at 9) with a different context length per sequence.
     let mut wide = small_opts(1024);
     wide.max_sequences = 2 * 70 + 2;
     wide.kv_tokens = wide.max_sequences * 256;

@@ -20,8 +20,8 @@ use lily_cuda::qmm::{self, DenseSeg, Epilogue, PLAN_HEAD};
 use lily_cuda::weights::MixerDev;
 use lily_cuda::{CudaBackend, Options};
 
-/// Batch sizes crossing the variants: 1-4, 5-8, 9-16, 17-32, 33-64, and
-/// token chunks of 64 beyond.
+/// Batch sizes crossing the variants: 1-4 and 5+ tokens, token chunks of 8
+/// beyond 8 (16 chunks at 128).
 const SIZES: &[usize] = &[1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 100, 128];
 
 fn setup() -> (tempfile::TempDir, Arc<Weights>, CudaBackend) {

@@ -42,27 +42,35 @@
 // the group sums of x are computed once per token set (xs_load).
 //
 // Work split: a task is 16 output rows; KQ = K / 512 warps (1..QMM_WARPS)
-// share a task, each taking a fixed slice of 8 groups; their partial sums
+// share a task, each taking a fixed slice of the groups; their partial sums
 // are added in slice order in shared memory. The split depends only on K,
 // never on the number of tokens, and every token's column is computed
 // independently, so a token's result is bit-identical whatever the batch it
 // is decoded in. A block of QMM_WARPS warps runs QMM_WARPS / KQ tasks side by
-// side. A warp keeps its slice of x (up to 4 NT tokens, hi and lo) and the
-// group sums in shared memory while the tasks' tokens stay the same (every
-// task of a dense matrix in a token chunk; every tile of one MoE item).
+// side. The B fragments (x) are read from global memory (L1-resident: every
+// warp of the SM reads the same rows), the next group's before the current
+// group's math; the group sums come with x, written by the packing kernels.
 //
 // Weight streaming: each warp owns a ring of QMM_RING stages in shared memory,
 // filled by 16-byte cp.async copies that bypass L1 (swizzled so the 8-byte
 // fragment reads are conflict-free); it keeps QMM_RING - 1 stages in flight
-// across task boundaries. Dense matrices are known before the previous
-// kernel ends: their first stages are requested before griddepcontrol.wait
-// (programmatic dependent launch), so a kernel's weight loads overlap the
-// tail of the kernel before it.
+// across task boundaries, its copy sources computed once per task. Dense
+// matrices are known before the previous kernel ends: their first stages
+// are requested before griddepcontrol.wait (programmatic dependent launch),
+// so a kernel's weight loads overlap the tail of the kernel before it.
 //
-// Stage layout (QMM_STAGE_BYTES = 1152): codes of row r (0..15), group grp at
-// code_off(r, grp) (64 bytes a row: 2 groups x 32 bytes, halves swizzled);
-// then at 1024 + g*16: {scales of row g (groups 0,1 as bf16x2), scales of row
-// g+8, biases of row g, biases of row g+8}.
+// Stage layout (QMM_STAGE_BYTES = 2304, QMM_SG = 4 groups): codes of row r
+// (0..15) at r * 128, its groups' 32-byte blocks swizzled (code_off); then
+// the scales (row r: its 4 groups as bf16, 8 bytes at 2048 + r * 8) and the
+// biases (at 2176 + r * 8).
+//
+// Measured (H200, qmm_probe, one launch of the lm_head, 286 MB, batch 1):
+// v1 (8-byte copies, x fetched per group, an all-ones mma for the sums)
+// 1.2 TB/s; v2 (x slices in shared memory, one 8-warp block a
+// multiprocessor) 0.8 TB/s, issue-bound at 8 warps; v3 (this: 4-warp blocks,
+// 4-group stages, sums from the packer) 2.06 TB/s, and 4.1 TB/s with the
+// math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
+// is what limits it now.
 
 #if !defined(QMM_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES)
 #error "QMM_RING, QMM_WARPS, QMM_SG and QMM_STAGE_BYTES must be defined by the host (qmm.rs)"
