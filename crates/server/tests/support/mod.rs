@@ -21,9 +21,17 @@ use tower::ServiceExt;
 pub const MODEL: &str = "lily-test";
 pub const CONTEXT: usize = 2048;
 
+/// The tokenizer of the tests: the vocabulary with the added-token flags of
+/// the real release (12 of the 33 added tokens, `<think>` and `<tool_call>`
+/// among them, not marked special), so the injection tests see what a
+/// downloaded checkpoint brings.
 pub fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| Arc::new(Tokenizer::embedded().expect("embedded tokenizer"))).clone()
+    TOK.get_or_init(|| {
+        let json = lily_synth::tokenizer_json().expect("release-flagged tokenizer.json");
+        Arc::new(Tokenizer::from_bytes(&json).expect("tokenizer"))
+    })
+    .clone()
 }
 
 #[derive(Default)]
