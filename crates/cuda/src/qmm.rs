@@ -367,7 +367,7 @@ pub struct MoeBufs {
     /// [ntok][slots]: the routing weights, then sigmoid(shared gate).
     pub topk_w: DevSlice<f32>,
     pub plan: DevSlice<i32>,
-    /// One int, zero between launches.
+    /// 1 + token chunks ints, zero between launches.
     pub ticket: DevSlice<i32>,
     /// Plan capacity (`max_plan_items` of the plan's batch size).
     pub max_items: usize,
@@ -420,16 +420,19 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
     };
     let smem = router_smem(dims);
     let blocks = (e + 1).div_ceil(ROUTER_ROWS) as u32;
-    launch_pdl(gpu, k, NAME, (blocks, 1, 1), 256, smem, &p)
+    let chunks = ntok.div_ceil(ROUTER_TOK);
+    b.ticket.need(NAME, "tickets", 1 + chunks)?;
+    launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), 256, smem, &p)
 }
 
-/// Dynamic shared memory of `moe_router`: the staged tokens, or the top-k
-/// and plan tables of the last block.
+/// Dynamic shared memory of `moe_router`: the staged tokens, the top-k
+/// tables of a chunk's last block, or the plan's selection table.
 pub fn router_smem(dims: &Dims) -> usize {
     let padded = dims.hidden + dims.hidden / 32 * 4;
     let stage = ROUTER_TOK * padded * 4;
-    let plan = (2 * MAX_DECODE_BATCH * dims.topk + ROUTER_ROWS * dims.n_experts) * 4;
-    stage.max(plan)
+    let topk = (ROUTER_ROWS * dims.n_experts + 2 * ROUTER_ROWS * dims.topk) * 4;
+    let plan = MAX_DECODE_BATCH * dims.topk * 4;
+    stage.max(topk).max(plan)
 }
 
 /// The experts of one step as planned by `router`: `up` = the gate/up

@@ -844,7 +844,7 @@ struct RouterParams {
     int* topk_idx;           // [ntok][TOPK]
     float* topk_w;           // [ntok][MOE_SLOTS]
     int* plan;
-    int* ticket;             // 0 on entry, left 0
+    int* ticket;             // [1 + token chunks], 0 on entry, left 0
     int ntok;
     int chunk;               // pairs per plan item
     int max_items;
@@ -855,6 +855,11 @@ LAYOUT_CHECK(RouterParams, ROUTER_PARAMS_SIZE)
 __device__ __forceinline__ float ldcg_f32(const float* p) {
     float r;
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ int ldcg_i32(const int* p) {
+    int r;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(r) : "l"(p));
     return r;
 }
 
@@ -879,13 +884,15 @@ __device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
     return before + incl - v;
 }
 
-// grid ceil((N_EXPERTS + 1) / ROUTER_ROWS), block 256 (ROUTER_ROWS warps):
-// warp w computes row blockIdx.x * 8 + w (N_EXPERTS = the shared expert
-// gate) for every token, ROUTER_TOK tokens at a time staged (normalised) in
-// shared memory. Dynamic smem: ROUTER_TOK * PADDED_LEN(HIDDEN) floats.
+// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / ROUTER_TOK)), block
+// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * 8.. (normalised)
+// in shared memory and warp w computes row x * 8 + w (N_EXPERTS = the
+// shared expert gate) for them. The last row block of a token chunk (ticket
+// ticket[1 + y]) takes the top-k of its tokens, one warp each; the last
+// chunk to finish (ticket[0]) writes the plan. Dynamic smem:
+// max(ROUTER_TOK * PADDED_LEN(HIDDEN) floats, the plan's tables).
 extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
     extern __shared__ __align__(16) float rsm[];
-    __shared__ float red[32];
     __shared__ int s_last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * ROUTER_ROWS + warp;
@@ -912,95 +919,108 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     pdl_trigger();
     pdl_wait();
     const int P = PADDED_LEN(HIDDEN);
-    for (int t0 = 0; t0 < p.ntok; t0 += ROUTER_TOK) {
-        const int nt = min(ROUTER_TOK, p.ntok - t0);
-        // Warp w normalises token t0 + w into its staging row.
-        if (warp < nt) {
-            const int t = t0 + warp;
-            const float* hr = p.h + (size_t)t * HIDDEN;
-            float* sx = rsm + warp * P;
-            float ss = 0.f;
-            for (int c = lane * 4; c < HIDDEN; c += 128) {
-                const float4 v = *reinterpret_cast<const float4*>(hr + c);
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    const int t0 = blockIdx.y * ROUTER_TOK;
+    const int nt = min(ROUTER_TOK, p.ntok - t0);
+    // Warp w normalises token t0 + w into its staging row; the first row
+    // block also packs it (and its group sums) for the experts.
+    if (warp < nt) {
+        const int t = t0 + warp;
+        const float* hr = p.h + (size_t)t * HIDDEN;
+        float* sx = rsm + warp * P;
+        float ss = 0.f;
+#pragma unroll 4
+        for (int c = lane * 4; c < HIDDEN; c += 128) {
+            const float4 v = *reinterpret_cast<const float4*>(hr + c);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)HIDDEN + p.eps);
+        // Uniform over the warp (group sums shuffle across 8 lanes).
+        for (int c0 = 0; c0 < HIDDEN; c0 += 256) {
+            const int c = c0 + lane * 8;
+            float part = 0.f;
+            if (c < HIDDEN) {
+                float o[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) o[j] = hr[c + j] * r * p.gain[c + j];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) sx[PAD32(c + j)] = o[j];
+                if (blockIdx.x == 0) part = px_store8(p.px, t, HIDDEN, c, o);
             }
-            ss = warp_sum(ss);
-            const float r = rsqrtf(ss / (float)HIDDEN + p.eps);
-            // Uniform over the warp (group sums shuffle across 8 lanes).
-            for (int c0 = 0; c0 < HIDDEN; c0 += 256) {
-                const int c = c0 + lane * 8;
-                float part = 0.f;
-                if (c < HIDDEN) {
-                    float o[8];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) o[j] = hr[c + j] * r * p.gain[c + j];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) sx[PAD32(c + j)] = o[j];
-                    if (blockIdx.x == 0) part = px_store8(p.px, t, HIDDEN, c, o);
-                }
-                if (blockIdx.x == 0) {
-                    const float gs = group_sum8(part);
-                    if (c < HIDDEN && (lane & 7) == 0) p.csum[(size_t)t * (HIDDEN / GROUP_SIZE) + c / GROUP_SIZE] = gs;
-                }
+            if (blockIdx.x == 0) {
+                const float gs = group_sum8(part);
+                if (c < HIDDEN && (lane & 7) == 0) p.csum[(size_t)t * (HIDDEN / GROUP_SIZE) + c / GROUP_SIZE] = gs;
             }
         }
-        __syncthreads();
-        if (has_row) {
-            for (int k = 0; k < nt; ++k) {
-                const float* sx = rsm + k * P;
-                float acc = 0.f;
+    }
+    __syncthreads();
+    if (has_row) {
+        for (int k = 0; k < nt; ++k) {
+            const float* sx = rsm + k * P;
+            float acc = 0.f;
 #pragma unroll
-                for (int i = 0; i < ROUTER_ITS; ++i) {
-                    const int ch = lane + 32 * i;
-                    if (ch < HIDDEN / 16) {
-                        const float* xs = sx + PAD32(ch * 16);
-                        float xv[16];
-                        float cs = 0.f;
+            for (int i = 0; i < ROUTER_ITS; ++i) {
+                const int ch = lane + 32 * i;
+                if (ch < HIDDEN / 16) {
+                    const float* xs = sx + PAD32(ch * 16);
+                    float xv[16];
+                    float cs = 0.f;
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const float4 v = reinterpret_cast<const float4*>(xs)[j];
-                            xv[4 * j] = v.x;
-                            xv[4 * j + 1] = v.y;
-                            xv[4 * j + 2] = v.z;
-                            xv[4 * j + 3] = v.w;
-                            cs += (v.x + v.y) + (v.z + v.w);
-                        }
-                        acc += fmaf(ws[i], dot16_q8(w[i], xv), wb[i] * cs);
+                    for (int j = 0; j < 4; ++j) {
+                        const float4 v = reinterpret_cast<const float4*>(xs)[j];
+                        xv[4 * j] = v.x;
+                        xv[4 * j + 1] = v.y;
+                        xv[4 * j + 2] = v.z;
+                        xv[4 * j + 3] = v.w;
+                        cs += (v.x + v.y) + (v.z + v.w);
                     }
-                }
-                acc = warp_sum(acc);
-                if (lane == 0) {
-                    if (sgrow) p.sg[t0 + k] = acc;
-                    else p.logits[(size_t)(t0 + k) * N_EXPERTS + row] = acc;
+                    acc += fmaf(ws[i], dot16_q8(w[i], xv), wb[i] * cs);
                 }
             }
+            acc = warp_sum(acc);
+            if (lane == 0) {
+                if (sgrow) p.sg[t0 + k] = acc;
+                else p.logits[(size_t)(t0 + k) * N_EXPERTS + row] = acc;
+            }
         }
-        __syncthreads();
     }
 
-    // The last block to finish routes every token and writes the plan.
+    // The last row block of this token chunk routes its tokens.
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket, 1) == (int)gridDim.x - 1;
+    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket + 1 + blockIdx.y, 1) == (int)gridDim.x - 1;
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-    int* sel = reinterpret_cast<int*>(rsm);            // [ntok][TOPK]
-    float* selw = reinterpret_cast<float*>(sel + QMM_MAX_TOK * TOPK);
-    float* lg = selw + QMM_MAX_TOK * TOPK;              // [8 warps][N_EXPERTS]
-    for (int t = warp; t < p.ntok; t += ROUTER_ROWS) {
-        float* l = lg + warp * N_EXPERTS;
-        for (int e = lane; e < N_EXPERTS; e += 32) l[e] = ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e);
-        __syncwarp();
-        warp_topk(l, sel + t * TOPK, selw + t * TOPK);
-        __syncwarp();
-        if (lane < TOPK) {
-            p.topk_idx[t * TOPK + lane] = sel[t * TOPK + lane];
-            p.topk_w[t * MOE_SLOTS + lane] = selw[t * TOPK + lane];
+    {
+        float* l = rsm + warp * N_EXPERTS;
+        int* sel = reinterpret_cast<int*>(rsm + ROUTER_ROWS * N_EXPERTS) + warp * TOPK;
+        float* selw = reinterpret_cast<float*>(rsm + ROUTER_ROWS * N_EXPERTS + ROUTER_ROWS * TOPK) + warp * TOPK;
+        if (warp < nt) {
+            const int t = t0 + warp;
+            for (int e = lane; e < N_EXPERTS; e += 32) l[e] = ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e);
+            __syncwarp();
+            warp_topk(l, sel, selw);
+            __syncwarp();
+            if (lane < TOPK) {
+                p.topk_idx[t * TOPK + lane] = sel[lane];
+                p.topk_w[t * MOE_SLOTS + lane] = selw[lane];
+            }
+            if (lane == 0) p.topk_w[t * MOE_SLOTS + TOPK] = sigmoidf_(ldcg_f32(p.sg + t));
         }
-        if (lane == 0) p.topk_w[t * MOE_SLOTS + TOPK] = sigmoidf_(ldcg_f32(p.sg + t));
-        __syncwarp();
     }
+    // The last chunk to be routed writes the plan.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        p.ticket[1 + blockIdx.y] = 0;
+        s_last = atomicAdd(p.ticket, 1) == (int)gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    int* sel = reinterpret_cast<int*>(rsm);  // [ntok][TOPK]
+    for (int i = threadIdx.x; i < p.ntok * TOPK; i += blockDim.x) sel[i] = ldcg_i32(p.topk_idx + i);
     __syncthreads();
     int* items = p.plan + PLAN_HEAD;
     int* pairs = items + 3 * p.max_items;
