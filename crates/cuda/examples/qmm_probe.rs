@@ -79,8 +79,8 @@ fn run() -> Result<(), String> {
         for n in [1usize, 8] {
             let lm_seg = DenseSeg { w: &lm, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
             let cases: Vec<(&str, Vec<DenseSeg>, qmm::PackedRows, usize)> = vec![
-                ("lm_head", vec![lm_seg], dec.px_in, lm.bytes()),
-                ("in_proj", in_segs(dec.proj), dec.px_in, in_bytes),
+                ("lm_head", vec![lm_seg], dec.moe.px_in, lm.bytes()),
+                ("in_proj", in_segs(dec.proj), dec.moe.px_in, in_bytes),
                 ("out_proj", vec![DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, gd.out.bytes()),
             ];
             for (name, segs, x, bytes) in cases {

@@ -82,10 +82,3 @@ pub fn check_config(gpu: &Gpu, name: &'static str, grid: (u32, u32, u32), block:
     }
     Ok(())
 }
-
-/// Blocks of a persistent grid: enough to cover `tasks` warp tasks with
-/// `warps` warps a block, at most `per_sm` blocks per multiprocessor.
-pub fn persistent_grid(gpu: &Gpu, tasks: usize, warps: usize, per_sm: usize) -> u32 {
-    let need = tasks.div_ceil(warps).max(1);
-    need.min(gpu.sm_count as usize * per_sm).max(1) as u32
-}

@@ -137,7 +137,7 @@ impl Model {
 
     /// The decode-step buffers as typed views.
     fn moe_bufs(&self) -> qmm::MoeBufs {
-        self.mem.decode.moe()
+        self.mem.decode.moe
     }
 
     /// One layer of a decode step for `n` tokens (one per sequence):
@@ -156,14 +156,14 @@ impl Model {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let dec = &self.mem.decode;
         let l = &self.weights.layers[i];
-        let combine = if combine_prev { Some((dec.y, dec.topk_w)) } else { None };
-        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.px_in, n)?;
+        let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
+        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.moe.px_in, n)?;
         self.mark("xnorm (+ moe combine)")?;
         let ps = d.proj_stride();
         let projs = self.in_projections(l);
         let segs: Vec<DenseSeg> =
             projs.iter().map(|(m, off)| DenseSeg { w: m, out: dec.proj.from(*off).unwrap_or(dec.proj), out_stride: ps, epilogue: Epilogue::Store }).collect();
-        qmm::dense(g, k, &segs, dec.px_in, n, None)?;
+        qmm::dense(g, k, &segs, dec.moe.px_in, n, None)?;
         let attn = matches!(l.mixer, MixerDev::Attention(_));
         self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;
         let out = Self::out_projection(l);
@@ -213,7 +213,7 @@ impl Model {
     fn combine_moe_now(&self, n: usize) -> CudaResult<()> {
         let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
         let dec = &self.mem.decode;
-        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), None, dec.px_in, n)
+        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.moe.y, dec.moe.topk_w)), None, dec.moe.px_in, n)
     }
 
     /// Final norm (with the last MoE's combine) and the lm_head for `n`
@@ -221,10 +221,10 @@ impl Model {
     fn head_decode(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
         let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
         let dec = &self.mem.decode;
-        let combine = if combine_prev { Some((dec.y, dec.topk_w)) } else { None };
-        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(self.weights.final_norm), dec.px_in, n)?;
+        let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
+        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(self.weights.final_norm), dec.moe.px_in, n)?;
         let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-        qmm::dense(g, k, &[seg], dec.px_in, n, Some(dec.argmax))
+        qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))
     }
 
     // ---- the GEMM path (batch decode, prefill) -------------------------------
@@ -406,9 +406,9 @@ impl Model {
         let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
         let dec = &self.mem.decode;
         let rows = dec.h.from(first * d.hidden)?;
-        qmm::xnorm(g, k, d, rows, d.hidden, None, Some(self.weights.final_norm), dec.px_in, n)?;
+        qmm::xnorm(g, k, d, rows, d.hidden, None, Some(self.weights.final_norm), dec.moe.px_in, n)?;
         let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-        qmm::dense(g, k, &[seg], dec.px_in, n, Some(dec.argmax))
+        qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))
     }
 
     /// Logits of the first `t` rows of h (final norm + lm_head), in groups
@@ -576,13 +576,13 @@ impl Model {
         Ok(out)
     }
 
-    /// GPU time of each kernel group of a prefill of `tokens` into `seq`,
-    /// summed over layers and chunks: (group, microseconds). Launches run
-    /// directly (prefill kernels are long enough that launch gaps are small).
-    pub fn profile_prefill(&mut self, seq: SeqId, tokens: &[u32]) -> CudaResult<Vec<(&'static str, f64)>> {
+    /// Runs `work` with a profiling event recorded after every kernel group
+    /// and returns the GPU time of each group, summed over its occurrences:
+    /// (group, microseconds).
+    fn profiled(&mut self, work: impl FnOnce(&mut Self) -> CudaResult<()>) -> CudaResult<Vec<(&'static str, f64)>> {
         self.gpu.bind()?;
         *self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))? = Some(Vec::new());
-        let r = self.mark("start").and_then(|_| self.prefill(seq, tokens, false, false));
+        let r = self.mark("start").and_then(|_| work(self));
         let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
         r?;
         self.gpu.synchronize()?;
@@ -597,6 +597,13 @@ impl Model {
         Ok(totals)
     }
 
+    /// GPU time of each kernel group of a prefill of `tokens` into `seq`,
+    /// summed over layers and chunks: (group, microseconds). Launches run
+    /// directly (prefill kernels are long enough that launch gaps are small).
+    pub fn profile_prefill(&mut self, seq: SeqId, tokens: &[u32]) -> CudaResult<Vec<(&'static str, f64)>> {
+        self.profiled(|m| m.prefill(seq, tokens, false, false).map(|_| ()))
+    }
+
     /// GPU time of each kernel group of one decode step of `batch` (direct
     /// launches with an event after every group, no graph, so each group
     /// starts after the previous one ends: what each costs alone), summed
@@ -605,22 +612,10 @@ impl Model {
         self.gpu.bind()?;
         self.reserve_batch(batch)?;
         self.stage_batch(batch)?;
-        *self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))? = Some(Vec::new());
-        let r = self.mark("start").and_then(|_| self.step_launches(batch.len(), Head::Logits));
-        let marks = self.marks.lock().map_err(|_| CudaError::Invalid("profiler lock poisoned".into()))?.take().unwrap_or_default();
-        r?;
-        self.gpu.synchronize()?;
+        let totals = self.profiled(|m| m.step_launches(batch.len(), Head::Logits))?;
         for (id, _) in batch {
             if let Some(s) = self.mem.seqs.get_mut(id) {
                 s.len += 1;
-            }
-        }
-        let mut totals: Vec<(&'static str, f64)> = Vec::new();
-        for w in marks.windows(2) {
-            let us = w[0].1.elapsed_ms(&w[1].1).ctx("cuEventElapsedTime")? as f64 * 1000.0;
-            match totals.iter_mut().find(|t| t.0 == w[1].0) {
-                Some(t) => t.1 += us,
-                None => totals.push((w[1].0, us)),
             }
         }
         Ok(totals)

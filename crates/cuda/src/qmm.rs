@@ -352,7 +352,7 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
 }
 
 /// The packed-input rows of one step's MoE, and where its outputs go.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct MoeBufs {
     /// Packed RMSNorm(h) (post-attention norm) [ntok][2][hidden] and its
     /// group sums, written by `router`.

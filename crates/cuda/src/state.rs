@@ -113,7 +113,8 @@ impl Layout {
 
 /// The decode step's buffers as typed views (lengths in elements), so every
 /// launcher checks what it touches. `h`, `proj`, `mix_f32`, `logits` and
-/// `argmax` are the same memory as the `Scratch` pieces of those names.
+/// `argmax` are the same memory as the `Scratch` pieces of those names; the
+/// MoE's (the packed layer input among them) are in `moe`.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeBufs {
     pub h: DevSlice<f32>,
@@ -121,39 +122,9 @@ pub struct DecodeBufs {
     pub mix_f32: DevSlice<f32>,
     pub logits: DevSlice<f32>,
     pub argmax: DevSlice<u64>,
-    /// Packed activations (qmm.cu) of the in-projection / expert input,
-    /// with their group sums.
-    pub px_in: PackedRows,
-    /// Packed mixer output (the out-projection's input).
+    /// Packed mixer output (the out-projection's input) with its group sums.
     pub px_mix: PackedRows,
-    /// Packed SwiGLU activations of every (token, slot) pair.
-    pub px_act: DevSlice<u16>,
-    /// Expert outputs of every (token, slot) pair, f32 [pair][hidden].
-    pub y: DevSlice<f32>,
-    pub router_logits: DevSlice<f32>,
-    pub sg: DevSlice<f32>,
-    pub topk_idx: DevSlice<i32>,
-    pub topk_w: DevSlice<f32>,
-    pub plan: DevSlice<i32>,
-    pub ticket: DevSlice<i32>,
-    pub max_items: usize,
-}
-
-impl DecodeBufs {
-    pub fn moe(&self) -> MoeBufs {
-        MoeBufs {
-            px_in: self.px_in,
-            px_act: self.px_act,
-            y: self.y,
-            logits: self.router_logits,
-            sg: self.sg,
-            topk_idx: self.topk_idx,
-            topk_w: self.topk_w,
-            plan: self.plan,
-            ticket: self.ticket,
-            max_items: self.max_items,
-        }
-    }
+    pub moe: MoeBufs,
 }
 
 /// Device addresses of the step scratch (rows = max(max_batch, prefill_chunk)).
@@ -331,17 +302,19 @@ impl Memory {
             mix_f32: view(base, &layout, "mix_f32")?,
             logits: view(base, &layout, "logits")?,
             argmax: view(base, &layout, "argmax")?,
-            px_in: PackedRows { px: view(base, &layout, "px_in")?, csum: view(base, &layout, "csum_in")? },
             px_mix: PackedRows { px: view(base, &layout, "px_mix")?, csum: view(base, &layout, "csum_mix")? },
-            px_act: view(base, &layout, "px_act")?,
-            y: view(base, &layout, "moe_y")?,
-            router_logits: view(base, &layout, "router_logits")?,
-            sg: view(base, &layout, "sg")?,
-            topk_idx: view(base, &layout, "topk_idx")?,
-            topk_w: view(base, &layout, "topk_w")?,
-            plan: view(base, &layout, "moe_plan")?,
-            ticket: view(base, &layout, "moe_ticket")?,
-            max_items: qmm::max_plan_items(dims, opts.max_batch),
+            moe: MoeBufs {
+                px_in: PackedRows { px: view(base, &layout, "px_in")?, csum: view(base, &layout, "csum_in")? },
+                px_act: view(base, &layout, "px_act")?,
+                y: view(base, &layout, "moe_y")?,
+                logits: view(base, &layout, "router_logits")?,
+                sg: view(base, &layout, "sg")?,
+                topk_idx: view(base, &layout, "topk_idx")?,
+                topk_w: view(base, &layout, "topk_w")?,
+                plan: view(base, &layout, "moe_plan")?,
+                ticket: view(base, &layout, "moe_ticket")?,
+                max_items: qmm::max_plan_items(dims, opts.max_batch),
+            },
         };
         let rows = opts.max_batch.max(opts.prefill_chunk);
         let tp = opts.prefill_chunk.div_ceil(GDN_CHUNK) * GDN_CHUNK;

@@ -21,8 +21,6 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use lily_core::config::production;
-use lily_core::ModelConfig;
 use lily_cuda::attention::{self, DecodeScratch, KvView, QOut};
 use lily_cuda::device::{DeviceBuffer, Gpu};
 use lily_cuda::dims::{Dims, KV_BLOCK};
@@ -30,19 +28,6 @@ use lily_cuda::gdn::MixOut;
 use lily_cuda::kernels::Kernels;
 use lily_cuda::weights::{AttentionDev, QMat};
 use rayon::prelude::*;
-
-fn prod_dims() -> Dims {
-    Dims::from_config(&production()).expect("production dims")
-}
-
-fn tiny_dims() -> Dims {
-    let dir = fixtures_dir().join("mlx-q4");
-    Dims::from_config(&ModelConfig::from_dir(&dir).expect("fixture config")).expect("tiny dims")
-}
-
-fn both() -> [(&'static str, Dims); 2] {
-    [("tiny", tiny_dims()), ("production", prod_dims())]
-}
 
 const NAN: f32 = f32::NAN;
 

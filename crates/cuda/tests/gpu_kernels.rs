@@ -18,8 +18,6 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use lily_core::config::production;
-use lily_core::ModelConfig;
 use lily_cuda::device::Gpu;
 use lily_cuda::dims::{Dims, GEMM_BM};
 use lily_cuda::gemm::{self, GemmOut, Grouping};
@@ -27,19 +25,6 @@ use lily_cuda::kernels::Kernels;
 use lily_cuda::weights::{MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
 use rayon::prelude::*;
-
-fn prod_dims() -> Dims {
-    Dims::from_config(&production()).expect("production dims")
-}
-
-fn tiny_dims() -> Dims {
-    let dir = fixtures_dir().join("mlx-q4");
-    Dims::from_config(&ModelConfig::from_dir(&dir).expect("fixture config")).expect("tiny dims")
-}
-
-fn both() -> [(&'static str, Dims); 2] {
-    [("tiny", tiny_dims()), ("production", prod_dims())]
-}
 
 const NAN: f32 = f32::NAN;
 

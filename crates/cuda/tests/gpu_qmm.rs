@@ -78,7 +78,7 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
     for &n in SIZES {
         let x = rng.vec(n * d.hidden, -2.0, 2.0);
         write_device(g, dec.h.ptr(), &x).expect("upload x");
-        qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.px_in, n).expect("pack");
+        qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.moe.px_in, n).expect("pack");
         let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];
         let mats = [&gd.in_qkv, &gd.in_z, &gd.in_a, &gd.in_b];
         let segs: Vec<DenseSeg> = mats
@@ -86,7 +86,7 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
             .zip(offs)
             .map(|(q, off)| DenseSeg { w: q, out: dec.proj.from(off).expect("view"), out_stride: ps, epilogue: Epilogue::Store })
             .collect();
-        qmm::dense(g, k, &segs, dec.px_in, n, None).expect("dense");
+        qmm::dense(g, k, &segs, dec.moe.px_in, n, None).expect("dense");
         let out: Vec<f32> = read_device(g, dec.proj.ptr(), n * ps).expect("read");
         for t in probes(n) {
             let xt = &x[t * d.hidden..(t + 1) * d.hidden];
@@ -104,8 +104,8 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
             solo.push(row0);
         } else {
             write_device(g, dec.h.ptr(), &x[..d.hidden]).expect("upload");
-            qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.px_in, 1).expect("pack");
-            qmm::dense(g, k, &segs, dec.px_in, 1, None).expect("dense 1");
+            qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.moe.px_in, 1).expect("pack");
+            qmm::dense(g, k, &segs, dec.moe.px_in, 1, None).expect("dense 1");
             let one: Vec<f32> = read_device(g, dec.proj.ptr(), width).expect("read");
             check(bits_equal(&one, &row0), format!("batch {n}: token 0 bit-identical to the same token alone"));
         }
@@ -143,9 +143,9 @@ fn lm_head_logits_and_argmax_match_the_reference() {
         let x = rng.vec(n * d.hidden, -2.0, 2.0);
         write_device(g, dec.h.ptr(), &x).expect("upload");
         write_device(g, dec.argmax.ptr(), &vec![0u64; n]).expect("clear keys");
-        qmm::xnorm(g, k, d, dec.h, d.hidden, None, Some(m.weights.final_norm), dec.px_in, n).expect("pack");
+        qmm::xnorm(g, k, d, dec.h, d.hidden, None, Some(m.weights.final_norm), dec.moe.px_in, n).expect("pack");
         let seg = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-        qmm::dense(g, k, &[seg], dec.px_in, n, Some(dec.argmax)).expect("lm_head");
+        qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax)).expect("lm_head");
         let logits: Vec<f32> = read_device(g, dec.logits.ptr(), n * d.vocab).expect("logits");
         let keys: Vec<u64> = read_device(g, dec.argmax.ptr(), n).expect("keys");
         for t in 0..n {
@@ -178,12 +178,12 @@ fn xnorm_packs_the_norm_and_the_moe_combine_exactly() {
     let y = rng.vec(n * slots * d.hidden, -1.0, 1.0);
     let wt = rng.vec(n * slots, 0.0, 1.0);
     write_device(g, dec.h.ptr(), &h).expect("h");
-    write_device(g, dec.y.ptr(), &y).expect("y");
-    write_device(g, dec.topk_w.ptr(), &wt).expect("w");
-    qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), Some(m.weights.layers[0].input_norm), dec.px_in, n).expect("xnorm");
+    write_device(g, dec.moe.y.ptr(), &y).expect("y");
+    write_device(g, dec.moe.topk_w.ptr(), &wt).expect("w");
+    qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.moe.y, dec.moe.topk_w)), Some(m.weights.layers[0].input_norm), dec.moe.px_in, n).expect("xnorm");
     let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
-    let px: Vec<u16> = read_device(g, dec.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
-    let csum: Vec<f32> = read_device(g, dec.px_in.csum.ptr(), n * d.hidden / 64).expect("sums");
+    let px: Vec<u16> = read_device(g, dec.moe.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+    let csum: Vec<f32> = read_device(g, dec.moe.px_in.csum.ptr(), n * d.hidden / 64).expect("sums");
     for t in 0..n {
         // h + sum_s w_s y_s in slot order (what the kernel promises).
         let want_h: Vec<f32> = (0..d.hidden)
@@ -224,7 +224,7 @@ fn moe_router_plan_and_experts_match_the_reference() {
     let m = be.model();
     let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
     let dec = m.mem.decode;
-    let bufs = dec.moe();
+    let bufs = dec.moe;
     let l = &m.weights.layers[0];
     let lw = &w.layers[0];
     let slots = d.topk + 1;
@@ -240,11 +240,11 @@ fn moe_router_plan_and_experts_match_the_reference() {
         qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
         // The plan: shared expert first, then experts ascending, each
         // expert's pairs in token order, every (token, slot) exactly once.
-        let plan: Vec<i32> = read_device(g, dec.plan.ptr(), PLAN_HEAD + 3 * dec.max_items + n * slots).expect("plan");
-        let idx: Vec<i32> = read_device(g, dec.topk_idx.ptr(), n * d.topk).expect("topk");
+        let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items + n * slots).expect("plan");
+        let idx: Vec<i32> = read_device(g, dec.moe.topk_idx.ptr(), n * d.topk).expect("topk");
         let nitems = plan[0] as usize;
         let items = &plan[PLAN_HEAD..PLAN_HEAD + 3 * nitems];
-        let pairs = &plan[PLAN_HEAD + 3 * dec.max_items..];
+        let pairs = &plan[PLAN_HEAD + 3 * dec.moe.max_items..];
         let mut seen = vec![0u32; n * slots];
         let mut last_expert = -1i32;
         for it in items.chunks_exact(3) {
@@ -268,7 +268,7 @@ fn moe_router_plan_and_experts_match_the_reference() {
         check(seen.iter().all(|&c| c == 1), format!("batch {n}: every (token, slot) pair planned exactly once"));
 
         // Fold the outputs into h (what the next layer's packer does).
-        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.y, dec.topk_w)), None, dec.px_in, n).expect("combine");
+        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.moe.y, dec.moe.topk_w)), None, dec.moe.px_in, n).expect("combine");
         let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
         for t in probes(n) {
             let xt = ops::rms_norm_vec(&h[t * d.hidden..(t + 1) * d.hidden], &lw.post_norm, d.rms_eps);
@@ -302,17 +302,17 @@ fn launchers_refuse_what_the_kernels_cannot_run() {
     let l = &m.weights.layers[0];
     let MixerDev::DeltaNet(gd) = &l.mixer else { panic!("layer 0 is DeltaNet") };
     let seg = |w| DenseSeg { w, out: dec.proj, out_stride: d.proj_stride(), epilogue: Epilogue::Store };
-    let too_many = qmm::dense(g, k, &[seg(&gd.in_qkv)], dec.px_in, qmm::MAX_DECODE_BATCH + 1, None).unwrap_err().to_string();
+    let too_many = qmm::dense(g, k, &[seg(&gd.in_qkv)], dec.moe.px_in, qmm::MAX_DECODE_BATCH + 1, None).unwrap_err().to_string();
     check(too_many.contains("tokens"), too_many);
-    let mixed = qmm::dense(g, k, &[seg(&gd.in_qkv), seg(&gd.out)], dec.px_in, 1, None).unwrap_err().to_string();
+    let mixed = qmm::dense(g, k, &[seg(&gd.in_qkv), seg(&gd.out)], dec.moe.px_in, 1, None).unwrap_err().to_string();
     check(mixed.contains("columns"), mixed);
-    let eight_bit = qmm::dense(g, k, &[seg(&l.moe.router)], dec.px_in, 1, None).unwrap_err().to_string();
+    let eight_bit = qmm::dense(g, k, &[seg(&l.moe.router)], dec.moe.px_in, 1, None).unwrap_err().to_string();
     check(eight_bit.contains("4-bit"), eight_bit);
-    let short = qmm::PackedRows { px: DevSlice::<u16>::new(dec.px_in.px.ptr(), 10), csum: dec.px_in.csum };
+    let short = qmm::PackedRows { px: DevSlice::<u16>::new(dec.moe.px_in.px.ptr(), 10), csum: dec.moe.px_in.csum };
     let small = qmm::dense(g, k, &[seg(&gd.in_qkv)], short, 1, None).unwrap_err().to_string();
     check(small.contains("holds 10"), small);
     let logits = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-    let nokeys = qmm::dense(g, k, &[logits], dec.px_in, 1, None).unwrap_err().to_string();
+    let nokeys = qmm::dense(g, k, &[logits], dec.moe.px_in, 1, None).unwrap_err().to_string();
     check(nokeys.contains("argmax"), nokeys);
     finish();
 }

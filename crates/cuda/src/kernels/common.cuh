@@ -227,21 +227,6 @@ __device__ __forceinline__ float byte_to_f32(u32 w, int k) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, MAGIC_SEL(k))) - 8388608.f;
 }
 
-// sum_j q_j * x[j] for the 8 four-bit codes of one word (code j at bits 4j).
-__device__ __forceinline__ float dot8_q4(u32 w, const float* x) {
-    const u32 lo = w & 0x0F0F0F0Fu;         // codes 0, 2, 4, 6 in bytes 0..3
-    const u32 hi = (w >> 4) & 0x0F0F0F0Fu;  // codes 1, 3, 5, 7
-    float a = byte_to_f32(lo, 0) * x[0];
-    float b = byte_to_f32(hi, 0) * x[1];
-    a = fmaf(byte_to_f32(lo, 1), x[2], a);
-    b = fmaf(byte_to_f32(hi, 1), x[3], b);
-    a = fmaf(byte_to_f32(lo, 2), x[4], a);
-    b = fmaf(byte_to_f32(hi, 2), x[5], b);
-    a = fmaf(byte_to_f32(lo, 3), x[6], a);
-    b = fmaf(byte_to_f32(hi, 3), x[7], b);
-    return a + b;
-}
-
 // sum_j q_j * x[j] for the 4 eight-bit codes of one word (code j in byte j).
 __device__ __forceinline__ float dot4_q8(u32 w, const float* x) {
     float a = byte_to_f32(w, 0) * x[0];
@@ -271,68 +256,6 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 idx) {
     return ((u64)u << 32) | (u64)(0xffffffffu - idx);
 }
 __device__ __forceinline__ u32 argmax_key_index(u64 key) { return 0xffffffffu - (u32)(key & 0xffffffffu); }
-
-// Stages `ntok` activation rows of `cols` floats into shared memory in the
-// PAD32 layout (sx[t * PADDED_LEN(cols) + PAD32(c)]), optionally applying
-// RMSNorm with `gain` (x * rsqrt(mean(x^2) + eps) * gain, fp32, as the
-// reference), and writes the sum of every 16 consecutive staged values to
-// csum[t * (cols / 16) + c / 16] (the bias term of the affine dequantisation
-// needs sum x over each code chunk). `red` holds 32 floats. Ends with a
-// __syncthreads. ntok <= 8.
-__device__ __forceinline__ void stage_activations(float* sx, float* csum, float* red, const float* __restrict__ x,
-                                                  int x_stride, const float* __restrict__ gain, int ntok, int cols,
-                                                  float eps) {
-    const int P = PADDED_LEN(cols);
-    for (int t = 0; t < ntok; ++t) {
-        float ss = 0.f;
-        for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-            const float4 v = *reinterpret_cast<const float4*>(x + (size_t)t * x_stride + c);
-            *reinterpret_cast<float4*>(sx + t * P + PAD32(c)) = v;
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        if (gain != nullptr) {
-            const float tot = block_sum(ss, red);
-            const float r = rsqrtf(tot / (float)cols + eps);
-            for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-                float4 v = *reinterpret_cast<float4*>(sx + t * P + PAD32(c));
-                const float4 g = *reinterpret_cast<const float4*>(gain + c);
-                v.x = v.x * r * g.x;
-                v.y = v.y * r * g.y;
-                v.z = v.z * r * g.z;
-                v.w = v.w * r * g.w;
-                *reinterpret_cast<float4*>(sx + t * P + PAD32(c)) = v;
-            }
-        }
-    }
-    __syncthreads();
-    const int nc = cols / 16;
-    for (int i = threadIdx.x; i < ntok * nc; i += blockDim.x) {
-        const int t = i / nc, k = i - t * nc;
-        const float* p = sx + t * P + PAD32(k * 16);
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) s += p[j];
-        csum[i] = s;
-    }
-    __syncthreads();
-}
-
-// Loads 32 staged floats (one 4-bit chunk) from the PAD32 layout.
-__device__ __forceinline__ void load_x32(const float* p, float* xv) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float4 v = reinterpret_cast<const float4*>(p)[i];
-        xv[4 * i] = v.x;
-        xv[4 * i + 1] = v.y;
-        xv[4 * i + 2] = v.z;
-        xv[4 * i + 3] = v.w;
-    }
-}
-
-// sum_j q_j x_j over the 32 codes of a 4-bit chunk.
-__device__ __forceinline__ float dot32_q4(uint4 w, const float* xv) {
-    return dot8_q4(w.x, xv) + dot8_q4(w.y, xv + 8) + dot8_q4(w.z, xv + 16) + dot8_q4(w.w, xv + 24);
-}
 
 // sum_j q_j x_j over the 16 codes of an 8-bit chunk.
 __device__ __forceinline__ float dot16_q8(uint4 w, const float* xv) {

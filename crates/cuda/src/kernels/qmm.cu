@@ -473,6 +473,27 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
     }
 }
 
+// Producer side of the ring: stage z of the warp's sequence (block iteration
+// z / SQ, stage z % SQ of its slice), or an empty commit past the end; the
+// copy sources are recomputed only when the task changes.
+template <class Job>
+__device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring, const KSplit& ks, int z, int zmax, int tpb, int mt,
+                                            int q, int lane, int ntasks, const u16* any, int& p_ti, StageSrc& psrc) {
+    if (z < zmax) {
+        const int it = z / ks.SQ, sidx = z - it * ks.SQ;
+        const int tz = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
+        if (tz != p_ti) {
+            p_ti = tz;
+            bool v = false;
+            const QTask tk = job.task(tz, v);
+            psrc = stage_src(tk, v && tz < ntasks, ks, q, lane);
+        }
+        stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, sidx, lane, any);
+    } else {
+        cp_async_commit();
+    }
+}
+
 // The driver loop shared by every matrix kernel, QMM_WARPS warps a block.
 // `Job` provides: prepare() (after the dependency wait when the tasks need
 // it), ntasks(), task(i, &valid) -> QTask, count(i) (tokens of task i),
@@ -506,21 +527,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     int p_ti = -1;
     StageSrc psrc;
 #pragma unroll 1
-    for (int z = 0; z < QMM_RING - 1; ++z) {
-        if (z < zmax) {
-            const int it = z / SQ, sidx = z - it * SQ;
-            const int tz = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
-            if (tz != p_ti) {
-                p_ti = tz;
-                bool v = false;
-                const QTask tk = job.task(tz, v);
-                psrc = stage_src(tk, v && tz < ntasks, ks, q, lane);
-            }
-            stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, sidx, lane, x);
-        } else {
-            cp_async_commit();
-        }
-    }
+    for (int z = 0; z < QMM_RING - 1; ++z) qmm_produce(job, ring, ks, z, zmax, tpb, mt, q, lane, ntasks, x, p_ti, psrc);
     if (prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
@@ -547,22 +554,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
         if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
 #endif
         __syncwarp();
-        {
-            const int zp = z + QMM_RING - 1;
-            if (zp < zmax) {
-                const int it2 = zp / SQ, sidx = zp - it2 * SQ;
-                const int tz = ((int)blockIdx.x + it2 * (int)gridDim.x) * tpb + mt;
-                if (tz != p_ti) {
-                    p_ti = tz;
-                    bool v = false;
-                    const QTask tk = job.task(tz, v);
-                    psrc = stage_src(tk, v && tz < ntasks, ks, q, lane);
-                }
-                stage_load(ring + (zp % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, sidx, lane, x);
-            } else {
-                cp_async_commit();
-            }
-        }
+        qmm_produce(job, ring, ks, z + QMM_RING - 1, zmax, tpb, mt, q, lane, ntasks, x, p_ti, psrc);
         if (s == SQ - 1) {
             // Every slice's partial to shared memory, then the slice-0 warp
             // adds them in slice order (deterministic) and runs the epilogue.

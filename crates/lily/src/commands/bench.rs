@@ -139,13 +139,7 @@ fn run_batches(args: &Args) -> anyhow::Result<()> {
         "memory_bytes": backend.memory_in_use(),
         "batches": rows,
     });
-    let text = serde_json::to_string_pretty(&summary)?;
-    match &args.out {
-        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
-        None => println!("{text}"),
-    }
-    if let Some(p) = &args.markdown {
-        let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
+    if let Some(mut f) = write_summary(args, &summary)? {
         writeln!(f, "| batch | aggregate tok/s | ms per step |")?;
         writeln!(f, "|---:|---:|---:|")?;
         for r in summary["batches"].as_array().into_iter().flatten() {
@@ -193,6 +187,20 @@ fn run_single(model: &Path, device: Device, len: usize) -> anyhow::Result<()> {
     backend.free(seq);
     println!("{line}");
     Ok(())
+}
+
+/// Writes the JSON summary to `--out` (or stdout) and opens the Markdown
+/// file of `--markdown`, if asked for.
+fn write_summary(args: &Args, summary: &Value) -> anyhow::Result<Option<std::fs::File>> {
+    let text = serde_json::to_string_pretty(summary)?;
+    match &args.out {
+        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    match &args.markdown {
+        Some(p) => Ok(Some(std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?)),
+        None => Ok(None),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -279,13 +287,7 @@ fn run_rounds(args: &Args) -> anyhow::Result<()> {
         "peak_memory_bytes": peak_memory,
         "results": results,
     });
-    let text = serde_json::to_string_pretty(&summary)?;
-    match &args.out {
-        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
-        None => println!("{text}"),
-    }
-    if let Some(p) = &args.markdown {
-        let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
+    if let Some(mut f) = write_summary(args, &summary)? {
         writeln!(f, "| prompt tokens | prefill tok/s | decode tok/s | digest | repeats |")?;
         writeln!(f, "|---:|---:|---:|---|---|")?;
         for r in summary["results"].as_array().into_iter().flatten() {
