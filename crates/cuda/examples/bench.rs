@@ -136,7 +136,7 @@ fn run() -> Result<(), String> {
         // (ids fed back on the device), each from its own 256-token prompt.
         let mut batch = Vec::new();
         for i in 0..b {
-            let prompt = prompt_tokens(256 + 131 * i, vocab).split_off(131 * i);
+            let prompt = lily_model::contract::batch_prompt_tokens(i, 256, vocab);
             let s = lily_model::Backend::alloc(&mut be).map_err(|e| e.to_string())?;
             let first = lily_model::Backend::prefill_greedy(&mut be, s, &prompt).map_err(|e| e.to_string())?;
             batch.push((s, first));

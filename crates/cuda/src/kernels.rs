@@ -49,13 +49,16 @@ pub fn full_source(f: &Family) -> String {
     format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", f.name, f.source)
 }
 
-/// Compiles one family for `dims` (and the default decode-matrix shape unless
-/// `extra` names one); `extra` adds options (e.g. ptxas -v).
+/// Compiles one family for `dims` and the default decode-matrix shape;
+/// `extra` adds options (e.g. ptxas -v).
 pub fn compile_family(f: &Family, dims: &Dims, extra: &[String]) -> CudaResult<nvrtc::Compiled> {
+    compile_family_shaped(f, dims, &QmmShape::default(), extra)
+}
+
+/// Compiles one family for `dims` and the decode-matrix shape `qmm`.
+pub fn compile_family_shaped(f: &Family, dims: &Dims, qmm: &QmmShape, extra: &[String]) -> CudaResult<nvrtc::Compiled> {
     let mut opts = dims.defines();
-    if !extra.iter().any(|e| e.starts_with("-DQMM_RING=")) {
-        opts.extend(QmmShape::default().defines());
-    }
+    opts.extend(qmm.defines());
     opts.extend(extra.iter().cloned());
     nvrtc::compile(&format!("{}.cu", f.name), &full_source(f), &opts)
 }
@@ -67,10 +70,12 @@ fn cache() -> &'static Mutex<HashMap<Vec<String>, Cubins>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Compiles every family for `dims` plus `extra` defines (in parallel
-/// threads; NVRTC programs are independent), or returns the cached cubins.
-pub fn compile_all(dims: &Dims, extra: &[String]) -> CudaResult<Cubins> {
+/// Compiles every family for `dims`, the decode-matrix shape `qmm` and
+/// `extra` defines (in parallel threads; NVRTC programs are independent), or
+/// returns the cached cubins.
+pub fn compile_all(dims: &Dims, qmm: &QmmShape, extra: &[String]) -> CudaResult<Cubins> {
     let mut key = dims.defines();
+    key.extend(qmm.defines());
     key.extend(extra.iter().cloned());
     // Held while compiling, so concurrent callers of one shape compile once.
     let mut guard = cache().lock().map_err(|_| CudaError::NvrtcMissing("kernel cache lock poisoned".into()))?;
@@ -79,7 +84,7 @@ pub fn compile_all(dims: &Dims, extra: &[String]) -> CudaResult<Cubins> {
     }
     nvrtc::ensure_nvrtc()?;
     let results: Vec<CudaResult<(&'static str, Vec<u8>)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = FAMILIES.iter().map(|f| s.spawn(move || compile_family(f, dims, extra).map(|c| (f.name, c.cubin)))).collect();
+        let handles: Vec<_> = FAMILIES.iter().map(|f| s.spawn(move || compile_family_shaped(f, dims, qmm, extra).map(|c| (f.name, c.cubin)))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(CudaError::NvrtcMissing("a compile thread panicked".into())))).collect()
     });
     let mut out = Vec::with_capacity(results.len());
@@ -107,9 +112,7 @@ impl Kernels {
     /// Loads with a non-default shape of the decode matrix kernels and any
     /// extra defines (speed probes compare variants this way).
     pub fn load_tuned(gpu: &Arc<Gpu>, dims: &Dims, qmm: QmmShape, extra: &[String]) -> CudaResult<Self> {
-        let mut defines = qmm.defines();
-        defines.extend(extra.iter().cloned());
-        let cubins = compile_all(dims, &defines)?;
+        let cubins = compile_all(dims, &qmm, extra)?;
         gpu.bind()?;
         let mut functions = HashMap::new();
         let mut modules = Vec::new();

@@ -433,7 +433,7 @@ impl Model {
     /// The whole batch is one step (every weight read once), in groups of
     /// `max_batch` if it is larger.
     pub fn decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<Vec<f32>>> {
-        self.reserve_batch(batch)?;
+        self.reserve_batch(batch, 1)?;
         let mut out = Vec::with_capacity(batch.len());
         for part in batch.chunks(self.mem.opts.max_batch) {
             out.extend(self.decode_part(part)?);
@@ -446,28 +446,25 @@ impl Model {
     /// = index in `batch` of the group's first sequence, `logits` = f32
     /// [n][vocab]), before the next group's step reuses the scratch.
     pub fn decode_on_device(&mut self, batch: &[(SeqId, u32)], head: &mut dyn FnMut(&Model, usize, usize, u64) -> CudaResult<()>) -> CudaResult<()> {
-        self.reserve_batch(batch)?;
+        self.reserve_batch(batch, 1)?;
         let group = self.mem.opts.max_batch;
         for (gi, part) in batch.chunks(group).enumerate() {
             self.gpu.bind()?;
             self.stage_batch(part)?;
             self.run_step(part.len(), Head::Logits)?;
             head(self, gi * group, part.len(), self.mem.scratch.logits)?;
-            for (id, _) in part {
-                if let Some(s) = self.mem.seqs.get_mut(id) {
-                    s.len += 1;
-                }
-            }
+            self.advance(part, 1);
         }
         Ok(())
     }
 
-    /// Checks a whole batch and reserves a KV slot for each sequence's next
-    /// token before any group of it runs, so that a batch refused for lack
-    /// of memory (or a bad entry) has changed no sequence's length: the
-    /// caller may retry any subset. (Blocks reserved for the entries before
-    /// a refused one stay with their sequences; their next token uses them.)
-    fn reserve_batch(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<()> {
+    /// Checks a whole batch and reserves KV slots for each sequence's next
+    /// `steps` tokens before any group of it runs, so that a batch refused
+    /// for lack of memory (or a bad entry) has changed no sequence's length:
+    /// the caller may retry any subset. (Blocks reserved for the entries
+    /// before a refused one stay with their sequences; their next tokens use
+    /// them.)
+    fn reserve_batch(&mut self, batch: &[(SeqId, u32)], steps: usize) -> CudaResult<()> {
         let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
         self.check_tokens(&toks)?;
         for (i, (id, _)) in batch.iter().enumerate() {
@@ -475,9 +472,19 @@ impl Model {
                 return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
             }
             let len = self.mem.seq(*id)?.len;
-            self.mem.reserve(*id, len + 1)?;
+            self.mem.reserve(*id, len + steps)?;
         }
         Ok(())
+    }
+
+    /// Counts `steps` more tokens into each sequence of `batch` (after the
+    /// steps that fed them were queued).
+    fn advance(&mut self, batch: &[(SeqId, u32)], steps: usize) {
+        for (id, _) in batch {
+            if let Some(s) = self.mem.seqs.get_mut(id) {
+                s.len += steps;
+            }
+        }
     }
 
     /// Writes one decode step's inputs (token, position, state slot per
@@ -506,11 +513,7 @@ impl Model {
         self.run_step(n, Head::Logits)?;
         let v = self.dims.vocab;
         let flat: Vec<f32> = read_device(&self.gpu, self.mem.scratch.logits, n * v)?;
-        for (id, _) in batch {
-            if let Some(s) = self.mem.seqs.get_mut(id) {
-                s.len += 1;
-            }
-        }
+        self.advance(batch, 1);
         Ok(flat.chunks_exact(v).map(|c| c.to_vec()).collect())
     }
 
@@ -529,48 +532,30 @@ impl Model {
         if n == 0 || n > self.mem.opts.max_batch {
             return Err(CudaError::Invalid(format!("greedy batch of {n} sequences; this backend takes 1..={}", self.mem.opts.max_batch)));
         }
-        let toks: Vec<u32> = batch.iter().map(|b| b.1).collect();
-        self.check_tokens(&toks)?;
-        for (i, (id, _)) in batch.iter().enumerate() {
-            if batch[..i].iter().any(|b| b.0 == *id) {
-                return Err(CudaError::Invalid(format!("sequence {id:?} appears twice in one decode batch")));
-            }
-        }
         self.gpu.bind()?;
         let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(steps); n];
-        let mut tokens = toks;
+        let mut feed = batch.to_vec();
         let run = self.mem.opts.max_greedy_steps;
         let mut done = 0;
         while done < steps {
             let m = (steps - done).min(run);
-            let mut pos = Vec::with_capacity(n);
-            let mut slots = Vec::with_capacity(n);
-            for (id, _) in batch {
-                let len = self.mem.seq(*id)?.len;
-                self.mem.reserve(*id, len + m)?;
-                pos.push(len as i32);
-                slots.push(self.mem.seq(*id)?.slot as i32);
-            }
+            self.reserve_batch(&feed, m)?;
+            self.stage_batch(&feed)?;
             let s = self.mem.scratch;
-            write_device(&self.gpu, s.tokens, &tokens)?;
-            write_device(&self.gpu, s.pos, &pos)?;
-            write_device(&self.gpu, s.slot, &slots)?;
             write_device(&self.gpu, s.step, &[0i32])?;
             for _ in 0..m {
                 self.run_step(n, Head::Greedy)?;
             }
             let ids: Vec<u32> = read_device(&self.gpu, s.out_ids, m * n)?;
-            for (id, _) in batch {
-                if let Some(sq) = self.mem.seqs.get_mut(id) {
-                    sq.len += m;
-                }
-            }
+            self.advance(&feed, m);
             for step in ids.chunks_exact(n) {
                 for (o, &t) in out.iter_mut().zip(step) {
                     o.push(t);
                 }
             }
-            tokens = out.iter().map(|o| *o.last().unwrap_or(&0)).collect();
+            for (f, o) in feed.iter_mut().zip(&out) {
+                f.1 = *o.last().unwrap_or(&f.1);
+            }
             done += m;
         }
         Ok(out)
@@ -610,14 +595,10 @@ impl Model {
     /// over layers: (group, microseconds). The step advances the sequences.
     pub fn profile_decode(&mut self, batch: &[(SeqId, u32)]) -> CudaResult<Vec<(&'static str, f64)>> {
         self.gpu.bind()?;
-        self.reserve_batch(batch)?;
+        self.reserve_batch(batch, 1)?;
         self.stage_batch(batch)?;
         let totals = self.profiled(|m| m.step_launches(batch.len(), Head::Logits))?;
-        for (id, _) in batch {
-            if let Some(s) = self.mem.seqs.get_mut(id) {
-                s.len += 1;
-            }
-        }
+        self.advance(batch, 1);
         Ok(totals)
     }
 
@@ -628,7 +609,7 @@ impl Model {
     /// locating a divergence from the reference; slow (a sync per stage).
     pub fn trace_decode(&mut self, seq: SeqId, token: u32) -> CudaResult<Vec<(String, Vec<f32>)>> {
         self.gpu.bind()?;
-        self.reserve_batch(&[(seq, token)])?;
+        self.reserve_batch(&[(seq, token)], 1)?;
         self.stage_batch(&[(seq, token)])?;
         let (d, s) = (self.dims.clone(), self.mem.scratch);
         let mut out = Vec::new();
@@ -647,9 +628,7 @@ impl Model {
         }
         self.head_decode(1, false)?;
         out.push(("logits".to_string(), read_device(&self.gpu, s.logits, d.vocab)?));
-        if let Some(sq) = self.mem.seqs.get_mut(&seq) {
-            sq.len += 1;
-        }
+        self.advance(&[(seq, token)], 1);
         Ok(out)
     }
 

@@ -396,6 +396,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
         return Err(CudaError::shape(NAME, format!("plan holds {} items, {} tokens may need {}", b.max_items, ntok, max_plan_items(dims, ntok))));
     }
     let slots = dims.topk + 1;
+    let px_in = b.px_in.need(NAME, "packed input", ntok, hd)?;
     let p = RouterParamsC {
         codes: m.router.codes,
         scales: m.router.scales,
@@ -407,8 +408,8 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
         gain: post_norm,
         logits: b.logits.need(NAME, "router logits", ntok * e)?,
         sg: b.sg.need(NAME, "shared gate", ntok)?,
-        px: b.px_in.need(NAME, "packed input", ntok, hd)?.0,
-        csum: b.px_in.need(NAME, "packed input", ntok, hd)?.1,
+        px: px_in.0,
+        csum: px_in.1,
         topk_idx: b.topk_idx.need(NAME, "top-k ids", ntok * dims.topk)?,
         topk_w: b.topk_w.need(NAME, "top-k weights", ntok * slots)?,
         plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + ntok * slots)?,
@@ -456,6 +457,7 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
     let slots = dims.topk + 1;
     let pairs = ntok * slots;
     let (a, a2, s, s2) = if up { (&m.gate, &m.up, &m.sh_gate, &m.sh_up) } else { (&m.down, &m.down, &m.sh_down, &m.sh_down) };
+    let (x, csum) = if up { b.px_in.need(NAME, "packed input", ntok, hd)? } else { (b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))?, 0) };
     let p = QmmMoeParamsC {
         codes: a.codes,
         scales: a.scales,
@@ -469,8 +471,8 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
         sh_codes2: s2.codes,
         sh_scales2: s2.scales,
         sh_biases2: s2.biases,
-        x: if up { b.px_in.need(NAME, "packed input", ntok, hd)?.0 } else { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? },
-        csum: if up { b.px_in.need(NAME, "packed input", ntok, hd)?.1 } else { 0 },
+        x,
+        csum,
         plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + pairs)?,
         act_out: if up { b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))? } else { 0 },
         y_out: if up { 0 } else { b.y.need(NAME, "expert outputs", pairs * hd)? },
@@ -512,13 +514,14 @@ pub fn xnorm(
         Some((y, w)) => (y.need(NAME, "expert outputs", ntok * slots * cols)?, w.need(NAME, "slot weights", ntok * slots)?),
         None => (0, 0),
     };
+    let packed = out.need(NAME, "packed output", ntok, cols)?;
     let p = XnormParamsC {
         h: h.need(NAME, "rows", ntok * cols)?,
         y,
         topk_w: w,
         gain: gain.unwrap_or(0),
-        px: out.need(NAME, "packed output", ntok, cols)?.0,
-        csum: out.need(NAME, "packed output", ntok, cols)?.1,
+        px: packed.0,
+        csum: packed.1,
         cols: cols as i32,
         eps: dims.rms_eps,
     };

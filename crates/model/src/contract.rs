@@ -1,10 +1,17 @@
 //! The fixed parts of the benchmark contract (docs/design.md §7.1) that every bench
-//! entry point shares: the synthetic prompt and the digest of generated ids.
+//! entry point shares: the synthetic prompts and the digest of generated ids.
 
 /// The synthetic prompt of the contract: token i is
 /// `((i * 2654435761) mod 2^32) mod vocab`.
 pub fn prompt_tokens(len: usize, vocab: usize) -> Vec<u32> {
     (0..len).map(|i| (((i as u64).wrapping_mul(2_654_435_761) % (1u64 << 32)) % vocab as u64) as u32).collect()
+}
+
+/// Prompt of sequence `i` of a batch run (`lily bench --batch`): the
+/// contract's token formula from position 131 i on, so the sequences differ
+/// (and route to different experts, as real users do).
+pub fn batch_prompt_tokens(i: usize, len: usize, vocab: usize) -> Vec<u32> {
+    prompt_tokens(len + 131 * i, vocab).split_off(131 * i)
 }
 
 /// FNV-1a (64-bit) over the little-endian bytes of the ids, as 16 hex digits.

@@ -19,7 +19,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use lily_model::contract::{fnv1a_digest, prompt_tokens};
+use lily_model::contract::{batch_prompt_tokens, fnv1a_digest, prompt_tokens};
 
 use crate::backend::{open_backend, open_backend_with, Device, Sizing};
 
@@ -69,13 +69,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// Prompt of sequence `i` of a batch run: the contract's token formula from
-/// position 131 i on, so the sequences differ (and route to different
-/// experts, as real users do).
-fn batch_prompt(i: usize, len: usize, vocab: usize) -> Vec<u32> {
-    prompt_tokens(len + 131 * i, vocab).split_off(131 * i)
-}
-
 /// `lily bench --batch`: for each batch size, that many sequences prefilled
 /// with `--batch-prompt` tokens each, a short untimed warm-up, then per
 /// round 64 timed greedy steps of the whole batch (the ids stay on the
@@ -95,7 +88,7 @@ fn run_batches(args: &Args) -> anyhow::Result<()> {
         let mut batch = Vec::with_capacity(b);
         for i in 0..b {
             let s = backend.alloc()?;
-            let first = backend.prefill_greedy(s, &batch_prompt(i, args.batch_prompt, vocab))?;
+            let first = backend.prefill_greedy(s, &batch_prompt_tokens(i, args.batch_prompt, vocab))?;
             batch.push((s, first));
         }
         let warm = backend.decode_greedy_batch(&batch, warm_steps)?;
