@@ -3,7 +3,10 @@
 //! families (all families if none), compiled with NVRTC for sm_90a at the
 //! production shape. Read this before and after a kernel change.
 //!
-//!   cargo run -p lily-cuda --release --example ptxas_report [family ...]
+//!   cargo run -p lily-cuda --release --example ptxas_report [--cubin DIR] [family ...]
+//!
+//! `--cubin DIR` also writes each family's cubin to DIR/NAME.cubin, for
+//! `nvdisasm -c` (instruction counts of an inner loop without a GPU).
 
 use lily_core::config::production;
 use lily_cuda::dims::Dims;
@@ -22,12 +25,32 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let wanted: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let cubin_dir = match args.iter().position(|a| a == "--cubin") {
+        Some(i) if i + 1 < args.len() => {
+            let dir = args.remove(i + 1);
+            args.remove(i);
+            Some(std::path::PathBuf::from(dir))
+        }
+        Some(_) => {
+            eprintln!("--cubin needs a directory");
+            std::process::exit(1);
+        }
+        None => None,
+    };
+    let wanted = args;
     for f in FAMILIES.iter().filter(|f| wanted.is_empty() || wanted.iter().any(|w| w == f.name)) {
         match compile_family(f, &dims, &["--ptxas-options=-v".to_string()]) {
             Ok(c) => {
                 for line in c.log.lines().filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill")) {
                     println!("{}.cu {}", f.name, line.trim());
+                }
+                if let Some(dir) = &cubin_dir {
+                    let path = dir.join(format!("{}.cubin", f.name));
+                    if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, &c.cubin)) {
+                        eprintln!("{}: {e}", path.display());
+                        std::process::exit(1);
+                    }
                 }
             }
             Err(e) => println!("{}.cu: {e}", f.name),

@@ -473,34 +473,49 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
     }
 }
 
-// Producer side of the ring: stage z of the warp's sequence (block iteration
-// z / SQ, stage z % SQ of its slice), or an empty commit past the end; the
-// copy sources are recomputed only when the task changes.
+// Producer side of the ring: the warp's next stage z (block iteration
+// pc.it, stage pc.s of its slice), or an empty commit past the end; the copy
+// sources are recomputed only when the task changes. The position advances
+// by counting (no division: this runs once a stage).
+struct ProdCursor {
+    int z, it, s;   // next stage to request: index, block iteration, stage of the slice
+    int ti;         // task whose sources psrc holds (-1: none yet)
+    StageSrc src;
+};
+
 template <class Job>
-__device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring, const KSplit& ks, int z, int zmax, int tpb, int mt,
-                                            int q, int lane, int ntasks, const u16* any, int& p_ti, StageSrc& psrc) {
-    if (z < zmax) {
-        const int it = z / ks.SQ, sidx = z - it * ks.SQ;
-        const int tz = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
-        if (tz != p_ti) {
-            p_ti = tz;
-            bool v = false;
-            const QTask tk = job.task(tz, v);
-            psrc = stage_src(tk, v && tz < ntasks, ks, q, lane);
+__device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring, const KSplit& ks, int zmax, int tpb, int mt, int q,
+                                            int lane, int ntasks, const u16* any, ProdCursor& pc) {
+    if (pc.z < zmax) {
+        if (pc.s == 0) {
+            const int tz = ((int)blockIdx.x + pc.it * (int)gridDim.x) * tpb + mt;
+            if (tz != pc.ti) {
+                pc.ti = tz;
+                bool v = false;
+                const QTask tk = job.task(job.pos(tz), v);
+                pc.src = stage_src(tk, v && tz < ntasks, ks, q, lane);
+            }
         }
-        stage_load(ring + (z % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, sidx, lane, any);
+        stage_load(ring + (pc.z % QMM_RING) * QMM_STAGE_BYTES, pc.src, ks, q, pc.s, lane, any);
+        if (++pc.s == ks.SQ) {
+            pc.s = 0;
+            ++pc.it;
+        }
     } else {
         cp_async_commit();
     }
+    ++pc.z;
 }
 
 // The driver loop shared by every matrix kernel, QMM_WARPS warps a block.
 // `Job` provides: prepare() (after the dependency wait when the tasks need
-// it), ntasks(), task(i, &valid) -> QTask, count(i) (tokens of task i),
-// xrow(i, j) (the packed x row of its token j; its group sums are row xrow of
-// `csum`, K / 64 wide), epilogue(i, nt, lane, v0, v1, count): called by every
-// lane of the slice-0 warp for each n-tile with the finished sums of rows g
-// and g + 8 for token 4 nt + c, and finish().
+// it), ntasks(), pos(i) -> Job::Pos (task i decoded once, so the divisions
+// run once a task, not once a call), task(pos, &valid) -> QTask, count(pos)
+// (tokens of the task), xrow(pos, j) (the packed x row of its token j; its
+// group sums are row xrow of `csum`, K / 64 wide), epilogue(pos, nt, lane,
+// v0, v1, count): called by every lane of the slice-0 warp for each n-tile
+// with the finished sums of rows g and g + 8 for token 4 nt + c, and
+// finish().
 // `prefetch_before_wait`: the job's tasks are known before the previous
 // kernel completes (dense weights), so the first stages are requested early.
 template <int NT, bool CSUM_MMA, class Job>
@@ -522,30 +537,35 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     const int my_bt = (int)blockIdx.x < nbt ? (nbt - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int zmax = my_bt * SQ;
 
-    // Producer state: the task whose stages are being requested and the
-    // lane's copy sources for it, computed once per task.
-    int p_ti = -1;
-    StageSrc psrc;
+    // Producer state: the next stage to request, the task whose stages are
+    // being requested and the lane's copy sources for it (once per task).
+    ProdCursor pc;
+    pc.z = pc.it = pc.s = 0;
+    pc.ti = -1;
 #pragma unroll 1
-    for (int z = 0; z < QMM_RING - 1; ++z) qmm_produce(job, ring, ks, z, zmax, tpb, mt, q, lane, ntasks, x, p_ti, psrc);
+    for (int z = 0; z < QMM_RING - 1; ++z) qmm_produce(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
     if (prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
     int xoff[NT], csoff[NT];
-    int cnt = 0, ti = 0;
+    int cnt = 0;
+    typename Job::Pos tp = job.pos(0);
     const int g = lane >> 2, c = lane & 3, G = ks.G;
+    // Consumer position: block iteration `it`, stage `s` of the slice,
+    // counted rather than divided out of z.
+    int it = 0, s = 0;
 #pragma unroll 1
     for (int z = 0; z < zmax; ++z) {
-        const int it = z / SQ, s = z - it * SQ;
         if (s == 0) {
-            ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
-            cnt = ti < ntasks ? job.count(ti) : 0;
+            const int ti = ((int)blockIdx.x + it * (int)gridDim.x) * tpb + mt;
+            tp = job.pos(ti < ntasks ? ti : 0);
+            cnt = ti < ntasks ? job.count(tp) : 0;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 acc[nt][0] = acc[nt][1] = 0.f;
                 const int jb = nt * 4 + (g >> 1), jc = nt * 4 + c;
-                xoff[nt] = jb < cnt ? job.xrow(ti, jb) * 2 * K + (g & 1) * K : -1;
-                csoff[nt] = (!CSUM_MMA && jc < cnt) ? job.xrow(ti, jc) * G : -1;
+                xoff[nt] = jb < cnt ? job.xrow(tp, jb) * 2 * K + (g & 1) * K : -1;
+                csoff[nt] = (!CSUM_MMA && jc < cnt) ? job.xrow(tp, jc) * G : -1;
             }
         }
         cp_async_wait<QMM_RING - 2>();
@@ -554,7 +574,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
         if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
 #endif
         __syncwarp();
-        qmm_produce(job, ring, ks, z + QMM_RING - 1, zmax, tpb, mt, q, lane, ntasks, x, p_ti, psrc);
+        qmm_produce(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
         if (s == SQ - 1) {
             // Every slice's partial to shared memory, then the slice-0 warp
             // adds them in slice order (deterministic) and runs the epilogue.
@@ -574,9 +594,13 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
                     }
                 }
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) job.epilogue(ti, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
             }
             __syncthreads();
+        }
+        if (++s == SQ) {
+            s = 0;
+            ++it;
         }
     }
     cp_async_wait<0>();
@@ -635,10 +659,18 @@ struct DenseJob {
             if (i < p.nseg && tile >= p.seg[i].tile_start) s = i;
         return s;
     }
-    __device__ QTask task(int ti, bool& valid) const {
+    // A task: its 16-row tile and its chunk of tok_chunk tokens.
+    struct Pos {
+        int tile, chunk;
+    };
+    __device__ Pos pos(int ti) const {
+        const int chunk = ti / p.ntiles;
+        return Pos{ti - chunk * p.ntiles, chunk};
+    }
+    __device__ QTask task(Pos ps, bool& valid) const {
         QTask t;
-        valid = ti < ntasks();
-        const int tile = ti % p.ntiles;
+        valid = ps.chunk * p.tok_chunk < p.ntok;
+        const int tile = ps.tile;
         const QmmSeg& sg = p.seg[seg_of(tile)];
         const int r0 = (tile - sg.tile_start) * 16;
         const int wpr = p.K / 8, gpr = p.K / GROUP_SIZE;
@@ -653,15 +685,14 @@ struct DenseJob {
         }
         return t;
     }
-    __device__ int count(int ti) const { return min(p.tok_chunk, p.ntok - (ti / p.ntiles) * p.tok_chunk); }
-    __device__ int xrow(int ti, int j) const { return (ti / p.ntiles) * p.tok_chunk + j; }
-    __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
+    __device__ int count(Pos ps) const { return min(p.tok_chunk, p.ntok - ps.chunk * p.tok_chunk); }
+    __device__ int xrow(Pos ps, int j) const { return ps.chunk * p.tok_chunk + j; }
+    __device__ void epilogue(Pos ps, int nt, int lane, float v0, float v1, int cnt) {
         const int g = lane >> 2, c = lane & 3;
-        const int tile = ti % p.ntiles;
-        const QmmSeg& sg = p.seg[seg_of(tile)];
-        const int r0 = (tile - sg.tile_start) * 16;
+        const QmmSeg& sg = p.seg[seg_of(ps.tile)];
+        const int r0 = (ps.tile - sg.tile_start) * 16;
         const int j = nt * 4 + c;
-        const int t = (ti / p.ntiles) * p.tok_chunk + j;
+        const int t = ps.chunk * p.tok_chunk + j;
         u64 key = 0ull;
         if (j < cnt) {
 #pragma unroll
@@ -756,11 +787,20 @@ struct MoeJob {
         pairs = items + 3 * p.max_items;
     }
     __device__ int ntasks() const { return nitems * tiles(); }
-    __device__ QTask task(int ti, bool& valid) const {
+    // A task: its plan item and its tile of weight rows (a constant
+    // number of tiles per item, so the division is by a constant).
+    struct Pos {
+        int item, tile;
+    };
+    __device__ Pos pos(int ti) const {
+        const int item = p.up ? ti / (MOE_INTER / 8) : ti / (HIDDEN / 16);
+        return Pos{item, ti - item * tiles()};
+    }
+    __device__ QTask task(Pos ps, bool& valid) const {
         QTask t;
-        valid = ti < ntasks();
-        const int item = valid ? ti / tiles() : 0;
-        const int tile = ti - item * tiles();
+        valid = ps.item < nitems;
+        const int item = valid ? ps.item : 0;
+        const int tile = ps.tile;
         const int e = valid ? items[3 * item] : N_EXPERTS;
         const bool sh = e >= N_EXPERTS;
         if (p.up) {
@@ -788,14 +828,14 @@ struct MoeJob {
         }
         return t;
     }
-    __device__ int count(int ti) const { return items[3 * (ti / tiles()) + 2]; }
-    __device__ int pair(int ti, int j) const { return pairs[items[3 * (ti / tiles()) + 1] + j]; }
-    __device__ int xrow(int ti, int j) const { return p.up ? pair(ti, j) / MOE_SLOTS : pair(ti, j); }
-    __device__ void epilogue(int ti, int nt, int lane, float v0, float v1, int cnt) {
+    __device__ int count(Pos ps) const { return items[3 * ps.item + 2]; }
+    __device__ int pair(Pos ps, int j) const { return pairs[items[3 * ps.item + 1] + j]; }
+    __device__ int xrow(Pos ps, int j) const { return p.up ? pair(ps, j) / MOE_SLOTS : pair(ps, j); }
+    __device__ void epilogue(Pos ps, int nt, int lane, float v0, float v1, int cnt) {
         const int g = lane >> 2, j = nt * 4 + (lane & 3);
         if (j >= cnt) return;
-        const int tile = ti % tiles();
-        const int pr = pair(ti, j);
+        const int tile = ps.tile;
+        const int pr = pair(ps, j);
         if (p.up) {
             const int col = tile * 8 + g;
             if (col < MOE_INTER) px_store1(p.act_out, pr, MOE_INTER, col, siluf_(v0) * v1);
