@@ -310,12 +310,15 @@ struct KSplit {
 __device__ __forceinline__ int code_off(int r, int grp) { return r * 128 + ((grp ^ (r & 3)) << 5); }
 
 // The lane's share of a task's stage copies, computed once per task: four
-// 16-byte code pieces (row r = lane / 2 + 16 i / 8..., see pieces below) and
-// one 8-byte scale or bias piece. Sources are at the warp slice's first
-// group; a stage adds its group offset.
+// 16-byte code pieces and one 8-byte scale or bias piece, each a source at
+// the warp slice's first group (a stage adds its group offset) and a byte
+// count, 0 for a row past the matrix (the source then points at the half's
+// first row, so it stays inside the matrix; nothing is read).
 struct StageSrc {
-    const u32* code[4];   // null: the piece's row is past the matrix
-    const bf16* sb;       // null likewise
+    const u32* code[4];
+    const bf16* sb;
+    int code_bytes[4];    // 16 or 0
+    int sb_ok;            // 1: the scale/bias row exists
 };
 
 // Piece i (0..3) of lane l: 16 bytes of row r = (l + 32 i) >> 3, group
@@ -330,32 +333,43 @@ __device__ __forceinline__ StageSrc stage_src(const QTask& tk, bool valid, const
         const int hr = r >> 3, gr = r & 7;
         const int nh = hr ? tk.n[1] : tk.n[0];
         const u32* base = hr ? tk.codes[1] : tk.codes[0];
-        src.code[i] = valid && gr < nh ? base + (size_t)gr * ks.wpr + (G0 + grp) * 8 + h * 4 : nullptr;
+        const bool ok = valid && gr < nh;
+        src.code[i] = base + (ok ? (size_t)gr * ks.wpr : 0) + (G0 + grp) * 8 + h * 4;
+        src.code_bytes[i] = ok ? 16 : 0;
     }
     const int kind = lane >> 4, r = lane & 15, h = r >> 3, g = r & 7;
     const bf16* base = kind ? (h ? tk.biases[1] : tk.biases[0]) : (h ? tk.scales[1] : tk.scales[0]);
-    src.sb = valid && g < (h ? tk.n[1] : tk.n[0]) ? base + (size_t)g * ks.G + G0 : nullptr;
+    src.sb_ok = valid && g < (h ? tk.n[1] : tk.n[0]);
+    src.sb = base + (src.sb_ok ? (size_t)g * ks.G : 0) + G0;
     return src;
 }
 
 // Issues the cp.async pieces of stage `s` (always commits one group,
 // possibly empty). Codes: 16-byte copies that bypass L1; scales and biases:
 // 8-byte copies (2-byte plain loads when a row's groups are not a multiple
-// of 4, so its scales are not 8-byte aligned).
+// of 4, so its scales are not 8-byte aligned). A full stage (every
+// production shape: K / 64 groups split evenly) takes the short path.
 __device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& src, const KSplit& ks, int q, int s, int lane,
                                            const void* any) {
     const int G0 = q * ks.GQ + QMM_SG * s;
     const int left = min((q + 1) * ks.GQ, ks.G) - G0;  // groups of this stage in the slice
-    if (left > 0) {
+    unsigned char* dst = st + QMM_STAGE_CODES + (lane >> 4) * 128 + (lane & 15) * 8;
+    if (left >= QMM_SG && (ks.G & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int pc = lane + 32 * i;
+            cp_async16(st + code_off(pc >> 3, (pc >> 1) & 3) + (pc & 1) * 16, src.code[i] + QMM_SG * s * 8, src.code_bytes[i]);
+        }
+        cp_async8(dst, src.sb + QMM_SG * s, src.sb_ok ? 8 : 0);
+    } else if (left > 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int pc = lane + 32 * i;
             const int r = pc >> 3, grp = (pc >> 1) & 3, h = pc & 1;
-            const bool ok = src.code[i] != nullptr && grp < left;
+            const bool ok = src.code_bytes[i] != 0 && grp < left;
             cp_async16(st + code_off(r, grp) + h * 16, ok ? (const void*)(src.code[i] + QMM_SG * s * 8) : any, ok ? 16 : 0);
         }
-        unsigned char* dst = st + QMM_STAGE_CODES + (lane >> 4) * 128 + (lane & 15) * 8;
-        const int have = src.sb != nullptr ? min(QMM_SG, left) : 0;
+        const int have = src.sb_ok ? min(QMM_SG, left) : 0;
         const bf16* sp = src.sb + QMM_SG * s;
         if ((ks.G & 3) == 0) {
             cp_async8(dst, have > 0 ? (const void*)sp : any, have * 2);
