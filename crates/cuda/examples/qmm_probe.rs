@@ -53,11 +53,11 @@ fn run() -> Result<(), String> {
     let copy_us = time_us(&gpu, 10, || copy_device(&gpu, scratch.ptr(), lm.codes, lm.bytes()).map_err(|e| e.to_string()))?;
     println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
     let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
-        ("4 warps, ring 4", QmmShape { warps: 4, ring: 4 }, vec![]),
-        ("4 warps, ring 4, no math", QmmShape { warps: 4, ring: 4 }, vec!["-DQMM_PROBE_NO_MATH".into()]),
-        ("4 warps, ring 4, maxreg 96", QmmShape { warps: 4, ring: 4 }, vec!["--maxrregcount=96".into()]),
-        ("4 warps, ring 6", QmmShape { warps: 4, ring: 6 }, vec![]),
-        ("8 warps, ring 4", QmmShape { warps: 8, ring: 4 }, vec![]),
+        ("4 warps, ring 4, slice 1024", QmmShape { warps: 4, ring: 4, slice_cols: 1024 }, vec![]),
+        ("4 warps, ring 4, slice 512", QmmShape { warps: 4, ring: 4, slice_cols: 512 }, vec![]),
+        ("4 warps, ring 4, no math", QmmShape { warps: 4, ring: 4, slice_cols: 1024 }, vec!["-DQMM_PROBE_NO_MATH".into()]),
+        ("4 warps, ring 6, slice 1024", QmmShape { warps: 4, ring: 6, slice_cols: 1024 }, vec![]),
+        ("8 warps, ring 4, slice 512", QmmShape { warps: 8, ring: 4, slice_cols: 512 }, vec![]),
     ];
     let in_segs = |out: lily_cuda::device::DevSlice<f32>| {
         let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];

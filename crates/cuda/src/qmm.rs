@@ -29,9 +29,17 @@ pub const QMM_SG: usize = 4;
 /// Bytes of one stage: 16 rows x 4 groups x 32 bytes of codes, then the
 /// scales and the biases (bf16) of those groups (qmm.cu, "Stage layout").
 pub const QMM_STAGE_BYTES: usize = 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2;
-/// Warps of a matrix block (default): a 16-row task is shared by K / 512 of
-/// them (at most all, each a fixed slice of K), the rest take other tasks.
+/// Warps of a matrix block (default): a 16-row task is shared by
+/// K / QMM_SLICE_COLS of them (at most all, each a fixed slice of K), the
+/// rest take other tasks.
 pub const QMM_WARPS: usize = 4;
+/// Columns of K per warp slice of a task (qmm.cu `KSplit`), by default. 1,024 (16
+/// groups, 4 stages a task for K = 2,048) rather than 512: a task's fixed
+/// costs (sources, block reduction, epilogue) are paid over twice the
+/// weights, and at batch 1 a 2,048-wide matrix still keeps every warp of
+/// the grid busy for the same number of groups. Depends only on K, so a
+/// token's result never depends on its batch.
+pub const QMM_SLICE_COLS: usize = 1024;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
@@ -145,11 +153,13 @@ unsafe impl DeviceRepr for RouterParamsC {}
 pub struct QmmShape {
     pub warps: usize,
     pub ring: usize,
+    /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
+    pub slice_cols: usize,
 }
 
 impl Default for QmmShape {
     fn default() -> Self {
-        QmmShape { warps: QMM_WARPS, ring: QMM_RING }
+        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS }
     }
 }
 
@@ -159,12 +169,13 @@ impl QmmShape {
             format!("-DQMM_RING={}", self.ring),
             format!("-DQMM_WARPS={}", self.warps),
             format!("-DQMM_SG={QMM_SG}"),
+            format!("-DQMM_SLICE_COLS={}", self.slice_cols),
             format!("-DQMM_STAGE_BYTES={QMM_STAGE_BYTES}"),
         ]
     }
     /// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
     fn warps_per_task(&self, k: usize) -> usize {
-        (k / 512).clamp(1, self.warps)
+        (k / self.slice_cols).clamp(1, self.warps)
     }
     /// Dynamic shared memory of a matrix block: per warp the weight ring,
     /// then the partial sums of every warp (qmm.cu `qmm_run`).

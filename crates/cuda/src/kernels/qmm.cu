@@ -41,7 +41,7 @@
 // which is the affine dequantisation w = scale * q + bias summed exactly;
 // the group sums of x are computed once per token set (xs_load).
 //
-// Work split: a task is 16 output rows; KQ = K / 512 warps (1..QMM_WARPS)
+// Work split: a task is 16 output rows; KQ = K / QMM_SLICE_COLS warps (1..QMM_WARPS)
 // share a task, each taking a fixed slice of the groups; their partial sums
 // are added in slice order in shared memory. The split depends only on K,
 // never on the number of tokens, and every token's column is computed
@@ -72,8 +72,8 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES)
-#error "QMM_RING, QMM_WARPS, QMM_SG and QMM_STAGE_BYTES must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
+#error "QMM_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
 #endif
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
@@ -288,13 +288,14 @@ struct QTask {
 };
 
 // Geometry of the K split, from K alone (so a token's result never depends
-// on the batch): KQ = K / 512 warps share a task (1 to QMM_WARPS), warp q
-// taking the groups from q * GQ, GQ a multiple of the stage's QMM_SG groups.
+// on the batch): KQ = K / QMM_SLICE_COLS warps share a task (1 to
+// QMM_WARPS), warp q taking the groups from q * GQ, GQ a multiple of the
+// stage's QMM_SG groups.
 struct KSplit {
     int K, G, KQ, GQ, SQ, wpr;
     __device__ KSplit(int k) : K(k) {
         G = k / GROUP_SIZE;
-        KQ = min(QMM_WARPS, max(1, k / 512));
+        KQ = min(QMM_WARPS, max(1, k / QMM_SLICE_COLS));
         GQ = QMM_SG * ((G + QMM_SG * KQ - 1) / (QMM_SG * KQ));
         SQ = GQ / QMM_SG;
         wpr = k / 8;
