@@ -11,10 +11,6 @@ use crate::error::{CudaError, CudaResult};
 pub const KV_BLOCK: usize = 64;
 /// Chunk length of the chunked DeltaNet prefill.
 pub const GDN_CHUNK: usize = 64;
-/// Rows of a grouped-GEMM tile (MoE prefill plan).
-pub const GEMM_BM: usize = 128;
-/// W rows of a GEMM tile.
-pub const GEMM_BN: usize = 128;
 /// Warps of a decode-attention block (one block per SM); each warp streams
 /// its own splits through a private shared-memory pipeline.
 pub const ATTN_DEC_WARPS: usize = 2;
@@ -195,11 +191,12 @@ impl Dims {
             format!("-DATT_PAD={ATTN_PAD}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
-        // The decode matrix kernels' and the sampler's constants and
-        // struct layouts.
+        // The decode matrix kernels', the sampler's, the DeltaNet's and the
+        // GEMM's constants and struct layouts.
         v.extend(crate::qmm::defines(self));
         v.extend(crate::sampling::defines());
         v.extend(crate::gdn::defines(self));
+        v.extend(crate::gemm::defines());
         v
     }
 }

@@ -1,21 +1,72 @@
 //! Launchers of kernels/gemm.cu: the tensor-core GEMM with 4/8-bit weights
-//! dequantised in the tile (dense and grouped by expert) and the RMSNorm
-//! that produces its fp16 input.
+//! dequantised in the tile (dense and grouped by expert, one launch for up
+//! to `GEMM_MAX_SEGS` matrices that share their input, deterministic
+//! split-K), the reduction of the split-K partials, and the RMSNorm that
+//! produces the GEMM's fp16 input.
+//!
+//! The tile constants are defined here and reach gemm.cu as defines
+//! (`defines`); `plan_dense` is the one place a dense launch's tile height
+//! and K splits are chosen, `moe::tile_rows` the one for the grouped expert
+//! GEMMs.
+
+use std::mem::size_of;
 
 use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
-use crate::dims::{GEMM_BM, GEMM_BN};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
 use crate::launch::launch;
 use crate::weights::QMat;
 
+/// Heights (A rows) of the GEMM tiles, ascending. gemm.cu is compiled once
+/// per height and bit width (entry points `gemm_q{4,8}_bm{BM}`).
+pub const TILE_ROWS: [usize; 4] = [16, 32, 64, 128];
+/// Resident blocks per SM each height is compiled for (launch bounds: at
+/// most 65536 / (256 * n) registers a thread). The short tiles hold few
+/// accumulators and little shared memory, so more of them share an SM and
+/// hide each other's weight loads.
+const TILE_MIN_BLOCKS: [usize; 4] = [4, 3, 2, 2];
+/// W rows of a tile.
+pub const GEMM_BN: usize = 128;
+/// Columns of a k-tile: one quantisation group.
+pub const GEMM_BK: usize = 64;
+/// fp16 padding after each shared-memory row (16 bytes: ldmatrix rows in
+/// distinct banks).
+const GEMM_PAD: usize = 8;
+/// Threads of a block (8 warps).
+pub const GEMM_THREADS: usize = 256;
+/// Matrices one launch can run side by side.
+pub const GEMM_MAX_SEGS: usize = 4;
+/// SMs a dense launch should occupy at least once before K is split; the
+/// H200's count, fixed here rather than read from the device so that a
+/// prompt gives the same bits on any GPU.
+pub const GEMM_FILL_SMS: usize = 132;
+/// Floats of the split-K partial scratch (the memory plan's `gemm_partial`,
+/// 32 MiB); a launch whose partials would not fit splits less.
+pub const SPLITK_FLOATS: usize = 8 << 20;
+/// Fewest k-tiles one split walks (a split of one k-tile would spend more on
+/// its prologue and partial writes than on its multiply).
+const SPLITK_MIN_KT: usize = 2;
+
+/// Every entry point of gemm.cu: the GEMM per bit width (4, 8) and tile
+/// height (`TILE_ROWS` order), the split-K reduction, the RMSNorm.
+pub const KERNELS: &[&str] = &[
+    "gemm_q4_bm16",
+    "gemm_q4_bm32",
+    "gemm_q4_bm64",
+    "gemm_q4_bm128",
+    "gemm_q8_bm16",
+    "gemm_q8_bm32",
+    "gemm_q8_bm64",
+    "gemm_q8_bm128",
+    "gemm_splitk_reduce",
+    "rmsnorm_f16",
+];
+
 #[repr(C)]
-#[derive(Clone, Copy)]
-struct GemmParams {
-    a: u64,
-    a_rows: u64,
+#[derive(Clone, Copy, Default)]
+struct GemmSegC {
     codes: u64,
     scales: u64,
     biases: u64,
@@ -24,19 +75,71 @@ struct GemmParams {
     biases2: u64,
     out_f32: u64,
     out_f16: u64,
+    n: i32,
+    ldc: i32,
+    tile0: i32,
+    col0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemmParams {
+    a: u64,
+    a_rows: u64,
     tiles: u64,
     ntiles: u64,
+    partial: u64,
     e_codes: i64,
     e_groups: i64,
+    seg: [GemmSegC; GEMM_MAX_SEGS],
+    nseg: i32,
     lda: i32,
-    ldc: i32,
     m: i32,
-    n: i32,
     k: i32,
     mode: i32,
+    kt_per_split: i32,
+    splits: i32,
+    ncols: i32,
 }
-// SAFETY: plain-old-data mirroring `GemmParams` in gemm.cu.
+// SAFETY: plain-old-data mirroring `GemmParams` in gemm.cu (size checked by
+// the kernel's LAYOUT_CHECK against `defines`).
 unsafe impl DeviceRepr for GemmParams {}
+
+/// Bytes of dynamic shared memory of a tile of `bm` rows: A and W tiles,
+/// double buffered, fp16.
+fn smem_bytes(bm: usize) -> usize {
+    2 * (bm + GEMM_BN) * (GEMM_BK + GEMM_PAD) * 2
+}
+
+/// The defines gemm.cu needs beyond the model dimensions.
+pub fn defines() -> Vec<String> {
+    let mut v = vec![
+        format!("-DGEMM_BN={GEMM_BN}"),
+        format!("-DGEMM_BK={GEMM_BK}"),
+        format!("-DGEMM_PAD={GEMM_PAD}"),
+        format!("-DGEMM_THREADS={GEMM_THREADS}"),
+        format!("-DGEMM_MAX_SEGS={GEMM_MAX_SEGS}"),
+        format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
+        format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
+    ];
+    for (i, bm) in TILE_ROWS.iter().enumerate() {
+        v.push(format!("-DGEMM_BM_T{i}={bm}"));
+        v.push(format!("-DGEMM_MINB_T{i}={}", TILE_MIN_BLOCKS[i]));
+        v.push(format!("-DGEMM_SMEM_T{i}={}", smem_bytes(*bm)));
+    }
+    v
+}
+
+/// The entry point for `bits`-bit weights and tiles of `bm` rows.
+fn kernel_for(bits: u32, bm: usize) -> CudaResult<&'static str> {
+    let t = TILE_ROWS.iter().position(|r| *r == bm).ok_or_else(|| CudaError::shape("gemm", format!("tile height {bm} (compiled: {TILE_ROWS:?})")))?;
+    let b = match bits {
+        4 => 0,
+        8 => 1,
+        b => return Err(CudaError::shape("gemm", format!("{b}-bit weights"))),
+    };
+    Ok(KERNELS[b * TILE_ROWS.len() + t])
+}
 
 /// What the GEMM does with its result.
 #[derive(Clone, Copy)]
@@ -49,6 +152,16 @@ pub enum GemmOut {
     SwiGlu(u64),
 }
 
+impl GemmOut {
+    fn mode(&self) -> i32 {
+        match self {
+            GemmOut::Store(_) => 0,
+            GemmOut::Add(_) => 1,
+            GemmOut::SwiGlu(_) => 2,
+        }
+    }
+}
+
 /// Row grouping of an MoE GEMM.
 #[derive(Clone, Copy)]
 pub struct Grouping {
@@ -58,10 +171,66 @@ pub struct Grouping {
     pub max_tiles: usize,
     /// i32: sorted row -> A row (0: identity).
     pub a_rows: u64,
+    /// The tile height the tile list was cut at (`moe::route`); the GEMM
+    /// runs with tiles of exactly this height.
+    pub bm: usize,
 }
 
-/// C = A W^T: `a` fp16 [rows][lda]; `m` rows (dense) or the grouping's
-/// rows; `up` is the second matrix of SwiGLU.
+/// One matrix of a launch: W (and the up matrix of SwiGLU), where its
+/// result goes and that output's row stride.
+#[derive(Clone, Copy)]
+pub struct Seg<'a> {
+    pub w: &'a QMat,
+    pub up: Option<&'a QMat>,
+    pub out: GemmOut,
+    pub ldc: usize,
+}
+
+/// The split-K partial scratch: f32, `floats` long.
+#[derive(Clone, Copy)]
+pub struct SplitScratch {
+    pub ptr: u64,
+    pub floats: usize,
+}
+
+/// How a launch is cut: tile height and number of K splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmPlan {
+    pub bm: usize,
+    pub splits: usize,
+}
+
+/// The tile height and K splits of a dense launch of `m` rows, `n_tiles`
+/// W tiles, K = `k` and partial rows of `ncols` floats:
+/// - height: the shortest tile that holds all `m` rows, else the tallest
+///   (a taller tile would multiply empty rows; a shorter one re-reads and
+///   re-dequantises W once more per extra M tile);
+/// - splits: none when the launch has a block for every SM
+///   (`GEMM_FILL_SMS`); else enough to reach two blocks per SM, with at
+///   least `SPLITK_MIN_KT` k-tiles per split and the partials within
+///   `SPLITK_FLOATS`, and no empty split. A block that walks K alone on its
+///   SM is latency-bound (one k-tile in flight), so short prompts gain
+///   most: at 256 rows out_proj goes from 32 blocks of 64 k-tiles to 256 of
+///   8, the router (+ shared-expert gate) from 6 blocks of 32 to 96 of 2.
+pub fn plan_dense(m: usize, n_tiles: usize, k: usize, ncols: usize) -> GemmPlan {
+    let tallest = TILE_ROWS[TILE_ROWS.len() - 1];
+    let bm = TILE_ROWS.iter().copied().find(|t| *t >= m).unwrap_or(tallest);
+    let blocks = n_tiles * m.div_ceil(bm);
+    let nk = k / GEMM_BK;
+    let mut splits = 1;
+    if blocks > 0 && blocks < GEMM_FILL_SMS {
+        let want = (2 * GEMM_FILL_SMS).div_ceil(blocks);
+        let by_k = nk / SPLITK_MIN_KT;
+        let by_mem = SPLITK_FLOATS / (m * ncols).max(1);
+        splits = want.min(by_k).min(by_mem).max(1);
+        splits = nk.div_ceil(nk.div_ceil(splits).max(1)).max(1);
+    }
+    GemmPlan { bm, splits }
+}
+
+/// C = A W^T for one matrix: `a` fp16 [rows][lda]; `m` rows (dense) or the
+/// grouping's rows; `up` is the second matrix of SwiGLU. Dense launches use
+/// the tile height of `plan_dense` and no split.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     gpu: &Gpu,
@@ -75,66 +244,188 @@ pub fn gemm(
     ldc: usize,
     group: Option<&Grouping>,
 ) -> CudaResult<()> {
-    const NAME: &str = "gemm";
-    if !w.cols.is_multiple_of(64) || lda < w.cols || !lda.is_multiple_of(8) {
-        return Err(CudaError::shape(NAME, format!("K = {} (multiple of 64), lda = {lda} (multiple of 8, >= K)", w.cols)));
-    }
-    if group.is_none() && w.experts != 1 {
-        return Err(CudaError::shape(NAME, "stacked experts need a grouping"));
-    }
-    let swiglu = matches!(out, GemmOut::SwiGlu(_));
-    let upm = match (swiglu, up) {
-        (true, Some(u)) => {
-            if u.rows != w.rows || u.cols != w.cols || u.experts != w.experts || u.bits != w.bits {
-                return Err(CudaError::shape(NAME, "gate and up matrices differ in shape"));
-            }
-            *u
+    let seg = Seg { w, up, out, ldc };
+    let plan = match group {
+        Some(g) => GemmPlan { bm: g.bm, splits: 1 },
+        None => GemmPlan { bm: plan_dense(m, 1, w.cols, 0).bm, splits: 1 },
+    };
+    gemm_with(gpu, k, a, lda, m, &[seg], group, plan, None)
+}
+
+/// Dense C = A W^T for up to `GEMM_MAX_SEGS` matrices that share A, K, the
+/// bit width and the kind of output, in one launch, cut by `plan_dense`
+/// (split over K into `scratch` when that fills the GPU better).
+pub fn gemm_segs(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, segs: &[Seg], scratch: SplitScratch) -> CudaResult<()> {
+    let (n_tiles, ncols) = seg_tiles(segs);
+    let k_cols = segs.first().map(|s| s.w.cols).unwrap_or(0);
+    let plan = plan_dense(m, n_tiles, k_cols, ncols);
+    gemm_with(gpu, k, a, lda, m, segs, None, plan, Some(scratch))
+}
+
+/// W tiles (blockIdx.x) of the segments and the width of a partial row.
+fn seg_tiles(segs: &[Seg]) -> (usize, usize) {
+    let mut tiles = 0;
+    let mut cols = 0;
+    for s in segs {
+        if matches!(s.out, GemmOut::SwiGlu(_)) {
+            tiles += s.w.rows.div_ceil(GEMM_BN / 2);
+            cols += 2 * s.w.rows;
+        } else {
+            tiles += s.w.rows.div_ceil(GEMM_BN);
+            cols += s.w.rows;
         }
-        (true, None) => return Err(CudaError::shape(NAME, "SwiGLU needs the up matrix")),
-        (false, _) => QMat::default(),
-    };
-    let (mode, out_f32, out_f16) = match out {
-        GemmOut::Store(p) => (0, p, 0),
-        GemmOut::Add(p) => (1, p, 0),
-        GemmOut::SwiGlu(p) => (2, 0, p),
-    };
-    let name = match w.bits {
-        4 => "gemm_q4",
-        8 => "gemm_q8",
-        b => return Err(CudaError::shape(NAME, format!("{b}-bit weights"))),
-    };
-    let p = GemmParams {
-        a,
-        a_rows: group.map(|g| g.a_rows).unwrap_or(0),
-        codes: w.codes,
-        scales: w.scales,
-        biases: w.biases,
-        codes2: upm.codes,
-        scales2: upm.scales,
-        biases2: upm.biases,
-        out_f32,
-        out_f16,
-        tiles: group.map(|g| g.tiles).unwrap_or(0),
-        ntiles: group.map(|g| g.ntiles).unwrap_or(0),
-        e_codes: w.expert_words() as i64,
-        e_groups: w.expert_groups() as i64,
-        lda: lda as i32,
-        ldc: ldc as i32,
-        m: m as i32,
-        n: w.rows as i32,
-        k: w.cols as i32,
-        mode,
-    };
-    let n_tiles = if swiglu { w.rows.div_ceil(GEMM_BN / 2) } else { w.rows.div_ceil(GEMM_BN) };
+    }
+    (tiles, cols)
+}
+
+/// The GEMM with an explicit plan (tests force every height and split
+/// count this way). Checks every shape before launching.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_with(
+    gpu: &Gpu,
+    k: &Kernels,
+    a: u64,
+    lda: usize,
+    m: usize,
+    segs: &[Seg],
+    group: Option<&Grouping>,
+    plan: GemmPlan,
+    scratch: Option<SplitScratch>,
+) -> CudaResult<()> {
+    const NAME: &str = "gemm";
+    let first = segs.first().ok_or_else(|| CudaError::shape(NAME, "no matrix"))?;
+    if segs.len() > GEMM_MAX_SEGS {
+        return Err(CudaError::shape(NAME, format!("{} matrices in one launch (at most {GEMM_MAX_SEGS})", segs.len())));
+    }
+    let w0 = first.w;
+    let kk = w0.cols;
+    if !kk.is_multiple_of(GEMM_BK) || kk == 0 || lda < kk || !lda.is_multiple_of(8) {
+        return Err(CudaError::shape(NAME, format!("K = {kk} (a positive multiple of {GEMM_BK}), lda = {lda} (multiple of 8, >= K)")));
+    }
+    // The kernel addresses A with 32-bit element offsets.
+    if m.saturating_mul(lda) > i32::MAX as usize {
+        return Err(CudaError::shape(NAME, format!("{m} rows of {lda} elements exceed 32-bit offsets")));
+    }
+    let name = kernel_for(w0.bits, plan.bm)?;
+    let mode = first.out.mode();
+    let swiglu = mode == 2;
+    if swiglu && segs.len() != 1 {
+        return Err(CudaError::shape(NAME, "SwiGLU runs one gate/up pair per launch"));
+    }
+    if group.is_some() && segs.len() != 1 {
+        return Err(CudaError::shape(NAME, "a grouped GEMM runs one matrix"));
+    }
+    if let Some(g) = group {
+        if g.bm != plan.bm {
+            return Err(CudaError::shape(NAME, format!("tile list cut at {} rows, launch with tiles of {}", g.bm, plan.bm)));
+        }
+    }
+    let mut segc = [GemmSegC::default(); GEMM_MAX_SEGS];
+    let (mut tile0, mut col0) = (0usize, 0usize);
+    for (i, s) in segs.iter().enumerate() {
+        let w = s.w;
+        if w.cols != kk || w.bits != w0.bits || w.experts != w0.experts {
+            return Err(CudaError::shape(
+                NAME,
+                format!(
+                    "matrix {i}: {}x{} {}-bit x{} differs from matrix 0 ({}x{kk} {}-bit x{})",
+                    w.rows, w.cols, w.bits, w.experts, w0.rows, w0.bits, w0.experts
+                ),
+            ));
+        }
+        if s.out.mode() != mode {
+            return Err(CudaError::shape(NAME, "the matrices of one launch have one kind of output"));
+        }
+        if w.rows == 0 || s.ldc < w.rows {
+            return Err(CudaError::shape(NAME, format!("matrix {i}: {} rows, ldc {} (rows >= 1, ldc >= rows)", w.rows, s.ldc)));
+        }
+        if group.is_none() && w.experts != 1 {
+            return Err(CudaError::shape(NAME, "stacked experts need a grouping"));
+        }
+        let upm = match (swiglu, s.up) {
+            (true, Some(u)) => {
+                if u.rows != w.rows || u.cols != w.cols || u.experts != w.experts || u.bits != w.bits {
+                    return Err(CudaError::shape(NAME, "gate and up matrices differ in shape"));
+                }
+                if !w.rows.is_multiple_of(8) || !s.ldc.is_multiple_of(2) {
+                    return Err(CudaError::shape(NAME, format!("SwiGLU of {} rows, ldc {} (rows a multiple of 8, ldc even)", w.rows, s.ldc)));
+                }
+                *u
+            }
+            (true, None) => return Err(CudaError::shape(NAME, "SwiGLU needs the up matrix")),
+            (false, _) => QMat::default(),
+        };
+        let (out_f32, out_f16) = match s.out {
+            GemmOut::Store(p) | GemmOut::Add(p) => (p, 0),
+            GemmOut::SwiGlu(p) => (0, p),
+        };
+        segc[i] = GemmSegC {
+            codes: w.codes,
+            scales: w.scales,
+            biases: w.biases,
+            codes2: upm.codes,
+            scales2: upm.scales,
+            biases2: upm.biases,
+            out_f32,
+            out_f16,
+            n: w.rows as i32,
+            ldc: s.ldc as i32,
+            tile0: tile0 as i32,
+            col0: col0 as i32,
+        };
+        let (t, c) = seg_tiles(std::slice::from_ref(s));
+        tile0 += t;
+        col0 += c;
+    }
+    let (n_tiles, ncols) = (tile0, col0);
+    let nk = kk / GEMM_BK;
+    // Normalised so that no split is empty: the kernel's blockIdx.z count.
+    let kt_per_split = nk.div_ceil(plan.splits.clamp(1, nk));
+    let splits = nk.div_ceil(kt_per_split);
     let m_tiles = match group {
         Some(g) => g.max_tiles,
-        None => m.div_ceil(GEMM_BM),
+        None => m.div_ceil(plan.bm),
     };
     if m_tiles == 0 {
         return Ok(());
     }
-    let smem = 2 * 2 * GEMM_BM * (64 + 8) * 2;
-    launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, 1), 256, smem, &p)
+    let partial = if splits > 1 {
+        if group.is_some() {
+            return Err(CudaError::shape(NAME, "split-K is for dense launches"));
+        }
+        let s = scratch.ok_or_else(|| CudaError::shape(NAME, format!("{splits} K splits need the partial scratch")))?;
+        let need = splits * m * ncols;
+        if need > s.floats {
+            return Err(CudaError::shape(NAME, format!("{splits} splits of {m} x {ncols} partials = {need} floats, the scratch holds {}", s.floats)));
+        }
+        s.ptr
+    } else {
+        0
+    };
+    let p = GemmParams {
+        a,
+        a_rows: group.map(|g| g.a_rows).unwrap_or(0),
+        tiles: group.map(|g| g.tiles).unwrap_or(0),
+        ntiles: group.map(|g| g.ntiles).unwrap_or(0),
+        partial,
+        e_codes: w0.expert_words() as i64,
+        e_groups: w0.expert_groups() as i64,
+        seg: segc,
+        nseg: segs.len() as i32,
+        lda: lda as i32,
+        m: m as i32,
+        k: kk as i32,
+        mode,
+        kt_per_split: kt_per_split as i32,
+        splits: splits as i32,
+        ncols: ncols as i32,
+    };
+    launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem_bytes(plan.bm), &p)?;
+    if splits > 1 {
+        let nout = if swiglu { w0.rows } else { ncols };
+        launch(gpu, k, "gemm_splitk_reduce", ((m * nout).div_ceil(256) as u32, 1, 1), 256, 0, &p)?;
+    }
+    Ok(())
 }
 
 #[repr(C)]
@@ -157,4 +448,77 @@ pub fn rmsnorm_f16(gpu: &Gpu, k: &Kernels, x: u64, gain: u64, out: u64, rows: us
     }
     let p = RmsnormParams { x, gain, out, cols: cols as i32, eps };
     launch(gpu, k, "rmsnorm_f16", (rows as u32, 1, 1), 256, 0, &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_follow_the_tile_heights() {
+        for (b, bits) in [4u32, 8].iter().enumerate() {
+            for (t, bm) in TILE_ROWS.iter().enumerate() {
+                assert_eq!(KERNELS[b * TILE_ROWS.len() + t], format!("gemm_q{bits}_bm{bm}"));
+                assert_eq!(kernel_for(*bits, *bm).expect("compiled height"), format!("gemm_q{bits}_bm{bm}"));
+            }
+        }
+        assert!(kernel_for(4, 48).is_err());
+        assert!(kernel_for(3, 16).is_err());
+        assert!(TILE_ROWS.windows(2).all(|w| w[0] < w[1]), "ascending");
+    }
+
+    #[test]
+    fn dense_plan_holds_the_rows_in_the_shortest_tile() {
+        assert_eq!(plan_dense(1, 200, 2048, 0).bm, 16);
+        assert_eq!(plan_dense(16, 200, 2048, 0).bm, 16);
+        assert_eq!(plan_dense(17, 200, 2048, 0).bm, 32);
+        assert_eq!(plan_dense(64, 200, 2048, 0).bm, 64);
+        assert_eq!(plan_dense(65, 200, 2048, 0).bm, 128);
+        assert_eq!(plan_dense(4096, 200, 2048, 0).bm, 128);
+    }
+
+    #[test]
+    fn dense_plan_splits_only_below_one_block_per_sm() {
+        // One block per SM or more: no split.
+        assert_eq!(plan_dense(256, 66, 2048, 66 * 128).splits, 1);
+        assert_eq!(plan_dense(4096, 16, 4096, 2048).splits, 1);
+        // Just below: split.
+        assert!(plan_dense(128, 131, 2048, 131 * 128).splits > 1);
+        // The router + gate at 256 rows: 6 blocks of 32 k-tiles -> 16 splits of 2.
+        assert_eq!(plan_dense(256, 3, 2048, 257), GemmPlan { bm: 128, splits: 16 });
+        // out_proj at 256 rows: 32 blocks of 64 k-tiles -> 8 splits of 8.
+        assert_eq!(plan_dense(256, 16, 4096, 2048), GemmPlan { bm: 128, splits: 8 });
+        // K of one k-tile cannot split.
+        assert_eq!(plan_dense(256, 1, 64, 1).splits, 1);
+    }
+
+    #[test]
+    fn dense_plan_never_leaves_a_split_empty_or_overflows_the_scratch() {
+        for m in [1usize, 5, 16, 100, 256, 1000, 1024, 2048, 4096, 16384] {
+            for n_tiles in [1usize, 3, 16, 40, 98, 131] {
+                for k in [64usize, 128, 512, 2048, 4096] {
+                    let ncols = n_tiles * GEMM_BN;
+                    let p = plan_dense(m, n_tiles, k, ncols);
+                    let nk = k / GEMM_BK;
+                    assert!(p.splits >= 1 && p.splits <= nk.max(1), "{m} {n_tiles} {k}: {p:?}");
+                    let per = nk.div_ceil(p.splits);
+                    assert_eq!(nk.div_ceil(per), p.splits, "{m} {n_tiles} {k}: an empty split");
+                    if p.splits > 1 {
+                        assert!(p.splits * m * ncols <= SPLITK_FLOATS, "{m} {n_tiles} {k}: partials overflow");
+                        assert!(per >= SPLITK_MIN_KT, "{m} {n_tiles} {k}: {per} k-tiles a split");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn defines_carry_every_tile_height() {
+        let d = defines();
+        for (i, bm) in TILE_ROWS.iter().enumerate() {
+            assert!(d.contains(&format!("-DGEMM_BM_T{i}={bm}")), "{d:?}");
+            assert!(d.contains(&format!("-DGEMM_SMEM_T{i}={}", smem_bytes(*bm))), "{d:?}");
+        }
+        assert_eq!(size_of::<GemmSegC>(), 80);
+    }
 }

@@ -38,7 +38,7 @@ pub const FAMILIES: &[Family] = &[
         kernels: &["gdn_decode", "gdn_prefill_prep", "gdn_conv_store", "gdn_chunk_wu", "gdn_chunk_state", "gdn_chunk_out", "gdn_gated_norm"],
     },
     Family { name: "attention", source: include_str!("kernels/attention.cu"), kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"] },
-    Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: &["gemm_q4", "gemm_q8", "rmsnorm_f16"] },
+    Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: crate::gemm::KERNELS },
     Family { name: "sampling", source: include_str!("kernels/sampling.cu"), kernels: &["argmax_finish", "argmax_rows", "sample_rows"] },
     Family { name: "synth", source: include_str!("kernels/synth.cu"), kernels: &["fill_random"] },
 ];

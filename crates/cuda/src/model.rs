@@ -24,11 +24,11 @@ use lily_model::SeqId;
 
 use crate::attention::{self, KvView, QOut};
 use crate::device::{read_device, write_device, zero_device, Gpu};
-use crate::dims::{Dims, GEMM_BM};
+use crate::dims::Dims;
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
-use crate::gemm::{self, GemmOut, Grouping};
+use crate::gemm::{self, GemmOut, Grouping, Seg};
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
@@ -229,14 +229,32 @@ impl Model {
 
     // ---- the GEMM path (batch decode, prefill) -------------------------------
 
-    /// xn = RMSNorm(h) in fp16, then the in-projections into proj.
+    /// xn = RMSNorm(h) in fp16, then the in-projections into proj, all in
+    /// one GEMM launch (the 32-row a/b projections ride along with qkv and z).
     fn in_proj_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.hidden, d.rms_eps)?;
-        for (m, off) in self.in_projections(l) {
-            gemm::gemm(g, k, s.xn, d.hidden, n, &m, None, GemmOut::Store(s.proj + (off * 4) as u64), d.proj_stride(), None)?;
-        }
+        let projs = self.in_projections(l);
+        let segs: Vec<Seg> =
+            projs.iter().map(|(m, off)| Seg { w: m, up: None, out: GemmOut::Store(s.proj + (off * 4) as u64), ldc: d.proj_stride() }).collect();
+        self.dense_gemms(s.xn, d.hidden, n, &segs)?;
         self.mark("gemm norm+in_proj")
+    }
+
+    /// Dense GEMMs of `n` rows of one input: one launch per bit width (up
+    /// to `GEMM_MAX_SEGS` matrices each), split over K when short.
+    fn dense_gemms(&self, a: u64, lda: usize, n: usize, segs: &[Seg]) -> CudaResult<()> {
+        let (g, k, s) = (&*self.gpu, &self.kernels, &self.mem.scratch);
+        let mut widths: Vec<u32> = segs.iter().map(|x| x.w.bits).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        for bits in widths {
+            let same: Vec<Seg> = segs.iter().filter(|x| x.w.bits == bits).copied().collect();
+            for part in same.chunks(gemm::GEMM_MAX_SEGS) {
+                gemm::gemm_segs(g, k, a, lda, n, part, s.split_k())?;
+            }
+        }
+        Ok(())
     }
 
     /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM.
@@ -244,20 +262,24 @@ impl Model {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let m = &l.moe;
         gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.hidden, d.rms_eps)?;
-        gemm::gemm(g, k, s.xn, d.hidden, n, &m.router, None, GemmOut::Store(s.router_logits), d.n_experts, None)?;
-        gemm::gemm(g, k, s.xn, d.hidden, n, &m.sh_expert_gate, None, GemmOut::Store(s.sg), 1, None)?;
+        let router = [
+            Seg { w: &m.router, up: None, out: GemmOut::Store(s.router_logits), ldc: d.n_experts },
+            Seg { w: &m.sh_expert_gate, up: None, out: GemmOut::Store(s.sg), ldc: 1 },
+        ];
+        self.dense_gemms(s.xn, d.hidden, n, &router)?;
         self.mark("gemm moe norm+router")?;
         let rb = s.route();
-        moe::route(g, k, d, &rb, n, GEMM_BM)?;
+        let bm = moe::tile_rows(d, n);
+        moe::route(g, k, d, &rb, n, bm)?;
         self.mark("moe route")?;
-        let mt = moe::max_tiles(d, n, GEMM_BM);
-        let gather = Grouping { tiles: s.tiles, ntiles: s.ntiles, max_tiles: mt, a_rows: s.perm };
+        let mt = moe::max_tiles(d, n, bm);
+        let gather = Grouping { tiles: s.tiles, ntiles: s.ntiles, max_tiles: mt, a_rows: s.perm, bm };
         let sorted = Grouping { a_rows: 0, ..gather };
         gemm::gemm(g, k, s.xn, d.hidden, n * d.topk, &m.gate, Some(&m.up), GemmOut::SwiGlu(s.act_sorted), d.moe_inter, Some(&gather))?;
         gemm::gemm(g, k, s.act_sorted, d.moe_inter, n * d.topk, &m.down, None, GemmOut::Store(s.y_sorted), d.hidden, Some(&sorted))?;
         self.mark("gemm moe experts")?;
-        gemm::gemm(g, k, s.xn, d.hidden, n, &m.sh_gate, Some(&m.sh_up), GemmOut::SwiGlu(s.act_sh), d.moe_inter, None)?;
-        gemm::gemm(g, k, s.act_sh, d.moe_inter, n, &m.sh_down, None, GemmOut::Store(s.ys), d.hidden, None)?;
+        self.dense_gemms(s.xn, d.hidden, n, &[Seg { w: &m.sh_gate, up: Some(&m.sh_up), out: GemmOut::SwiGlu(s.act_sh), ldc: d.moe_inter }])?;
+        self.dense_gemms(s.act_sh, d.moe_inter, n, &[Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden }])?;
         self.mark("gemm moe shared")?;
         moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n)?;
         self.mark("moe combine")
@@ -328,7 +350,7 @@ impl Model {
             }
         }
         let out = Self::out_projection(l);
-        gemm::gemm(g, k, s.mix_f16, out.cols, t, &out, None, GemmOut::Add(s.h), d.hidden, None)?;
+        self.dense_gemms(s.mix_f16, out.cols, t, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
         self.mark("gemm out_proj")?;
         self.moe_gemm(l, t)
     }

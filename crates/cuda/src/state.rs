@@ -22,10 +22,11 @@ use lily_model::SeqId;
 
 use crate::attention::DecodeScratch;
 use crate::device::{copy_device, write_device, DevSlice, DeviceBuffer, Gpu};
-use crate::dims::{Dims, GDN_CHUNK, GEMM_BM, KV_BLOCK};
+use crate::dims::{Dims, GDN_CHUNK, KV_BLOCK};
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::GdnScratch;
-use crate::moe::{max_tiles, RouteBufs};
+use crate::gemm::{SplitScratch, SPLITK_FLOATS};
+use crate::moe::{max_tiles_any, RouteBufs};
 use crate::qmm::{self, MoeBufs, PackedRows, MAX_DECODE_BATCH};
 
 /// Sizes chosen by the caller; `Options::default()` fits the benchmark
@@ -169,6 +170,8 @@ pub struct Scratch {
     pub y_sorted: u64,
     pub act_sh: u64,
     pub ys: u64,
+    /// f32 [SPLITK_FLOATS]: the split-K partials of a dense GEMM.
+    pub gemm_partial: u64,
     // deltanet prefill
     pub gdn: GdnScratchAddrs,
 }
@@ -201,6 +204,9 @@ impl Scratch {
             perm: self.perm,
             inv: self.inv,
         }
+    }
+    pub fn split_k(&self) -> SplitScratch {
+        SplitScratch { ptr: self.gemm_partial, floats: SPLITK_FLOATS }
     }
     pub fn attn_decode(&self) -> DecodeScratch {
         DecodeScratch { part_o: self.part_o, part_ml: self.part_ml, max_splits: self.max_splits }
@@ -347,13 +353,14 @@ impl Memory {
             offsets: get("offsets")?,
             tiles: get("tiles")?,
             ntiles: get("ntiles")?,
-            max_tiles: max_tiles(dims, rows, GEMM_BM),
+            max_tiles: max_tiles_any(dims, rows),
             perm: get("perm")?,
             inv: get("inv")?,
             act_sorted: get("act_sorted")?,
             y_sorted: get("y_sorted")?,
             act_sh: get("act_sh")?,
             ys: get("ys")?,
+            gemm_partial: get("gemm_partial")?,
             gdn: GdnScratchAddrs {
                 q: get("gdn_q")?,
                 k: get("gdn_k")?,
@@ -617,7 +624,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("counts", dims.n_experts * 4);
     l.add("rank", rows * dims.topk * 4);
     l.add("offsets", (dims.n_experts + 1) * 4);
-    l.add("tiles", max_tiles(dims, rows, GEMM_BM) * 3 * 4);
+    l.add("tiles", max_tiles_any(dims, rows) * 3 * 4);
     l.add("ntiles", 16);
     l.add("perm", rows * dims.topk * 4);
     l.add("inv", rows * dims.topk * 4);
@@ -625,6 +632,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("y_sorted", rows * dims.topk * h * f);
     l.add("act_sh", rows * dims.moe_inter * 2);
     l.add("ys", rows * h * f);
+    l.add("gemm_partial", SPLITK_FLOATS * f);
     let sizes = GdnScratch::sizes(dims, tp);
     for (name, n) in ["gdn_q", "gdn_k", "gdn_vu", "gdn_gg", "gdn_bb", "gdn_w", "gdn_gc", "gdn_hs", "gdn_o"].iter().zip(sizes) {
         l.add(name, n * f);

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use common::*;
 use lily_cuda::device::Gpu;
-use lily_cuda::dims::{Dims, GEMM_BM};
-use lily_cuda::gemm::{self, GemmOut, Grouping};
+use lily_cuda::dims::Dims;
+use lily_cuda::gemm::{self, GemmOut, GemmPlan, Grouping, Seg, SplitScratch, TILE_ROWS};
 use lily_cuda::kernels::Kernels;
 use lily_cuda::weights::{MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
@@ -118,6 +118,269 @@ fn gemm_matches_reference_in_every_mode() {
     finish();
 }
 
+/// fp16-operand and exact references of A W^T for rows `a` (row-major, K wide).
+fn gemm_refs(w: &HostQ, e: usize, a: &[f32], kk: usize) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let rows = a.len() / kk;
+    (0..rows).map(|r| (w.matvec_f16w(e, &a[r * kk..(r + 1) * kk]), w.matvec(e, &a[r * kk..(r + 1) * kk]))).unzip()
+}
+
+#[test]
+fn gemm_every_tile_height_matches_reference() {
+    let Some(gpu) = gpu("gemm_every_tile_height_matches_reference") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(660);
+    // N = 200: a partial W tile; K = 256: four k-tiles.
+    let (n, kk) = (200usize, 256usize);
+    for &bm in &TILE_ROWS {
+        for bits in [4u32, 8] {
+            let w = HostQ::random(rng.seed(), 1, n, kk, bits, 0.1);
+            let (_wb, wm) = w.upload(&gpu);
+            // One row, a full tile, a tile and a few rows (M not a multiple of the tile), two tiles and a few.
+            for m in [1usize, bm, bm + 5, 2 * bm + 3] {
+                let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+                let abuf = upload(&gpu, &ab);
+                let (r16, rex) = gemm_refs(&w, 0, &a, kk);
+                for add in [false, true] {
+                    let prev = if add { rng.vec(m * n, -1.0, 1.0) } else { vec![NAN; m * n] };
+                    let out = upload(&gpu, &prev);
+                    let o = if add { GemmOut::Add(out.ptr()) } else { GemmOut::Store(out.ptr()) };
+                    let seg = Seg { w: &wm, up: None, out: o, ldc: n };
+                    gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm, splits: 1 }, None).expect("launch");
+                    let got: Vec<f32> = download(&gpu, out.ptr(), m * n);
+                    let base = |i: usize| if add { prev[i] as f64 } else { 0.0 };
+                    let want16: Vec<f64> = (0..m * n).map(|i| r16[i / n][i % n] + base(i)).collect();
+                    let want: Vec<f64> = (0..m * n).map(|i| rex[i / n][i % n] + base(i)).collect();
+                    let what = format!("gemm bm {bm} {m}x{n}x{kk} {bits}-bit add {add}");
+                    assert_close(&format!("{what} (fp16 operands)"), &got, &want16, 1e-5);
+                    assert_close(&format!("{what} (exact weights)"), &got, &want, 3e-3);
+                }
+            }
+        }
+        // SwiGLU, 200 intermediate rows: a partial 64-row tile.
+        let inter = 200usize;
+        let g = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+        let u = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+        let ((_g1, gm), (_u1, um)) = (g.upload(&gpu), u.upload(&gpu));
+        for m in [1usize, bm + 5] {
+            let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+            let abuf = upload(&gpu, &ab);
+            let out = upload(&gpu, &vec![0xffffu16; m * inter]);
+            let seg = Seg { w: &gm, up: Some(&um), out: GemmOut::SwiGlu(out.ptr()), ldc: inter };
+            gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm, splits: 1 }, None).expect("launch");
+            let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), m * inter).into_iter().map(f16_val).collect();
+            let (gy, _) = gemm_refs(&g, 0, &a, kk);
+            let (uy, _) = gemm_refs(&u, 0, &a, kk);
+            let want: Vec<f64> = (0..m).flat_map(|r| (0..inter).map(|i| silu(gy[r][i]) * uy[r][i]).collect::<Vec<_>>()).collect();
+            assert_close(&format!("gemm swiglu bm {bm} {m}x{inter}x{kk}"), &got, &want, 1e-3);
+        }
+    }
+    finish();
+}
+
+#[test]
+fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
+    let Some(gpu) = gpu("gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(670);
+    let scratch_buf = zeros(&gpu, gemm::SPLITK_FLOATS * 4);
+    let scratch = SplitScratch { ptr: scratch_buf.ptr(), floats: gemm::SPLITK_FLOATS };
+    // K = 1024: 16 k-tiles, so 3 and 5 splits are uneven (6+6+4, 4+4+4+4) and 16 is one k-tile each.
+    let kk = 1024usize;
+    // Segments as the model uses them: big + 32-row + 1-row (+ a full tile), 4-bit; a
+    // 256-row + 1-row pair, 8-bit (router + shared-expert gate). Output strides wider than the rows.
+    for (bits, rows) in [(4u32, vec![300usize, 32, 1, 128]), (8, vec![256, 1])] {
+        let ws: Vec<HostQ> = rows.iter().map(|r| HostQ::random(rng.seed(), 1, *r, kk, bits, 0.1)).collect();
+        let up: Vec<_> = ws.iter().map(|w| w.upload(&gpu)).collect();
+        for m in [7usize, 130] {
+            let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+            let abuf = upload(&gpu, &ab);
+            let refs: Vec<_> = ws.iter().map(|w| gemm_refs(w, 0, &a, kk).0).collect();
+            let bm = gemm::plan_dense(m, 1, kk, 0).bm;
+            for add in [false, true] {
+                let mut first: Option<Vec<Vec<f32>>> = None;
+                for splits in [1usize, 2, 3, 5, 16, 16] {
+                    let prevs: Vec<Vec<f32>> =
+                        rows.iter().map(|r| if add { Rng::new(671 + *r as u64).vec(m * (r + 3), -1.0, 1.0) } else { vec![NAN; m * (r + 3)] }).collect();
+                    let outs: Vec<_> = prevs.iter().map(|p| upload(&gpu, p)).collect();
+                    let segs: Vec<Seg> = up
+                        .iter()
+                        .zip(&outs)
+                        .zip(&rows)
+                        .map(|(((_, wm), o), r)| Seg { w: wm, up: None, out: if add { GemmOut::Add(o.ptr()) } else { GemmOut::Store(o.ptr()) }, ldc: r + 3 })
+                        .collect();
+                    gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &segs, None, GemmPlan { bm, splits }, Some(scratch)).expect("launch");
+                    let mut gots = Vec::new();
+                    for (si, r) in rows.iter().enumerate() {
+                        let ldc = r + 3;
+                        let got: Vec<f32> = download(&gpu, outs[si].ptr(), m * ldc);
+                        let mut body = Vec::with_capacity(m * r);
+                        let mut want = Vec::with_capacity(m * r);
+                        for (row, want_row) in refs[si].iter().enumerate() {
+                            for (c, g) in got[row * ldc..(row + 1) * ldc].iter().enumerate() {
+                                let prev = prevs[si][row * ldc + c];
+                                match want_row.get(c) {
+                                    Some(w) => {
+                                        body.push(*g);
+                                        want.push(w + if add { prev as f64 } else { 0.0 });
+                                    }
+                                    None => check(
+                                        g.to_bits() == prev.to_bits(),
+                                        format!("{bits}-bit seg {si} m {m} splits {splits}: column {c} past the rows written"),
+                                    ),
+                                }
+                            }
+                        }
+                        assert_close(&format!("gemm {bits}-bit seg {si} ({r} rows) m {m} splits {splits} add {add}"), &body, &want, 1e-5);
+                        gots.push(got);
+                    }
+                    if splits == 16 {
+                        // The same split twice: the same bits.
+                        match &first {
+                            None => first = Some(gots),
+                            Some(f) => check(
+                                f.iter().zip(&gots).all(|(x, y)| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())),
+                                format!("{bits}-bit m {m} add {add}: split-K repeats bit for bit"),
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // SwiGLU over split K (the shared expert's gate/up), and the planner's own choice.
+    let (inter, kk) = (512usize, 2048usize);
+    let g = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+    let u = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+    let ((_g1, gm), (_u1, um)) = (g.upload(&gpu), u.upload(&gpu));
+    for (m, splits) in [(37usize, Some(4usize)), (37, Some(16)), (256, None)] {
+        let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+        let abuf = upload(&gpu, &ab);
+        let out = upload(&gpu, &vec![0xffffu16; m * inter]);
+        let seg = Seg { w: &gm, up: Some(&um), out: GemmOut::SwiGlu(out.ptr()), ldc: inter };
+        match splits {
+            Some(s) => gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm: gemm::plan_dense(m, 1, kk, 0).bm, splits: s }, Some(scratch)),
+            None => {
+                let plan = gemm::plan_dense(m, inter / 64, kk, 2 * inter);
+                check(plan.splits > 1, format!("the planner splits the shared expert at {m} rows: {plan:?}"));
+                gemm::gemm_segs(&gpu, &k, abuf.ptr(), kk, m, &[seg], scratch)
+            }
+        }
+        .expect("launch");
+        let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), m * inter).into_iter().map(f16_val).collect();
+        let (gy, _) = gemm_refs(&g, 0, &a, kk);
+        let (uy, _) = gemm_refs(&u, 0, &a, kk);
+        let want: Vec<f64> = (0..m).flat_map(|r| (0..inter).map(|i| silu(gy[r][i]) * uy[r][i]).collect::<Vec<_>>()).collect();
+        assert_close(&format!("gemm swiglu {m}x{inter}x{kk} splits {splits:?}"), &got, &want, 1e-3);
+    }
+    finish();
+}
+
+#[test]
+fn grouped_gemm_ragged_groups_match_reference() {
+    let Some(gpu) = gpu("grouped_gemm_ragged_groups_match_reference") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(690);
+    // Tokens per expert: empty, one, around a 16-row tile, several tiles.
+    let counts = [0usize, 1, 15, 17, 100, 33];
+    let experts = counts.len();
+    let rows: usize = counts.iter().sum();
+    let ntok = 50usize;
+    let (inter, kk) = (128usize, 256usize);
+    let (n_down, k_down) = (200usize, inter);
+    let gate = HostQ::random(rng.seed(), experts, inter, kk, 4, 0.1);
+    let upq = HostQ::random(rng.seed(), experts, inter, kk, 4, 0.1);
+    let down = HostQ::random(rng.seed(), experts, n_down, k_down, 4, 0.1);
+    let ((_g, gm), (_u, um), (_dn, dm)) = (gate.upload(&gpu), upq.upload(&gpu), down.upload(&gpu));
+    let (x, xb) = f16_matrix(&mut rng, ntok, kk, 2.0);
+    let xbuf = upload(&gpu, &xb);
+    // Sorted row -> token, and sorted row -> expert.
+    let a_rows: Vec<i32> = (0..rows).map(|_| rng.below(ntok) as i32).collect();
+    let expert_of: Vec<usize> = counts.iter().enumerate().flat_map(|(e, c)| std::iter::repeat_n(e, *c)).collect();
+    let arb = upload(&gpu, &a_rows);
+    // The down GEMM's input: sorted rows of fp16.
+    let (act, actb) = f16_matrix(&mut rng, rows, k_down, 1.0);
+    let actbuf = upload(&gpu, &actb);
+    for &bm in &TILE_ROWS {
+        let mut tiles: Vec<i32> = Vec::new();
+        let mut off = 0usize;
+        for (e, c) in counts.iter().enumerate() {
+            let mut j = 0;
+            while j < *c {
+                tiles.extend([e as i32, (off + j) as i32, (off + (j + bm).min(*c)) as i32]);
+                j += bm;
+            }
+            off += c;
+        }
+        let nt = tiles.len() / 3;
+        // Two spare grid rows: blocks past the device count exit.
+        let max_tiles = nt + 2;
+        tiles.extend([0; 6]);
+        let (tb, ntb) = (upload(&gpu, &tiles), upload(&gpu, &[nt as i32]));
+        let gather = Grouping { tiles: tb.ptr(), ntiles: ntb.ptr(), max_tiles, a_rows: arb.ptr(), bm };
+        let sorted = Grouping { a_rows: 0, ..gather };
+        let plan = GemmPlan { bm, splits: 1 };
+
+        let out = upload(&gpu, &vec![0xffffu16; rows * inter]);
+        let seg = Seg { w: &gm, up: Some(&um), out: GemmOut::SwiGlu(out.ptr()), ldc: inter };
+        gemm::gemm_with(&gpu, &k, xbuf.ptr(), kk, rows, &[seg], Some(&gather), plan, None).expect("gate_up");
+        let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), rows * inter).into_iter().map(f16_val).collect();
+        let want: Vec<f64> = (0..rows)
+            .into_par_iter()
+            .flat_map_iter(|r| {
+                let t = a_rows[r] as usize;
+                let xt = &x[t * kk..(t + 1) * kk];
+                let (gy, uy) = (gate.matvec_f16w(expert_of[r], xt), upq.matvec_f16w(expert_of[r], xt));
+                gy.into_iter().zip(uy).map(|(a, b)| silu(a) * b).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_close(&format!("grouped swiglu bm {bm} groups {counts:?}"), &got, &want, 1e-3);
+
+        let y = upload(&gpu, &vec![NAN; rows * n_down]);
+        let seg = Seg { w: &dm, up: None, out: GemmOut::Store(y.ptr()), ldc: n_down };
+        gemm::gemm_with(&gpu, &k, actbuf.ptr(), k_down, rows, &[seg], Some(&sorted), plan, None).expect("down");
+        let got: Vec<f32> = download(&gpu, y.ptr(), rows * n_down);
+        let want: Vec<f64> = (0..rows).into_par_iter().flat_map_iter(|r| down.matvec_f16w(expert_of[r], &act[r * k_down..(r + 1) * k_down])).collect();
+        assert_close(&format!("grouped down bm {bm} groups {counts:?}"), &got, &want, 1e-5);
+    }
+    finish();
+}
+
+#[test]
+fn gemm_refuses_what_it_cannot_run() {
+    let Some(gpu) = gpu("gemm_refuses_what_it_cannot_run") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let w = HostQ::random(1, 1, 64, 128, 4, 0.1);
+    let w8 = HostQ::random(2, 1, 64, 128, 8, 0.1);
+    let ((_a, wm), (_b, w8m)) = (w.upload(&gpu), w8.upload(&gpu));
+    let a = zeros(&gpu, 40 * 128 * 2);
+    let out = zeros(&gpu, 40 * 64 * 4);
+    let seg = Seg { w: &wm, up: None, out: GemmOut::Store(out.ptr()), ldc: 64 };
+    let err = |r: lily_cuda::error::CudaResult<()>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[seg], None, GemmPlan { bm: 48, splits: 1 }, None));
+    check(e.contains("tile height 48"), format!("an uncompiled tile height: {e}"));
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[seg], None, GemmPlan { bm: 64, splits: 2 }, None));
+    check(e.contains("partial scratch"), format!("split-K without scratch: {e}"));
+    let tiny = SplitScratch { ptr: out.ptr(), floats: 100 };
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[seg], None, GemmPlan { bm: 64, splits: 2 }, Some(tiny)));
+    check(e.contains("the scratch holds 100"), format!("split-K past the scratch: {e}"));
+    let seg8 = Seg { w: &w8m, up: None, out: GemmOut::Store(out.ptr()), ldc: 64 };
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[seg, seg8], None, GemmPlan { bm: 64, splits: 1 }, None));
+    check(e.contains("differs from matrix 0"), format!("mixed bit widths in one launch: {e}"));
+    let narrow = Seg { ldc: 10, ..seg };
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[narrow], None, GemmPlan { bm: 64, splits: 1 }, None));
+    check(e.contains("ldc 10"), format!("ldc narrower than the rows: {e}"));
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[seg; 5], None, GemmPlan { bm: 64, splits: 1 }, None));
+    check(e.contains("5 matrices"), format!("too many segments: {e}"));
+    let g = Grouping { tiles: out.ptr(), ntiles: out.ptr(), max_tiles: 1, a_rows: 0, bm: 16 };
+    let e = err(gemm::gemm_with(&gpu, &k, a.ptr(), 128, 40, &[seg], Some(&g), GemmPlan { bm: 32, splits: 1 }, None));
+    check(e.contains("cut at 16 rows"), format!("a tile list cut at another height: {e}"));
+    finish();
+}
+
 #[test]
 fn rmsnorm_f16_matches_reference() {
     let Some(gpu) = gpu("rmsnorm_f16_matches_reference") else { return };
@@ -211,7 +474,9 @@ fn grouped_moe_gemm_path_matches_reference() {
         let (_bufs, dev) = moe_dev(&gpu, &host);
         // Tiny: 300 tokens over 8 experts put several GEMM tiles on one expert.
         let sizes: &[usize] = if d.n_experts > 64 { &[5, 64] } else { &[5, 300] };
-        for &n in sizes {
+        // Every tile height the route can pick, and the one it picks.
+        let cases: Vec<(usize, usize)> = sizes.iter().flat_map(|&n| TILE_ROWS.iter().map(move |&bm| (n, bm))).collect();
+        for (n, bm) in cases {
             let mut rng = Rng::new(810 + n as u64);
             let h0 = rng.vec(n * d.hidden, -3.0, 3.0);
             let gain = rng.vec(d.hidden, 0.5, 1.5);
@@ -219,7 +484,7 @@ fn grouped_moe_gemm_path_matches_reference() {
             let sg = rng.vec(n, -2.0, 2.0);
             let (hb, gb, lb, sb) = (upload(&gpu, &h0), upload(&gpu, &gain), upload(&gpu, &logits), upload(&gpu, &sg));
             let xn = zeros(&gpu, n * d.hidden * 2);
-            let mt = moe::max_tiles(&d, n, GEMM_BM);
+            let mt = moe::max_tiles(&d, n, bm);
             let z = |bytes: usize| zeros(&gpu, bytes);
             let (ti, tw, counts, rank, offs, tiles, ntiles, perm, inv) = (
                 z(n * d.topk * 4),
@@ -249,8 +514,8 @@ fn grouped_moe_gemm_path_matches_reference() {
             let act_sh = z(n * d.moe_inter * 2);
             let ys = upload(&gpu, &vec![NAN; n * d.hidden]);
             gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), gb.ptr(), xn.ptr(), n, d.hidden, d.rms_eps).expect("norm");
-            moe::route(&gpu, &k, &d, &rb, n, GEMM_BM).expect("route");
-            let gather = Grouping { tiles: tiles.ptr(), ntiles: ntiles.ptr(), max_tiles: mt, a_rows: perm.ptr() };
+            moe::route(&gpu, &k, &d, &rb, n, bm).expect("route");
+            let gather = Grouping { tiles: tiles.ptr(), ntiles: ntiles.ptr(), max_tiles: mt, a_rows: perm.ptr(), bm };
             let sorted = Grouping { a_rows: 0, ..gather };
             gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n * d.topk, &dev.gate, Some(&dev.up), GemmOut::SwiGlu(act_sorted.ptr()), d.moe_inter, Some(&gather))
                 .expect("gate_up");
@@ -280,7 +545,7 @@ fn grouped_moe_gemm_path_matches_reference() {
                     ht.iter().zip(y).map(|(a, b)| *a as f64 + b).collect::<Vec<_>>()
                 })
                 .collect();
-            assert_close(&format!("grouped moe {label} {n} tokens"), &got, &want, 2e-3);
+            assert_close(&format!("grouped moe {label} {n} tokens, {bm}-row tiles"), &got, &want, 2e-3);
         }
     }
     finish();

@@ -2,33 +2,63 @@
 // on tensor cores (mma.sync m16n8k16 fp16, fp32 accumulators).
 //
 // A: fp16 [rows][lda] activations; W: [experts][N][K] packed codes with bf16
-// scales/biases per 64 columns (as stored). Each k-tile is exactly one quantisation group
-// (BK = 64), so a thread dequantises its 16-byte chunk of codes with one
-// scale and one bias (w = scale * q + bias in fp32, rounded to fp16) into the
-// shared W tile, as MLX's quantised matmul does with its activation type.
+// scales/biases per 64 columns (as stored). Each k-tile is exactly one
+// quantisation group (GEMM_BK = 64), so a thread dequantises its 16-byte
+// chunk of codes with one scale and one bias (w = scale * q + bias in fp32,
+// rounded to fp16) into the shared W tile, as MLX's quantised matmul does
+// with its activation type. The code becomes a float through the 2^23 trick
+// (exact, no integer-to-float conversion; see byte_to_f32 in common.cuh).
 //
-// Tiles: BM = 128 rows of A x BN = 128 rows of W, 256 threads = 8 warps as
-// 2 (M) x 4 (N), warp tile 64 x 32. A tiles arrive by cp.async (double
-// buffered), W codes for the next k-tile are loaded into registers while the
-// current one is multiplied.
+// Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
+// = 8 warps. BM is a template parameter, compiled for every height of
+// gemm.rs `TILE_ROWS` (16, 32, 64, 128; entry points gemm_q{4,8}_bm{BM}):
+//   BM = 128: warps 2 (M) x 4 (N), warp tile 64 x 32 (4 x 4 mma tiles);
+//   BM =  64: warps 2 x 4, warp tile 32 x 32;
+//   BM =  32: warps 2 x 4, warp tile 16 x 32;
+//   BM =  16: warps 1 x 8, warp tile 16 x 16.
+// The W tile (128 x 64, two threads per row) and its dequantisation are the
+// same at every height, so a short tile costs the weight traffic and the
+// dequantisation but not the multiply-adds of empty rows. A tiles arrive by
+// cp.async (double buffered), W codes for the next k-tile are loaded into
+// registers while the current one is multiplied. BN = 64 for the short tiles
+// was considered and left out: the grouped expert GEMMs already launch
+// thousands of blocks at short prompts, and the skinny dense GEMMs get their
+// blocks from concatenation and split-K (below) without halving the W rows
+// each thread dequantises per barrier.
 //
 // Grouping (MoE prefill): `tiles` lists (expert, row start, row end) in the
-// sorted row space, `a_rows` maps a sorted row to its A row (the token), and
-// the expert offsets the weight pointers. Dense: no tiles, identity rows.
+// sorted row space (moe_plan, cut at the same BM), `a_rows` maps a sorted
+// row to its A row (the token), and the expert offsets the weight pointers.
+// Dense: no tiles, identity rows, blockIdx.y = M tile.
+//
+// Segments (dense only): up to GEMM_MAX_SEGS matrices that share A, K, the
+// bit width and the mode run as one launch (the in-projections of a mixer;
+// the router and the shared-expert gate); blockIdx.x runs over the
+// concatenated N tiles, each segment has its own output and ldc. Small
+// matrices (the DeltaNet a/b projections, 32 rows) then ride along with the
+// big ones instead of occupying a whole launch of 2 blocks.
+//
+// Split-K (dense only; deterministic): blockIdx.z = split z takes k-tiles
+// [z * kt_per_split, min(nk, (z + 1) * kt_per_split)) and writes its raw
+// fp32 accumulators to partial[z][m][col] (col: the segment's col0 + n; in
+// SwiGLU mode gate at col i, up at col N + i). gemm_splitk_reduce then sums
+// the splits in order z = 0, 1, ... for every element and applies the mode,
+// so the result does not depend on which block finishes first. The launcher
+// (gemm.rs `plan_dense`) splits only launches of fewer blocks than one per
+// SM: e.g. at 256 rows the router (+ gate) has 6 tiles of 32 serial k-tiles
+// and out_proj 32 tiles of 64 k-tiles, each block walking K alone on its SM.
 //
 // Modes: 0 out_f32 = C; 1 out_f32 += C (residual add); 2 SwiGLU: the tile's
 // W rows alternate 8 gate rows / 8 up rows of 64 intermediate rows, and
 // out_f16[m][i] = silu(gate . a) * (up . a).
 
-#define GM_BM 128
-#define GM_BN 128
-#define GM_BK 64
-#define GM_LD (GM_BK + 8)
-#define GM_THREADS 256
+#define GM_LD (GEMM_BK + GEMM_PAD)
 
-struct GemmParams {
-    const f16* a;
-    const int* a_rows;       // sorted row -> A row, or null
+static_assert(GEMM_BK == GROUP_SIZE, "a k-tile is one quantisation group");
+static_assert(GEMM_THREADS == 2 * GEMM_BN, "two threads dequantise each W row of a tile");
+
+// One matrix of a launch (mirrored by gemm.rs `GemmSegC`).
+struct GemmSeg {
     const u32* codes;
     const bf16* scales;
     const bf16* biases;
@@ -37,25 +67,65 @@ struct GemmParams {
     const bf16* biases2;
     float* out_f32;
     f16* out_f16;
+    int n;                   // W rows (mode 2: intermediate rows)
+    int ldc;
+    int tile0;               // first blockIdx.x of this segment
+    int col0;                // first column of this segment in a partial row
+};
+LAYOUT_CHECK(GemmSeg, GEMM_SEG_BYTES)
+
+struct GemmParams {
+    const f16* a;
+    const int* a_rows;       // sorted row -> A row, or null
     const int* tiles;        // [max_tiles][3] or null
     const int* ntiles;       // device count of tiles, or null
+    float* partial;          // split-K partials [splits][M][ncols], or null
     long long e_codes;       // words per expert
     long long e_groups;      // scale/bias entries per expert
+    GemmSeg seg[GEMM_MAX_SEGS];
+    int nseg;
     int lda;
-    int ldc;
     int M;                   // rows (dense)
-    int N;                   // W rows (mode 2: intermediate rows)
     int K;
     int mode;
+    int kt_per_split;        // k-tiles per blockIdx.z (all of K: no split)
+    int splits;
+    int ncols;               // columns of a partial row
 };
+LAYOUT_CHECK(GemmParams, GEMM_PARAMS_BYTES)
 
-template <int BITS>
+// The segment of N tile `bx` (segments in ascending tile0). The kernel then
+// reads the segment's fields from the parameter space at this index where
+// it needs them, rather than holding a copy in registers across the K loop.
+__device__ __forceinline__ int gemm_seg_of_tile(const GemmParams& p, int bx) {
+    int s = 0;
+#pragma unroll
+    for (int i = 1; i < GEMM_MAX_SEGS; ++i)
+        if (i < p.nseg && bx >= p.seg[i].tile0) s = i;
+    return s;
+}
+
+// float(code j) of a word of 4-bit codes, exact (the 2^23 trick).
+__device__ __forceinline__ float nib_to_f32(u32 w, int j) {
+    return __uint_as_float(((w >> (4 * j)) & 15u) | 0x4B000000u) - 8388608.f;
+}
+
+template <int BITS, int BM, int SMEM>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
+    constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS;
+    constexpr int WM = BM >= 32 ? 2 : 1;          // warps along M
+    constexpr int WN = NT / 32 / WM;              // warps along N
+    constexpr int WTM = BM / WM, WTN = BN / WN;   // warp tile
+    constexpr int MF = WTM / 16, NF = WTN / 8;    // m16 / n8 mma tiles per warp
+    static_assert(WTM % 16 == 0 && MF >= 1, "whole m16 tiles per warp");
+    static_assert(NF % 2 == 0, "n8 tiles in pairs (one ldmatrix_x4; a SwiGLU gate/up pair)");
+    static_assert(2 * (BM + BN) * LD * 2 == SMEM, "shared memory differs from gemm.rs smem_bytes");
+
     extern __shared__ __align__(16) unsigned char gm_smem[];
-    f16* sA = reinterpret_cast<f16*>(gm_smem);          // [2][GM_BM][GM_LD]
-    f16* sW = sA + 2 * GM_BM * GM_LD;                    // [2][GM_BN][GM_LD]
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp >> 2, wn = warp & 3;
+    f16* sA = reinterpret_cast<f16*>(gm_smem);          // [2][BM][LD]
+    f16* sW = sA + 2 * BM * LD;                          // [2][BN][LD]
+    const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned wm = warp / WN, wn = warp % WN;
 
     int e = 0, m0, m1;
     if (p.tiles != nullptr) {
@@ -65,22 +135,25 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         m0 = tl[1];
         m1 = tl[2];
     } else {
-        m0 = blockIdx.y * GM_BM;
-        m1 = min(p.M, m0 + GM_BM);
+        m0 = blockIdx.y * BM;
+        m1 = min(p.M, m0 + BM);
         if (m0 >= m1) return;
     }
+    const int kt0 = blockIdx.z * p.kt_per_split;
+    const int kt1 = min(p.K / BK, kt0 + p.kt_per_split);
+    if (kt0 >= kt1) return;
+    const GemmSeg& sg = p.seg[gemm_seg_of_tile(p, blockIdx.x)];
     const bool swiglu = p.mode == 2;
-    const int n0 = blockIdx.x * (swiglu ? GM_BN / 2 : GM_BN);
-    const int nk = p.K / GM_BK;
+    const int n0 = ((int)blockIdx.x - sg.tile0) * (swiglu ? BN / 2 : BN);
     const int wpr = p.K * BITS / 32;          // words per W row
     const int gpr = p.K / GROUP_SIZE;         // groups per W row
 
     // This thread's W row in the tile and its source.
-    const int tr = tid >> 1;
-    constexpr int UPR = GM_BK * BITS / 128;   // uint4 per row per k-tile (2 or 4)
+    const int tr = (int)(tid >> 1);
+    constexpr int UPR = BK * BITS / 128;      // uint4 per row per k-tile (2 or 4)
     constexpr int LPT = UPR / 2;              // uint4 per thread (1 or 2)
     constexpr int CPU4 = 128 / BITS;          // codes per uint4 (32 or 16)
-    const int part = tid & 1;
+    const int part = (int)(tid & 1);
     int wrow;
     const u32* wc;
     const bf16 *ws, *wb;
@@ -88,30 +161,36 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         const int j8 = tr >> 3;
         wrow = n0 + (j8 >> 1) * 8 + (tr & 7);
         const bool up = j8 & 1;
-        wc = (up ? p.codes2 : p.codes) + e * p.e_codes;
-        ws = (up ? p.scales2 : p.scales) + e * p.e_groups;
-        wb = (up ? p.biases2 : p.biases) + e * p.e_groups;
+        wc = (up ? sg.codes2 : sg.codes) + e * p.e_codes;
+        ws = (up ? sg.scales2 : sg.scales) + e * p.e_groups;
+        wb = (up ? sg.biases2 : sg.biases) + e * p.e_groups;
     } else {
         wrow = n0 + tr;
-        wc = p.codes + e * p.e_codes;
-        ws = p.scales + e * p.e_groups;
-        wb = p.biases + e * p.e_groups;
+        wc = sg.codes + e * p.e_codes;
+        ws = sg.scales + e * p.e_groups;
+        wb = sg.biases + e * p.e_groups;
     }
-    const bool wvalid = wrow < p.N;
-    const u32* wrow_codes = wc + (size_t)(wvalid ? wrow : 0) * wpr;
+    const bool wvalid = wrow < sg.n;
+    // This row's codes, scales and biases from the split's first k-tile on.
+    const size_t wr = wvalid ? wrow : 0;
+    const u32* wrow_codes = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32);
+    const bf16* wrow_s = ws + wr * gpr + kt0;
+    const bf16* wrow_b = wb + wr * gpr + kt0;
+    const int nkt = kt1 - kt0;
 
     uint4 wreg[LPT];
     float wsc = 0.f, wbi = 0.f;
-    auto load_w = [&](int kt) {
+    // it: k-tile index within the split.
+    auto load_w = [&](int it) {
 #pragma unroll
         for (int i = 0; i < LPT; ++i)
-            wreg[i] = wvalid ? ld_stream_u4(wrow_codes + (size_t)kt * (GM_BK * BITS / 32) + (part * LPT + i) * 4)
+            wreg[i] = wvalid ? ld_stream_u4(wrow_codes + it * (BK * BITS / 32) + (part * LPT + i) * 4)
                              : make_uint4(0, 0, 0, 0);
-        wsc = wvalid ? bf16_to_f32(ld_nc_u16(ws + (size_t)wrow * gpr + kt)) : 0.f;
-        wbi = wvalid ? bf16_to_f32(ld_nc_u16(wb + (size_t)wrow * gpr + kt)) : 0.f;
+        wsc = wvalid ? bf16_to_f32(ld_nc_u16(wrow_s + it)) : 0.f;
+        wbi = wvalid ? bf16_to_f32(ld_nc_u16(wrow_b + it)) : 0.f;
     };
     auto store_w = [&](int stage) {
-        f16* dst = sW + stage * GM_BN * GM_LD + tr * GM_LD + part * LPT * CPU4;
+        f16* dst = sW + stage * BN * LD + tr * LD + part * LPT * CPU4;
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
             const u32 wv[4] = {wreg[i].x, wreg[i].y, wreg[i].z, wreg[i].w};
@@ -121,15 +200,15 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 if (BITS == 4) {
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        const float lo = fmaf(wsc, (float)((wv[j] >> (8 * k)) & 15u), wbi);
-                        const float hi = fmaf(wsc, (float)((wv[j] >> (8 * k + 4)) & 15u), wbi);
+                        const float lo = fmaf(wsc, nib_to_f32(wv[j], 2 * k), wbi);
+                        const float hi = fmaf(wsc, nib_to_f32(wv[j], 2 * k + 1), wbi);
                         packed[j * 4 + k] = pack_f16x2(lo, hi);
                     }
                 } else {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
-                        const float lo = fmaf(wsc, (float)((wv[j] >> (16 * k)) & 255u), wbi);
-                        const float hi = fmaf(wsc, (float)((wv[j] >> (16 * k + 8)) & 255u), wbi);
+                        const float lo = fmaf(wsc, byte_to_f32(wv[j], 2 * k), wbi);
+                        const float hi = fmaf(wsc, byte_to_f32(wv[j], 2 * k + 1), wbi);
                         packed[j * 2 + k] = pack_f16x2(lo, hi);
                     }
                 }
@@ -140,92 +219,123 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                     make_uint4(packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
         }
     };
-    // A rows of this tile: 4 chunks of 16 bytes per thread per k-tile.
-    auto load_a = [&](int kt, int stage) {
-        f16* dst = sA + stage * GM_BM * GM_LD;
+    // A rows of this tile: BM * BK / 8 chunks of 16 bytes (fewer than the
+    // threads when BM = 16).
+    constexpr int CPR = BK / 8;                  // chunks per A row
+    constexpr int A_CHUNKS = BM * CPR;
+    constexpr int A_ITERS = (A_CHUNKS + NT - 1) / NT;
+    // Element offsets (from p.a) of this thread's A chunks, computed once:
+    // 32-bit, so the K loop holds one register per chunk, not a pointer.
+    int a_off[A_ITERS];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int idx = tid + i * GM_THREADS;
-            const int r = idx >> 3, c = (idx & 7) * 8;
-            const int m = m0 + r;
-            const bool ok = m < m1;
-            const int arow = ok ? (p.a_rows != nullptr ? p.a_rows[m] : m) : 0;
-            cp_async16(dst + r * GM_LD + c, p.a + (size_t)arow * p.lda + kt * GM_BK + c, ok ? 16 : 0);
+    for (int i = 0; i < A_ITERS; ++i) {
+        const unsigned idx = tid + i * NT;
+        const int m = m0 + (int)(idx / CPR);
+        const bool ok = (A_CHUNKS % NT == 0 || idx < A_CHUNKS) && m < m1;
+        const int arow = ok ? (p.a_rows != nullptr ? p.a_rows[m] : m) : 0;
+        a_off[i] = ok ? arow * p.lda + (int)(idx % CPR) * 8 : -1;
+    }
+    auto load_a = [&](int kt, int stage) {
+        f16* dst = sA + stage * BM * LD;
+#pragma unroll
+        for (int i = 0; i < A_ITERS; ++i) {
+            const unsigned idx = tid + i * NT;
+            if (A_CHUNKS % NT == 0 || idx < A_CHUNKS) {
+                const bool ok = a_off[i] >= 0;
+                cp_async16(dst + (idx / CPR) * LD + (idx % CPR) * 8, p.a + (ok ? a_off[i] + kt * BK : 0), ok ? 16 : 0);
+            }
         }
         cp_async_commit();
     };
 
-    float acc[4][4][4];
+    float acc[MF][NF][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < MF; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+        for (int j = 0; j < NF; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-    load_a(0, 0);
+    load_a(kt0, 0);
     load_w(0);
-    for (int kt = 0; kt < nk; ++kt) {
-        const int st = kt & 1;
+    for (int it = 0; it < nkt; ++it) {
+        const int st = it & 1;
         store_w(st);
-        if (kt + 1 < nk) {
-            load_a(kt + 1, st ^ 1);
-            load_w(kt + 1);
+        if (it + 1 < nkt) {
+            load_a(kt0 + it + 1, st ^ 1);
+            load_w(it + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const f16* a_s = sA + st * GM_BM * GM_LD;
-        const f16* w_s = sW + st * GM_BN * GM_LD;
+        const f16* a_s = sA + st * BM * LD;
+        const f16* w_s = sW + st * BN * LD;
 #pragma unroll
-        for (int ks = 0; ks < GM_BK / 16; ++ks) {
-            u32 af[4][4];
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            u32 af[MF][4];
 #pragma unroll
-            for (int mf = 0; mf < 4; ++mf)
+            for (int mf = 0; mf < MF; ++mf)
                 ldmatrix_x4(af[mf][0], af[mf][1], af[mf][2], af[mf][3],
-                            a_s + (wm * 64 + mf * 16 + (lane & 15)) * GM_LD + ks * 16 + (lane >> 4) * 8);
-            u32 bf[4][2];
+                            a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
+            u32 bf[NF][2];
 #pragma unroll
-            for (int np = 0; np < 2; ++np)
+            for (int np = 0; np < NF / 2; ++np)
                 ldmatrix_x4(bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1],
-                            w_s + (wn * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8) * GM_LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                            w_s + (wn * WTN + np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-            for (int mf = 0; mf < 4; ++mf)
+            for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-                for (int nf = 0; nf < 4; ++nf)
+                for (int nf = 0; nf < NF; ++nf)
                     mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
         }
         __syncthreads();
     }
 
-    const int g = lane >> 2, c4 = lane & 3;
+    // Epilogue: the mode's output, or this split's raw partial sums. The
+    // segment is looked up again (cheap) instead of being kept in registers
+    // through the K loop, which needs all 128 of them at BM = 128.
+    const GemmSeg& so = p.seg[gemm_seg_of_tile(p, blockIdx.x)];
+    const int o0 = ((int)blockIdx.x - so.tile0) * (swiglu ? BN / 2 : BN);
+    const int g = (int)(lane >> 2), c4 = (int)(lane & 3);
 #pragma unroll
-    for (int mf = 0; mf < 4; ++mf) {
+    for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-            const int m = m0 + wm * 64 + mf * 16 + g + 8 * hr;
+            const int m = m0 + wm * WTM + mf * 16 + g + 8 * hr;
             if (m >= m1) continue;
+            float* prow = p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr;
             if (swiglu) {
 #pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    const int i = n0 + (wn * 2 + q) * 8 + 2 * c4;
-                    if (i >= p.N) continue;
+                for (int q = 0; q < NF / 2; ++q) {
+                    const int i = o0 + (wn * (NF / 2) + q) * 8 + 2 * c4;
+                    if (i >= so.n) continue;
                     const float* gt = acc[mf][2 * q];
                     const float* up = acc[mf][2 * q + 1];
-                    const float y0 = siluf_(gt[2 * hr]) * up[2 * hr];
-                    const float y1 = siluf_(gt[2 * hr + 1]) * up[2 * hr + 1];
-                    *reinterpret_cast<u32*>(p.out_f16 + (size_t)m * p.ldc + i) = pack_f16x2(y0, y1);
+                    if (prow != nullptr) {
+                        prow[i] = gt[2 * hr];
+                        prow[i + 1] = gt[2 * hr + 1];
+                        prow[so.n + i] = up[2 * hr];
+                        prow[so.n + i + 1] = up[2 * hr + 1];
+                    } else {
+                        const float y0 = siluf_(gt[2 * hr]) * up[2 * hr];
+                        const float y1 = siluf_(gt[2 * hr + 1]) * up[2 * hr + 1];
+                        *reinterpret_cast<u32*>(so.out_f16 + (size_t)m * so.ldc + i) = pack_f16x2(y0, y1);
+                    }
                 }
             } else {
 #pragma unroll
-                for (int nf = 0; nf < 4; ++nf) {
-                    const int n = n0 + wn * 32 + nf * 8 + 2 * c4;
-                    float* o = p.out_f32 + (size_t)m * p.ldc + n;
+                for (int nf = 0; nf < NF; ++nf) {
+                    const int n = o0 + wn * WTN + nf * 8 + 2 * c4;
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        if (n + j >= p.N) continue;
+                        if (n + j >= so.n) continue;
                         const float v = acc[mf][nf][2 * hr + j];
-                        if (p.mode == 1) o[j] += v;
-                        else o[j] = v;
+                        if (prow != nullptr) {
+                            prow[so.col0 + n + j] = v;
+                        } else {
+                            float* o = so.out_f32 + (size_t)m * so.ldc + n + j;
+                            if (p.mode == 1) *o += v;
+                            else *o = v;
+                        }
                     }
                 }
             }
@@ -233,8 +343,56 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) gemm_q4(const __grid_constant__ GemmParams p) { gemm_body<4>(p); }
-extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) gemm_q8(const __grid_constant__ GemmParams p) { gemm_body<8>(p); }
+// One entry point per bit width and tile height; the names carry the height
+// (gemm_q4_bm16 ...), which the host's defines supply (gemm.rs TILE_ROWS).
+#define GEMM_ENTRY_(BITS, BM, MINB, SMEM)                                                        \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB)                             \
+        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, SMEM>(p); }
+#define GEMM_ENTRY(BITS, BM, MINB, SMEM) GEMM_ENTRY_(BITS, BM, MINB, SMEM)
+GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_SMEM_T0)
+GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_SMEM_T1)
+GEMM_ENTRY(4, GEMM_BM_T2, GEMM_MINB_T2, GEMM_SMEM_T2)
+GEMM_ENTRY(4, GEMM_BM_T3, GEMM_MINB_T3, GEMM_SMEM_T3)
+GEMM_ENTRY(8, GEMM_BM_T0, GEMM_MINB_T0, GEMM_SMEM_T0)
+GEMM_ENTRY(8, GEMM_BM_T1, GEMM_MINB_T1, GEMM_SMEM_T1)
+GEMM_ENTRY(8, GEMM_BM_T2, GEMM_MINB_T2, GEMM_SMEM_T2)
+GEMM_ENTRY(8, GEMM_BM_T3, GEMM_MINB_T3, GEMM_SMEM_T3)
+
+// grid (ceil(M * nout / 256)), block 256, the GEMM's own parameters: one
+// thread per output element sums the splits' partials in split order (fixed,
+// so the result is the same on every run), then applies the mode:
+//   mode 0/1: nout = ncols; column c belongs to the segment with the largest
+//             col0 <= c: out_f32[m][c - col0] = (or +=) sum;
+//   mode 2:   nout = N (one segment); out_f16[m][i] = silu(sum gate) * sum up.
+extern "C" __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __grid_constant__ GemmParams p) {
+    const bool swiglu = p.mode == 2;
+    const int nout = swiglu ? p.seg[0].n : p.ncols;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)p.M * nout) return;
+    const int m = (int)(idx / nout), c = (int)(idx % nout);
+    const size_t plane = (size_t)p.M * p.ncols;
+    const float* pr = p.partial + (size_t)m * p.ncols + c;
+    if (swiglu) {
+        float gt = 0.f, up = 0.f;
+        for (int z = 0; z < p.splits; ++z) {
+            gt += pr[z * plane];
+            up += pr[z * plane + nout];
+        }
+        const GemmSeg& s0 = p.seg[0];
+        s0.out_f16[(size_t)m * s0.ldc + c] = f32_to_f16(siluf_(gt) * up);
+        return;
+    }
+    float v = 0.f;
+    for (int z = 0; z < p.splits; ++z) v += pr[z * plane];
+    int si = 0;
+#pragma unroll
+    for (int i = 1; i < GEMM_MAX_SEGS; ++i)
+        if (i < p.nseg && c >= p.seg[i].col0) si = i;
+    const GemmSeg& s = p.seg[si];
+    float* o = s.out_f32 + (size_t)m * s.ldc + (c - s.col0);
+    if (p.mode == 1) *o += v;
+    else *o = v;
+}
 
 // grid (T), block 256: out[t][c] = f16(x[t][c] * rsqrt(mean(x[t]^2) + eps) * gain[c]).
 // The normalised activations that feed the GEMMs.
