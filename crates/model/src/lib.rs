@@ -96,6 +96,39 @@ pub trait Backend: Send {
     /// Appends `tokens` to the sequence and returns logits (`vocab_size`
     /// floats per returned position).
     fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>>;
+    /// Prefills several distinct sequences in one call: appends each
+    /// part's tokens (non-empty) to its sequence and returns each part's
+    /// last-position logits, in part order. The same result as calling
+    /// `prefill(seq, tokens, LogitsWanted::Last)` part by part; a backend
+    /// overrides this to run every part's tokens through one pass, so a
+    /// matrix weight is read once for all of them.
+    ///
+    /// Errors: `Capacity` changed no sequence (room for every part is
+    /// checked before any is prefilled), so the caller may retry any
+    /// subset; nor did `Invalid` or `UnknownSequence` found by the checks
+    /// up front. After any other error any part's sequence may have
+    /// advanced (the caller compares `seq_len`).
+    ///
+    /// The default checks every part first (known, distinct, non-empty,
+    /// within `max_seq_len`, and within `kv_room` where the backend has a
+    /// fixed pool), then loops over `prefill`. Should a part still be
+    /// refused for room after an earlier one was prefilled, it answers
+    /// `Device`, not `Capacity`, so the contract above holds.
+    fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+        check_batch_room(self, parts)?;
+        let mut out = Vec::with_capacity(parts.len());
+        for (k, &(seq, tokens)) in parts.iter().enumerate() {
+            let rows = match self.prefill(seq, tokens, LogitsWanted::Last) {
+                Err(ModelError::Capacity(m)) if k > 0 => {
+                    return Err(ModelError::Device(format!("out of room after {k} of {} parts were prefilled: {m}", parts.len())))
+                }
+                other => other?,
+            };
+            out.push(rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?);
+        }
+        Ok(out)
+    }
+
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
@@ -230,6 +263,44 @@ pub trait Backend: Send {
     fn kv_room(&self) -> Option<KvRoom> {
         None
     }
+}
+
+/// The checks `Backend::prefill_batch`'s default makes before it prefills
+/// anything: every part names a known sequence once and has tokens, no
+/// sequence outgrows `max_seq_len`, and (for a backend with a fixed KV pool)
+/// the pool has the blocks every part needs, counted as the pool counts
+/// them (`KvRoom`). Backends that override `prefill_batch` may call it too.
+pub fn check_batch_room<B: Backend + ?Sized>(backend: &B, parts: &[(SeqId, &[u32])]) -> ModelResult<()> {
+    let mut blocks = 0usize;
+    let room = backend.kv_room();
+    for (i, &(seq, tokens)) in parts.iter().enumerate() {
+        if parts[..i].iter().any(|p| p.0 == seq) {
+            return Err(ModelError::Invalid(format!("sequence {seq:?} appears twice in one prefill batch")));
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Invalid(format!("empty prefill for {seq:?}")));
+        }
+        let len = backend.seq_len(seq)?;
+        let new_len = len + tokens.len();
+        if new_len > backend.max_seq_len() {
+            return Err(ModelError::Capacity(format!(
+                "sequence {seq:?} holds {len} tokens; {} more exceed the limit of {}",
+                tokens.len(),
+                backend.max_seq_len()
+            )));
+        }
+        if let Some(r) = room {
+            let b = r.block_tokens.max(1);
+            blocks += new_len.div_ceil(b) - len.div_ceil(b);
+        }
+    }
+    if let Some(r) = room {
+        let b = r.block_tokens.max(1);
+        if blocks > r.free_tokens / b {
+            return Err(ModelError::Capacity(format!("KV cache full: the batch needs {blocks} more blocks of {b} tokens, {} free", r.free_tokens / b)));
+        }
+    }
+    Ok(())
 }
 
 /// A fixed KV pool's state, in tokens. Memory is handed out in blocks of
