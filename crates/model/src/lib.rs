@@ -109,24 +109,9 @@ pub trait Backend: Send {
     /// up front. After any other error any part's sequence may have
     /// advanced (the caller compares `seq_len`).
     ///
-    /// The default checks every part first (known, distinct, non-empty,
-    /// within `max_seq_len`, and within `kv_room` where the backend has a
-    /// fixed pool), then loops over `prefill`. Should a part still be
-    /// refused for room after an earlier one was prefilled, it answers
-    /// `Device`, not `Capacity`, so the contract above holds.
+    /// The default is `prefill_each`.
     fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
-        check_batch_room(self, parts)?;
-        let mut out = Vec::with_capacity(parts.len());
-        for (k, &(seq, tokens)) in parts.iter().enumerate() {
-            let rows = match self.prefill(seq, tokens, LogitsWanted::Last) {
-                Err(ModelError::Capacity(m)) if k > 0 => {
-                    return Err(ModelError::Device(format!("out of room after {k} of {} parts were prefilled: {m}", parts.len())))
-                }
-                other => other?,
-            };
-            out.push(rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?);
-        }
-        Ok(out)
+        prefill_each(self, parts)
     }
 
     /// Appends one token to each sequence of the batch (distinct sequences)
@@ -265,6 +250,26 @@ pub trait Backend: Send {
     }
 }
 
+/// `Backend::prefill_batch` part by part: checks every part first
+/// (`check_batch_room`), then calls `prefill` for each. Should a part still
+/// be refused for room after an earlier one was prefilled (a limit the
+/// checks do not see), it answers `Device`, not `Capacity`, so that
+/// `Capacity` keeps meaning "nothing changed".
+pub fn prefill_each<B: Backend + ?Sized>(backend: &mut B, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+    check_batch_room(backend, parts)?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (k, &(seq, tokens)) in parts.iter().enumerate() {
+        let rows = match backend.prefill(seq, tokens, LogitsWanted::Last) {
+            Err(ModelError::Capacity(m)) if k > 0 => {
+                return Err(ModelError::Device(format!("out of room after {k} of {} parts were prefilled: {m}", parts.len())))
+            }
+            other => other?,
+        };
+        out.push(rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?);
+    }
+    Ok(out)
+}
+
 /// The checks `Backend::prefill_batch`'s default makes before it prefills
 /// anything: every part names a known sequence once and has tokens, no
 /// sequence outgrows `max_seq_len`, and (for a backend with a fixed KV pool)
@@ -389,6 +394,30 @@ mod tests {
             }
             Ok(out)
         }
+    }
+
+    #[test]
+    fn default_prefill_batch_equals_prefill_per_part_and_refuses_up_front() {
+        let (a, b) = ([1u32, 2, 3], [4u32, 5]);
+        let mut one = Toy::new();
+        let (s0, s1) = (one.alloc().expect("alloc"), one.alloc().expect("alloc"));
+        one.prefill(s1, &[9], LogitsWanted::Last).expect("prefill");
+        let want =
+            vec![one.prefill(s0, &a, LogitsWanted::Last).expect("prefill").remove(0), one.prefill(s1, &b, LogitsWanted::Last).expect("prefill").remove(0)];
+        let mut batch = Toy::new();
+        let (t0, t1) = (batch.alloc().expect("alloc"), batch.alloc().expect("alloc"));
+        batch.prefill(t1, &[9], LogitsWanted::Last).expect("prefill");
+        assert_eq!(batch.prefill_batch(&[(t0, &a), (t1, &b)]).expect("batch"), want);
+        // Refusals found by the checks change no sequence, whichever part
+        // they concern: a part past max_seq_len (1024) after one that fits,
+        // a sequence twice, an empty part, an unknown sequence.
+        let long = vec![1u32; 1024];
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (t1, &long)]), Err(ModelError::Capacity(_))));
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (t0, &b)]), Err(ModelError::Invalid(_))));
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (t1, &[])]), Err(ModelError::Invalid(_))));
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (SeqId(99), &b)]), Err(ModelError::UnknownSequence(_))));
+        assert_eq!((batch.seq_len(t0).expect("len"), batch.seq_len(t1).expect("len")), (3, 3));
+        assert!(batch.prefill_batch(&[]).expect("empty batch").is_empty());
     }
 
     #[test]
