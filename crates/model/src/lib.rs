@@ -105,9 +105,10 @@ pub trait Backend: Send {
     ///
     /// Errors: `Capacity` changed no sequence (room for every part is
     /// checked before any is prefilled), so the caller may retry any
-    /// subset; nor did `Invalid` or `UnknownSequence` found by the checks
-    /// up front. After any other error any part's sequence may have
-    /// advanced (the caller compares `seq_len`).
+    /// subset; nor did `Invalid` or `UnknownSequence` from the checks up
+    /// front (the default's are `check_batch_room`'s; a backend may check
+    /// more, e.g. token ids). After any other error any part's sequence may
+    /// have advanced (the caller compares `seq_len`).
     ///
     /// The default is `prefill_each`.
     fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
