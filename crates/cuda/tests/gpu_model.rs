@@ -468,7 +468,8 @@ fn prefill_batch_equals_prefilling_each_sequence_alone() {
     let (pa, pb) = (tokens(block + 1, vocab, 210), tokens(block + 1, vocab, 211));
     let (too_long, bad) = (tokens(1100, vocab, 212), [vocab as u32]);
     let room = be.kv_room().map(|r| r.free_tokens);
-    let refusals: [(&str, Vec<(SeqId, &[u32])>); 4] = [
+    type Parts<'a> = Vec<(SeqId, &'a [u32])>;
+    let refusals: [(&str, Parts); 4] = [
         ("past max_seq_len", vec![(a, &pa[..]), (b, &too_long[..])]),
         ("a sequence twice", vec![(a, &pa[..]), (a, &pb[..])]),
         ("a token outside the vocabulary", vec![(a, &pa[..]), (b, &bad[..])]),

@@ -751,7 +751,7 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
         }
         let batches = calls.iter().filter(|c| matches!(c, Call::PrefillBatch { parts } if parts.len() > 1)).count();
         assert_eq!(batches > 0, batched, "prefill batches of several requests: {calls:?}");
-        let refused = calls.iter().any(|c| *c == Call::Refused("prefill_batch"));
+        let refused = calls.contains(&Call::Refused("prefill_batch"));
         assert_eq!(refused, batched, "a batch refused for memory, then run one request at a time: {calls:?}");
     }
 }
