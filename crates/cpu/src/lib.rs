@@ -265,6 +265,26 @@ impl Backend for CpuBackend {
         Ok(logits)
     }
 
+    /// Every part checked first (room, token ids), so a refusal changes no
+    /// sequence; then the fast path runs every part through one forward
+    /// when each fits its prefill chunk (each matrix row block read once
+    /// for all of them); otherwise, and for the reference, part by part.
+    fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+        lily_model::check_batch_room(self, parts)?;
+        for (_, tokens) in parts {
+            self.check_tokens(tokens)?;
+        }
+        if !matches!(self.engine, Engine::Fast(_)) || parts.iter().any(|p| p.1.len() > PREFILL_CHUNK) {
+            return lily_model::prefill_each(self, parts);
+        }
+        let work: Vec<(SeqId, &[u32], LogitsWanted)> = parts.iter().map(|&(seq, tokens)| (seq, tokens, LogitsWanted::Last)).collect();
+        let out = self.run(&work)?;
+        out.into_iter()
+            .zip(parts)
+            .map(|(mut rows, (seq, _))| rows.pop().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits"))))
+            .collect()
+    }
+
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         let mut seen = std::collections::BTreeSet::new();
         for &(seq, token) in batch {

@@ -125,6 +125,43 @@ fn forks_continue_identically_and_batches_equal_single_decodes() {
 }
 
 #[test]
+fn prefill_batch_equals_prefilling_each_sequence_alone() {
+    let (_dir, w) = common::tiny(Format::MlxQ4, 4, 14);
+    let vocab = w.config.vocab_size;
+    // A fresh sequence, one continuing 20 tokens it already holds, and a
+    // short one; lengths cross the DeltaNet chunk of 64.
+    let head = common::tokens(20, vocab, 15);
+    let parts: Vec<Vec<u32>> = [70usize, 90, 5].iter().enumerate().map(|(k, &n)| common::tokens(n, vocab, 16 + k as u64)).collect();
+    for (name, mut be) in backends(&w) {
+        let batch: Vec<_> = (0..3).map(|_| be.alloc().unwrap()).collect();
+        let alone: Vec<_> = (0..3).map(|_| be.alloc().unwrap()).collect();
+        be.prefill(batch[1], &head, LogitsWanted::Last).unwrap();
+        be.prefill(alone[1], &head, LogitsWanted::Last).unwrap();
+        let work: Vec<(lily_model::SeqId, &[u32])> = batch.iter().zip(&parts).map(|(s, p)| (*s, &p[..])).collect();
+        let got = be.prefill_batch(&work).unwrap();
+        let want: Vec<Vec<f32>> = alone.iter().zip(&parts).map(|(s, p)| be.prefill(*s, p, LogitsWanted::Last).unwrap().remove(0)).collect();
+        assert_close(&format!("{name}: prefill_batch vs alone"), &got, &want);
+        let lens: Vec<usize> = batch.iter().map(|s| be.seq_len(*s).unwrap()).collect();
+        assert_eq!(lens, vec![70, 110, 5], "{name}");
+        // The states match too: the next decode step agrees.
+        let next: Vec<_> = batch.iter().map(|s| (*s, 7)).collect();
+        let solo: Vec<_> = alone.iter().map(|s| (*s, 7)).collect();
+        assert_close(&format!("{name}: decode after prefill_batch"), &be.decode(&next).unwrap(), &be.decode(&solo).unwrap());
+
+        // A refusal in any part changes no sequence.
+        let mut small = backends(&w).into_iter().find(|b| b.0 == name).unwrap().1.with_max_seq_len(50);
+        let (a, b) = (small.alloc().unwrap(), small.alloc().unwrap());
+        let err = small.prefill_batch(&[(a, &parts[2]), (b, &parts[0])]).unwrap_err();
+        assert!(matches!(err, ModelError::Capacity(_)), "{name}: {err}");
+        let err = small.prefill_batch(&[(a, &parts[2]), (b, &[1, vocab as u32])]).unwrap_err();
+        assert!(matches!(err, ModelError::Invalid(_)), "{name}: {err}");
+        let err = small.prefill_batch(&[(a, &parts[2]), (a, &parts[2])]).unwrap_err();
+        assert!(matches!(err, ModelError::Invalid(_)), "{name}: {err}");
+        assert_eq!((small.seq_len(a).unwrap(), small.seq_len(b).unwrap()), (0, 0), "{name}");
+    }
+}
+
+#[test]
 fn bad_requests_are_refused_and_leave_state_alone() {
     let (_dir, w) = common::tiny(Format::MlxQ4, 4, 12);
     let vocab = w.config.vocab_size as u32;

@@ -173,6 +173,14 @@ impl Backend for CudaBackend {
         let (logits, _) = self.model.prefill(seq, tokens, wanted == LogitsWanted::All, true)?;
         Ok(logits)
     }
+    fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+        for (s, _) in parts {
+            if !self.model.mem.seqs.contains_key(s) {
+                return Err(ModelError::UnknownSequence(*s));
+            }
+        }
+        Ok(self.model.prefill_batch(parts)?)
+    }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         for (s, _) in batch {
             if !self.model.mem.seqs.contains_key(s) {

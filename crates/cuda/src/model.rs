@@ -6,8 +6,9 @@
 //!   whole batch, RMSNorm and the previous MoE's combine folded into the
 //!   packing of its input), the MoE routed and planned on the device and
 //!   run grouped by expert, the DeltaNet step and split-K attention;
-//! - prefill of one sequence, chunk by chunk: GEMMs, the chunked DeltaNet and
-//!   causal flash attention.
+//! - prefill, in passes of up to `prefill_chunk` tokens of one or several
+//!   sequences: GEMMs over every row of the pass, then per sequence the
+//!   chunked DeltaNet and causal flash attention on its rows.
 //!
 //! A decode step only launches kernels on the stream (no host
 //! synchronisation, no allocation), so it is captured once per shape as a
@@ -23,8 +24,8 @@ use lily_core::weights::Weights;
 use lily_model::SeqId;
 
 use crate::attention::{self, KvView, QOut};
-use crate::device::{read_device, write_device, zero_device, Gpu};
-use crate::dims::Dims;
+use crate::device::{copy_device, read_device, write_device, zero_device, Gpu};
+use crate::dims::{Dims, KV_BLOCK};
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
@@ -50,6 +51,16 @@ struct Graph(CudaGraph);
 // threads at once; the CUDA objects themselves may be used from any thread
 // once the context is current.
 unsafe impl Send for Graph {}
+
+/// One sequence's run of tokens inside a prefill pass: rows
+/// `row0..row0 + len` of the pass, at positions `p0..`, state in `slot`.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    slot: usize,
+    p0: usize,
+    row0: usize,
+    len: usize,
+}
 
 /// The model resident on one GPU.
 pub struct Model {
@@ -329,23 +340,36 @@ impl Model {
 
     // ---- prefill -------------------------------------------------------------
 
-    /// One layer over `t` tokens of the sequence in `slot` at positions p0...
-    fn layer_prefill(&self, i: usize, slot: usize, p0: usize, t: usize) -> CudaResult<()> {
+    /// One layer over the `t` rows of a prefill pass, made of `pieces`
+    /// (each one sequence's run of tokens, in row order, covering 0..t):
+    /// the in-projection, out-projection and MoE over all rows at once, the
+    /// mixer per piece on its rows.
+    fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
         self.in_proj_gemm(l, t)?;
-        let mix = MixOut::F16(s.mix_f16);
+        // Row r of proj and of the mixer output, as the kernels lay them out.
+        let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
         match &l.mixer {
             MixerDev::DeltaNet(w) => {
-                let (conv, state) = self.mem.gdn_layer_slot(i, slot);
-                gdn::prefill(g, k, d, w, conv, state, s.proj, ps, t, p0, &s.gdn_scratch(), mix)?;
+                for p in pieces {
+                    let (conv, state) = self.mem.gdn_layer_slot(i, p.slot);
+                    let mix = MixOut::F16(s.mix_f16 + (p.row0 * d.gdn_val_dim() * 2) as u64);
+                    gdn::prefill(g, k, d, w, conv, state, proj_row(p.row0), ps, p.len, p.p0, &s.gdn_scratch(), mix)?;
+                }
                 self.mark("prefill gdn (chunked)")?;
             }
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
+                // q/k norms, rotation and the cache stores take every row's
+                // own position and slot.
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), t)?;
-                attention::prefill(g, k, d, s.q_f16, kv.k, kv.v, self.mem.bt_row(slot), s.proj, ps, t, p0, mix)?;
+                let row = d.attn_out_dim() * 2;
+                for p in pieces {
+                    let (q, mix) = (s.q_f16 + (p.row0 * row) as u64, MixOut::F16(s.mix_f16 + (p.row0 * row) as u64));
+                    attention::prefill(g, k, d, q, kv.k, kv.v, self.mem.bt_row(p.slot), proj_row(p.row0), ps, p.len, p.p0, mix)?;
+                }
                 self.mark("prefill attention")?;
             }
         }
@@ -393,8 +417,9 @@ impl Model {
             write_device(&self.gpu, s.slot, &slots)?;
             embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
             self.mark("embed")?;
+            let piece = [Piece { slot, p0, row0: 0, len: t }];
             for i in 0..d.layers {
-                self.layer_prefill(i, slot, p0, t)?;
+                self.layer_prefill(i, &piece, t)?;
             }
             if want_all {
                 all.extend(self.logits_rows(t)?);
@@ -419,6 +444,114 @@ impl Model {
             return Ok((all, last_id));
         }
         Ok((if want_last_logits { vec![last_logits] } else { Vec::new() }, last_id))
+    }
+
+    /// Prefills several distinct sequences (each part non-empty) in passes
+    /// of up to `prefill_chunk` rows: the parts' tokens are concatenated
+    /// and cut only where a pass is full, so a pass holds pieces of several
+    /// sequences and each matrix is read once per pass for all of them
+    /// (`layer_prefill`). Returns each part's last-position logits, in
+    /// part order.
+    ///
+    /// Every part is checked and every KV block reserved before anything
+    /// runs: a `Capacity` or `Invalid` error changes no sequence.
+    pub fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> CudaResult<Vec<Vec<f32>>> {
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.gpu.bind()?;
+        let mut lens = Vec::with_capacity(parts.len());
+        let mut need = 0usize;
+        for (i, &(seq, tokens)) in parts.iter().enumerate() {
+            if tokens.is_empty() {
+                return Err(CudaError::Invalid(format!("empty prefill for {seq:?}")));
+            }
+            if parts[..i].iter().any(|p| p.0 == seq) {
+                return Err(CudaError::Invalid(format!("sequence {seq:?} appears twice in one prefill batch")));
+            }
+            self.check_tokens(tokens)?;
+            let sq = self.mem.seq(seq)?;
+            let new_len = sq.len + tokens.len();
+            if new_len > self.mem.opts.max_seq_len {
+                return Err(CudaError::Capacity(format!(
+                    "sequence would hold {new_len} tokens; this backend was sized for at most {} per sequence",
+                    self.mem.opts.max_seq_len
+                )));
+            }
+            need += new_len.div_ceil(KV_BLOCK).saturating_sub(sq.blocks.len());
+            lens.push(sq.len);
+        }
+        let free = self.mem.free_block_count();
+        if need > free {
+            return Err(CudaError::Capacity(format!(
+                "KV cache full: {need} more blocks of {KV_BLOCK} tokens needed for a prefill batch of {}, {free} free of {}",
+                parts.len(),
+                self.mem.num_blocks
+            )));
+        }
+        for (&(seq, tokens), &len) in parts.iter().zip(&lens) {
+            self.mem.reserve(seq, len + tokens.len())?;
+        }
+
+        let chunk = self.mem.opts.prefill_chunk;
+        let (d, s) = (self.dims.clone(), self.mem.scratch);
+        let mut out = vec![Vec::new(); parts.len()];
+        // The cursor: part `k`, of which `done` tokens are in earlier passes.
+        let (mut k, mut done) = (0usize, 0usize);
+        while k < parts.len() {
+            let (mut toks, mut pos, mut slots) = (Vec::with_capacity(chunk), Vec::with_capacity(chunk), Vec::with_capacity(chunk));
+            let mut pieces: Vec<(SeqId, Piece)> = Vec::new();
+            // (part, row) of every part whose last token is in this pass.
+            let mut ends: Vec<(usize, usize)> = Vec::new();
+            while k < parts.len() && toks.len() < chunk {
+                let (seq, tokens) = parts[k];
+                let take = (tokens.len() - done).min(chunk - toks.len());
+                let (slot, p0) = (self.mem.seq(seq)?.slot, lens[k] + done);
+                pieces.push((seq, Piece { slot, p0, row0: toks.len(), len: take }));
+                toks.extend_from_slice(&tokens[done..done + take]);
+                pos.extend((p0..p0 + take).map(|p| p as i32));
+                slots.extend(std::iter::repeat_n(slot as i32, take));
+                done += take;
+                if done == tokens.len() {
+                    ends.push((k, toks.len() - 1));
+                    k += 1;
+                    done = 0;
+                }
+            }
+            let t = toks.len();
+            write_device(&self.gpu, s.tokens, &toks)?;
+            write_device(&self.gpu, s.pos, &pos)?;
+            write_device(&self.gpu, s.slot, &slots)?;
+            embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
+            self.mark("embed")?;
+            let layout: Vec<Piece> = pieces.iter().map(|p| p.1).collect();
+            for i in 0..d.layers {
+                self.layer_prefill(i, &layout, t)?;
+            }
+            for (seq, p) in &pieces {
+                if let Some(sq) = self.mem.seqs.get_mut(seq) {
+                    sq.len = p.p0 + p.len;
+                }
+            }
+            if ends.is_empty() {
+                continue;
+            }
+            // The last rows of the parts that end here, gathered into rows
+            // 0.. of h for one head pass. Row j's source is at row >= j and
+            // later sources lie past every earlier destination, so the
+            // in-order copies never overwrite a row still to be read.
+            let row_bytes = d.hidden * 4;
+            for (j, &(_, row)) in ends.iter().enumerate() {
+                if row != j {
+                    copy_device(&self.gpu, s.h + (j * row_bytes) as u64, s.h + (row * row_bytes) as u64, row_bytes)?;
+                }
+            }
+            for (&(part, _), logits) in ends.iter().zip(self.logits_rows(ends.len())?) {
+                out[part] = logits;
+            }
+        }
+        self.gpu.synchronize()?;
+        Ok(out)
     }
 
     /// Final norm + lm_head of rows `first..first + n` of h (n at most

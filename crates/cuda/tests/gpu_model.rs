@@ -410,6 +410,82 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
     checks.finish();
 }
 
+/// `prefill_batch` (issue 10): several sequences prefilled in one pass give
+/// each the same last logits and the same greedy continuation as
+/// prefilling it alone. Three parts of different lengths: a fresh one
+/// longer than the DeltaNet chunk of 64, one continuing a sequence that
+/// holds 37 tokens (p0 > 0, crossing position 64), and a short fresh one.
+/// Two layouts: passes of 128 rows, so the continuing part is cut between
+/// two passes (the DeltaNet resumes from the state the first left, at
+/// another offset than alone: fp16/bf16 rounding differs); and one pass
+/// of all 180 rows with a decode batch of 2, so the three last rows go
+/// through the head in two groups (every kernel sees each part as alone:
+/// within the gate of two identical computations). A wrong row offset,
+/// position or slot would change the logits completely.
+#[test]
+fn prefill_batch_equals_prefilling_each_sequence_alone() {
+    let Some(gpu) = gpu("prefill_batch_equals_prefilling_each_sequence_alone") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Tiny, 4, 23);
+    let vocab = w.config.vocab_size;
+    let mut checks = Checks::default();
+    let head = tokens(37, vocab, 200);
+    let parts: Vec<Vec<u32>> = [100usize, 50, 30].iter().enumerate().map(|(k, &n)| tokens(n, vocab, 201 + k as u64)).collect();
+    let mut one_pass = small_opts(1024);
+    one_pass.prefill_chunk = 256;
+    one_pass.max_batch = 2;
+    let layouts = [("passes of 128 rows", small_opts(1024), (3e-3, 3e-2)), ("one pass, head groups of 2", one_pass, (1e-5, 1e-4))];
+    for (label, opts, (max_mean, max_p99)) in layouts {
+        let mut be = CudaBackend::from_weights(&gpu, &w, opts, &mut |_, _| {}).expect("cuda backend");
+        let batch: Vec<SeqId> = (0..3).map(|_| be.alloc().expect("alloc")).collect();
+        let alone: Vec<SeqId> = (0..3).map(|_| be.alloc().expect("alloc")).collect();
+        be.prefill(batch[1], &head, LogitsWanted::Last).expect("head");
+        be.prefill(alone[1], &head, LogitsWanted::Last).expect("head");
+        let work: Vec<(SeqId, &[u32])> = batch.iter().zip(&parts).map(|(s, p)| (*s, &p[..])).collect();
+        let got = be.prefill_batch(&work).expect("prefill_batch");
+        let want: Vec<Vec<f32>> = alone.iter().zip(&parts).map(|(s, p)| be.prefill(*s, p, LogitsWanted::Last).expect("alone").remove(0)).collect();
+        let lens: Vec<usize> = batch.iter().map(|s| be.seq_len(*s).expect("len")).collect();
+        checks.check(lens == vec![100, 87, 30], format!("{label}: lengths after prefill_batch {lens:?}"));
+        let mut st = Stats::default();
+        st.add(label, &got, &want);
+        st.gate(&mut checks, &format!("prefill_batch ({label}) vs each alone"), 1.0, max_mean, max_p99);
+        // The states agree too: 8 greedy tokens from each part's first.
+        for (k, (b, a)) in batch.iter().zip(&alone).enumerate() {
+            let (gb, ga) = (argmax(&got[k]) as u32, argmax(&want[k]) as u32);
+            let tb = be.decode_greedy(*b, gb, 8).expect("greedy after batch");
+            let ta = be.decode_greedy(*a, ga, 8).expect("greedy alone");
+            checks.check((gb, &tb) == (ga, &ta), format!("{label}, part {k}: greedy {gb} {tb:?} after prefill_batch, {ga} {ta:?} alone"));
+        }
+    }
+
+    // Refusals change nothing: a part past max_seq_len, a sequence twice,
+    // a token outside the vocabulary, and a batch whose parts together need
+    // more KV blocks than are free although each alone fits.
+    let block = lily_cuda::dims::KV_BLOCK;
+    let mut tight = small_opts(1024);
+    tight.kv_tokens = 3 * block;
+    let mut be = CudaBackend::from_weights(&gpu, &w, tight, &mut |_, _| {}).expect("tight backend");
+    let (a, b) = (be.alloc().expect("alloc"), be.alloc().expect("alloc"));
+    let (pa, pb) = (tokens(block + 1, vocab, 210), tokens(block + 1, vocab, 211));
+    let (too_long, bad) = (tokens(1100, vocab, 212), [vocab as u32]);
+    let room = be.kv_room().map(|r| r.free_tokens);
+    type Parts<'a> = Vec<(SeqId, &'a [u32])>;
+    let refusals: [(&str, Parts); 4] = [
+        ("past max_seq_len", vec![(a, &pa[..]), (b, &too_long[..])]),
+        ("a sequence twice", vec![(a, &pa[..]), (a, &pb[..])]),
+        ("a token outside the vocabulary", vec![(a, &pa[..]), (b, &bad[..])]),
+        ("KV blocks for all parts", vec![(a, &pa[..]), (b, &pb[..])]),
+    ];
+    for (what, work) in &refusals {
+        let err = be.prefill_batch(work).map(|_| ()).unwrap_err();
+        let capacity = matches!(err, lily_model::ModelError::Capacity(_));
+        checks.check(capacity == (what.starts_with("past") || what.starts_with("KV")), format!("{what}: refused as {err}"));
+        let lens = (be.seq_len(a).expect("len"), be.seq_len(b).expect("len"));
+        checks.check(lens == (0, 0) && be.kv_room().map(|r| r.free_tokens) == room, format!("{what}: a refused batch changed {lens:?}"));
+    }
+    checks.check(be.prefill_batch(&[(a, &pa)]).map(|r| r.len()).ok() == Some(1), "the part that fits alone runs afterwards");
+    checks.finish();
+}
+
 /// GPU memory running out inside a request (issue 6): nothing is allocated
 /// on the device per request except KV blocks from the shared pool, so that
 /// is where a request meets "out of memory". A batched decode that needs a

@@ -330,7 +330,10 @@ pub struct EngineOptions {
     /// step also runs one decode step for every generating request, so a
     /// running stream waits at most this much prefill between two tokens
     /// however many prompts arrive, while a long prompt takes
-    /// `prompt / prefill_chunk` steps to start. At least 1.
+    /// `prompt / prefill_chunk` steps to start. The chunks of several
+    /// requests within it go to the backend in one `prefill_batch` call (on
+    /// the GPU one pass, costing little more than one request's alone), so
+    /// a larger budget starts more joining requests per step. At least 1.
     pub prefill_chunk: usize,
     /// Context cap below the backend's `max_seq_len` (None = the backend's).
     pub max_seq_len: Option<usize>,

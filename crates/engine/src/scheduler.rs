@@ -4,7 +4,8 @@
 //! One step = reap (cancelled, disconnected, past deadline), admit waiting
 //! requests while there is room, one decode batch over every request that is
 //! generating, then at most `prefill_chunk` prompt tokens of prefill (oldest
-//! request first, chunks cut at snapshot boundaries). So a long prompt is
+//! request first, chunks cut at snapshot boundaries; the chunks of several
+//! requests in one `Backend::prefill_batch` call). So a long prompt is
 //! prefilled over several steps while running streams keep getting a token
 //! per step, and a new request joins the decode batch the step after its
 //! prompt is done. Every accepted request gets exactly one `Finished` or
@@ -655,8 +656,85 @@ impl Scheduler {
 
     /// At most `prefill_chunk` prompt tokens of the requests still
     /// prefilling, oldest first; a request whose prefill ends gets its
-    /// first token (drawn on the host with `lily_model`'s math).
+    /// first token (drawn on the host with `lily_model`'s math). When the
+    /// budget covers chunks of several requests, they run in one
+    /// `Backend::prefill_batch` call (one pass on a device); if the backend
+    /// has no room for them together, or the call fails, they run one at a
+    /// time (`prefill_one_by_one`), where out of memory is settled by
+    /// preemption and a fault fails only its own request.
     fn prefill_step(&mut self) {
+        let plan = self.prefill_plan();
+        if plan.len() > 1 && self.prefill_together(&plan) {
+            return;
+        }
+        self.prefill_one_by_one();
+    }
+
+    /// The chunks `prefill_one_by_one` would run now, oldest request first,
+    /// within the budget: (index in `running`, age, sequence, start, end).
+    fn prefill_plan(&self) -> Vec<(usize, Age, SeqId, usize, usize)> {
+        let mut budget = self.prefill_chunk;
+        let mut plan = Vec::new();
+        for (i, a) in self.running.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            let Some(h) = self.kv.holding(a.age).filter(|h| h.prefilling()) else {
+                continue;
+            };
+            let end = self.kv.chunk_end(&a.tokens, a.prompt_len, h.fed, h.prefill_to.min(h.fed + budget));
+            if end > h.fed {
+                budget -= end - h.fed;
+                plan.push((i, a.age, h.seq, h.fed, end));
+            }
+        }
+        plan
+    }
+
+    /// Runs the chunks of `plan` in one `prefill_batch` call (snapshots
+    /// evicted for room first). False when the call failed: with
+    /// `Capacity` nothing changed; after another error the requests whose
+    /// sequence moved (state unknown) have failed here, and the rest are
+    /// untouched. Either way the caller goes on one request at a time.
+    fn prefill_together(&mut self, plan: &[(usize, Age, SeqId, usize, usize)]) -> bool {
+        let running = &self.running;
+        let parts: Vec<(SeqId, &[u32])> = plan.iter().map(|&(i, _, seq, start, end)| (seq, &running[i].tokens[start..end])).collect();
+        let result = self.kv.evicting(self.backend.as_mut(), |b| b.prefill_batch(&parts));
+        let err = match result {
+            Ok(rows) if rows.len() == plan.len() => {
+                for (&(_, age, _, start, end), logits) in plan.iter().zip(rows) {
+                    // By age: a request retired above shifts the indices.
+                    if let Some(i) = self.find(age) {
+                        if let Some(o) = self.prefilled(i, start, end, Some(logits)) {
+                            self.retire(i, o);
+                        }
+                    }
+                }
+                return true;
+            }
+            Ok(rows) => ModelError::Device(format!("prefill_batch returned {} rows of logits for {} parts", rows.len(), plan.len())),
+            Err(ModelError::Capacity(m)) => {
+                tracing::debug!(parts = plan.len(), "batched prefill out of memory ({m}); prefilling one request at a time");
+                return false;
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(parts = plan.len(), error = %err, "batched prefill failed; retrying requests one by one");
+        for &(_, age, seq, start, _) in plan {
+            if self.backend.seq_len(seq).is_ok_and(|n| n == start) {
+                continue;
+            }
+            if let Some(i) = self.find(age) {
+                let e = ModelError::Device(format!("batched prefill failed part-way: {err}"));
+                self.retire(i, Outcome::Failed(work_error(e)));
+            }
+        }
+        false
+    }
+
+    /// `prefill_step` one request at a time: each chunk its own `prefill`
+    /// call; out of memory preempts the youngest holder.
+    fn prefill_one_by_one(&mut self) {
         let mut budget = self.prefill_chunk;
         // By age: a preemption below may collect the step in flight, and
         // requests ending there leave `running`.
@@ -696,35 +774,43 @@ impl Scheduler {
                 Err(e) => Some(Outcome::Failed(work_error(e))),
                 Ok(mut rows) => {
                     budget -= end - start;
-                    self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
-                    if let Some(h) = self.kv.holding_mut(age) {
-                        h.fed = end;
-                    }
-                    self.maybe_snapshot(i);
-                    if end < target {
-                        None
-                    } else if self.running[i].generated() > 0 {
-                        // Recomputed after a preemption up to its last
-                        // token: it goes on decoding; these logits were
-                        // sampled from already.
-                        None
-                    } else {
-                        match rows.pop() {
-                            Some(logits) => {
-                                // The first token, on the host with the
-                                // same math as every later one.
-                                let picked = sample_host(&logits, &mut self.running[i].sampling);
-                                self.emit(i, picked)
-                            }
-                            None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
-                        }
-                    }
+                    self.prefilled(i, start, end, rows.pop())
                 }
             };
             if let Some(o) = outcome {
                 self.retire(i, o);
             }
             k += 1;
+        }
+    }
+
+    /// Request `i`'s sequence consumed `tokens[start..end]`, and `logits`
+    /// are its last position's: counts them, offers a snapshot, and draws
+    /// the first token when that was the end of a new request's prompt.
+    /// Returns how the request ends, if it does.
+    fn prefilled(&mut self, i: usize, start: usize, end: usize, logits: Option<Vec<f32>>) -> Option<Outcome> {
+        let age = self.running[i].age;
+        self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
+        let mut target = end;
+        if let Some(h) = self.kv.holding_mut(age) {
+            h.fed = end;
+            target = h.prefill_to;
+        }
+        self.maybe_snapshot(i);
+        if end < target || self.running[i].generated() > 0 {
+            // More prompt to go, or recomputed after a preemption up to
+            // its last token: it goes on decoding; these logits were
+            // sampled from already.
+            return None;
+        }
+        match logits {
+            Some(logits) => {
+                // The first token, on the host with the same math as every
+                // later one.
+                let picked = sample_host(&logits, &mut self.running[i].sampling);
+                self.emit(i, picked)
+            }
+            None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
         }
     }
 

@@ -136,6 +136,7 @@ fn prefill_between_decodes(calls: &[Call]) -> Vec<usize> {
         match c {
             Call::Decode { .. } => windows.push(0),
             Call::Prefill { tokens, .. } => *windows.last_mut().expect("a window") += tokens,
+            Call::PrefillBatch { parts } => *windows.last_mut().expect("a window") += parts.iter().map(|p| p.1).sum::<usize>(),
             Call::Collect { .. } | Call::Refused(_) => {}
         }
     }
@@ -173,6 +174,98 @@ fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
     // All of it while the stream ran (it decodes 59 of its 60 tokens).
     let busy = windows.iter().rposition(|&n| n > 0).expect("prefill ran");
     assert!(busy < 59, "{windows:?}");
+}
+
+/// Seeded, sampled requests with Hash logits (any wrong state changes
+/// what follows), each with a different prompt length.
+fn sampled_requests(lens: &[usize], max_tokens: usize) -> Vec<GenerateRequest> {
+    lens.iter()
+        .enumerate()
+        .map(|(k, &n)| GenerateRequest {
+            sampling: SamplingParams { temperature: 0.8, seed: Some(300 + k as u64), ..SamplingParams::default() },
+            ..GenerateRequest::new(pseudo_prompt(n, 90 + k as u32), max_tokens)
+        })
+        .collect()
+}
+
+#[test]
+fn prompts_arriving_together_are_prefilled_in_one_call_within_the_budget() {
+    let lens = [20usize, 30, 25, 40, 9];
+    let requests = sampled_requests(&lens, 6);
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Hash);
+    let h = start(fake.batched_prefill().gate(gate.clone()), EngineOptions { prefill_chunk: 64, ..opts() });
+    let held = gate.lock().expect("gate");
+    // The engine waits at the gate in the blocker's prefill, so the five
+    // requests below are admitted in the same step.
+    let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
+    let started = wait_started(&mut blocker);
+    let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+    drop(held);
+    let outs: Vec<_> = streams.into_iter().map(collect).collect();
+    assert_eq!(collect_rest(blocker, started).finish, Some(FinishReason::Length));
+
+    let calls = probe.lock().expect("probe").calls.clone();
+    let batches: Vec<Vec<usize>> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::PrefillBatch { parts } => Some(parts.iter().map(|p| p.1).collect()),
+            _ => None,
+        })
+        .collect();
+    // Oldest first within the 64-token budget: two whole prompts and the
+    // start of the third in one call, then the rest of it with the other
+    // two in the next step's call.
+    assert_eq!(batches, vec![vec![20, 30, 14], vec![11, 40, 9]], "{calls:?}");
+    assert!(batches.iter().all(|b| b.iter().sum::<usize>() <= 64), "{calls:?}");
+    assert!(!calls.iter().any(|c| matches!(c, Call::Prefill { tokens, .. } if *tokens > 1)), "a prompt prefilled alone: {calls:?}");
+
+    // The same tokens as each request served alone.
+    for (k, (got, r)) in outs.iter().zip(&requests).enumerate() {
+        let (fake, _) = Fake::new(Mode::Hash);
+        let alone = collect(start(fake, opts()).submit(r.clone()).expect("submit"));
+        assert_eq!((got.finish, got.completion_tokens), (Some(FinishReason::Length), 6), "request {k}: {got:?}");
+        assert_eq!(got.ids, alone.ids, "request {k}");
+        assert_eq!(got.text, alone.text, "request {k}");
+    }
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
+}
+
+#[test]
+fn a_failed_prefill_batch_fails_only_the_faulty_request() {
+    // The fake refuses the whole batch for a poisoned prompt (changing no
+    // sequence); the engine retries one request at a time, where only the
+    // poisoned one fails.
+    const POISON: u32 = 251;
+    let mut requests = sampled_requests(&[12, 18, 15], 5);
+    requests[1].prompt[7] = POISON;
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Hash);
+    let h = start(fake.batched_prefill().poison(POISON).gate(gate.clone()), opts());
+    let held = gate.lock().expect("gate");
+    let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
+    let started = wait_started(&mut blocker);
+    let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+    drop(held);
+    let outs: Vec<_> = streams.into_iter().map(collect).collect();
+    assert_eq!(collect_rest(blocker, started).finish, Some(FinishReason::Length));
+    assert!(matches!(outs[1].failed, Some(EngineError::Backend(_))), "{:?}", outs[1]);
+    for k in [0, 2] {
+        let (fake, _) = Fake::new(Mode::Hash);
+        let alone = collect(start(fake, opts()).submit(requests[k].clone()).expect("submit"));
+        assert_eq!((outs[k].finish, &outs[k].ids), (Some(FinishReason::Length), &alone.ids), "request {k}: {:?}", outs[k]);
+    }
+    let calls = probe.lock().expect("probe").calls.clone();
+    let solo: Vec<usize> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Prefill { tokens, .. } if *tokens > 1 => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(solo, vec![12, 15], "the healthy prompts prefilled alone after the refused batch: {calls:?}");
+    assert_eq!(h.stats().requests_failed, 1);
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
 }
 
 #[test]
@@ -617,7 +710,7 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             ..GenerateRequest::new(pseudo_prompt(20 + 3 * k as usize, 40 + k), 30)
         })
         .collect();
-    let run = |pool: Option<usize>| {
+    let run = |pool: Option<usize>, batched: bool| {
         let (fake, probe) = Fake::new(Mode::Hash);
         // The tight pool also runs on a pipelining fake that checks the
         // engine never frees or prefills a sequence a step computes on.
@@ -625,22 +718,41 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             Some(n) => fake.kv_pool(n).pipelined(),
             None => fake,
         };
-        let h = start(fake.delay(Duration::from_micros(200)), cache_opts(16, 10_000));
+        let fake = if batched { fake.batched_prefill() } else { fake };
+        // Every request arrives while the engine waits at the gate in a
+        // blocker's prefill, so the runs do not depend on arrival timing.
+        let gate = Arc::new(Mutex::new(()));
+        let h = start(fake.delay(Duration::from_micros(200)).gate(gate.clone()), cache_opts(16, 10_000));
+        let held = gate.lock().expect("gate");
+        let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
+        let started = wait_started(&mut blocker);
         let streams: Vec<_> = requests.iter().map(|r| h.submit(r.clone()).expect("submit")).collect();
+        drop(held);
+        assert_eq!(collect_rest(blocker, started).finish, Some(FinishReason::Length));
         let outs: Vec<_> =
             streams.into_iter().map(|s| std::thread::spawn(move || collect(s))).collect::<Vec<_>>().into_iter().map(|t| t.join().expect("collect")).collect();
         assert_only_snapshots_hold_sequences(&probe, &h);
         assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
-        (outs, h.stats())
+        let calls = probe.lock().expect("probe").calls.clone();
+        (outs, h.stats(), calls)
     };
-    let (roomy, _) = run(None);
-    let (tight, stats) = run(Some(120));
-    assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
-    assert_eq!(stats.requests_failed, 0, "{stats:?}");
-    for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
-        assert_eq!((t.finish, t.completion_tokens), (Some(FinishReason::Length), 30), "request {k}: {t:?}");
-        assert_eq!(t.ids, r.ids, "request {k}: tokens differ after preemption");
-        assert_eq!(t.text, r.text, "request {k}");
+    let (roomy, _, _) = run(None, false);
+    // The tight pool with prefill one call per request, then with the
+    // chunks of several requests in one call (a batch refused for memory
+    // falls back to one request at a time, where preemption settles it).
+    for batched in [false, true] {
+        let (tight, stats, calls) = run(Some(120), batched);
+        assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
+        assert_eq!(stats.requests_failed, 0, "{stats:?}");
+        for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
+            assert_eq!((t.finish, t.completion_tokens), (Some(FinishReason::Length), 30), "batched {batched}, request {k}: {t:?}");
+            assert_eq!(t.ids, r.ids, "batched {batched}, request {k}: tokens differ after preemption");
+            assert_eq!(t.text, r.text, "batched {batched}, request {k}");
+        }
+        let batches = calls.iter().filter(|c| matches!(c, Call::PrefillBatch { parts } if parts.len() > 1)).count();
+        assert_eq!(batches > 0, batched, "prefill batches of several requests: {calls:?}");
+        let refused = calls.contains(&Call::Refused("prefill_batch"));
+        assert_eq!(refused, batched, "a batch refused for memory, then run one request at a time: {calls:?}");
     }
 }
 

@@ -96,6 +96,25 @@ pub trait Backend: Send {
     /// Appends `tokens` to the sequence and returns logits (`vocab_size`
     /// floats per returned position).
     fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>>;
+    /// Prefills several distinct sequences in one call: appends each
+    /// part's tokens (non-empty) to its sequence and returns each part's
+    /// last-position logits, in part order. The same result as calling
+    /// `prefill(seq, tokens, LogitsWanted::Last)` part by part; a backend
+    /// overrides this to run every part's tokens through one pass, so a
+    /// matrix weight is read once for all of them.
+    ///
+    /// Errors: `Capacity` changed no sequence (room for every part is
+    /// checked before any is prefilled), so the caller may retry any
+    /// subset; nor did `Invalid` or `UnknownSequence` from the checks up
+    /// front (the default's are `check_batch_room`'s; a backend may check
+    /// more, e.g. token ids). After any other error any part's sequence may
+    /// have advanced (the caller compares `seq_len`).
+    ///
+    /// The default is `prefill_each`.
+    fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+        prefill_each(self, parts)
+    }
+
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
@@ -232,6 +251,64 @@ pub trait Backend: Send {
     }
 }
 
+/// `Backend::prefill_batch` part by part: checks every part first
+/// (`check_batch_room`), then calls `prefill` for each. Should a part still
+/// be refused for room after an earlier one was prefilled (a limit the
+/// checks do not see), it answers `Device`, not `Capacity`, so that
+/// `Capacity` keeps meaning "nothing changed".
+pub fn prefill_each<B: Backend + ?Sized>(backend: &mut B, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+    check_batch_room(backend, parts)?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (k, &(seq, tokens)) in parts.iter().enumerate() {
+        let rows = match backend.prefill(seq, tokens, LogitsWanted::Last) {
+            Err(ModelError::Capacity(m)) if k > 0 => {
+                return Err(ModelError::Device(format!("out of room after {k} of {} parts were prefilled: {m}", parts.len())))
+            }
+            other => other?,
+        };
+        out.push(rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?);
+    }
+    Ok(out)
+}
+
+/// The checks `Backend::prefill_batch`'s default makes before it prefills
+/// anything: every part names a known sequence once and has tokens, no
+/// sequence outgrows `max_seq_len`, and (for a backend with a fixed KV pool)
+/// the pool has the blocks every part needs, counted as the pool counts
+/// them (`KvRoom`). Backends that override `prefill_batch` may call it too.
+pub fn check_batch_room<B: Backend + ?Sized>(backend: &B, parts: &[(SeqId, &[u32])]) -> ModelResult<()> {
+    let mut blocks = 0usize;
+    let room = backend.kv_room();
+    for (i, &(seq, tokens)) in parts.iter().enumerate() {
+        if parts[..i].iter().any(|p| p.0 == seq) {
+            return Err(ModelError::Invalid(format!("sequence {seq:?} appears twice in one prefill batch")));
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Invalid(format!("empty prefill for {seq:?}")));
+        }
+        let len = backend.seq_len(seq)?;
+        let new_len = len + tokens.len();
+        if new_len > backend.max_seq_len() {
+            return Err(ModelError::Capacity(format!(
+                "sequence {seq:?} holds {len} tokens; {} more exceed the limit of {}",
+                tokens.len(),
+                backend.max_seq_len()
+            )));
+        }
+        if let Some(r) = room {
+            let b = r.block_tokens.max(1);
+            blocks += new_len.div_ceil(b) - len.div_ceil(b);
+        }
+    }
+    if let Some(r) = room {
+        let b = r.block_tokens.max(1);
+        if blocks > r.free_tokens / b {
+            return Err(ModelError::Capacity(format!("KV cache full: the batch needs {blocks} more blocks of {b} tokens, {} free", r.free_tokens / b)));
+        }
+    }
+    Ok(())
+}
+
 /// A fixed KV pool's state, in tokens. Memory is handed out in blocks of
 /// `block_tokens`: a sequence of `n` tokens holds `ceil(n / block_tokens)`
 /// blocks (forks share their full blocks).
@@ -318,6 +395,30 @@ mod tests {
             }
             Ok(out)
         }
+    }
+
+    #[test]
+    fn default_prefill_batch_equals_prefill_per_part_and_refuses_up_front() {
+        let (a, b) = ([1u32, 2, 3], [4u32, 5]);
+        let mut one = Toy::new();
+        let (s0, s1) = (one.alloc().expect("alloc"), one.alloc().expect("alloc"));
+        one.prefill(s1, &[9], LogitsWanted::Last).expect("prefill");
+        let want =
+            vec![one.prefill(s0, &a, LogitsWanted::Last).expect("prefill").remove(0), one.prefill(s1, &b, LogitsWanted::Last).expect("prefill").remove(0)];
+        let mut batch = Toy::new();
+        let (t0, t1) = (batch.alloc().expect("alloc"), batch.alloc().expect("alloc"));
+        batch.prefill(t1, &[9], LogitsWanted::Last).expect("prefill");
+        assert_eq!(batch.prefill_batch(&[(t0, &a), (t1, &b)]).expect("batch"), want);
+        // Refusals found by the checks change no sequence, whichever part
+        // they concern: a part past max_seq_len (1024) after one that fits,
+        // a sequence twice, an empty part, an unknown sequence.
+        let long = vec![1u32; 1024];
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (t1, &long)]), Err(ModelError::Capacity(_))));
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (t0, &b)]), Err(ModelError::Invalid(_))));
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (t1, &[])]), Err(ModelError::Invalid(_))));
+        assert!(matches!(batch.prefill_batch(&[(t0, &a), (SeqId(99), &b)]), Err(ModelError::UnknownSequence(_))));
+        assert_eq!((batch.seq_len(t0).expect("len"), batch.seq_len(t1).expect("len")), (3, 3));
+        assert!(batch.prefill_batch(&[]).expect("empty batch").is_empty());
     }
 
     #[test]

@@ -45,6 +45,11 @@ pub enum Call {
         seq: SeqId,
         tokens: usize,
     },
+    /// One `prefill_batch` call run as one pass (`batched_prefill`): each
+    /// part's sequence and token count.
+    PrefillBatch {
+        parts: Vec<(SeqId, usize)>,
+    },
     Decode {
         batch: usize,
     },
@@ -95,6 +100,7 @@ pub struct Fake {
     pool: Option<usize>,
     gate: Option<Arc<Mutex<()>>>,
     pipe: Option<Pipe>,
+    batch_prefill: bool,
     seqs: HashMap<SeqId, Vec<u32>>,
     next: u64,
     probe: Arc<Mutex<Probe>>,
@@ -116,6 +122,7 @@ impl Fake {
             pool: None,
             gate: None,
             pipe: None,
+            batch_prefill: false,
             seqs: HashMap::new(),
             next: 1,
             probe: probe.clone(),
@@ -169,6 +176,14 @@ impl Fake {
     /// sequence without a device draw are recorded as violations.
     pub fn pipelined(mut self) -> Self {
         self.pipe = Some(Pipe::default());
+        self
+    }
+
+    /// `prefill_batch` runs as one call (recorded as one
+    /// `Call::PrefillBatch`, one delay), all or nothing as the CUDA backend
+    /// runs it; otherwise it is the trait's default, a `prefill` per part.
+    pub fn batched_prefill(mut self) -> Self {
+        self.batch_prefill = true;
         self
     }
 
@@ -329,6 +344,36 @@ impl Backend for Fake {
             LogitsWanted::Last => vec![self.logits(&h)],
             LogitsWanted::All => (start + 1..=h.len()).map(|n| self.logits(&h[..n])).collect(),
         })
+    }
+    fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
+        if !self.batch_prefill {
+            return lily_model::prefill_each(self, parts);
+        }
+        self.pass_gate();
+        std::thread::sleep(self.delay);
+        // Everything checked first: a refused batch changes nothing.
+        for (i, &(seq, tokens)) in parts.iter().enumerate() {
+            if parts[..i].iter().any(|p| p.0 == seq) {
+                return Err(ModelError::Invalid(format!("{seq:?} twice in one prefill batch")));
+            }
+            if tokens.is_empty() {
+                return Err(ModelError::Invalid("empty prefill".into()));
+            }
+            self.check(seq, tokens)?;
+            if self.in_flight(seq) {
+                return Err(self.violation(format!("{seq:?} prefilled while a step computes on it")));
+            }
+        }
+        self.pool_room(parts.iter().map(|p| p.1.len()).sum(), "prefill_batch")?;
+        self.lock().calls.push(Call::PrefillBatch { parts: parts.iter().map(|&(seq, t)| (seq, t.len())).collect() });
+        let mut out = Vec::with_capacity(parts.len());
+        for &(seq, tokens) in parts {
+            let h = self.seqs.get_mut(&seq).ok_or(ModelError::UnknownSequence(seq))?;
+            h.extend_from_slice(tokens);
+            let h = h.clone();
+            out.push(self.logits(&h));
+        }
+        Ok(out)
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.lock().logits_decodes += 1;
