@@ -199,6 +199,7 @@ impl Dims {
         // struct layouts.
         v.extend(crate::qmm::defines(self));
         v.extend(crate::sampling::defines());
+        v.extend(crate::feed::defines());
         v.extend(crate::gdn::defines(self));
         v
     }
