@@ -182,7 +182,10 @@ impl CudaBackend {
         let entries = self.model.mem.reserve_next_deferred(&seqs)?;
         let tops = states.iter().any(|st| st.params.top_logprobs > 0);
         if let Err(e) = self.queue_step(slot, batch, states, &tables, &entries, tops) {
-            // The step may not have written its block-table entries.
+            // Whatever was queued finishes before the slot's host buffers
+            // are written again, and the step may not have written its
+            // block-table entries.
+            let _ = gpu.synchronize();
             let _ = self.model.mem.write_block_entries(&entries);
             return Err(e);
         }
