@@ -1,22 +1,39 @@
 //! `CudaBackend`: the model on an NVIDIA Hopper GPU behind
 //! `lily_model::Backend`, so the engine and the server use it unchanged.
-//! Also owns the device side of `decode_sample`: the per-sequence penalty
-//! count tables (u32 [vocab], made on a sequence's first penalised draw and
-//! freed with it) and the small per-call buffers of the sampling kernel.
+//! Also owns the device side of sampled decode steps: the per-sequence
+//! penalty count tables (u32 [vocab], made on a sequence's first penalised
+//! draw and freed with it) and the pipeline of `submit_decode` /
+//! `collect_decode`, through which `decode_sample` runs too.
+//!
+//! A step is queued without waiting for the host or for the step before
+//! it: its inputs (sampling rows, tokens, positions, state slots, which
+//! rows take their previous draw, new KV block-table entries) go up in one
+//! async copy from page-locked memory (runahead.rs); `feed_stage` puts
+//! them in the decode scratch, a `Feed::Previous` row's token taken from
+//! the device table of last draws; the decode graph, `sample_rows` (which
+//! also counts the drawn token in the row's count table, so the table
+//! stays exact across steps in flight) and `feed_keep` (the draws become
+//! the last draws) follow, then one async copy brings the outputs back and
+//! an event marks the step done. `collect_decode` waits for that event
+//! only. The one wait left at submit: a sequence's count table is made
+//! and uploaded from its state (synchronously) on its first penalised
+//! draw, or when the state no longer matches the table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
 use lily_core::weights::Weights;
 use lily_core::ModelConfig;
-use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId};
+use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
 
-use crate::device::{read_device, DeviceBuffer, Gpu};
+use crate::device::{copy_device, DeviceBuffer, Gpu};
 use crate::dims::KV_BLOCK;
 use crate::error::{CudaError, CudaResult};
-use crate::model::Model;
-use crate::sampling::{self, SampleOut, SampleRow, SAMPLE_TOP_MAX};
+use crate::feed::{self, FeedStageParams};
+use crate::model::{Head, Model};
+use crate::runahead::{put, word, InLayout, OutLayout, StepIo, IO_SLOTS};
+use crate::sampling::{self, SampleRow, SAMPLE_TOP_MAX};
 use crate::state::Options;
 
 pub struct CudaBackend {
@@ -24,10 +41,27 @@ pub struct CudaBackend {
     config: ModelConfig,
     /// Penalty count tables of the sequences sampled with penalties.
     counts: HashMap<SeqId, DeviceBuffer>,
-    /// SampleRow [max_batch], then tokens u32, logprobs f32, top ids u32
-    /// [SAMPLE_TOP_MAX] and top logprobs f32 [SAMPLE_TOP_MAX] per row;
-    /// made on the first `decode_sample`.
-    sample_io: Option<DeviceBuffer>,
+    /// The step slots and the last-draw table; made on the first sampled
+    /// step.
+    io: Option<StepIo>,
+    /// Steps submitted and not collected, oldest first.
+    pending: VecDeque<Pending>,
+    /// Sequences whose last draw is in the device table (a sampled step
+    /// was the last thing fed to them): those `Feed::Previous` may feed.
+    device_draws: HashSet<SeqId>,
+    next_ticket: u64,
+}
+
+/// A queued sampled step: its ticket, its step slot, and what reading its
+/// outputs needs.
+struct Pending {
+    ticket: u64,
+    slot: usize,
+    seqs: Vec<SeqId>,
+    /// Each row's top_logprobs at submit.
+    asks: Vec<u32>,
+    /// Whether the top arrays were written and downloaded.
+    tops: bool,
 }
 
 impl CudaBackend {
@@ -43,13 +77,17 @@ impl CudaBackend {
     /// CPU reference and the GPU).
     pub fn from_weights(gpu: &Arc<Gpu>, weights: &Weights, opts: Options, progress: &mut dyn FnMut(u64, u64)) -> CudaResult<Self> {
         let model = Model::new(gpu, weights, opts, progress)?;
-        Ok(CudaBackend { model, config: weights.config.clone(), counts: HashMap::new(), sample_io: None })
+        Ok(Self::around(model, weights.config.clone()))
     }
 
     /// A backend of shape `cfg` with random weights made on the GPU (speed
     /// probes at the real shape without a checkpoint; outputs are noise).
     pub fn synthetic(gpu: &Arc<Gpu>, cfg: &ModelConfig, opts: Options, seed: u64) -> CudaResult<Self> {
-        Ok(CudaBackend { model: Model::synthetic(gpu, cfg, opts, seed)?, config: cfg.clone(), counts: HashMap::new(), sample_io: None })
+        Ok(Self::around(Model::synthetic(gpu, cfg, opts, seed)?, cfg.clone()))
+    }
+
+    fn around(model: Model, config: ModelConfig) -> Self {
+        CudaBackend { model, config, counts: HashMap::new(), io: None, pending: VecDeque::new(), device_draws: HashSet::new(), next_ticket: 1 }
     }
 
     pub fn model(&self) -> &Model {
@@ -59,77 +97,230 @@ impl CudaBackend {
         &mut self.model
     }
 
-    /// `decode_sample` on the device: the decode step, then `sample_rows`
-    /// on the logits it left in scratch. One download brings the tokens and
-    /// logprobs back, and the top logprobs too when any row asked for them.
-    fn sample_on_device(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> CudaResult<Vec<Sampled>> {
+    /// Steps submitted and not collected yet.
+    pub fn steps_in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn known(&self, seqs: impl Iterator<Item = SeqId>) -> ModelResult<()> {
+        for s in seqs {
+            if !self.model.mem.seqs.contains_key(&s) {
+                return Err(ModelError::UnknownSequence(s));
+            }
+        }
+        Ok(())
+    }
+
+    fn in_flight(&self, seq: SeqId) -> bool {
+        self.pending.iter().any(|p| p.seqs.contains(&seq))
+    }
+
+    /// Whether `st`'s draws need the count table of `seq` made or uploaded
+    /// again from the state before this step.
+    fn table_stale(&self, seq: SeqId, st: &SampleState) -> bool {
+        st.params.has_penalties() && (st.device_copy() != Some(seq) || !self.counts.contains_key(&seq))
+    }
+
+    /// Queues one sampled step (see the file comment) in a free step slot.
+    /// Every check and every reservation comes before anything is queued:
+    /// on an error no state has advanced and no sequence has moved (a
+    /// count table may have been made from its state).
+    fn launch(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> CudaResult<Pending> {
         let gpu = self.model.gpu.clone();
         gpu.bind()?;
-        let vocab = self.model.dims.vocab;
         let n = batch.len();
-        if let Some(st) = states.iter().find(|st| st.params.top_logprobs as usize > SAMPLE_TOP_MAX) {
-            return Err(CudaError::Invalid(format!("top_logprobs {}: the device sampler reports at most {SAMPLE_TOP_MAX}", st.params.top_logprobs)));
-        }
-        let mut rows = Vec::with_capacity(n);
-        for ((seq, _), st) in batch.iter().zip(states.iter_mut()) {
-            let counts = if st.params.has_penalties() {
-                if st.device_copy() != Some(*seq) || !self.counts.contains_key(seq) {
-                    if !self.counts.contains_key(seq) {
-                        self.counts.insert(*seq, DeviceBuffer::zeroed(&gpu, vocab * 4, "sampling count table")?);
-                    }
-                    if let Some(buf) = self.counts.get(seq) {
-                        buf.upload_sync_at(0, &st.dense_counts(vocab))?;
-                    }
-                    st.set_device_copy(Some(*seq));
-                }
-                self.counts.get(seq).map_or(0, |b| b.ptr())
-            } else {
-                // No table passed: the device copy (if any) misses this draw.
-                st.set_device_copy(None);
-                0
-            };
-            rows.push(SampleRow::new(&st.params, st.step, counts));
-        }
-        // Layout of the io buffer for this call: SampleRow [n], then the
-        // outputs read back, contiguous: tokens u32 [n], logprobs f32 [n],
-        // top ids u32 [n][SAMPLE_TOP_MAX], top logprobs f32 [n][SAMPLE_TOP_MAX].
-        let row_bytes = std::mem::size_of::<SampleRow>();
-        let per_row = row_bytes + 8 + 8 * SAMPLE_TOP_MAX;
-        if self.sample_io.as_ref().is_none_or(|b| b.bytes() < n * per_row) {
-            let cap = n.max(self.model.mem.opts.max_batch);
-            self.sample_io = Some(DeviceBuffer::zeroed(&gpu, cap * per_row, "sampling io")?);
-        }
-        let io = self.sample_io.as_ref().ok_or_else(|| CudaError::Invalid("sampling buffers missing".into()))?;
-        io.upload_sync_at(0, &rows)?;
-        let outputs = io.at(n * row_bytes)?;
-        let out = SampleOut {
-            tokens: outputs,
-            logprobs: outputs + (n * 4) as u64,
-            top_ids: outputs + (n * 8) as u64,
-            top_logprobs: outputs + (n * (8 + 4 * SAMPLE_TOP_MAX)) as u64,
-        };
-        let rows_at = io.ptr();
-        self.model.decode_on_device(batch, &mut |m, first, cnt, logits| {
-            sampling::sample_rows(&m.gpu, &m.kernels, logits, rows_at + (first * row_bytes) as u64, &out.from_row(first), cnt, vocab)
-        })?;
-        // Words: tokens, logprob bits, and (only when asked) the top arrays.
-        let tops = states.iter().any(|st| st.params.top_logprobs > 0);
-        let words: Vec<u32> = read_device(&gpu, outputs, if tops { n * (2 + 2 * SAMPLE_TOP_MAX) } else { 2 * n })?;
-        let mut result = Vec::with_capacity(n);
-        for (r, st) in states.iter_mut().enumerate() {
-            let token = words[r];
-            let logprob = f32::from_bits(words[n + r]);
-            let mut top = Vec::new();
-            if tops {
-                let ids = &words[2 * n + r * SAMPLE_TOP_MAX..][..st.params.top_logprobs as usize];
-                let lps = &words[2 * n + n * SAMPLE_TOP_MAX + r * SAMPLE_TOP_MAX..][..st.params.top_logprobs as usize];
-                // u32::MAX marks slots beyond a row shorter than the ask.
-                top = ids.iter().zip(lps).take_while(|(&id, _)| id != u32::MAX).map(|(&id, &lp)| (id, f32::from_bits(lp))).collect();
+        let vocab = self.model.dims.vocab;
+        for (i, (&(seq, feed), st)) in batch.iter().zip(states.iter()).enumerate() {
+            if batch[..i].iter().any(|b| b.0 == seq) {
+                return Err(CudaError::Invalid(format!("sequence {seq:?} appears twice in one decode batch")));
             }
-            st.record_draw(token);
-            result.push(Sampled { token, logprob, top });
+            if st.params.top_logprobs as usize > SAMPLE_TOP_MAX {
+                return Err(CudaError::Invalid(format!("top_logprobs {}: the device sampler reports at most {SAMPLE_TOP_MAX}", st.params.top_logprobs)));
+            }
+            match feed {
+                Feed::Token(t) => self.model.check_tokens(&[t])?,
+                Feed::Previous if !self.device_draws.contains(&seq) => {
+                    return Err(CudaError::Invalid(format!("{seq:?} is fed its previous draw, but its last input was not a sampled step of this backend")));
+                }
+                Feed::Previous => {}
+            }
+            // The device table already counts the draws in flight and the
+            // state does not yet: rebuilding it from the state would lose them.
+            if self.table_stale(seq, st) && self.in_flight(seq) {
+                return Err(CudaError::Invalid(format!(
+                    "{seq:?}: its penalty counts must be uploaded from a state that does not match the device table while a step of it is in flight; collect that step first"
+                )));
+            }
         }
-        Ok(result)
+        let busy: Vec<usize> = self.pending.iter().map(|p| p.slot).collect();
+        let slot = (0..IO_SLOTS).find(|k| !busy.contains(k)).ok_or_else(|| CudaError::Invalid(format!("all {IO_SLOTS} step slots are in use")))?;
+        if self.io.is_none() {
+            let seqs = self.model.mem.opts.max_sequences;
+            self.io = Some(StepIo::new(&gpu, seqs, seqs)?);
+        }
+        let rows_cap = self.io.as_ref().map_or(0, |io| io.rows);
+        if n > rows_cap {
+            return Err(CudaError::Invalid(format!("decode step of {n} sequences; this backend holds at most {rows_cap}")));
+        }
+        let mut tables = Vec::with_capacity(n);
+        for (&(seq, _), st) in batch.iter().zip(states.iter_mut()) {
+            if !st.params.has_penalties() {
+                tables.push(0);
+                continue;
+            }
+            if self.table_stale(seq, st) {
+                let buf = match self.counts.entry(seq) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(DeviceBuffer::zeroed(&gpu, vocab * 4, "sampling count table")?),
+                };
+                buf.upload_sync_at(0, &st.dense_counts(vocab))?;
+                st.set_device_copy(Some(seq));
+            }
+            tables.push(self.counts.get(&seq).map_or(0, |b| b.ptr()));
+        }
+        let seqs: Vec<SeqId> = batch.iter().map(|b| b.0).collect();
+        let entries = self.model.mem.reserve_next_deferred(&seqs)?;
+        let tops = states.iter().any(|st| st.params.top_logprobs > 0);
+        if let Err(e) = self.queue_step(slot, batch, states, &tables, &entries, tops) {
+            // Whatever was queued finishes before the slot's host buffers
+            // are written again, and the step may not have written its
+            // block-table entries.
+            let _ = gpu.synchronize();
+            let _ = self.model.mem.write_block_entries(&entries);
+            return Err(e);
+        }
+        for (seq, st) in seqs.iter().zip(states.iter_mut()) {
+            st.begin_draw();
+            if !st.params.has_penalties() {
+                // No table was passed: a device copy (if any) misses this draw.
+                st.set_device_copy(None);
+            }
+            if let Some(s) = self.model.mem.seqs.get_mut(seq) {
+                s.len += 1;
+            }
+            self.device_draws.insert(*seq);
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        Ok(Pending { ticket, slot, seqs, asks: states.iter().map(|st| st.params.top_logprobs).collect(), tops })
+    }
+
+    /// Stages, launches and downloads one checked and reserved step in
+    /// step slot `slot`: one upload, then per group of `max_batch` rows
+    /// `feed_stage`, the decode graph, `sample_rows` and `feed_keep`, then
+    /// one download and the slot's event. No host wait.
+    fn queue_step(
+        &mut self,
+        slot: usize,
+        batch: &[(SeqId, Feed)],
+        states: &[SampleState],
+        tables: &[u64],
+        entries: &[(i32, i32)],
+        tops: bool,
+    ) -> CudaResult<()> {
+        let n = batch.len();
+        let layout = InLayout::new(n, entries.len());
+        let mut rows = Vec::with_capacity(n);
+        let mut tokens = Vec::with_capacity(n);
+        let mut pos = Vec::with_capacity(n);
+        let mut slots = Vec::with_capacity(n);
+        let mut prev = Vec::with_capacity(n);
+        for ((&(seq, feed), st), &table) in batch.iter().zip(states).zip(tables) {
+            let sq = self.model.mem.seq(seq)?;
+            rows.push(SampleRow::new(&st.params, st.step, table));
+            let (t, p) = match feed {
+                Feed::Token(t) => (t, 0u32),
+                Feed::Previous => (0, 1),
+            };
+            tokens.push(t);
+            prev.push(p);
+            pos.push(sq.len as i32);
+            slots.push(sq.slot as i32);
+        }
+        let bt_at: Vec<i32> = entries.iter().map(|e| e.0).collect();
+        let bt_block: Vec<i32> = entries.iter().map(|e| e.1).collect();
+        let io = self.io.as_mut().ok_or_else(|| CudaError::Invalid("step buffers missing".into()))?;
+        let buf = io.host_in(slot)?;
+        put(buf, layout.rows, &rows)?;
+        put(buf, layout.tokens, &tokens)?;
+        put(buf, layout.pos, &pos)?;
+        put(buf, layout.slot, &slots)?;
+        put(buf, layout.prev, &prev)?;
+        put(buf, layout.bt_at, &bt_at)?;
+        put(buf, layout.bt_block, &bt_block)?;
+        io.upload(slot, layout.bytes)?;
+        let out = io.dev_out(slot, n, tops)?;
+        let model = &mut self.model;
+        let gpu = model.gpu.clone();
+        let s = model.mem.scratch;
+        let group = model.mem.opts.max_batch;
+        let vocab = model.dims.vocab;
+        let at = |off: usize, first: usize, bytes: usize| io.dev_in(slot, off + first * bytes);
+        for first in (0..n).step_by(group) {
+            let cnt = group.min(n - first);
+            let with_bt = first == 0 && !entries.is_empty();
+            let p = FeedStageParams {
+                in_tokens: at(layout.tokens, first, 4)?,
+                in_pos: at(layout.pos, first, 4)?,
+                in_slot: at(layout.slot, first, 4)?,
+                in_prev: at(layout.prev, first, 4)?,
+                bt_at: if with_bt { at(layout.bt_at, 0, 0)? } else { 0 },
+                bt_block: if with_bt { at(layout.bt_block, 0, 0)? } else { 0 },
+                last: io.last.ptr(),
+                tokens: s.tokens,
+                pos: s.pos,
+                slots: s.slot,
+                block_table: model.mem.block_table.ptr(),
+                n: cnt as i32,
+                n_bt: if with_bt { entries.len() as i32 } else { 0 },
+            };
+            feed::stage(&gpu, &model.kernels, &p)?;
+            model.run_step(cnt, Head::Logits)?;
+            let rows_at = at(layout.rows, first, std::mem::size_of::<SampleRow>())?;
+            let o = out.from_row(first);
+            sampling::sample_rows(&gpu, &model.kernels, s.logits, rows_at, &o, cnt, vocab)?;
+            feed::keep(&gpu, &model.kernels, o.tokens, p.in_slot, io.last.ptr(), cnt)?;
+        }
+        io.download(slot, n, tops)
+    }
+
+    /// Waits for a queued step and reads its draws; each state records its
+    /// draw (`end_draw`).
+    fn land(&mut self, p: Pending, states: &mut [SampleState]) -> CudaResult<Vec<Sampled>> {
+        let io = self.io.as_ref().ok_or_else(|| CudaError::Invalid("step buffers missing".into()))?;
+        let buf = io.host_out(p.slot)?;
+        let n = p.seqs.len();
+        if states.len() != n {
+            return Err(CudaError::Invalid(format!("{} sampling states to collect a step of {n}", states.len())));
+        }
+        let l = OutLayout::new(n);
+        let mut draws = Vec::with_capacity(n);
+        for (r, st) in states.iter_mut().enumerate() {
+            let token = word(buf, l.tokens, r)?;
+            let logprob = f32::from_bits(word(buf, l.logprobs, r)?);
+            let mut top = Vec::new();
+            if p.tops {
+                for j in 0..p.asks[r] as usize {
+                    let id = word(buf, l.top_ids, r * SAMPLE_TOP_MAX + j)?;
+                    // u32::MAX marks slots beyond a row shorter than the ask.
+                    if id == u32::MAX {
+                        break;
+                    }
+                    top.push((id, f32::from_bits(word(buf, l.top_logprobs, r * SAMPLE_TOP_MAX + j)?)));
+                }
+            }
+            st.end_draw(token);
+            draws.push(Sampled { token, logprob, top });
+        }
+        Ok(draws)
+    }
+
+    /// Something other than a sampled step was fed to these sequences: the
+    /// device's last draw is no longer their input.
+    fn forget_draws(&mut self, seqs: impl Iterator<Item = SeqId>) {
+        for s in seqs {
+            self.device_draws.remove(&s);
+        }
     }
 }
 
@@ -154,6 +345,7 @@ impl Backend for CudaBackend {
         if self.model.gpu.bind().is_ok() {
             self.model.mem.free(seq);
             self.counts.remove(&seq);
+            self.device_draws.remove(&seq);
         }
     }
     fn fork(&mut self, seq: SeqId) -> ModelResult<SeqId> {
@@ -161,7 +353,20 @@ impl Backend for CudaBackend {
         if !self.model.mem.seqs.contains_key(&seq) {
             return Err(ModelError::UnknownSequence(seq));
         }
-        Ok(self.model.mem.fork(seq)?)
+        let child = self.model.mem.fork(seq)?;
+        // The copy's last input is the parent's last draw (in flight or
+        // not): copied on the stream, after the step that draws it.
+        if let (true, Some(io)) = (self.device_draws.contains(&seq), self.io.as_ref()) {
+            let mem = &self.model.mem;
+            let (from, to) = (mem.seq(seq)?.slot, mem.seq(child)?.slot);
+            let copied = copy_device(&self.model.gpu, io.last.ptr() + (to * 4) as u64, io.last.ptr() + (from * 4) as u64, 4);
+            if let Err(e) = copied {
+                self.model.mem.free(child);
+                return Err(e.into());
+            }
+            self.device_draws.insert(child);
+        }
+        Ok(child)
     }
     fn seq_len(&self, seq: SeqId) -> ModelResult<usize> {
         self.model.mem.seqs.get(&seq).map(|s| s.len).ok_or(ModelError::UnknownSequence(seq))
@@ -170,6 +375,7 @@ impl Backend for CudaBackend {
         if !self.model.mem.seqs.contains_key(&seq) {
             return Err(ModelError::UnknownSequence(seq));
         }
+        self.forget_draws(std::iter::once(seq));
         let (logits, _) = self.model.prefill(seq, tokens, wanted == LogitsWanted::All, true)?;
         Ok(logits)
     }
@@ -187,18 +393,21 @@ impl Backend for CudaBackend {
                 return Err(ModelError::UnknownSequence(*s));
             }
         }
+        self.forget_draws(batch.iter().map(|b| b.0));
         Ok(self.model.decode(batch)?)
     }
     fn prefill_greedy(&mut self, seq: SeqId, tokens: &[u32]) -> ModelResult<u32> {
         if !self.model.mem.seqs.contains_key(&seq) {
             return Err(ModelError::UnknownSequence(seq));
         }
+        self.forget_draws(std::iter::once(seq));
         Ok(self.model.prefill(seq, tokens, false, false)?.1)
     }
     fn decode_greedy(&mut self, seq: SeqId, first: u32, steps: usize) -> ModelResult<Vec<u32>> {
         if !self.model.mem.seqs.contains_key(&seq) {
             return Err(ModelError::UnknownSequence(seq));
         }
+        self.forget_draws(std::iter::once(seq));
         Ok(self.model.decode_greedy(seq, first, steps)?)
     }
     fn decode_greedy_batch(&mut self, batch: &[(SeqId, u32)], steps: usize) -> ModelResult<Vec<Vec<u32>>> {
@@ -207,18 +416,59 @@ impl Backend for CudaBackend {
                 return Err(ModelError::UnknownSequence(*s));
             }
         }
+        self.forget_draws(batch.iter().map(|b| b.0));
         Ok(self.model.decode_greedy_batch(batch, steps)?)
     }
     fn decode_sample(&mut self, batch: &[(SeqId, u32)], states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
         if states.len() != batch.len() {
             return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
         }
-        for (s, _) in batch {
-            if !self.model.mem.seqs.contains_key(s) {
-                return Err(ModelError::UnknownSequence(*s));
-            }
+        self.known(batch.iter().map(|b| b.0))?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(self.sample_on_device(batch, states)?)
+        // A step of its own, collected at once (a free step slot exists
+        // whatever is in flight); it does not count as in flight.
+        let feeds: Vec<(SeqId, Feed)> = batch.iter().map(|&(s, t)| (s, Feed::Token(t))).collect();
+        let step = self.launch(&feeds, states)?;
+        Ok(self.land(step, states)?)
+    }
+    fn submit_decode(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> ModelResult<InFlight> {
+        if states.len() != batch.len() {
+            return Err(ModelError::Invalid(format!("{} sampling states for a batch of {}", states.len(), batch.len())));
+        }
+        if self.pending.len() >= MAX_IN_FLIGHT {
+            return Err(ModelError::Invalid(format!("{} decode steps are in flight already (at most {MAX_IN_FLIGHT}); collect one first", self.pending.len())));
+        }
+        self.known(batch.iter().map(|b| b.0))?;
+        if batch.is_empty() {
+            return Ok(InFlight::Ready(Vec::new()));
+        }
+        let step = self.launch(batch, states)?;
+        let (ticket, len) = (step.ticket, step.seqs.len());
+        self.pending.push_back(step);
+        Ok(InFlight::Device { ticket, len })
+    }
+    fn collect_decode(&mut self, step: InFlight, states: &mut [SampleState]) -> ModelResult<Vec<Sampled>> {
+        let (ticket, len) = match step {
+            InFlight::Ready(draws) if draws.len() == states.len() => return Ok(draws),
+            InFlight::Ready(draws) => return Err(ModelError::Invalid(format!("{} sampling states to collect a step of {}", states.len(), draws.len()))),
+            InFlight::Device { ticket, len } => (ticket, len),
+        };
+        match self.pending.front() {
+            None => return Err(ModelError::Invalid(format!("step {ticket} collected, but no step is in flight"))),
+            Some(p) if p.ticket != ticket || p.seqs.len() != len => {
+                return Err(ModelError::Invalid(format!(
+                    "step {ticket} of {len} collected out of order: the oldest in flight is step {} of {}",
+                    p.ticket,
+                    p.seqs.len()
+                )))
+            }
+            Some(_) => {}
+        }
+        self.model.gpu.bind().map_err(ModelError::from)?;
+        let p = self.pending.pop_front().ok_or_else(|| ModelError::Invalid("no step in flight".into()))?;
+        Ok(self.land(p, states)?)
     }
     fn memory_in_use(&self) -> Option<u64> {
         Some(self.model.gpu.allocated())

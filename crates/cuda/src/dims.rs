@@ -195,6 +195,7 @@ impl Dims {
         // GEMM's constants and struct layouts.
         v.extend(crate::qmm::defines(self));
         v.extend(crate::sampling::defines());
+        v.extend(crate::feed::defines());
         v.extend(crate::gdn::defines(self));
         v.extend(crate::gemm::defines());
         v

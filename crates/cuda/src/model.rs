@@ -596,23 +596,6 @@ impl Model {
         Ok(out)
     }
 
-    /// `decode` with the logits left on the device: after each group's step,
-    /// `head(model, first, n, logits)` queues its work on the stream (`first`
-    /// = index in `batch` of the group's first sequence, `logits` = f32
-    /// [n][vocab]), before the next group's step reuses the scratch.
-    pub fn decode_on_device(&mut self, batch: &[(SeqId, u32)], head: &mut dyn FnMut(&Model, usize, usize, u64) -> CudaResult<()>) -> CudaResult<()> {
-        self.reserve_batch(batch, 1)?;
-        let group = self.mem.opts.max_batch;
-        for (gi, part) in batch.chunks(group).enumerate() {
-            self.gpu.bind()?;
-            self.stage_batch(part)?;
-            self.run_step(part.len(), Head::Logits)?;
-            head(self, gi * group, part.len(), self.mem.scratch.logits)?;
-            self.advance(part, 1);
-        }
-        Ok(())
-    }
-
     /// Checks a whole batch and reserves KV slots for each sequence's next
     /// `steps` tokens before any group of it runs, so that a batch refused
     /// for lack of memory (or a bad entry) has changed no sequence's length:

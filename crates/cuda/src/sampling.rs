@@ -142,6 +142,8 @@ macro_rules! layout_defines {
         ]
     };
 }
+// feed.rs mirrors its parameter structs the same way.
+pub(crate) use layout_defines;
 
 /// The constants and struct layouts sampling.cu shares with this file, as
 /// NVRTC defines (every family is compiled with them, see `Dims::defines`):

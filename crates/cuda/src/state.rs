@@ -520,6 +520,57 @@ impl Memory {
         Ok(())
     }
 
+    /// KV blocks for one more token of each sequence of `ids` (distinct),
+    /// all or none: a refusal (too long, pool too small for the whole set)
+    /// takes no block. The new block-table entries are not written here:
+    /// they come back as (index into the block table, block) for the
+    /// caller to write on the stream before the step that uses them
+    /// (`feed_stage`), so no host copy waits for the steps in flight.
+    pub fn reserve_next_deferred(&mut self, ids: &[SeqId]) -> CudaResult<Vec<(i32, i32)>> {
+        let mut grow = Vec::new();
+        for id in ids {
+            let s = self.seq(*id)?;
+            let new_len = s.len + 1;
+            if new_len > self.opts.max_seq_len {
+                return Err(CudaError::Capacity(format!(
+                    "sequence would hold {new_len} tokens; this backend was sized for at most {} per sequence",
+                    self.opts.max_seq_len
+                )));
+            }
+            if new_len.div_ceil(KV_BLOCK) > s.blocks.len() {
+                grow.push(*id);
+            }
+        }
+        if grow.len() > self.free_blocks.len() {
+            return Err(CudaError::Capacity(format!(
+                "KV cache full: {} more blocks of {KV_BLOCK} tokens needed, {} free of {}",
+                grow.len(),
+                self.free_blocks.len(),
+                self.num_blocks
+            )));
+        }
+        let mut entries = Vec::with_capacity(grow.len());
+        for id in grow {
+            let b = self.free_blocks.pop().ok_or_else(|| CudaError::Capacity("KV cache full".into()))?;
+            self.refcount[b as usize] = 1;
+            let bps = self.blocks_per_seq;
+            if let Some(s) = self.seqs.get_mut(&id) {
+                entries.push(((s.slot * bps + s.blocks.len()) as i32, b as i32));
+                s.blocks.push(b);
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Writes block-table entries as `reserve_next_deferred` returned them,
+    /// synchronously (when the step meant to write them never launched).
+    pub fn write_block_entries(&self, entries: &[(i32, i32)]) -> CudaResult<()> {
+        for &(at, b) in entries {
+            write_device(&self.gpu, self.block_table.ptr() + (at as u64) * 4, &[b])?;
+        }
+        Ok(())
+    }
+
     /// A new sequence with the same state: DeltaNet state copied, full KV
     /// blocks shared, the partly filled last block copied.
     pub fn fork(&mut self, id: SeqId) -> CudaResult<SeqId> {

@@ -16,10 +16,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{argmax, gpu, log_softmax};
+use common::{argmax, gpu, log_softmax, synth_checkpoint};
 use lily_core::tensors::TensorStore;
 use lily_core::weights::Mixer;
 use lily_core::weights::Weights;
@@ -210,19 +210,6 @@ fn hf_bf16_checkpoint_is_quantised_on_load_like_mlx() {
     let mut checks = Checks::default();
     st.gate(&mut checks, "HF bf16 quantised on load vs the MLX fixture (GPU decode)", 0.8, 2.5e-1, 2.0);
     checks.finish();
-}
-
-/// A synthetic checkpoint written by lily-synth into a temp dir (RAM-backed
-/// when /dev/shm exists).
-fn synth_checkpoint(preset: lily_synth::Preset, layers: usize, seed: u64) -> (tempfile::TempDir, Arc<Weights>) {
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-    let dir = tempfile::tempdir_in(base).expect("temp dir");
-    let mut opts = lily_synth::SynthOptions::new(preset, dir.path());
-    opts.layers = Some(layers);
-    opts.seed = seed;
-    lily_synth::synth(&opts).expect("synth");
-    let w = Arc::new(Weights::load(dir.path()).expect("load synthetic"));
-    (dir, w)
 }
 
 /// The reference forward of one decode token, stage by stage, with the same

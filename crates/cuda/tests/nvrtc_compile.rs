@@ -114,3 +114,22 @@ fn a_drifted_sampler_layout_fails_to_compile() {
         Err(e) => assert!(e.to_string().contains("SampleRow.top_p"), "{e}"),
     }
 }
+
+#[test]
+fn a_drifted_feed_layout_fails_to_compile() {
+    // Two pointers of FeedStageParams swapped in the kernel only.
+    nvrtc::ensure_nvrtc().expect("NVRTC");
+    let dims = Dims::from_config(&production()).expect("dims");
+    let f = FAMILIES.iter().find(|f| f.name == "feed").expect("feed family");
+    let swapped = f
+        .source
+        .replacen("    const int* in_pos;", "    const int* in_slot_;", 1)
+        .replacen("    const int* in_slot;", "    const int* in_pos;", 1)
+        .replacen("in_slot_;", "in_slot;", 1);
+    assert_ne!(swapped, f.source, "test setup: FeedStageParams's fields not found");
+    let drifted = Family { name: f.name, source: Box::leak(swapped.into_boxed_str()), kernels: f.kernels };
+    match compile_family(&drifted, &dims, &[]) {
+        Ok(_) => panic!("a FeedStageParams with swapped fields compiled"),
+        Err(e) => assert!(e.to_string().contains("FeedStageParams.in_"), "{e}"),
+    }
+}

@@ -11,6 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use lily_core::config::{production, Format};
+use lily_core::weights::Weights;
 use lily_core::ModelConfig;
 use lily_cuda::device::{read_device, DeviceBuffer, Gpu};
 use lily_cuda::dims::Dims;
@@ -25,6 +26,19 @@ pub fn fixtures_dir() -> std::path::PathBuf {
         return built;
     }
     std::path::PathBuf::from("tests/fixtures/tiny")
+}
+
+/// A synthetic checkpoint written by lily-synth into a temp dir (RAM-backed
+/// when /dev/shm exists).
+pub fn synth_checkpoint(preset: lily_synth::Preset, layers: usize, seed: u64) -> (tempfile::TempDir, Arc<Weights>) {
+    let base = if std::path::Path::new("/dev/shm").is_dir() { std::path::PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let dir = tempfile::tempdir_in(base).expect("temp dir");
+    let mut opts = lily_synth::SynthOptions::new(preset, dir.path());
+    opts.layers = Some(layers);
+    opts.seed = seed;
+    lily_synth::synth(&opts).expect("synth");
+    let w = Arc::new(Weights::load(dir.path()).expect("load synthetic"));
+    (dir, w)
 }
 
 /// The real Qwen3.6-35B-A3B shape.

@@ -1,0 +1,135 @@
+//! Launcher of kernels/feed.cu: the device half of a pipelined decode step's
+//! inputs (`CudaBackend::submit_decode`). `feed_stage` copies a group of the
+//! step's uploaded inputs into the decode scratch, taking a `Feed::Previous`
+//! row's token from the device table of last draws and writing the step's
+//! new block-table entries; `feed_keep` records the step's draws in that
+//! table after the sampler. The staging layout and the pinned buffers are
+//! the backend's (backend.rs); this file owns only the launches.
+
+use cudarc::driver::DeviceRepr;
+
+use crate::device::Gpu;
+use crate::error::{CudaError, CudaResult};
+use crate::kernels::Kernels;
+use crate::launch::launch;
+use crate::sampling::layout_defines;
+
+/// Threads of the one block of `feed_stage` / `feed_keep`.
+pub const FEED_THREADS: u32 = 256;
+
+/// Device addresses of one group's staged inputs (row 0 of the group) and
+/// of what `feed_stage` writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FeedStageParams {
+    /// u32 [n]: the fed token (ignored for a row fed `Previous`).
+    pub in_tokens: u64,
+    /// i32 [n]: the fed token's position.
+    pub in_pos: u64,
+    /// i32 [n]: the sequence's state slot.
+    pub in_slot: u64,
+    /// u32 [n]: 1 = the token is `last[in_slot[r]]`.
+    pub in_prev: u64,
+    /// i32 [n_bt]: block-table indices; i32 [n_bt]: the blocks.
+    pub bt_at: u64,
+    pub bt_block: u64,
+    /// u32 [max_sequences]: each slot's last draw.
+    pub last: u64,
+    /// The decode scratch: tokens u32 [n], positions i32 [n], slots i32 [n].
+    pub tokens: u64,
+    pub pos: u64,
+    pub slots: u64,
+    /// i32 [max_sequences][blocks per sequence].
+    pub block_table: u64,
+    pub n: i32,
+    pub n_bt: i32,
+}
+// SAFETY: plain-old-data mirroring `FeedStageParams` in feed.cu.
+unsafe impl DeviceRepr for FeedStageParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct FeedKeepParams {
+    drawn: u64,
+    slots: u64,
+    last: u64,
+    n: i32,
+}
+// SAFETY: plain-old-data mirroring `FeedKeepParams` in feed.cu.
+unsafe impl DeviceRepr for FeedKeepParams {}
+
+/// The block size and the layouts of both parameter structs, as NVRTC
+/// defines (every family is compiled with them, see `Dims::defines`).
+pub fn defines() -> Vec<String> {
+    let mut v = vec![format!("-DFEED_THREADS={FEED_THREADS}")];
+    v.extend(layout_defines!(
+        FeedStageParams,
+        "FEED_STAGE",
+        in_tokens,
+        in_pos,
+        in_slot,
+        in_prev,
+        bt_at,
+        bt_block,
+        last,
+        tokens,
+        pos,
+        slots,
+        block_table,
+        n,
+        n_bt,
+    ));
+    v.extend(layout_defines!(FeedKeepParams, "FEED_KEEP", drawn, slots, last, n));
+    v
+}
+
+/// Stages one group of `p.n` rows (1..=1024) and `p.n_bt` block-table
+/// entries (see feed.cu).
+pub fn stage(gpu: &Gpu, k: &Kernels, p: &FeedStageParams) -> CudaResult<()> {
+    if p.n <= 0 || p.n > 1024 || p.n_bt < 0 {
+        return Err(CudaError::shape("feed_stage", format!("{} rows, {} block-table entries: expected 1..=1024 rows", p.n, p.n_bt)));
+    }
+    let addrs = [p.in_tokens, p.in_pos, p.in_slot, p.in_prev, p.last, p.tokens, p.pos, p.slots, p.block_table];
+    if addrs.contains(&0) || (p.n_bt > 0 && (p.bt_at == 0 || p.bt_block == 0)) {
+        return Err(CudaError::shape("feed_stage", "a null input, output or block-table address"));
+    }
+    launch(gpu, k, "feed_stage", (1, 1, 1), FEED_THREADS, 0, p)
+}
+
+/// last[slots[r]] = drawn[r] for `n` rows (1..=1024).
+pub fn keep(gpu: &Gpu, k: &Kernels, drawn: u64, slots: u64, last: u64, n: usize) -> CudaResult<()> {
+    if n == 0 || n > 1024 {
+        return Err(CudaError::shape("feed_keep", format!("{n} rows, expected 1..=1024")));
+    }
+    if drawn == 0 || slots == 0 || last == 0 {
+        return Err(CudaError::shape("feed_keep", "a null address"));
+    }
+    let p = FeedKeepParams { drawn, slots, last, n: n as i32 };
+    launch(gpu, k, "feed_keep", (1, 1, 1), FEED_THREADS, 0, &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE: &str = include_str!("kernels/feed.cu");
+
+    #[test]
+    fn every_mirrored_field_is_asserted_by_the_kernel() {
+        let defs = defines();
+        let mut fields = 0;
+        for d in &defs {
+            let name = d.trim_start_matches("-D").split('=').next().unwrap_or("");
+            if name.contains("_AT_") {
+                fields += 1;
+                assert!(SOURCE.contains(&format!("{name});")), "feed.cu does not assert {name}");
+            } else if name.ends_with("_BYTES") {
+                assert!(SOURCE.contains(&format!("== {name},")), "feed.cu does not assert the size {name}");
+            }
+        }
+        assert_eq!(fields, 13 + 4);
+        assert!(defs.contains(&"-DFEED_STAGE_BYTES=96".to_string()), "{defs:?}");
+        assert!(defs.contains(&"-DFEED_KEEP_BYTES=32".to_string()), "{defs:?}");
+        assert!(!SOURCE.contains("#define FEED_THREADS"));
+    }
+}

@@ -1,0 +1,284 @@
+//! The buffers of pipelined decode steps (`CudaBackend::submit_decode`):
+//! per step slot, a page-locked host buffer the host writes the step's
+//! inputs into, a device buffer they land in with one async copy (and the
+//! sampler's outputs are written to), a page-locked host buffer those come
+//! back to with one async copy, and an event recorded after that copy; plus
+//! the device table of each sequence slot's last draw (`Feed::Previous`).
+//!
+//! There are `MAX_IN_FLIGHT + 1` step slots: a step uses one no uncollected
+//! step holds, so a new step is staged while the ones before it still run,
+//! and a synchronous `decode_sample` finds one too. This file owns the
+//! layouts and the copies; backend.rs owns what goes in and what the draws
+//! mean, feed.rs and sampling.rs the launches.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{result, CudaEvent, PinnedHostSlice};
+
+use lily_model::MAX_IN_FLIGHT;
+
+use crate::device::{DeviceBuffer, Gpu};
+use crate::error::{CudaError, CudaResult, DriverContext};
+use crate::sampling::{SampleOut, SampleRow, SAMPLE_TOP_MAX};
+
+/// Step slots: one per step in flight, and one more for a synchronous step.
+pub const IO_SLOTS: usize = MAX_IN_FLIGHT + 1;
+
+const ROW_BYTES: usize = std::mem::size_of::<SampleRow>();
+
+/// Byte offsets of one step's staged inputs, packed for `n` rows and `m`
+/// block-table entries: SampleRow [n], tokens u32 [n], positions i32 [n],
+/// state slots i32 [n], fed-previous flags u32 [n], block-table indices
+/// i32 [m], blocks i32 [m].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InLayout {
+    pub rows: usize,
+    pub tokens: usize,
+    pub pos: usize,
+    pub slot: usize,
+    pub prev: usize,
+    pub bt_at: usize,
+    pub bt_block: usize,
+    pub bytes: usize,
+}
+
+impl InLayout {
+    pub fn new(n: usize, m: usize) -> Self {
+        // SampleRow holds u64s; everything after it is 4-byte words.
+        let tokens = n * ROW_BYTES;
+        let pos = tokens + 4 * n;
+        let slot = pos + 4 * n;
+        let prev = slot + 4 * n;
+        let bt_at = prev + 4 * n;
+        let bt_block = bt_at + 4 * m;
+        InLayout { rows: 0, tokens, pos, slot, prev, bt_at, bt_block, bytes: bt_block + 4 * m }
+    }
+}
+
+/// Byte offsets of one step's outputs for `n` rows, as `sample_rows`
+/// writes them and the host reads them: tokens u32 [n], logprobs f32 [n],
+/// top ids u32 [n][SAMPLE_TOP_MAX], top logprobs f32 [n][SAMPLE_TOP_MAX].
+/// `bytes(false)` covers the first two only (no row asked for top
+/// logprobs, so only they come back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutLayout {
+    pub n: usize,
+    pub tokens: usize,
+    pub logprobs: usize,
+    pub top_ids: usize,
+    pub top_logprobs: usize,
+}
+
+impl OutLayout {
+    pub fn new(n: usize) -> Self {
+        OutLayout { n, tokens: 0, logprobs: 4 * n, top_ids: 8 * n, top_logprobs: 8 * n + 4 * n * SAMPLE_TOP_MAX }
+    }
+    pub fn bytes(&self, tops: bool) -> usize {
+        if tops {
+            self.top_logprobs + 4 * self.n * SAMPLE_TOP_MAX
+        } else {
+            self.top_ids
+        }
+    }
+}
+
+/// One step slot's buffers.
+pub struct IoSlot {
+    input: PinnedHostSlice<u8>,
+    output: PinnedHostSlice<u8>,
+    /// Inputs at 0, outputs at `out_at`.
+    dev: DeviceBuffer,
+    out_at: usize,
+    /// Recorded after the slot's last download: when it has completed, the
+    /// slot's host buffers may be rewritten and its outputs read.
+    done: CudaEvent,
+}
+
+/// Every step slot and the table of last draws.
+pub struct StepIo {
+    gpu: Arc<Gpu>,
+    slots: Vec<IoSlot>,
+    /// u32 [max_sequences]: the last draw of each sequence slot, written by
+    /// `feed_keep`, read by `feed_stage`.
+    pub last: DeviceBuffer,
+    /// Most rows (and block-table entries) one step may carry.
+    pub rows: usize,
+}
+
+/// Page-locked host memory of `bytes` bytes, zeroed.
+fn pinned(gpu: &Gpu, bytes: usize, flags: u32) -> CudaResult<PinnedHostSlice<u8>> {
+    // SAFETY: the allocation is zeroed below, before any read.
+    let mut buf = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), flags) }
+        .map_err(|e| CudaError::Capacity(format!("allocating {bytes} bytes of page-locked host memory: {e}")))?;
+    let p = buf.as_mut_ptr().ctx("pinned host buffer")?;
+    // SAFETY: `p` is the start of this allocation of at least `bytes` bytes
+    // (never fewer than 1), owned here and not yet shared with the device.
+    unsafe { std::ptr::write_bytes(p, 0, bytes.max(1)) };
+    Ok(buf)
+}
+
+impl StepIo {
+    /// Buffers for steps of up to `rows` rows and a last-draw table of
+    /// `sequences` slots.
+    pub fn new(gpu: &Arc<Gpu>, rows: usize, sequences: usize) -> CudaResult<Self> {
+        let in_bytes = InLayout::new(rows, rows).bytes;
+        let out_bytes = OutLayout::new(rows).bytes(true);
+        let out_at = in_bytes.div_ceil(256) * 256;
+        let mut slots = Vec::with_capacity(IO_SLOTS);
+        for _ in 0..IO_SLOTS {
+            slots.push(IoSlot {
+                // The host only writes the inputs (write-combined suits
+                // that) and reads the outputs (cached memory suits that).
+                input: pinned(gpu, in_bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
+                output: pinned(gpu, out_bytes, 0)?,
+                dev: DeviceBuffer::zeroed(gpu, out_at + out_bytes, "decode step io")?,
+                out_at,
+                done: gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).ctx("cuEventCreate")?,
+            });
+        }
+        let last = DeviceBuffer::zeroed(gpu, sequences.max(1) * 4, "last draws")?;
+        Ok(StepIo { gpu: gpu.clone(), slots, last, rows })
+    }
+
+    fn slot(&self, k: usize) -> CudaResult<&IoSlot> {
+        self.slots.get(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))
+    }
+
+    /// Device address of slot `k`'s input byte `at`.
+    pub fn dev_in(&self, k: usize, at: usize) -> CudaResult<u64> {
+        self.slot(k)?.dev.at(at)
+    }
+
+    /// Where `sample_rows` writes slot `k`'s outputs for `n` rows (the top
+    /// arrays only when `tops`).
+    pub fn dev_out(&self, k: usize, n: usize, tops: bool) -> CudaResult<SampleOut> {
+        let s = self.slot(k)?;
+        let base = s.dev.at(s.out_at)?;
+        let l = OutLayout::new(n);
+        Ok(SampleOut {
+            tokens: base + l.tokens as u64,
+            logprobs: base + l.logprobs as u64,
+            top_ids: if tops { base + l.top_ids as u64 } else { 0 },
+            top_logprobs: if tops { base + l.top_logprobs as u64 } else { 0 },
+        })
+    }
+
+    /// Waits until slot `k`'s last use is over, then returns its host input
+    /// buffer to be written.
+    pub fn host_in(&mut self, k: usize) -> CudaResult<&mut [u8]> {
+        let s = self.slots.get_mut(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))?;
+        s.done.synchronize().ctx("cuEventSynchronize (step slot reuse)")?;
+        s.input.as_mut_slice().ctx("pinned host buffer")
+    }
+
+    /// Queues the one upload of slot `k`'s first `bytes` input bytes.
+    pub fn upload(&self, k: usize, bytes: usize) -> CudaResult<()> {
+        let s = self.slot(k)?;
+        let src = s.input.as_slice().ctx("pinned host buffer")?;
+        let src = src.get(..bytes).ok_or_else(|| CudaError::Capacity(format!("step inputs of {bytes} bytes, the slot holds {}", src.len())))?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the destination is the start of this slot's device buffer,
+        // which holds the inputs' capacity (checked by `src.get`); the source
+        // is page-locked memory owned by the slot, not rewritten before the
+        // slot's `done` event (recorded after this copy) has completed.
+        unsafe { result::memcpy_htod_async(s.dev.ptr(), src, self.gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync (step inputs)")
+    }
+
+    /// Queues the one download of slot `k`'s outputs (`OutLayout` of `n`
+    /// rows, the top arrays only when `tops`) and records the slot's event.
+    pub fn download(&mut self, k: usize, n: usize, tops: bool) -> CudaResult<()> {
+        let stream = self.gpu.cu_stream();
+        let gpu_stream = self.gpu.stream.clone();
+        let s = self.slots.get_mut(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))?;
+        let bytes = OutLayout::new(n).bytes(tops);
+        let src = s.dev.at(s.out_at)?;
+        let dst = s.output.as_mut_slice().ctx("pinned host buffer")?;
+        let dst = dst.get_mut(..bytes).ok_or_else(|| CudaError::Capacity(format!("step outputs of {bytes} bytes, the slot holds fewer")))?;
+        // SAFETY: the source is this slot's output region (`bytes` fit, the
+        // device buffer was sized for `rows` rows with their top arrays);
+        // the destination is page-locked memory owned by the slot, read only
+        // after the `done` event recorded right below has completed.
+        unsafe { result::memcpy_dtoh_async(dst, src, stream) }.ctx("cuMemcpyDtoHAsync (step outputs)")?;
+        s.done.record(&gpu_stream).ctx("cuEventRecord (step done)")
+    }
+
+    /// Waits for slot `k`'s download and returns its host output buffer.
+    pub fn host_out(&self, k: usize) -> CudaResult<&[u8]> {
+        let s = self.slot(k)?;
+        s.done.synchronize().ctx("cuEventSynchronize (step outputs)")?;
+        s.output.as_slice().ctx("pinned host buffer")
+    }
+}
+
+impl Drop for StepIo {
+    fn drop(&mut self) {
+        // No copy may still target the page-locked buffers when they are
+        // freed.
+        if self.gpu.bind().is_ok() {
+            let _ = self.gpu.synchronize();
+        }
+    }
+}
+
+/// Plain data that may be copied into a staging buffer byte for byte: no
+/// padding, no pointers the host follows.
+pub trait Staged: Copy {}
+impl Staged for u32 {}
+impl Staged for i32 {}
+impl Staged for SampleRow {}
+
+/// Copies `data` into `buf` at byte `at`.
+pub fn put<T: Staged>(buf: &mut [u8], at: usize, data: &[T]) -> CudaResult<()> {
+    let n = std::mem::size_of_val(data);
+    let len = buf.len();
+    let dst = buf.get_mut(at..at + n).ok_or_else(|| CudaError::Capacity(format!("{n} bytes at {at} past a {len}-byte staging buffer")))?;
+    // SAFETY: `dst` holds exactly `n` bytes and does not overlap `data`
+    // (a host slice of the caller); `Staged` types have no padding bytes,
+    // so every byte read is initialised.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), dst.as_mut_ptr(), n) };
+    Ok(())
+}
+
+/// The u32 word `i` of an output array at byte `at`.
+pub fn word(buf: &[u8], at: usize, i: usize) -> CudaResult<u32> {
+    let o = at + 4 * i;
+    buf.get(o..o + 4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_ne_bytes)
+        .ok_or_else(|| CudaError::Invalid(format!("output word {i} at {at} past a {}-byte buffer", buf.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_pack_without_overlap() {
+        let l = InLayout::new(3, 2);
+        assert_eq!((l.rows, l.tokens, l.pos, l.slot, l.prev, l.bt_at, l.bt_block, l.bytes), (0, 192, 204, 216, 228, 240, 248, 256));
+        assert_eq!(l.tokens % 8, 0, "SampleRow stays 8-byte aligned");
+        let o = OutLayout::new(3);
+        assert_eq!((o.tokens, o.logprobs, o.top_ids, o.top_logprobs), (0, 12, 24, 24 + 240));
+        assert_eq!((o.bytes(false), o.bytes(true)), (24, 24 + 480));
+        // The device side sees the same offsets as `SampleOut::from_row`.
+        let out = SampleOut { tokens: 1000, logprobs: 1000 + o.logprobs as u64, top_ids: 1000 + o.top_ids as u64, top_logprobs: 1000 + o.top_logprobs as u64 };
+        let r2 = out.from_row(2);
+        assert_eq!((r2.tokens, r2.top_ids), (1008, 1000 + 24 + 2 * 80));
+        assert!(r2.top_logprobs + 80 <= 1000 + o.bytes(true) as u64);
+    }
+
+    #[test]
+    fn staging_round_trips_and_refuses_overflow() {
+        let mut buf = vec![0u8; 16];
+        put(&mut buf, 4, &[7u32, u32::MAX]).expect("fits");
+        put(&mut buf, 12, &[-2i32]).expect("fits");
+        assert_eq!(word(&buf, 4, 0).expect("word"), 7);
+        assert_eq!(word(&buf, 4, 1).expect("word"), u32::MAX);
+        assert_eq!(word(&buf, 12, 0).expect("word") as i32, -2);
+        assert!(put(&mut buf, 12, &[1u32, 2]).is_err());
+        assert!(word(&buf, 16, 0).is_err());
+    }
+}
