@@ -10,7 +10,8 @@
 # The binary is $LILY_BIN (default target/release/lily); on a GPU machine
 # without Rust, build `lily` on a development machine, copy it with the
 # repository into gpu-bin/ and set LILY_BIN=gpu-bin/lily (docs/gpu.md). The
-# device is $LILY_DEVICE (default cuda). Prints the report of scripts/serve_bench.py
+# device is $LILY_DEVICE (default cuda); $LILY_SERVE_ARGS adds flags to
+# `lily serve` (e.g. "--prefill-chunk 2048"). Prints the report of scripts/serve_bench.py
 # (standard library Python only; --json to $BENCH_JSON when set) and the
 # server's start-up summary.
 set -euo pipefail
@@ -31,7 +32,7 @@ MAX_CLIENTS=$(echo "$COUNTS" | tr ',' '\n' | sort -n | tail -1)
 PORT=${LILY_BENCH_PORT:-18123}
 LOG=$(mktemp)
 "$BIN" serve --model "$MODEL" --device "$DEVICE" --bind "127.0.0.1:$PORT" \
-  --max-concurrent "$MAX_CLIENTS" --served-model-name lily >"$LOG" 2>&1 &
+  --max-concurrent "$MAX_CLIENTS" --served-model-name lily ${LILY_SERVE_ARGS:-} >"$LOG" 2>&1 &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null || true; wait $PID 2>/dev/null || true' EXIT
 for _ in $(seq 1 1200); do
