@@ -237,6 +237,15 @@ pub trait Backend: Send {
         }
     }
 
+    /// Prompt tokens per engine step this backend prefills efficiently
+    /// (the default of the server's `--prefill-chunk`), when it differs from
+    /// the engine's default. A GPU backend whose prefill cost barely grows
+    /// with tokens up to a few thousand wants larger steps, so the chunks
+    /// of several new requests share one `prefill_batch` pass.
+    fn preferred_prefill_chunk(&self) -> Option<usize> {
+        None
+    }
+
     /// Bytes of device memory in use (weights + state), if the backend knows.
     fn memory_in_use(&self) -> Option<u64> {
         None

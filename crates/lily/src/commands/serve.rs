@@ -75,9 +75,11 @@ pub struct Args {
     /// Prompt tokens prefilled per engine step, all new requests together.
     /// Running streams get one token per step, so each waits at most this
     /// much prefill between two tokens; larger starts long prompts sooner,
-    /// smaller keeps streams smoother while prompts arrive.
-    #[arg(long, default_value_t = EngineOptions::default().prefill_chunk as u64, value_parser = clap::value_parser!(u64).range(16..=65536))]
-    prefill_chunk: u64,
+    /// smaller keeps streams smoother while prompts arrive. Default: what the
+    /// backend prefers (2,048 on CUDA, where several prompts share one pass),
+    /// else 512.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(16..=65536))]
+    prefill_chunk: Option<u64>,
     /// Per-request time limit in seconds (0 = none); a request past it ends
     /// with a `timeout` error.
     #[arg(long, default_value_t = 0)]
@@ -227,13 +229,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let template = Arc::new(ChatTemplate::from_dir(&dir).with_context(|| format!("loading the chat template of {}", dir.display()))?);
     let defaults = sampling_defaults(&dir)?;
 
-    let opts = EngineOptions {
+    let mut opts = EngineOptions {
         model_name: name.clone(),
         synthetic: demo,
         max_batch: args.max_concurrent,
         max_queue: args.max_queue,
         max_seq_len: args.max_seq,
-        prefill_chunk: args.prefill_chunk as usize,
         ..EngineOptions::default()
     };
     // Room for every running request plus the prefix cache's snapshots.
@@ -263,6 +264,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let backend_memory = backend.memory_in_use();
     let max_sequences = backend.max_sequences();
     let kv_room = backend.kv_room();
+    opts.prefill_chunk = match args.prefill_chunk {
+        Some(n) => n as usize,
+        None => backend.preferred_prefill_chunk().unwrap_or(opts.prefill_chunk),
+    };
 
     let handle = Engine::start(backend, tokenizer.clone(), opts).context("starting the engine thread")?;
     let mut engine: Arc<dyn Generator> = Arc::new(handle.clone());
