@@ -471,9 +471,9 @@ impl Backend for CudaBackend {
         Ok(self.land(p, states)?)
     }
     /// 2,048: measured on the H200 (docs/perf/2026-12-01-h200-serving.md), a
-    /// 256-token prompt prefills in ~31 ms alone and 2,048 tokens in one pass
-    /// in ~90 ms, so 64 streaming clients get ~1.2x the throughput of 512
-    /// with TTFT p99 1.5 s instead of 2.6 s (ITL p99 grows from 88 to 179 ms).
+    /// 256-token prompt prefills in ~31 ms alone, one pass of 1,024 tokens in
+    /// ~60 ms; 64 streaming clients got 1,856 tok/s with 2,048 against 1,572
+    /// with 512, TTFT p99 1.5 s against 2.6 s (ITL p99 179 ms against 88).
     fn preferred_prefill_chunk(&self) -> Option<usize> {
         Some(2048)
     }
