@@ -296,6 +296,23 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Gauge: (free, total) tokens of the backend's KV pool, when it has one.
     pub kv_tokens: Option<(usize, usize)>,
+    /// Where the engine thread's time goes (seconds since start): `step_s`
+    /// in engine steps that had work; of it, `decode_submit_s` inside
+    /// `submit_decode` (staging and launching a step), `decode_wait_s`
+    /// inside `collect_decode` (blocked until the device finishes a step:
+    /// the device is the bottleneck while this grows with `step_s`) and
+    /// `prefill_s` inside prefill calls. The rest is host work: admission,
+    /// detokenising, streaming.
+    pub time: EngineTime,
+}
+
+/// The engine thread's time by activity (see `EngineStats::time`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineTime {
+    pub step_s: f64,
+    pub decode_submit_s: f64,
+    pub decode_wait_s: f64,
+    pub prefill_s: f64,
 }
 
 /// What is being served.

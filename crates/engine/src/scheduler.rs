@@ -44,7 +44,7 @@ use lily_model::sample::sample_host;
 use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{EngineError, EngineOptions, Event, FinishReason, GenerateRequest, Shared, Submission};
+use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, Shared, Submission};
 use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{logprob_report, request_seed, sample_params};
@@ -173,10 +173,16 @@ impl Scheduler {
 
     /// One engine step (see the file comment).
     pub(crate) fn step(&mut self) {
+        let t0 = Instant::now();
+        let busy = !self.is_idle();
         self.reap();
         self.admit();
         self.decode_step();
         self.prefill_step();
+        if busy {
+            let dt = t0.elapsed().as_secs_f64();
+            self.shared.with_stats(|s| s.time.step_s += dt);
+        }
         self.publish_gauges();
     }
 
@@ -426,7 +432,7 @@ impl Scheduler {
     /// and the requests decoded one by one instead.
     fn submit(&mut self, members: Vec<Age>, batch: &[(SeqId, Feed)]) -> bool {
         let mut states = self.lend_states(&members);
-        let r = self.kv.evicting(self.backend.as_mut(), |b| b.submit_decode(batch, &mut states));
+        let r = timed(&self.shared, |t| &mut t.decode_submit_s, || self.kv.evicting(self.backend.as_mut(), |b| b.submit_decode(batch, &mut states)));
         self.return_states(&members, states);
         self.count_decode_step(batch.len());
         match r {
@@ -470,7 +476,7 @@ impl Scheduler {
             return;
         };
         let mut states = self.lend_states(&step.members);
-        let r = self.backend.collect_decode(step.handle, &mut states);
+        let r = timed(&self.shared, |t| &mut t.decode_wait_s, || self.backend.collect_decode(step.handle, &mut states));
         self.return_states(&step.members, states);
         for &age in &step.members {
             self.kv.landed(self.backend.as_mut(), age);
@@ -699,7 +705,7 @@ impl Scheduler {
     fn prefill_together(&mut self, plan: &[(usize, Age, SeqId, usize, usize)]) -> bool {
         let running = &self.running;
         let parts: Vec<(SeqId, &[u32])> = plan.iter().map(|&(i, _, seq, start, end)| (seq, &running[i].tokens[start..end])).collect();
-        let result = self.kv.evicting(self.backend.as_mut(), |b| b.prefill_batch(&parts));
+        let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_batch(&parts)));
         let err = match result {
             Ok(rows) if rows.len() == plan.len() => {
                 for (&(_, age, _, start, end), logits) in plan.iter().zip(rows) {
@@ -753,7 +759,7 @@ impl Scheduler {
             };
             let end = self.kv.chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
             let chunk = &a.tokens[start..end];
-            let result = self.kv.evicting(self.backend.as_mut(), |b| b.prefill(seq, chunk, LogitsWanted::Last));
+            let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill(seq, chunk, LogitsWanted::Last)));
             let outcome = match result {
                 // Out of memory with every snapshot evicted: the youngest
                 // holder gives its memory back (this request, or a younger
@@ -895,4 +901,13 @@ impl Scheduler {
 /// nothing).
 fn placeholder_state() -> SampleState {
     SampleState::new(SampleParams::default(), &[])
+}
+
+/// Runs `f` and adds its wall time to the engine-time counter `field` picks.
+fn timed<R>(shared: &Shared, field: fn(&mut EngineTime) -> &mut f64, f: impl FnOnce() -> R) -> R {
+    let t0 = Instant::now();
+    let r = f();
+    let dt = t0.elapsed().as_secs_f64();
+    shared.with_stats(|s| *field(&mut s.time) += dt);
+    r
 }

@@ -90,6 +90,14 @@ fn concurrent_requests_are_batched_and_all_finish() {
     let s = h.stats();
     assert!(s.decode_batch_sizes.iter().skip(2).sum::<u64>() > 0, "{:?}", s.decode_batch_sizes);
     assert_eq!(s.requests_finished, 6);
+    // The engine's time split: every decode and prefill call of the fake
+    // sleeps 2 ms; 12 tokens each (the first from the prefill) need at
+    // least 11 decode steps and one prefill call, and the parts fit inside
+    // the steps' total.
+    let t = s.time;
+    assert!(t.decode_submit_s + t.decode_wait_s >= 11.0 * 0.002, "{t:?}");
+    assert!(t.prefill_s >= 0.002, "{t:?}");
+    assert!(t.step_s >= t.decode_submit_s + t.decode_wait_s + t.prefill_s, "{t:?}");
 }
 
 #[test]

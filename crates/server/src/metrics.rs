@@ -164,6 +164,14 @@ impl Metrics {
         gauge(&mut out, "lily_prefix_cache_held_tokens", "Tokens covered by held snapshots.", stats.prefix_cache_held_tokens as i64);
         counter(&mut out, "lily_decode_steps_total", "Decode steps run.", stats.decode_steps);
         counter(&mut out, "lily_engine_preemptions_total", "Requests paused to give KV memory to older ones (recomputed later).", stats.preemptions);
+        let seconds = |out: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}");
+        };
+        let t = &stats.time;
+        seconds(&mut out, "lily_engine_step_seconds_total", "Engine-thread time in steps that had work.", t.step_s);
+        seconds(&mut out, "lily_engine_decode_submit_seconds_total", "Of it, staging and launching decode steps.", t.decode_submit_s);
+        seconds(&mut out, "lily_engine_decode_wait_seconds_total", "Of it, waiting for the device to finish decode steps.", t.decode_wait_s);
+        seconds(&mut out, "lily_engine_prefill_seconds_total", "Of it, in prefill calls.", t.prefill_s);
         if let Some((free, total)) = stats.kv_tokens {
             gauge(&mut out, "lily_kv_cache_free_tokens", "Free tokens in the KV pool.", free as i64);
             gauge(&mut out, "lily_kv_cache_total_tokens", "Tokens the KV pool holds.", total as i64);
@@ -198,7 +206,8 @@ mod tests {
         m.record_usage(10, 5, 4);
         m.ttft.observe(Duration::from_millis(30));
         m.request_duration.observe(Duration::from_secs(2));
-        let stats = EngineStats { decode_batch_sizes: vec![0, 3, 2, 0, 1], ..EngineStats::default() };
+        let time = lily_engine::EngineTime { step_s: 2.5, decode_submit_s: 0.25, decode_wait_s: 1.5, prefill_s: 0.125 };
+        let stats = EngineStats { decode_batch_sizes: vec![0, 3, 2, 0, 1], time, ..EngineStats::default() };
         let text = m.render(&stats);
         assert!(text.contains("lily_http_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"));
         assert!(text.contains("lily_http_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"));
@@ -211,6 +220,10 @@ mod tests {
         assert!(text.contains("lily_decode_batch_size_bucket{le=\"2\"} 5\n"));
         assert!(text.contains("lily_decode_batch_size_bucket{le=\"4\"} 6\n"));
         assert!(text.contains("lily_decode_batch_size_sum 11\n"));
+        assert!(text.contains("lily_engine_step_seconds_total 2.500000\n"));
+        assert!(text.contains("lily_engine_decode_submit_seconds_total 0.250000\n"));
+        assert!(text.contains("lily_engine_decode_wait_seconds_total 1.500000\n"));
+        assert!(text.contains("lily_engine_prefill_seconds_total 0.125000\n"));
         // Every sample line is `name{labels} value` with a numeric value, and
         // every metric has HELP and TYPE lines.
         for line in text.lines() {
