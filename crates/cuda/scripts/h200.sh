@@ -17,7 +17,7 @@ OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
 BIN=${BIN:-gpu-bin}
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
-STAGES=${STAGES:-"nvrtc qmm kernels attention gdn sampling bench attnprobe model"}
+STAGES=${STAGES:-"nvrtc qmm kernels attention gdn sampling runahead bench attnprobe model"}
 BENCH_ARGS=${BENCH_ARGS:-"--random-layers 40 --lengths 256,4096,32768 --steps 64 --profile --batch 1,8,32,64,128"}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
@@ -36,6 +36,7 @@ for s in $STAGES; do
     attention) run attention 200 "$BIN/gpu_attention" --test-threads=4 --nocapture ;;
     gdn) run gdn 200 "$BIN/gpu_gdn" --test-threads=4 --nocapture ;;
     sampling) run sampling 90 "$BIN/gpu_sampling" --test-threads=4 --nocapture ;;
+    runahead) run runahead 200 "$BIN/gpu_runahead" --test-threads=3 --nocapture ;;
     bench) run bench 110 "$BIN/bench" $BENCH_ARGS ;;
     attnprobe) run attnprobe 120 "$BIN/attn_probe" ;;   # attention kernels alone, one layer
     model) run model 240 "$BIN/gpu_model" --test-threads=2 --nocapture ;;
@@ -47,7 +48,7 @@ for s in $STAGES; do
   esac
 done
 echo "---- summary"
-for f in nvrtc qmm kernels attention gdn sampling model; do
+for f in nvrtc qmm kernels attention gdn sampling runahead model; do
   [ -f "$OUT/$f.log" ] && grep -E "^test result|panicked|FAILED CHECK|^test .* FAILED" "$OUT/$f.log" | head -40
 done
 [ -f "$OUT/bench.log" ] && grep -vE "^upload" "$OUT/bench.log" | tail -45
