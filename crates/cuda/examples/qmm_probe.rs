@@ -54,7 +54,7 @@ fn run() -> Result<(), String> {
     println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
     let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
         ("4 warps, ring 4 (default)", QmmShape::default(), vec![]),
-        ("4 warps, ring 4, wide nt 2", QmmShape { wide_nt: 2, ..QmmShape::default() }, vec![]),
+        ("4 warps, ring 4, slice 512", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec![]),
         ("4 warps, ring 4, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
         ("8 warps, ring 4", QmmShape { warps: 8, ..QmmShape::default() }, vec![]),
     ];

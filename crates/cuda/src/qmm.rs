@@ -155,15 +155,11 @@ pub struct QmmShape {
     pub ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
     pub slice_cols: usize,
-    /// n-tiles (4 tokens each) of the dense variant above 8 tokens: 4
-    /// (`qmm_dense_4`, chunks of 16 tokens) or 2 (`qmm_dense_2`, chunks of
-    /// 8). Not compiled in; the launcher picks the entry point.
-    pub wide_nt: usize,
 }
 
 impl Default for QmmShape {
     fn default() -> Self {
-        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS, wide_nt: 4 }
+        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS }
     }
 }
 
@@ -208,21 +204,17 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_dense_4", "qmm_moe_1", "qmm_moe_2", "moe_router"];
+pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_2", "moe_router"];
 
 /// The dense variant for `ntok` tokens and its n-tiles (4 tokens each) a
-/// warp keeps; more tokens than 16 run in chunks of 16, each chunk
-/// dequantising the weights again (from L2), so wider chunks halve that work
-/// at batch 16 and more. A token's column is computed the same way in every
-/// variant (the mma columns are independent), so the variant never changes
-/// a result.
-fn dense_variant(ntok: usize, shape: &QmmShape) -> (&'static str, usize) {
+/// warp keeps; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
+/// n-tiles at 184 registers, measured no faster at 16 or 64 tokens:
+/// NOTES.md, qmm v9.)
+fn dense_variant(ntok: usize) -> (&'static str, usize) {
     if ntok <= 4 {
         ("qmm_dense_1", 1)
-    } else if ntok <= 8 || shape.wide_nt != 4 {
-        ("qmm_dense_2", 2)
     } else {
-        ("qmm_dense_4", 4)
+        ("qmm_dense_2", 2)
     }
 }
 
@@ -362,7 +354,7 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let (name, nt) = dense_variant(ntok, &k.qmm);
+    let (name, nt) = dense_variant(ntok);
     p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);

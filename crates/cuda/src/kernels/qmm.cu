@@ -755,7 +755,6 @@ __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     }
 QMM_DENSE(1)
 QMM_DENSE(2)
-QMM_DENSE(4)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
