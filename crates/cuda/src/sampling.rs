@@ -2,7 +2,10 @@
 //! device (argmax keys to token ids, position and step counters advanced),
 //! so consecutive steps never return to the host; and `sample_rows`, the
 //! full sampler (penalties, temperature, top-k / top-p / min-p, a Philox
-//! draw) with the semantics of `lily_model::sample`.
+//! draw) with the semantics of `lily_model::sample`. Greedy rows and rows
+//! with a small top_k take a fast path (the row split over many blocks,
+//! then one merge); every other row, and any row whose top-k boundary the
+//! fast path cannot prove exact, runs the one-block-per-row kernel.
 
 use cudarc::driver::DeviceRepr;
 
@@ -67,6 +70,39 @@ pub const SAMPLE_THREADS: u32 = 512;
 /// Most top logprobs a row reports (OpenAI's limit for `top_logprobs`);
 /// the row stride of the top-logprob outputs.
 pub const SAMPLE_TOP_MAX: usize = 20;
+
+/// Blocks a row is split into by the fast path's first kernel
+/// (`sample_fast_chunks`).
+pub const SAMPLE_FAST_CHUNKS: u32 = 64;
+/// Threads of a `sample_fast_chunks` block.
+pub const SAMPLE_FAST_THREADS: u32 = 256;
+/// Keys each chunk keeps and the merge yields (one per lane of a warp
+/// list; the kernel asserts 32).
+pub const SAMPLE_FAST_KEEP: usize = 32;
+/// The largest top_k the fast path takes; the margin up to
+/// `SAMPLE_FAST_KEEP` is what lets it prove a top-k boundary exact.
+pub const SAMPLE_FAST_TOP_K: u32 = 24;
+/// Rows of one fast-path launch pair (the kernels' scratch is sized for
+/// them: 64 x 32 keys and 64 sums a row, about 4.2 MB of module memory);
+/// larger batches run in groups.
+pub const SAMPLE_FAST_ROWS: usize = 256;
+/// The token `SamplePath::FastProbe` writes for a row the fast path does
+/// not decide.
+pub const SAMPLE_UNDECIDED: u32 = u32::MAX - 1;
+
+/// Which kernels `sample_rows_path` runs; all give the same tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplePath {
+    /// The fast path for the rows it proves exact, `sample_rows` for the
+    /// rest (what `sample_rows` and `sample_rows_strided` use).
+    Auto,
+    /// The one-block-per-row kernel for every row.
+    Slow,
+    /// The fast path only: a row it does not decide (off the fast path, or
+    /// an unprovable boundary) gets token `SAMPLE_UNDECIDED` and no other
+    /// output or count update. For tests and measurements.
+    FastProbe,
+}
 
 /// One row's sampling parameters, mirroring `SampleRow` in sampling.cu
 /// (64 bytes: six f32 at 0..24, top_k 24, top_logprobs 28, vocab_limit 32,
@@ -147,11 +183,20 @@ pub(crate) use layout_defines;
 
 /// The constants and struct layouts sampling.cu shares with this file, as
 /// NVRTC defines (every family is compiled with them, see `Dims::defines`):
-/// the block size, the top-logprob stride, and the size and every field
+/// the block sizes, the top-logprob stride, the fast path's shape, and the size and every field
 /// offset of `SampleRow` and of the parameter struct, which the kernel
 /// checks with static_asserts.
 pub fn defines() -> Vec<String> {
-    let mut v = vec![format!("-DSAMPLE_THREADS={SAMPLE_THREADS}"), format!("-DSAMPLE_TOP_MAX={SAMPLE_TOP_MAX}")];
+    let mut v = vec![
+        format!("-DSAMPLE_THREADS={SAMPLE_THREADS}"),
+        format!("-DSAMPLE_TOP_MAX={SAMPLE_TOP_MAX}"),
+        format!("-DSAMPLE_FAST_CHUNKS={SAMPLE_FAST_CHUNKS}"),
+        format!("-DSAMPLE_FAST_THREADS={SAMPLE_FAST_THREADS}"),
+        format!("-DSAMPLE_FAST_KEEP={SAMPLE_FAST_KEEP}"),
+        format!("-DSAMPLE_FAST_TOP_K={SAMPLE_FAST_TOP_K}"),
+        format!("-DSAMPLE_FAST_ROWS={SAMPLE_FAST_ROWS}"),
+        format!("-DSAMPLE_UNDECIDED={SAMPLE_UNDECIDED}u"),
+    ];
     v.extend(layout_defines!(
         SampleRow,
         "SAMPLE_ROW",
@@ -208,7 +253,8 @@ impl SampleOut {
 /// likely ids and their logprobs in out.top_ids / out.top_logprobs
 /// [r][0..N] (ties: lower id first; a slot beyond the row's vocab_limit
 /// holds id u32::MAX); the chosen token's count in the row's table (if
-/// any) is incremented. One block per row.
+/// any) is incremented. Greedy rows and rows with top_k in
+/// 1..=`SAMPLE_FAST_TOP_K` take the fast path (see `SamplePath::Auto`).
 pub fn sample_rows(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out: &SampleOut, n: usize, vocab: usize) -> CudaResult<()> {
     sample_rows_strided(gpu, k, logits, vocab, rows, out, n, vocab)
 }
@@ -218,6 +264,22 @@ pub fn sample_rows(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out: &SampleO
 /// of one distribution, e.g. `n` beams or the tests' histograms).
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usize, rows: u64, out: &SampleOut, n: usize, vocab: usize) -> CudaResult<()> {
+    sample_rows_path(gpu, k, logits, row_stride, rows, out, n, vocab, SamplePath::Auto)
+}
+
+/// `sample_rows_strided` through the kernels `path` names.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_rows_path(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: u64,
+    row_stride: usize,
+    rows: u64,
+    out: &SampleOut,
+    n: usize,
+    vocab: usize,
+    path: SamplePath,
+) -> CudaResult<()> {
     if n == 0 {
         return Ok(());
     }
@@ -243,7 +305,35 @@ pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usiz
         vocab: vocab as i32,
         row_stride: row_stride as i32,
     };
-    launch(gpu, k, "sample_rows", (n as u32, 1, 1), SAMPLE_THREADS, 0, &p)
+    let finish = match path {
+        SamplePath::Slow => return launch(gpu, k, "sample_rows", (n as u32, 1, 1), SAMPLE_THREADS, 0, &p),
+        SamplePath::Auto => "sample_fast_finish",
+        SamplePath::FastProbe => "sample_fast_probe",
+    };
+    // Groups of SAMPLE_FAST_ROWS rows share the kernels' scratch, in
+    // stream order.
+    for first in (0..n).step_by(SAMPLE_FAST_ROWS) {
+        let cnt = SAMPLE_FAST_ROWS.min(n - first);
+        let row_bytes = (first as u64).checked_mul(row_stride as u64 * 4);
+        let logits_at = row_bytes.and_then(|b| logits.checked_add(b));
+        let rows_at = rows.checked_add(first as u64 * std::mem::size_of::<SampleRow>() as u64);
+        let (Some(logits_at), Some(rows_at)) = (logits_at, rows_at) else {
+            return Err(CudaError::shape("sample_rows", format!("row {first} of {n} lies beyond the address space")));
+        };
+        let o = out.from_row(first);
+        let g = SampleRowsParams {
+            logits: logits_at,
+            rows: rows_at,
+            out_tokens: o.tokens,
+            out_logprobs: o.logprobs,
+            out_top_ids: o.top_ids,
+            out_top_logprobs: o.top_logprobs,
+            ..p
+        };
+        launch(gpu, k, "sample_fast_chunks", (SAMPLE_FAST_CHUNKS, cnt as u32, 1), SAMPLE_FAST_THREADS, 0, &g)?;
+        launch(gpu, k, finish, (cnt as u32, 1, 1), SAMPLE_THREADS, 0, &g)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
