@@ -411,10 +411,15 @@ mod tests {
                 }
             }
         }
-        let all: Vec<u64> = lists.iter().flat_map(|l| l[..SAMPLE_TOP_MAX].to_vec()).collect();
+        // rank_merge: a key's rank is, summed over the sorted lists, the
+        // number of its entries above it (a binary search in the kernel).
+        let lists: Vec<&[u64]> = lists.iter().map(|l| &l[..SAMPLE_TOP_MAX]).collect();
         let mut top = vec![0u64; SAMPLE_TOP_MAX];
-        for &k in all.iter().filter(|&&k| k != 0) {
-            let rank = all.iter().filter(|&&q| q > k).count();
+        for (j, &k) in lists.iter().flat_map(|l| l.iter().enumerate()) {
+            if k == 0 || j >= ntop {
+                continue;
+            }
+            let rank: usize = lists.iter().map(|l| l.partition_point(|&q| q > k)).sum();
             if rank < ntop {
                 top[rank] = k;
             }

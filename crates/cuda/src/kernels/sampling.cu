@@ -423,18 +423,27 @@ __device__ __forceinline__ void warp_list_insert(u64& list, u64 key, int ntop) {
     }
 }
 
-// top[rank] = k for each non-zero key k of keys[0..count) whose rank (the
-// number of larger keys) is below ntop: the ntop largest, largest first.
-// Keys are distinct; slots past the non-zero keys keep what the caller put
-// there (0). The caller syncs before (keys written) and after (top read).
-__device__ void rank_merge(const u64* keys, int count, int ntop, u64* top) {
-    for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        const u64 k = keys[j];
-        if (k != 0ull) {
-            int rank = 0;
-            for (int q = 0; q < count; ++q) rank += keys[q] > k ? 1 : 0;
-            if (rank < ntop) top[rank] = k;
+// Merges nlists sorted warp lists (lists[b * len ..][0..len), largest
+// first, 0 = empty; distinct keys): top[rank] = k for each key whose rank
+// (the number of larger keys, a binary search per list) is below ntop: the
+// ntop largest, largest first. Slots past the non-zero keys keep what the
+// caller put there (0). The caller syncs before (lists written) and after
+// (top read).
+__device__ void rank_merge(const u64* lists, int nlists, int len, int ntop, u64* top) {
+    for (int j = threadIdx.x; j < nlists * len; j += blockDim.x) {
+        const u64 k = lists[j];
+        if (k == 0ull || j % len >= ntop) continue;   // its own list already ranks it too low
+        int rank = 0;
+        for (int b = 0; b < nlists && rank < ntop; ++b) {
+            const u64* l = lists + b * len;
+            int lo = 0, hi = len;
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (l[mid] > k) lo = mid + 1; else hi = mid;
+            }
+            rank += lo;
         }
+        if (rank < ntop) top[rank] = k;
     }
 }
 
@@ -455,7 +464,7 @@ __device__ u64 top_pass(const float* row, const SampleRow& sp, int vocab, int nt
     }
     if (lane < SAMPLE_TOP_MAX) sm.warp_top[warp * SAMPLE_TOP_MAX + lane] = list;
     __syncthreads();
-    rank_merge(sm.warp_top, SAMPLE_WARPS * SAMPLE_TOP_MAX, ntop, sm.top);
+    rank_merge(sm.warp_top, SAMPLE_WARPS, SAMPLE_TOP_MAX, ntop, sm.top);
     __syncthreads();
     return sm.top[0];
 }
@@ -731,7 +740,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_ch
     }
     sm.lists[warp * 32 + lane] = list;
     __syncthreads();
-    rank_merge(sm.lists, SAMPLE_FAST_THREADS, SAMPLE_FAST_KEEP, sm.top);
+    rank_merge(sm.lists, SAMPLE_FAST_THREADS / 32, 32, SAMPLE_FAST_KEEP, sm.top);
     __syncthreads();
     const u64 best = sm.top[0];
     // Second read of the chunk (from L1): the sum needs the chunk's max.
@@ -873,7 +882,7 @@ __device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& s
     fs.lists[warp * 32 + lane] = list;
     if (threadIdx.x < SAMPLE_FAST_KEEP) fs.top[threadIdx.x] = 0ull;
     __syncthreads();
-    rank_merge(fs.lists, SAMPLE_THREADS, SAMPLE_FAST_KEEP, fs.top);
+    rank_merge(fs.lists, SAMPLE_WARPS, 32, SAMPLE_FAST_KEEP, fs.top);
     __syncthreads();
     const u64 best = fs.top[0];   // vocab >= 1: never 0
     const int amax = (int)argmax_key_index(best);
