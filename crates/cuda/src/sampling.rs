@@ -474,6 +474,136 @@ mod tests {
         }
     }
 
+    // A model of `fast_decide` in sampling.cu (with the host's f32 `exp`
+    // for expf): the 32 largest keys, the exactness guard, the top-k cut,
+    // top-p by weight value and tie rank, the draw in id order. None where
+    // the kernel would fall back to the one-block path.
+    fn fast_model(row: &[f32], p: &SampleParams, u: f64) -> Option<u32> {
+        let mut keys: Vec<u64> = row.iter().enumerate().map(|(i, &l)| logit_key(l, i as u32)).collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        keys.truncate(SAMPLE_FAST_KEEP);
+        let amax = key_index(keys[0]);
+        let m = row[amax as usize];
+        if !(p.temperature > 0.0 && m.is_finite()) {
+            return Some(amax);
+        }
+        let inv_t = 1.0 / p.temperature;
+        let weight = |k: u64| {
+            let e = ((key_logit(k) - m) * inv_t).exp();
+            if e.is_nan() {
+                0.0
+            } else {
+                e
+            }
+        };
+        let mut cand: Vec<(u32, f32)> = keys.iter().map(|&k| (key_index(k), weight(k))).filter(|&(_, w)| w > 0.0 && w >= p.min_p).collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let full = keys.len() == row.len();
+        let outside = weight(keys[keys.len() - 1]) * 1.000_015_3 + 1e-30;
+        let k = p.top_k as usize;
+        let (nc, exact) = if full {
+            (cand.len().min(k), true)
+        } else if cand.len() >= k {
+            (k, cand[k - 1].1 > outside)
+        } else {
+            (cand.len(), p.min_p > outside)
+        };
+        if !exact {
+            return None;
+        }
+        if nc == 0 {
+            return Some(amax);
+        }
+        let mut nf = nc;
+        if p.top_p < 1.0 {
+            let mass: f64 = cand[..nc].iter().map(|c| c.1 as f64).sum();
+            let target = p.top_p as f64 * mass;
+            let (mut above, mut j) = (0.0f64, 0);
+            while j < nc {
+                let b = cand[j].1;
+                let e = j + cand[j..nc].iter().take_while(|c| c.1 == b).count();
+                let v: f64 = cand[j..e].iter().map(|c| c.1 as f64).sum();
+                if v > 0.0 && above + v >= target {
+                    let need = ((target - above) / b as f64).ceil().max(1.0);
+                    nf = j + (need.min((e - j) as f64) as usize);
+                    break;
+                }
+                above += v;
+                j = e;
+            }
+        }
+        let mut kept = cand[..nf].to_vec();
+        kept.sort_by_key(|c| c.0);
+        let total: f64 = kept.iter().map(|c| c.1 as f64).sum();
+        let t = u * total;
+        let mut acc = 0.0;
+        for &(id, w) in &kept {
+            if acc + w as f64 > t {
+                return Some(id);
+            }
+            acc += w as f64;
+        }
+        Some(kept[kept.len() - 1].0)
+    }
+
+    #[test]
+    fn the_fast_decision_model_draws_the_host_token() {
+        use lily_model::sample::{philox_uniform, Distribution};
+        use lily_model::SampleState;
+        fn xorshift(s: &mut u64) -> u64 {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s
+        }
+        fn unif(s: &mut u64, lo: f32, hi: f32) -> f32 {
+            lo + (xorshift(s) >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo)
+        }
+        let mut st = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut decided, mut sampled) = (0usize, 0usize);
+        for case in 0..7000usize {
+            let vocab = [20usize, 33, 1000, 5000][case % 4];
+            let kind = case % 7;
+            let mut row: Vec<f32> = match kind {
+                0 | 1 => (0..vocab).map(|_| unif(&mut st, -4.0, 4.0)).collect(),
+                2 => (0..vocab).map(|_| (unif(&mut st, 0.0, 7.0) as i32) as f32 - 3.0).collect(),
+                3 => (0..vocab).map(|_| unif(&mut st, -4.0, 4.0) * 40.0).collect(),
+                4 => (0..vocab).map(|_| if unif(&mut st, 0.0, 1.0) < 0.05 { f32::NAN } else { unif(&mut st, -4.0, 4.0) }).collect(),
+                // Logits close to 0: many distinct logits share a weight.
+                6 => (0..vocab).map(|_| unif(&mut st, -1e-6, 1e-6)).collect(),
+                _ => (0..vocab).map(|_| unif(&mut st, -4.0, 0.0)).collect(),
+            };
+            let hot = [30, 3, 0, 30, 30, 30, 0][kind];
+            for j in 0..hot {
+                let i = (xorshift(&mut st) % vocab as u64) as usize;
+                row[i] = if kind == 5 { f32::from_bits(5.0f32.to_bits() - j) } else { unif(&mut st, 4.0, 10.0) };
+            }
+            let pick = |opts: &[f32], r: u64| opts[(r % opts.len() as u64) as usize];
+            let p = SampleParams {
+                temperature: pick(&[0.0, 0.6, 1.0, 1.7], xorshift(&mut st)),
+                top_k: pick(&[1.0, 2.0, 7.0, 20.0, 24.0], xorshift(&mut st)) as u32,
+                top_p: pick(&[1.0, 0.95, 0.5, 0.0], xorshift(&mut st)),
+                min_p: pick(&[0.0, 0.05, 0.3], xorshift(&mut st)),
+                seed: xorshift(&mut st),
+                ..Default::default()
+            };
+            let d = Distribution::new(&row, &SampleState::new(p, &[]));
+            let u = philox_uniform(p.seed, case as u64);
+            if p.temperature > 0.0 {
+                sampled += 1;
+            }
+            if let Some(tok) = fast_model(&row, &p, u) {
+                decided += usize::from(p.temperature > 0.0);
+                assert_eq!(tok, d.draw(u).token, "case {case} vocab {vocab} {p:?}");
+            } else {
+                assert!(p.temperature > 0.0, "case {case}: a greedy row undecided");
+            }
+        }
+        eprintln!("fast model: {decided} of {sampled} sampled rows decided");
+        // Most sampled rows are decided (the tied and near-tied kinds fall back).
+        assert!(decided * 2 > sampled, "{decided} of {sampled} sampled rows decided");
+    }
+
     #[test]
     fn keys_order_like_the_host_and_decode_exactly() {
         let vals = [f32::NEG_INFINITY, -3.5, -0.0, 0.0, 1e-30, 2.0, f32::INFINITY];

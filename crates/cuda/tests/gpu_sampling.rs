@@ -713,7 +713,7 @@ fn fast_case_row(rng: &mut Rng, vocab: usize, kind: usize, variant: usize) -> Ve
         }
         // A wide spread: most weights underflow.
         5 => rng.vec(vocab, -4.0, 4.0).into_iter().map(|x| x * 40.0).collect(),
-        _ => match variant % 4 {
+        _ => match variant % 5 {
             // All -inf but three.
             0 => {
                 let mut l = vec![f32::NEG_INFINITY; vocab];
@@ -731,6 +731,9 @@ fn fast_case_row(rng: &mut Rng, vocab: usize, kind: usize, variant: usize) -> Ve
                 l[i] = f32::INFINITY;
                 l
             }
+            // Logits within 1e-6 of 0: distinct logits share weights, so
+            // the weight order (ties by id) is not the logit order.
+            3 => rng.vec(vocab, -1e-6, 1e-6),
             // Near-ties: the top 40 one ulp apart.
             _ => {
                 let mut l = rng.vec(vocab, -4.0, 0.0);
@@ -748,15 +751,16 @@ fn fast_case_row(rng: &mut Rng, vocab: usize, kind: usize, variant: usize) -> Ve
 
 /// The fast path (`sample_fast_chunks` + `sample_fast_finish`) against the
 /// one-block kernel (`SamplePath::Slow`) on many random rows: peaked, tied,
-/// NaN / -inf / +inf, underflowing, near-tied, with penalties (and count
-/// tables without them), min_p, top_p 1 and below, top_k 1..24 (and 0 / 50,
-/// which must go to the one-block kernel), greedy, top_logprobs 0 / 5 / 20,
-/// vocab_limit, at the real vocabulary (more rows than one fast launch
-/// group), at 1000 and at 20 (fewer ids than the 32 kept). Tokens, top ids
-/// and count tables are identical; logprobs within 1e-6 relative. The probe
-/// (fast path without its fallback) decides every greedy row, no row off the
-/// fast path, at least 90% of the peaked sampled rows, and leaves at least
-/// one tied row at the real vocabulary to the fallback.
+/// NaN / -inf / +inf, underflowing, near-tied, sharing weights, with
+/// penalties (and count tables without them), min_p, top_p 1 and below,
+/// top_k 1..24 (and 0 / 50, which must go to the one-block kernel), greedy,
+/// top_logprobs 0 / 5 / 20, vocab_limit, at the real vocabulary (more rows
+/// than one fast launch group), at 1000 and at 20 (fewer ids than the 32
+/// kept). Tokens, top ids and count tables are identical; logprobs within
+/// 1e-6 relative. The probe (fast path without its fallback) decides every
+/// greedy row, no row off the fast path, at least 90% of the peaked sampled
+/// rows, and leaves at least one row at the real vocabulary to the
+/// fallback.
 #[test]
 fn fast_path_equals_the_one_block_kernel() {
     let Some(gpu) = gpu("fast_path_equals_the_one_block_kernel") else { return };
