@@ -39,7 +39,11 @@ pub const FAMILIES: &[Family] = &[
     },
     Family { name: "attention", source: include_str!("kernels/attention.cu"), kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"] },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: crate::gemm::KERNELS },
-    Family { name: "sampling", source: include_str!("kernels/sampling.cu"), kernels: &["argmax_finish", "argmax_rows", "sample_rows"] },
+    Family {
+        name: "sampling",
+        source: include_str!("kernels/sampling.cu"),
+        kernels: &["argmax_finish", "argmax_rows", "sample_rows", "sample_fast_chunks", "sample_fast_finish", "sample_fast_probe"],
+    },
     Family { name: "feed", source: include_str!("kernels/feed.cu"), kernels: &["feed_stage", "feed_keep"] },
     Family { name: "synth", source: include_str!("kernels/synth.cu"), kernels: &["fill_random"] },
 ];

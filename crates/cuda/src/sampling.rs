@@ -2,7 +2,10 @@
 //! device (argmax keys to token ids, position and step counters advanced),
 //! so consecutive steps never return to the host; and `sample_rows`, the
 //! full sampler (penalties, temperature, top-k / top-p / min-p, a Philox
-//! draw) with the semantics of `lily_model::sample`.
+//! draw) with the semantics of `lily_model::sample`. Greedy rows and rows
+//! with a small top_k take a fast path (the row split over many blocks,
+//! then one merge); every other row, and any row whose top-k boundary the
+//! fast path cannot prove exact, runs the one-block-per-row kernel.
 
 use cudarc::driver::DeviceRepr;
 
@@ -67,6 +70,39 @@ pub const SAMPLE_THREADS: u32 = 512;
 /// Most top logprobs a row reports (OpenAI's limit for `top_logprobs`);
 /// the row stride of the top-logprob outputs.
 pub const SAMPLE_TOP_MAX: usize = 20;
+
+/// Blocks a row is split into by the fast path's first kernel
+/// (`sample_fast_chunks`).
+pub const SAMPLE_FAST_CHUNKS: u32 = 64;
+/// Threads of a `sample_fast_chunks` block.
+pub const SAMPLE_FAST_THREADS: u32 = 256;
+/// Keys each chunk keeps and the merge yields (one per lane of a warp
+/// list; the kernel asserts 32).
+pub const SAMPLE_FAST_KEEP: usize = 32;
+/// The largest top_k the fast path takes; the margin up to
+/// `SAMPLE_FAST_KEEP` is what lets it prove a top-k boundary exact.
+pub const SAMPLE_FAST_TOP_K: u32 = 24;
+/// Rows of one fast-path launch pair (the kernels' scratch is sized for
+/// them: 64 x 32 keys and 64 sums a row, about 4.2 MB of module memory);
+/// larger batches run in groups.
+pub const SAMPLE_FAST_ROWS: usize = 256;
+/// The token `SamplePath::FastProbe` writes for a row the fast path does
+/// not decide.
+pub const SAMPLE_UNDECIDED: u32 = u32::MAX - 1;
+
+/// Which kernels `sample_rows_path` runs; all give the same tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplePath {
+    /// The fast path for the rows it proves exact, `sample_rows` for the
+    /// rest (what `sample_rows` and `sample_rows_strided` use).
+    Auto,
+    /// The one-block-per-row kernel for every row.
+    Slow,
+    /// The fast path only: a row it does not decide (off the fast path, or
+    /// an unprovable boundary) gets token `SAMPLE_UNDECIDED` and no other
+    /// output or count update. For tests and measurements.
+    FastProbe,
+}
 
 /// One row's sampling parameters, mirroring `SampleRow` in sampling.cu
 /// (64 bytes: six f32 at 0..24, top_k 24, top_logprobs 28, vocab_limit 32,
@@ -147,11 +183,20 @@ pub(crate) use layout_defines;
 
 /// The constants and struct layouts sampling.cu shares with this file, as
 /// NVRTC defines (every family is compiled with them, see `Dims::defines`):
-/// the block size, the top-logprob stride, and the size and every field
+/// the block sizes, the top-logprob stride, the fast path's shape, and the size and every field
 /// offset of `SampleRow` and of the parameter struct, which the kernel
 /// checks with static_asserts.
 pub fn defines() -> Vec<String> {
-    let mut v = vec![format!("-DSAMPLE_THREADS={SAMPLE_THREADS}"), format!("-DSAMPLE_TOP_MAX={SAMPLE_TOP_MAX}")];
+    let mut v = vec![
+        format!("-DSAMPLE_THREADS={SAMPLE_THREADS}"),
+        format!("-DSAMPLE_TOP_MAX={SAMPLE_TOP_MAX}"),
+        format!("-DSAMPLE_FAST_CHUNKS={SAMPLE_FAST_CHUNKS}"),
+        format!("-DSAMPLE_FAST_THREADS={SAMPLE_FAST_THREADS}"),
+        format!("-DSAMPLE_FAST_KEEP={SAMPLE_FAST_KEEP}"),
+        format!("-DSAMPLE_FAST_TOP_K={SAMPLE_FAST_TOP_K}"),
+        format!("-DSAMPLE_FAST_ROWS={SAMPLE_FAST_ROWS}"),
+        format!("-DSAMPLE_UNDECIDED={SAMPLE_UNDECIDED}u"),
+    ];
     v.extend(layout_defines!(
         SampleRow,
         "SAMPLE_ROW",
@@ -208,7 +253,8 @@ impl SampleOut {
 /// likely ids and their logprobs in out.top_ids / out.top_logprobs
 /// [r][0..N] (ties: lower id first; a slot beyond the row's vocab_limit
 /// holds id u32::MAX); the chosen token's count in the row's table (if
-/// any) is incremented. One block per row.
+/// any) is incremented. Greedy rows and rows with top_k in
+/// 1..=`SAMPLE_FAST_TOP_K` take the fast path (see `SamplePath::Auto`).
 pub fn sample_rows(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out: &SampleOut, n: usize, vocab: usize) -> CudaResult<()> {
     sample_rows_strided(gpu, k, logits, vocab, rows, out, n, vocab)
 }
@@ -218,6 +264,22 @@ pub fn sample_rows(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out: &SampleO
 /// of one distribution, e.g. `n` beams or the tests' histograms).
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usize, rows: u64, out: &SampleOut, n: usize, vocab: usize) -> CudaResult<()> {
+    sample_rows_path(gpu, k, logits, row_stride, rows, out, n, vocab, SamplePath::Auto)
+}
+
+/// `sample_rows_strided` through the kernels `path` names.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_rows_path(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: u64,
+    row_stride: usize,
+    rows: u64,
+    out: &SampleOut,
+    n: usize,
+    vocab: usize,
+    path: SamplePath,
+) -> CudaResult<()> {
     if n == 0 {
         return Ok(());
     }
@@ -243,7 +305,35 @@ pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usiz
         vocab: vocab as i32,
         row_stride: row_stride as i32,
     };
-    launch(gpu, k, "sample_rows", (n as u32, 1, 1), SAMPLE_THREADS, 0, &p)
+    let finish = match path {
+        SamplePath::Slow => return launch(gpu, k, "sample_rows", (n as u32, 1, 1), SAMPLE_THREADS, 0, &p),
+        SamplePath::Auto => "sample_fast_finish",
+        SamplePath::FastProbe => "sample_fast_probe",
+    };
+    // Groups of SAMPLE_FAST_ROWS rows share the kernels' scratch, in
+    // stream order.
+    for first in (0..n).step_by(SAMPLE_FAST_ROWS) {
+        let cnt = SAMPLE_FAST_ROWS.min(n - first);
+        let row_bytes = (first as u64).checked_mul(row_stride as u64 * 4);
+        let logits_at = row_bytes.and_then(|b| logits.checked_add(b));
+        let rows_at = rows.checked_add(first as u64 * std::mem::size_of::<SampleRow>() as u64);
+        let (Some(logits_at), Some(rows_at)) = (logits_at, rows_at) else {
+            return Err(CudaError::shape("sample_rows", format!("row {first} of {n} lies beyond the address space")));
+        };
+        let o = out.from_row(first);
+        let g = SampleRowsParams {
+            logits: logits_at,
+            rows: rows_at,
+            out_tokens: o.tokens,
+            out_logprobs: o.logprobs,
+            out_top_ids: o.top_ids,
+            out_top_logprobs: o.top_logprobs,
+            ..p
+        };
+        launch(gpu, k, "sample_fast_chunks", (SAMPLE_FAST_CHUNKS, cnt as u32, 1), SAMPLE_FAST_THREADS, 0, &g)?;
+        launch(gpu, k, finish, (cnt as u32, 1, 1), SAMPLE_THREADS, 0, &g)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -321,10 +411,15 @@ mod tests {
                 }
             }
         }
-        let all: Vec<u64> = lists.iter().flat_map(|l| l[..SAMPLE_TOP_MAX].to_vec()).collect();
+        // rank_merge: a key's rank is, summed over the sorted lists, the
+        // number of its entries above it (a binary search in the kernel).
+        let lists: Vec<&[u64]> = lists.iter().map(|l| &l[..SAMPLE_TOP_MAX]).collect();
         let mut top = vec![0u64; SAMPLE_TOP_MAX];
-        for &k in all.iter().filter(|&&k| k != 0) {
-            let rank = all.iter().filter(|&&q| q > k).count();
+        for (j, &k) in lists.iter().flat_map(|l| l.iter().enumerate()) {
+            if k == 0 || j >= ntop {
+                continue;
+            }
+            let rank: usize = lists.iter().map(|l| l.partition_point(|&q| q > k)).sum();
             if rank < ntop {
                 top[rank] = k;
             }
@@ -377,6 +472,136 @@ mod tests {
                 }
             }
         }
+    }
+
+    // A model of `fast_decide` in sampling.cu (with the host's f32 `exp`
+    // for expf): the 32 largest keys, the exactness guard, the top-k cut,
+    // top-p by weight value and tie rank, the draw in id order. None where
+    // the kernel would fall back to the one-block path.
+    fn fast_model(row: &[f32], p: &SampleParams, u: f64) -> Option<u32> {
+        let mut keys: Vec<u64> = row.iter().enumerate().map(|(i, &l)| logit_key(l, i as u32)).collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        keys.truncate(SAMPLE_FAST_KEEP);
+        let amax = key_index(keys[0]);
+        let m = row[amax as usize];
+        if !(p.temperature > 0.0 && m.is_finite()) {
+            return Some(amax);
+        }
+        let inv_t = 1.0 / p.temperature;
+        let weight = |k: u64| {
+            let e = ((key_logit(k) - m) * inv_t).exp();
+            if e.is_nan() {
+                0.0
+            } else {
+                e
+            }
+        };
+        let mut cand: Vec<(u32, f32)> = keys.iter().map(|&k| (key_index(k), weight(k))).filter(|&(_, w)| w > 0.0 && w >= p.min_p).collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let full = keys.len() == row.len();
+        let outside = weight(keys[keys.len() - 1]) * 1.000_015_3 + 1e-30;
+        let k = p.top_k as usize;
+        let (nc, exact) = if full {
+            (cand.len().min(k), true)
+        } else if cand.len() >= k {
+            (k, cand[k - 1].1 > outside)
+        } else {
+            (cand.len(), p.min_p > outside)
+        };
+        if !exact {
+            return None;
+        }
+        if nc == 0 {
+            return Some(amax);
+        }
+        let mut nf = nc;
+        if p.top_p < 1.0 {
+            let mass: f64 = cand[..nc].iter().map(|c| c.1 as f64).sum();
+            let target = p.top_p as f64 * mass;
+            let (mut above, mut j) = (0.0f64, 0);
+            while j < nc {
+                let b = cand[j].1;
+                let e = j + cand[j..nc].iter().take_while(|c| c.1 == b).count();
+                let v: f64 = cand[j..e].iter().map(|c| c.1 as f64).sum();
+                if v > 0.0 && above + v >= target {
+                    let need = ((target - above) / b as f64).ceil().max(1.0);
+                    nf = j + (need.min((e - j) as f64) as usize);
+                    break;
+                }
+                above += v;
+                j = e;
+            }
+        }
+        let mut kept = cand[..nf].to_vec();
+        kept.sort_by_key(|c| c.0);
+        let total: f64 = kept.iter().map(|c| c.1 as f64).sum();
+        let t = u * total;
+        let mut acc = 0.0;
+        for &(id, w) in &kept {
+            if acc + w as f64 > t {
+                return Some(id);
+            }
+            acc += w as f64;
+        }
+        Some(kept[kept.len() - 1].0)
+    }
+
+    #[test]
+    fn the_fast_decision_model_draws_the_host_token() {
+        use lily_model::sample::{philox_uniform, Distribution};
+        use lily_model::SampleState;
+        fn xorshift(s: &mut u64) -> u64 {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s
+        }
+        fn unif(s: &mut u64, lo: f32, hi: f32) -> f32 {
+            lo + (xorshift(s) >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo)
+        }
+        let mut st = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut decided, mut sampled) = (0usize, 0usize);
+        for case in 0..7000usize {
+            let vocab = [20usize, 33, 1000, 5000][case % 4];
+            let kind = case % 7;
+            let mut row: Vec<f32> = match kind {
+                0 | 1 => (0..vocab).map(|_| unif(&mut st, -4.0, 4.0)).collect(),
+                2 => (0..vocab).map(|_| (unif(&mut st, 0.0, 7.0) as i32) as f32 - 3.0).collect(),
+                3 => (0..vocab).map(|_| unif(&mut st, -4.0, 4.0) * 40.0).collect(),
+                4 => (0..vocab).map(|_| if unif(&mut st, 0.0, 1.0) < 0.05 { f32::NAN } else { unif(&mut st, -4.0, 4.0) }).collect(),
+                // Logits close to 0: many distinct logits share a weight.
+                6 => (0..vocab).map(|_| unif(&mut st, -1e-6, 1e-6)).collect(),
+                _ => (0..vocab).map(|_| unif(&mut st, -4.0, 0.0)).collect(),
+            };
+            let hot = [30, 3, 0, 30, 30, 30, 0][kind];
+            for j in 0..hot {
+                let i = (xorshift(&mut st) % vocab as u64) as usize;
+                row[i] = if kind == 5 { f32::from_bits(5.0f32.to_bits() - j) } else { unif(&mut st, 4.0, 10.0) };
+            }
+            let pick = |opts: &[f32], r: u64| opts[(r % opts.len() as u64) as usize];
+            let p = SampleParams {
+                temperature: pick(&[0.0, 0.6, 1.0, 1.7], xorshift(&mut st)),
+                top_k: pick(&[1.0, 2.0, 7.0, 20.0, 24.0], xorshift(&mut st)) as u32,
+                top_p: pick(&[1.0, 0.95, 0.5, 0.0], xorshift(&mut st)),
+                min_p: pick(&[0.0, 0.05, 0.3], xorshift(&mut st)),
+                seed: xorshift(&mut st),
+                ..Default::default()
+            };
+            let d = Distribution::new(&row, &SampleState::new(p, &[]));
+            let u = philox_uniform(p.seed, case as u64);
+            if p.temperature > 0.0 {
+                sampled += 1;
+            }
+            if let Some(tok) = fast_model(&row, &p, u) {
+                decided += usize::from(p.temperature > 0.0);
+                assert_eq!(tok, d.draw(u).token, "case {case} vocab {vocab} {p:?}");
+            } else {
+                assert!(p.temperature > 0.0, "case {case}: a greedy row undecided");
+            }
+        }
+        eprintln!("fast model: {decided} of {sampled} sampled rows decided");
+        // Most sampled rows are decided (the tied and near-tied kinds fall back).
+        assert!(decided * 2 > sampled, "{decided} of {sampled} sampled rows decided");
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! exactly; their logprobs within 1e-4 (the log-sum-exp differs only by
 //! f32 `expf` and f64 summation order, ~1e-6 measured on the host side).
 //! `vocab_limit`: no id at or beyond it is ever drawn or reported.
+//! The fast path (greedy and small top_k rows) equals the one-block kernel
+//! on random rows (`fast_path_equals_the_one_block_kernel`).
 
 mod common;
 
@@ -29,7 +31,7 @@ use lily_core::weights::Weights;
 use lily_cuda::device::{DeviceBuffer, Gpu};
 use lily_cuda::dims::Dims;
 use lily_cuda::kernels::Kernels;
-use lily_cuda::sampling::{self, SampleOut, SampleRow, SAMPLE_TOP_MAX};
+use lily_cuda::sampling::{self, SampleOut, SamplePath, SampleRow, SAMPLE_FAST_TOP_K, SAMPLE_TOP_MAX, SAMPLE_UNDECIDED};
 use lily_cuda::{CudaBackend, Options};
 use lily_model::sample::{philox_uniform, Distribution};
 use lily_model::{Backend, LogitsWanted, SampleParams, SampleState};
@@ -636,6 +638,268 @@ fn vocab_limit_is_never_crossed() {
                 format!("vocab {vocab} limit {whole}: token {} want the row's maximum {}", out.tok[0], vocab - 1),
             );
         }
+    }
+    finish();
+}
+
+/// What one launch through `path` wrote, with the count tables after it
+/// (tables start from `tables` for every path).
+fn run_path(gpu: &Arc<Gpu>, k: &Kernels, lb: &DeviceBuffer, rows: &[SampleRow], tables: &[u32], vocab: usize, path: SamplePath) -> (Out, Vec<u32>) {
+    let n = rows.len();
+    let tb = upload(gpu, tables);
+    // Row r's table lies `counts` bytes into the table buffer (0 = none).
+    let rows: Vec<SampleRow> = rows
+        .iter()
+        .map(|r| {
+            let mut row = *r;
+            row.counts = if r.counts == 0 { 0 } else { tb.ptr() + r.counts - 1 };
+            row
+        })
+        .collect();
+    let rb = upload(gpu, &rows);
+    let tok = upload(gpu, &vec![u32::MAX; n]);
+    let lp = upload(gpu, &vec![f32::NAN; n]);
+    let top_ids = upload(gpu, &vec![UNTOUCHED; n * SAMPLE_TOP_MAX]);
+    let top_lps = upload(gpu, &vec![f32::NAN; n * SAMPLE_TOP_MAX]);
+    let out = SampleOut { tokens: tok.ptr(), logprobs: lp.ptr(), top_ids: top_ids.ptr(), top_logprobs: top_lps.ptr() };
+    sampling::sample_rows_path(gpu, k, lb.ptr(), vocab, rb.ptr(), &out, n, vocab, path).expect("launch");
+    let o = Out {
+        tok: download(gpu, tok.ptr(), n),
+        lp: download(gpu, lp.ptr(), n),
+        top_ids: download(gpu, top_ids.ptr(), n * SAMPLE_TOP_MAX),
+        top_lps: download(gpu, top_lps.ptr(), n * SAMPLE_TOP_MAX),
+    };
+    (o, download(gpu, tb.ptr(), tables.len()))
+}
+
+/// Logprobs of the two paths agree: the same bits, both NaN, or within
+/// 1e-6 relative to max(1, |x|) (the fast log-sum-exp sums per chunk).
+fn close(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-6 * b.abs().max(1.0)
+}
+
+/// One random row of kind `kind` (see the match) at `vocab`.
+fn fast_case_row(rng: &mut Rng, vocab: usize, kind: usize, variant: usize) -> Vec<f32> {
+    match kind {
+        0 => logits(rng, vocab, 30),
+        1 => logits(rng, vocab, 3),
+        // Seven levels: the top level is tied far past the 32 kept keys.
+        2 => (0..vocab).map(|_| rng.below(7) as f32 - 3.0).collect(),
+        // A peaked head with exact ties around the top-k boundary.
+        3 => {
+            let mut l = logits(rng, vocab, 30);
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|a, b| l[*b].total_cmp(&l[*a]));
+            for j in [1usize, 5, 18, 19, 22] {
+                if j + 1 < vocab {
+                    l[order[j + 1]] = l[order[j]];
+                }
+            }
+            l
+        }
+        // NaN and -inf sprinkled, some of the hot ones NaN.
+        4 => {
+            let mut l = logits(rng, vocab, 20);
+            for x in l.iter_mut() {
+                match rng.below(100) {
+                    0 => *x = f32::NAN,
+                    1 => *x = f32::NEG_INFINITY,
+                    _ => {}
+                }
+            }
+            let top = (0..vocab).max_by(|a, b| l[*a].total_cmp(&l[*b])).unwrap_or(0);
+            l[top] = f32::NAN;
+            l
+        }
+        // A wide spread: most weights underflow.
+        5 => rng.vec(vocab, -4.0, 4.0).into_iter().map(|x| x * 40.0).collect(),
+        _ => match variant % 5 {
+            // All -inf but three.
+            0 => {
+                let mut l = vec![f32::NEG_INFINITY; vocab];
+                for _ in 0..3 {
+                    let i = rng.below(vocab);
+                    l[i] = rng.uniform(-2.0, 2.0);
+                }
+                l
+            }
+            1 => vec![f32::NAN; vocab],
+            // A +inf logit.
+            2 => {
+                let mut l = logits(rng, vocab, 5);
+                let i = rng.below(vocab);
+                l[i] = f32::INFINITY;
+                l
+            }
+            // Logits within 1e-6 of 0: distinct logits share weights, so
+            // the weight order (ties by id) is not the logit order.
+            3 => rng.vec(vocab, -1e-6, 1e-6),
+            // Near-ties: the top 40 one ulp apart.
+            _ => {
+                let mut l = rng.vec(vocab, -4.0, 0.0);
+                let mut v = 5.0f32;
+                for _ in 0..40.min(vocab) {
+                    let i = rng.below(vocab);
+                    l[i] = v;
+                    v = f32::from_bits(v.to_bits() - 1);
+                }
+                l
+            }
+        },
+    }
+}
+
+/// The fast path (`sample_fast_chunks` + `sample_fast_finish`) against the
+/// one-block kernel (`SamplePath::Slow`) on many random rows: peaked, tied,
+/// NaN / -inf / +inf, underflowing, near-tied, sharing weights, with
+/// penalties (and count tables without them), min_p, top_p 1 and below,
+/// top_k 1..24 (and 0 / 50, which must go to the one-block kernel), greedy,
+/// top_logprobs 0 / 5 / 20, vocab_limit, at the real vocabulary (more rows
+/// than one fast launch group), at 1000 and at 20 (fewer ids than the 32
+/// kept). Tokens, top ids and count tables are identical; logprobs within
+/// 1e-6 relative. The probe (fast path without its fallback) decides every
+/// greedy row, no row off the fast path, at least 90% of the peaked sampled
+/// rows, and leaves at least one row at the real vocabulary to the
+/// fallback.
+#[test]
+fn fast_path_equals_the_one_block_kernel() {
+    let Some(gpu) = gpu("fast_path_equals_the_one_block_kernel") else { return };
+    let k = kernels(&gpu);
+    let mut rng = Rng::new(17);
+    for (vocab, n) in [(BIG, 270usize), (1000, 1400), (20, 700)] {
+        let mut flat = Vec::with_capacity(n * vocab);
+        let mut rows = Vec::with_capacity(n);
+        let mut tables: Vec<u32> = Vec::new();
+        let mut kinds = Vec::with_capacity(n);
+        for r in 0..n {
+            let kind = r % 7;
+            let l = fast_case_row(&mut rng, vocab, kind, r / 7);
+            let p = SampleParams {
+                temperature: [0.0, 0.6, 1.0, 1.0, 1.7][rng.below(5)],
+                top_k: [1, 20, 20, 24, 2, 7, 0, 50][rng.below(8)],
+                top_p: [1.0, 0.95, 0.95, 0.5, 0.0][rng.below(5)],
+                min_p: [0.0, 0.0, 0.05, 0.3][rng.below(4)],
+                top_logprobs: [0, 5, 20][rng.below(3)],
+                vocab_limit: [0, 0, (vocab - vocab / 7) as u32, vocab as u32 + 3][rng.below(4)],
+                seed: rng.seed(),
+                ..Default::default()
+            };
+            let pen = rng.below(3);
+            let p = if pen == 0 { SampleParams { repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.3, ..p } } else { p };
+            let counts = if pen < 2 {
+                // Marks on some of the row's largest logits (seen in the
+                // prompt, generated 0..3 times), so penalties move the head.
+                let mut t = vec![0u32; vocab];
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|a, b| l[*b].total_cmp(&l[*a]));
+                for &i in order.iter().take(40) {
+                    if rng.below(3) == 0 {
+                        t[i] = if rng.below(2) == 0 { lily_model::sample::SEEN_IN_PROMPT } else { 0 } | rng.below(4) as u32;
+                    }
+                }
+                let at = tables.len() * 4 + 1;
+                tables.extend_from_slice(&t);
+                at as u64
+            } else {
+                0
+            };
+            rows.push(SampleRow::new(&p, r as u64 * 3 + 1, counts));
+            kinds.push(kind);
+            flat.extend_from_slice(&l);
+        }
+        let lb = upload(&gpu, &flat);
+        let (slow, slow_t) = run_path(&gpu, &k, &lb, &rows, &tables, vocab, SamplePath::Slow);
+        let (auto, auto_t) = run_path(&gpu, &k, &lb, &rows, &tables, vocab, SamplePath::Auto);
+        let (probe, probe_t) = run_path(&gpu, &k, &lb, &rows, &tables, vocab, SamplePath::FastProbe);
+        check(auto_t == slow_t, format!("vocab {vocab}: count tables differ after the fast and the one-block paths"));
+        let (mut peaked, mut peaked_fast, mut fell_back) = (0usize, 0usize, 0usize);
+        for r in 0..n {
+            let p = &rows[r];
+            let what = format!("vocab {vocab} row {r} kind {} {p:?}", kinds[r]);
+            check(auto.tok[r] == slow.tok[r], format!("{what}: token {} one-block {}", auto.tok[r], slow.tok[r]));
+            check(close(auto.lp[r], slow.lp[r]), format!("{what}: logprob {} one-block {}", auto.lp[r], slow.lp[r]));
+            let s = r * SAMPLE_TOP_MAX..(r + 1) * SAMPLE_TOP_MAX;
+            check(
+                auto.top_ids[s.clone()] == slow.top_ids[s.clone()],
+                format!("{what}: top ids {:?} one-block {:?}", &auto.top_ids[s.clone()], &slow.top_ids[s.clone()]),
+            );
+            let lps_ok = s.clone().all(|j| close(auto.top_lps[j], slow.top_lps[j]));
+            check(lps_ok, format!("{what}: top logprobs {:?} one-block {:?}", &auto.top_lps[s.clone()], &slow.top_lps[s.clone()]));
+            // NaN and non-positive temperatures are greedy, as in the kernel.
+            let greedy = p.temperature.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater);
+            let on_fast = greedy || (1..=SAMPLE_FAST_TOP_K).contains(&p.top_k);
+            let decided = probe.tok[r] != SAMPLE_UNDECIDED;
+            if decided {
+                check(on_fast, format!("{what}: off the fast path, yet the probe decided it"));
+                check(probe.tok[r] == slow.tok[r] && close(probe.lp[r], slow.lp[r]), format!("{what}: probe token {} one-block {}", probe.tok[r], slow.tok[r]));
+                check(probe.top_ids[s.clone()] == slow.top_ids[s.clone()], format!("{what}: probe top ids differ"));
+            } else {
+                check(!greedy, format!("{what}: a greedy row left to the fallback"));
+                let untouched = probe.lp[r].is_nan() && probe.top_ids[s.clone()].iter().all(|&id| id == UNTOUCHED);
+                check(untouched, format!("{what}: an undecided probe row has outputs"));
+                if on_fast {
+                    fell_back += 1;
+                }
+            }
+            if on_fast && !greedy && kinds[r] <= 1 {
+                peaked += 1;
+                peaked_fast += usize::from(decided);
+            }
+        }
+        // The probe updated exactly the tables of the rows it decided.
+        let mut want_t = tables.clone();
+        for r in 0..n {
+            if rows[r].counts != 0 && probe.tok[r] != SAMPLE_UNDECIDED {
+                want_t[(rows[r].counts as usize - 1) / 4 + probe.tok[r] as usize] += 1;
+            }
+        }
+        check(probe_t == want_t, format!("vocab {vocab}: the probe's count tables"));
+        eprintln!("vocab {vocab}: {peaked_fast}/{peaked} peaked sampled rows decided by the fast path, {fell_back} fast-path rows fell back");
+        check(peaked_fast * 10 >= peaked * 9, format!("vocab {vocab}: only {peaked_fast}/{peaked} peaked sampled rows went fast"));
+        if vocab == BIG {
+            check(fell_back > 0, "vocab BIG: no row exercised the fallback (the tied rows should)");
+        }
+    }
+    finish();
+}
+
+/// The point of the fast path: the checkpoint's defaults (T 1, top_k 20,
+/// top_p 0.95) at the real vocabulary cost a small fraction of the
+/// one-block kernel. Prints both times; asserts a 3x gap (expected ~100x).
+#[test]
+fn fast_path_is_much_faster_at_the_real_vocabulary() {
+    let Some(gpu) = gpu("fast_path_is_much_faster_at_the_real_vocabulary") else { return };
+    let k = kernels(&gpu);
+    let mut rng = Rng::new(19);
+    for n in [1usize, 8, 64] {
+        let flat: Vec<f32> = (0..n).flat_map(|_| logits(&mut rng, BIG, 40)).collect();
+        let lb = upload(&gpu, &flat);
+        let p = SampleParams { temperature: 1.0, top_k: 20, top_p: 0.95, ..Default::default() };
+        let rows: Vec<SampleRow> = (0..n).map(|r| SampleRow::new(&SampleParams { seed: r as u64, ..p }, 0, 0)).collect();
+        let rb = upload(&gpu, &rows);
+        let tok = zeros(&gpu, n * 4);
+        let lp = zeros(&gpu, n * 4);
+        let out = SampleOut { tokens: tok.ptr(), logprobs: lp.ptr(), top_ids: 0, top_logprobs: 0 };
+        let time = |path: SamplePath| {
+            let reps = 20;
+            sampling::sample_rows_path(&gpu, &k, lb.ptr(), BIG, rb.ptr(), &out, n, BIG, path).expect("warm-up");
+            gpu.synchronize().expect("sync");
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                sampling::sample_rows_path(&gpu, &k, lb.ptr(), BIG, rb.ptr(), &out, n, BIG, path).expect("launch");
+            }
+            gpu.synchronize().expect("sync");
+            t0.elapsed().as_secs_f64() * 1e3 / reps as f64
+        };
+        let slow = time(SamplePath::Slow);
+        let fast = time(SamplePath::Auto);
+        eprintln!("{n} rows at vocab {BIG}: one-block {slow:.3} ms, fast path {fast:.3} ms");
+        check(fast * 3.0 < slow, format!("{n} rows: fast path {fast:.3} ms against one-block {slow:.3} ms"));
+        let probe = {
+            sampling::sample_rows_path(&gpu, &k, lb.ptr(), BIG, rb.ptr(), &out, n, BIG, SamplePath::FastProbe).expect("probe");
+            download::<u32>(&gpu, tok.ptr(), n)
+        };
+        check(probe.iter().all(|&t| t != SAMPLE_UNDECIDED), format!("{n} rows: the timed rows did not all go fast"));
     }
     finish();
 }

@@ -253,7 +253,9 @@ __device__ T block_sum(T v, T* red) {
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     T s = (T)0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) s += red[w];   // fixed order: same on every thread
+    // Fixed order: the same on every thread. `red` holds SAMPLE_WARPS
+    // entries, enough for every block size of this file.
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) s += red[w];
     return s;
 }
 
@@ -399,19 +401,58 @@ __device__ int tie_id(const float* row, const SampleRow& sp, int vocab, float m,
     return sm.tie_id;
 }
 
-// The max pass when the row reports ntop (1..SAMPLE_TOP_MAX) top logprobs:
-// sm.top[0..ntop) = the ntop largest logit_keys of ids < vocab, largest
-// first (0 where the row has fewer); returns sm.top[0], the argmax key.
-//
-// Each warp keeps a sorted list, lane j holding its j-th largest key (lanes
-// >= ntop stay 0). A tile of 32 ids (one per lane) is compared with the
-// list's last entry; each lane that beats it is inserted in turn: lane j
+// A warp's sorted top list: lane j holds its j-th largest key (lanes >=
+// ntop stay 0). A tile of 32 keys (one per lane, 0 = none) is compared with
+// the list's last entry; each lane that beats it is inserted in turn: lane j
 // takes max(list[j], min(list[j-1], k)) (lane 0: max(list[0], k)), which
 // shifts the entries below k down by one, and is a no-op for a k that an
 // earlier insertion of the tile pushed below the list. Keys are distinct
-// (distinct ids), so no tie is lost. Then every key of the SAMPLE_WARPS
-// lists is ranked by counting the larger ones; rank < ntop is its slot.
-// The tile bound is uniform so every lane runs the *_sync intrinsics.
+// (distinct ids), so no tie is lost. Every lane of the warp must call it
+// (the *_sync intrinsics).
+__device__ __forceinline__ void warp_list_insert(u64& list, u64 key, int ntop) {
+    const int lane = threadIdx.x & 31;
+    const u64 last = __shfl_sync(FULL_MASK, list, ntop - 1);
+    u32 todo = __ballot_sync(FULL_MASK, key > last);
+    while (todo != 0u) {
+        const int src = __ffs(todo) - 1;
+        todo &= todo - 1u;
+        const u64 k = __shfl_sync(FULL_MASK, key, src);
+        const u64 up = __shfl_up_sync(FULL_MASK, list, 1);
+        const u64 c = lane == 0 ? k : (up < k ? up : k);
+        if (lane < ntop && c > list) list = c;
+    }
+}
+
+// Merges nlists sorted warp lists (lists[b * len ..][0..len), largest
+// first, 0 = empty; distinct keys): top[rank] = k for each key whose rank
+// (the number of larger keys, a binary search per list) is below ntop: the
+// ntop largest, largest first. Slots past the non-zero keys keep what the
+// caller put there (0). The caller syncs before (lists written) and after
+// (top read).
+__device__ void rank_merge(const u64* lists, int nlists, int len, int ntop, u64* top) {
+    for (int j = threadIdx.x; j < nlists * len; j += blockDim.x) {
+        const u64 k = lists[j];
+        if (k == 0ull || j % len >= ntop) continue;   // its own list already ranks it too low
+        int rank = 0;
+        for (int b = 0; b < nlists && rank < ntop; ++b) {
+            const u64* l = lists + b * len;
+            int lo = 0, hi = len;
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (l[mid] > k) lo = mid + 1; else hi = mid;
+            }
+            rank += lo;
+        }
+        if (rank < ntop) top[rank] = k;
+    }
+}
+
+// The max pass when the row reports ntop (1..SAMPLE_TOP_MAX) top logprobs:
+// sm.top[0..ntop) = the ntop largest logit_keys of ids < vocab, largest
+// first (0 where the row has fewer); returns sm.top[0], the argmax key.
+// Each warp keeps a list (warp_list_insert) over tiles of 32 ids, then the
+// SAMPLE_WARPS lists are ranked (rank_merge). The tile bound is uniform so
+// every lane runs the *_sync intrinsics.
 __device__ u64 top_pass(const float* row, const SampleRow& sp, int vocab, int ntop, SampleSmem& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int j = threadIdx.x; j < SAMPLE_TOP_MAX; j += blockDim.x) sm.top[j] = 0ull;
@@ -419,38 +460,29 @@ __device__ u64 top_pass(const float* row, const SampleRow& sp, int vocab, int nt
     for (int base = 0; base < vocab; base += blockDim.x) {
         const int i = base + threadIdx.x;
         const u64 key = i < vocab ? logit_key(penalised(row, sp, i), i) : 0ull;
-        const u64 last = __shfl_sync(FULL_MASK, list, ntop - 1);
-        u32 todo = __ballot_sync(FULL_MASK, key > last);
-        while (todo != 0u) {
-            const int src = __ffs(todo) - 1;
-            todo &= todo - 1u;
-            const u64 k = __shfl_sync(FULL_MASK, key, src);
-            const u64 up = __shfl_up_sync(FULL_MASK, list, 1);
-            const u64 c = lane == 0 ? k : (up < k ? up : k);
-            if (lane < ntop && c > list) list = c;
-        }
+        warp_list_insert(list, key, ntop);
     }
     if (lane < SAMPLE_TOP_MAX) sm.warp_top[warp * SAMPLE_TOP_MAX + lane] = list;
     __syncthreads();
-    for (int j = threadIdx.x; j < SAMPLE_WARPS * SAMPLE_TOP_MAX; j += blockDim.x) {
-        const u64 k = sm.warp_top[j];
-        if (k != 0ull) {
-            int rank = 0;
-            for (int q = 0; q < SAMPLE_WARPS * SAMPLE_TOP_MAX; ++q) rank += sm.warp_top[q] > k ? 1 : 0;
-            if (rank < ntop) sm.top[rank] = k;
-        }
-    }
+    rank_merge(sm.warp_top, SAMPLE_WARPS, SAMPLE_TOP_MAX, ntop, sm.top);
     __syncthreads();
     return sm.top[0];
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const __grid_constant__ SampleParams p) {
-    __shared__ SampleSmem sm;
-    const float* row = p.logits + (size_t)blockIdx.x * (size_t)p.row_stride;
-    const SampleRow sp = p.rows[blockIdx.x];
+// The ids a row looks at: vocab_limit, or the whole row when it is 0 or
+// larger than the row.
+__device__ __forceinline__ int row_vocab(const SampleRow& sp, int vocab) {
+    return sp.vocab_limit == 0u || sp.vocab_limit > (u32)vocab ? vocab : (int)sp.vocab_limit;
+}
+
+// The whole sampler for row r of the launch by one block of SAMPLE_THREADS
+// threads (the kernel sample_rows, and the fallback of sample_fast_finish).
+__device__ void sample_row_slow(const SampleParams& p, int r, SampleSmem& sm) {
+    const float* row = p.logits + (size_t)r * (size_t)p.row_stride;
+    const SampleRow sp = p.rows[r];
     // Every pass below runs over ids < vocab only: this is the whole of
     // vocab_limit.
-    const int vocab = sp.vocab_limit == 0u || sp.vocab_limit > (u32)p.vocab ? p.vocab : (int)sp.vocab_limit;
+    const int vocab = row_vocab(sp, p.vocab);
     const int ntop = (int)min(sp.top_logprobs, (u32)SAMPLE_TOP_MAX);
 
     // Pass 1: max (and argmax) of the penalised logits; NaN never wins.
@@ -592,7 +624,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
     // The top logprobs come from the keys (not from the row), so the count
     // update below cannot change them.
     if (ntop > 0 && p.out_top_ids != nullptr) {
-        const size_t at = (size_t)blockIdx.x * SAMPLE_TOP_MAX;
+        const size_t at = (size_t)r * SAMPLE_TOP_MAX;
         for (int j = threadIdx.x; j < ntop; j += blockDim.x) {
             const u64 k = sm.top[j];
             p.out_top_ids[at + j] = k != 0ull ? argmax_key_index(k) : 0xffffffffu;
@@ -601,8 +633,316 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
     }
     if (threadIdx.x == 0) {
         const float lt = penalised(row, sp, token);
-        p.out_tokens[blockIdx.x] = (u32)token;
-        p.out_logprobs[blockIdx.x] = (float)((double)lt - (double)m - log(se));
+        p.out_tokens[r] = (u32)token;
+        p.out_logprobs[r] = (float)((double)lt - (double)m - log(se));
         if (sp.counts != nullptr) sp.counts[token] += 1u;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const __grid_constant__ SampleParams p) {
+    __shared__ SampleSmem sm;
+    sample_row_slow(p, blockIdx.x, sm);
+}
+
+
+// ---- the fast path: sample_fast_chunks, then sample_fast_finish ----
+//
+// The same function as sample_rows for the common rows: greedy
+// (temperature <= 0 or NaN) and top_k in 1..SAMPLE_FAST_TOP_K. Such a row's
+// draw depends only on the few largest logits, the max and the log-sum-exp,
+// so the row is read once, spread over many blocks:
+//
+// sample_fast_chunks, grid (SAMPLE_FAST_CHUNKS, rows), SAMPLE_FAST_THREADS
+// threads: chunk c of the row (ids [c * len, (c + 1) * len), len =
+// ceil(V / chunks)) leaves in the scratch below its SAMPLE_FAST_KEEP (32)
+// largest logit_keys (the warp lists of top_pass, merged by rank; 0 = empty)
+// and s_c = sum of exp(l - m_c) in f64 over its ids, m_c its largest
+// penalised logit (NaN as -inf); a -inf logit adds 0 even when m_c is -inf,
+// a NaN adds NaN. Rows off the fast path return at once.
+//
+// sample_fast_finish, one block of SAMPLE_THREADS per row: merges the chunk
+// lists into the row's 32 largest keys (exact: every one of them is among
+// its chunk's 32), M = the largest, se = sum_c exp(m_c - M) * s_c (NaN
+// exactly where sample_rows' sum is NaN: a NaN logit, or M infinite), and
+// then, on one warp, the 32 candidates' weights w = weight_of(l, m, 1/T):
+// eligible (w > 0, w >= min_p) ones ranked by (w desc, id asc), the top-k
+// cut, top-p by the same rule as radix_select + tie_id (the first weight
+// value, in descending order, whose cumulated mass reaches top_p * mass,
+// and of its ties the ceil((target - above) / w) lowest ids), and the draw
+// by inverse CDF in id order. Outputs and the count update as sample_rows.
+//
+// Exactness guard: an id outside the 32 has l <= l_32, so its weight is at
+// most w_32 (1 + 2^-16) + 1e-30 (expf is within 2 ulp of a monotone
+// function, so w can be off monotone by a few ulp only). The cut is exact
+// when the list covers all V ids, or when the top_k-th candidate's weight
+// exceeds that bound (nothing outside can enter or tie), or when fewer than
+// top_k candidates are eligible and min_p exceeds the bound (nothing outside
+// is eligible). Otherwise (flat heads: ties or near-ties across the 32nd
+// logit, or weights underflowing before the top_k-th) the block runs
+// sample_row_slow for the row, so every row gets sample_rows' answer; the
+// only differences left are f64 summation order (the log-sum-exp through
+// the chunk sums: logprobs within ~1e-7 relative) at inverse-CDF and
+// top-p boundaries. sample_fast_probe is the finish without the fallback:
+// rows it cannot decide (or off the fast path) get token
+// SAMPLE_UNDECIDED and nothing else, so tests see which rows went fast.
+//
+// The scratch is this module's own memory, for SAMPLE_FAST_ROWS rows: the
+// launcher runs larger batches in groups (one stream orders them).
+
+#ifndef SAMPLE_FAST_CHUNKS
+#error "SAMPLE_FAST_CHUNKS and the other SAMPLE_FAST_* must be defined by the host (sampling.rs)"
+#endif
+static_assert(SAMPLE_FAST_KEEP == 32, "SAMPLE_FAST_KEEP: one key per lane of a warp list");
+static_assert(SAMPLE_FAST_TOP_K >= 1 && SAMPLE_FAST_TOP_K < SAMPLE_FAST_KEEP, "SAMPLE_FAST_TOP_K: 1..31, with a margin below the 32 kept");
+static_assert(SAMPLE_TOP_MAX <= SAMPLE_FAST_KEEP, "the top logprobs come from the kept keys");
+static_assert(SAMPLE_FAST_THREADS % 32 == 0 && SAMPLE_FAST_THREADS >= 32 && SAMPLE_FAST_THREADS <= SAMPLE_THREADS,
+              "SAMPLE_FAST_THREADS: whole warps, at most SAMPLE_THREADS (block_sum's scratch)");
+static_assert(SAMPLE_FAST_CHUNKS >= 1 && SAMPLE_FAST_CHUNKS <= 65535, "SAMPLE_FAST_CHUNKS: 1..65535 (grid x)");
+static_assert(SAMPLE_FAST_ROWS >= 1 && SAMPLE_FAST_ROWS <= 65535, "SAMPLE_FAST_ROWS: 1..65535 (grid y)");
+
+__device__ u64 sample_fast_keys[(size_t)SAMPLE_FAST_ROWS * SAMPLE_FAST_CHUNKS * SAMPLE_FAST_KEEP];
+__device__ double sample_fast_sums[(size_t)SAMPLE_FAST_ROWS * SAMPLE_FAST_CHUNKS];
+
+// The rows the fast kernels take (the same test in both).
+__device__ __forceinline__ bool fast_row(const SampleRow& sp) {
+    return !(sp.temperature > 0.0f) || (sp.top_k >= 1u && sp.top_k <= (u32)SAMPLE_FAST_TOP_K);
+}
+
+struct FastChunkSmem {
+    u64 lists[SAMPLE_FAST_THREADS];   // each warp's list, one key per lane
+    u64 top[SAMPLE_FAST_KEEP];
+    double red[SAMPLE_WARPS];
+};
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_chunks(const __grid_constant__ SampleParams p) {
+    __shared__ FastChunkSmem sm;
+    const int r = blockIdx.y, c = blockIdx.x;
+    const SampleRow sp = p.rows[r];
+    if (!fast_row(sp)) return;   // the finish runs sample_row_slow for it
+    const float* row = p.logits + (size_t)r * (size_t)p.row_stride;
+    const int vocab = row_vocab(sp, p.vocab);
+    const int len = (vocab + SAMPLE_FAST_CHUNKS - 1) / SAMPLE_FAST_CHUNKS;
+    const int lo = min(vocab, c * len), hi = min(vocab, lo + len);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = threadIdx.x; j < SAMPLE_FAST_KEEP; j += blockDim.x) sm.top[j] = 0ull;
+    u64 list = 0ull;
+    // Four tiles' loads in flight before their insertions (a chunk is
+    // ~16 tiles; the loop is latency-bound).
+    for (int base = lo; base < hi; base += 4 * blockDim.x) {
+        u64 key[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * blockDim.x + threadIdx.x;
+            key[u] = i < hi ? logit_key(penalised(row, sp, i), i) : 0ull;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) warp_list_insert(list, key[u], SAMPLE_FAST_KEEP);
+    }
+    sm.lists[warp * 32 + lane] = list;
+    __syncthreads();
+    rank_merge(sm.lists, SAMPLE_FAST_THREADS / 32, 32, SAMPLE_FAST_KEEP, sm.top);
+    __syncthreads();
+    const u64 best = sm.top[0];
+    // Second read of the chunk (from L1): the sum needs the chunk's max.
+    double se = 0.0;
+    if (best != 0ull) {
+        const float mc = key_logit(best);
+#pragma unroll 4
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            const float l = penalised(row, sp, i);
+            if (l != NEG_INF) se += (double)expf(l - mc);
+        }
+    }
+    se = block_sum<double>(se, sm.red);
+    const size_t at = (size_t)r * SAMPLE_FAST_CHUNKS + c;
+    if (threadIdx.x < SAMPLE_FAST_KEEP) sample_fast_keys[at * SAMPLE_FAST_KEEP + threadIdx.x] = sm.top[threadIdx.x];
+    if (threadIdx.x == 0) sample_fast_sums[at] = se;
+}
+
+struct FastSmem {
+    u64 lists[SAMPLE_THREADS];      // each warp's list of the merge
+    u64 top[SAMPLE_FAST_KEEP];      // the row's 32 largest keys, largest first
+    double se;
+    float cw[SAMPLE_FAST_KEEP];     // eligible candidates by (w desc, id asc)
+    int cid[SAMPLE_FAST_KEEP];
+    float dw[SAMPLE_FAST_KEEP];     // the kept ones in id order (the draw)
+    int did[SAMPLE_FAST_KEEP];
+    int token;
+    int slow;                       // 1: the guard failed, run sample_row_slow
+};
+
+// Decides a sampled row from its 32 largest keys (fs.top) on warp 0; sets
+// fs.token, or fs.slow = 1 when the guard cannot prove the answer exact.
+__device__ void fast_decide(const SampleRow& sp, int vocab, float m, int amax, FastSmem& fs) {
+    const int lane = threadIdx.x & 31;
+    const float inv_t = 1.0f / sp.temperature;
+    const u64 key = fs.top[lane];
+    const bool valid = key != 0ull;
+    const int id = valid ? (int)argmax_key_index(key) : 0;
+    // key_logit is the penalised logit (a NaN's key reads -inf: weight 0 either way).
+    const float w = valid ? weight_of(key_logit(key), m, inv_t) : 0.0f;
+    const bool el = valid && w > 0.0f && w >= sp.min_p;
+    const int have = __popc(__ballot_sync(FULL_MASK, valid));
+    const int ne = __popc(__ballot_sync(FULL_MASK, el));
+    const u64 ok = el ? order_key(w, id) : 0ull;
+    int rank = 0;
+    for (int q = 0; q < 32; ++q) rank += __shfl_sync(FULL_MASK, ok, q) > ok ? 1 : 0;
+    if (el) { fs.cw[rank] = w; fs.cid[rank] = id; }
+    // Bound on the weight of any id outside the list (have == 32 then).
+    const float wlast = __shfl_sync(FULL_MASK, w, 31);
+    __syncwarp();
+    if (lane != 0) return;
+    const bool full = have == vocab;
+    const float outside = __fadd_rn(__fmul_rn(wlast, 1.0000152587890625f), 1e-30f);
+    const int k = (int)sp.top_k;
+    int nc;
+    bool exact;
+    if (full) {
+        nc = ne < k ? ne : k;
+        exact = true;
+    } else if (ne >= k) {
+        nc = k;
+        exact = fs.cw[k - 1] > outside;
+    } else {
+        nc = ne;
+        exact = sp.min_p > outside;
+    }
+    fs.slow = exact ? 0 : 1;
+    fs.token = amax;
+    if (!exact || nc == 0) return;
+    // Top-p: radix_select's boundary value and tie_id's rank, over the
+    // candidates in (w desc, id asc) order (ties: consecutive, ids ascending).
+    int nf = nc;
+    if (sp.top_p < 1.0f) {
+        double mass = 0.0;
+        for (int j = 0; j < nc; ++j) mass += (double)fs.cw[j];
+        const double target = (double)sp.top_p * mass;
+        double above = 0.0;
+        for (int j = 0; j < nc;) {
+            const float b = fs.cw[j];
+            int e = j;
+            double v = 0.0;
+            while (e < nc && fs.cw[e] == b) v += (double)fs.cw[e++];
+            if (v > 0.0 && above + v >= target) {
+                double need = ceil((target - above) / (double)b);
+                if (!(need >= 1.0)) need = 1.0;
+                const double run = (double)(e - j);
+                nf = j + (int)(need < run ? need : run);
+                break;
+            }
+            above += v;
+            j = e;
+        }
+    }
+    // The kept candidates in id order (insertion sort of <= SAMPLE_FAST_TOP_K).
+    for (int j = 0; j < nf; ++j) {
+        int q = j;
+        while (q > 0 && fs.did[q - 1] > fs.cid[j]) {
+            fs.did[q] = fs.did[q - 1];
+            fs.dw[q] = fs.dw[q - 1];
+            --q;
+        }
+        fs.did[q] = fs.cid[j];
+        fs.dw[q] = fs.cw[j];
+    }
+    double total = 0.0;
+    for (int j = 0; j < nf; ++j) total += (double)fs.dw[j];
+    const double t = philox_uniform(sp.seed, sp.step) * total;
+    double acc = 0.0;
+    int chosen = fs.did[nf - 1];   // rounding left t unreached: the last, as sample_rows
+    for (int j = 0; j < nf; ++j) {
+        if (acc + (double)fs.dw[j] > t) { chosen = fs.did[j]; break; }
+        acc += (double)fs.dw[j];
+    }
+    fs.token = chosen;
+}
+
+template <bool PROBE>
+__device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& sm, FastSmem& fs) {
+    const int r = blockIdx.x;
+    const SampleRow sp = p.rows[r];
+    if (!fast_row(sp)) {
+        if (PROBE) {
+            if (threadIdx.x == 0) p.out_tokens[r] = SAMPLE_UNDECIDED;
+        } else {
+            sample_row_slow(p, r, sm);
+        }
+        return;
+    }
+    const float* row = p.logits + (size_t)r * (size_t)p.row_stride;
+    const int vocab = row_vocab(sp, p.vocab);
+    const int ntop = (int)min(sp.top_logprobs, (u32)SAMPLE_TOP_MAX);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const size_t at = (size_t)r * SAMPLE_FAST_CHUNKS;
+    // Merge: warp w folds the lists of chunks w, w + SAMPLE_WARPS, ...
+    u64 list = 0ull;
+#pragma unroll 4
+    for (int c = warp; c < SAMPLE_FAST_CHUNKS; c += SAMPLE_WARPS)
+        warp_list_insert(list, sample_fast_keys[(at + c) * SAMPLE_FAST_KEEP + lane], SAMPLE_FAST_KEEP);
+    fs.lists[warp * 32 + lane] = list;
+    if (threadIdx.x < SAMPLE_FAST_KEEP) fs.top[threadIdx.x] = 0ull;
+    __syncthreads();
+    rank_merge(fs.lists, SAMPLE_WARPS, 32, SAMPLE_FAST_KEEP, fs.top);
+    __syncthreads();
+    const u64 best = fs.top[0];   // vocab >= 1: never 0
+    const int amax = (int)argmax_key_index(best);
+    const float m = penalised(row, sp, amax);
+    const bool sampling = sp.temperature > 0.0f && fabsf(m) <= 3.402823466e38f;
+    if (warp == 0) {
+        // Log-sum-exp from the chunk sums, in chunk order per lane, then a
+        // fixed shuffle tree.
+        const float mx = key_logit(best);
+        double s = 0.0;
+        for (int c = lane; c < SAMPLE_FAST_CHUNKS; c += 32) {
+            const u64 kc = sample_fast_keys[(at + c) * SAMPLE_FAST_KEEP];
+            if (kc != 0ull) s += exp((double)key_logit(kc) - (double)mx) * sample_fast_sums[at + c];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+        if (lane == 0) {
+            fs.se = s;
+            fs.token = amax;
+            fs.slow = 0;
+        }
+        __syncwarp();
+        if (sampling) fast_decide(sp, vocab, m, amax, fs);
+    }
+    __syncthreads();
+    if (fs.slow != 0) {
+        if (PROBE) {
+            if (threadIdx.x == 0) p.out_tokens[r] = SAMPLE_UNDECIDED;
+        } else {
+            // Every thread reads fs.slow after the barrier: block-uniform.
+            sample_row_slow(p, r, sm);
+        }
+        return;
+    }
+    const double se = fs.se;
+    const int token = fs.token;
+    if (ntop > 0 && p.out_top_ids != nullptr) {
+        const size_t to = (size_t)r * SAMPLE_TOP_MAX;
+        for (int j = threadIdx.x; j < ntop; j += blockDim.x) {
+            const u64 k = fs.top[j];
+            p.out_top_ids[to + j] = k != 0ull ? argmax_key_index(k) : 0xffffffffu;
+            p.out_top_logprobs[to + j] = k != 0ull ? (float)((double)key_logit(k) - (double)m - log(se)) : NEG_INF;
+        }
+    }
+    if (threadIdx.x == 0) {
+        const float lt = penalised(row, sp, token);
+        p.out_tokens[r] = (u32)token;
+        p.out_logprobs[r] = (float)((double)lt - (double)m - log(se));
+        if (sp.counts != nullptr) sp.counts[token] += 1u;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_fast_finish(const __grid_constant__ SampleParams p) {
+    __shared__ SampleSmem sm;
+    __shared__ FastSmem fs;
+    fast_finish<false>(p, sm, fs);
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_fast_probe(const __grid_constant__ SampleParams p) {
+    __shared__ SampleSmem sm;
+    __shared__ FastSmem fs;
+    fast_finish<true>(p, sm, fs);
 }
