@@ -1057,18 +1057,30 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         }
     }
     // The last chunk to be routed writes the plan.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        p.ticket[1 + blockIdx.y] = 0;
-        s_last = atomicAdd(p.ticket, 1) == (int)gridDim.y - 1;
+    const int* sel;  // [ntok][TOPK]
+    if (gridDim.y == 1) {
+        // One token chunk (up to ROUTER_TOK tokens): this block routed every
+        // token and its selections are still in shared memory, [token][TOPK]
+        // with token = warp: no second ticket, no reload from global memory
+        // (two dependent round trips less on the batch-1 critical path).
+        __syncthreads();
+        if (threadIdx.x == 0) p.ticket[1] = 0;
+        sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);
+    } else {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            p.ticket[1 + blockIdx.y] = 0;
+            s_last = atomicAdd(p.ticket, 1) == (int)gridDim.y - 1;
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        int* all = reinterpret_cast<int*>(rsm);
+        for (int i = threadIdx.x; i < p.ntok * TOPK; i += blockDim.x) all[i] = ldcg_i32(p.topk_idx + i);
+        __syncthreads();
+        sel = all;
     }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    int* sel = reinterpret_cast<int*>(rsm);  // [ntok][TOPK]
-    for (int i = threadIdx.x; i < p.ntok * TOPK; i += blockDim.x) sel[i] = ldcg_i32(p.topk_idx + i);
-    __syncthreads();
     int* items = p.plan + PLAN_HEAD;
     int* pairs = items + 3 * p.max_items;
     const int n = p.ntok, ch = p.chunk;
