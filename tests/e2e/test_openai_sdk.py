@@ -466,10 +466,18 @@ def test_full_server_says_429_with_retry_after(strict_server):
         time.sleep(0.05)
     held = []
     try:
-        for _ in range(2):
+        for n in range(2):
             r = requests.post(strict_server.base + "/v1/chat/completions", json=body, headers=headers, stream=True, timeout=30)
             assert r.status_code == 200
             held.append(r)
+            # The response starts before the engine admits the request; the
+            # next one is sent once this one holds the generating slot (else
+            # both sit in the one-place queue and the second gets 429).
+            deadline = time.time() + 10
+            while n == 0 and time.time() < deadline:
+                if requests.get(strict_server.base + "/health", timeout=5).json()["running"] >= 1:
+                    break
+                time.sleep(0.02)
         deadline = time.time() + 10
         while time.time() < deadline:
             h = requests.get(strict_server.base + "/health", timeout=5).json()
