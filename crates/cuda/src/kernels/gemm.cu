@@ -19,9 +19,8 @@
 // The W tile (128 x 64, two threads per row) and its dequantisation are the
 // same at every height, so a short tile costs the weight traffic and the
 // dequantisation but not the multiply-adds of empty rows. A tiles arrive by
-// cp.async (double buffered), W codes for the next PF k-tiles are held in
-// registers while the current one is multiplied (PF = 3 for 4-bit tiles of
-// 16 rows, 1 for 128 rows, 2 otherwise). BN = 64 for the short tiles
+// cp.async (double buffered), W codes for the next k-tile are loaded into
+// registers while the current one is multiplied. BN = 64 for the short tiles
 // was considered and left out: the grouped expert GEMMs already launch
 // thousands of blocks at short prompts, and the skinny dense GEMMs get their
 // blocks from concatenation and split-K (below) without halving the W rows
@@ -179,46 +178,37 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const bf16* wrow_b = wb + wr * gpr + kt0;
     const int nkt = kt1 - kt0;
 
-    // W codes of the next PF k-tiles in registers (slot = k-tile % PF): a
-    // short tile's k-tile is little work, so one tile of lead does not
-    // cover the DRAM latency of the next one; tall tiles keep one (their
-    // registers go to the accumulators). Slots are indexed with constants
-    // only (the K loop below is unrolled by PF), so they stay in registers.
-    // (3 fit the 64 registers of a 16-row 4-bit tile; 2 elsewhere but at
-    // 128 rows: nvrtc_compile requires no spills.)
-    constexpr int PF = BM == 128 ? 1 : (BITS == 4 && BM == 16 ? 3 : 2);
-    uint4 wreg[PF][LPT];
-    float wsc[PF], wbi[PF];
+    uint4 wreg[LPT];
+    float wsc = 0.f, wbi = 0.f;
     // it: k-tile index within the split.
-    auto load_w = [&](int it, int slot) {
+    auto load_w = [&](int it) {
 #pragma unroll
         for (int i = 0; i < LPT; ++i)
-            wreg[slot][i] = wvalid ? ld_stream_u4(wrow_codes + it * (BK * BITS / 32) + (part * LPT + i) * 4)
-                                   : make_uint4(0, 0, 0, 0);
-        wsc[slot] = wvalid ? bf16_to_f32(ld_nc_u16(wrow_s + it)) : 0.f;
-        wbi[slot] = wvalid ? bf16_to_f32(ld_nc_u16(wrow_b + it)) : 0.f;
+            wreg[i] = wvalid ? ld_stream_u4(wrow_codes + it * (BK * BITS / 32) + (part * LPT + i) * 4)
+                             : make_uint4(0, 0, 0, 0);
+        wsc = wvalid ? bf16_to_f32(ld_nc_u16(wrow_s + it)) : 0.f;
+        wbi = wvalid ? bf16_to_f32(ld_nc_u16(wrow_b + it)) : 0.f;
     };
-    auto store_w = [&](int stage, int slot) {
+    auto store_w = [&](int stage) {
         f16* dst = sW + stage * BN * LD + tr * LD + part * LPT * CPU4;
-        const float sc = wsc[slot], bi = wbi[slot];
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
-            const u32 wv[4] = {wreg[slot][i].x, wreg[slot][i].y, wreg[slot][i].z, wreg[slot][i].w};
+            const u32 wv[4] = {wreg[i].x, wreg[i].y, wreg[i].z, wreg[i].w};
             u32 packed[CPU4 / 2];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (BITS == 4) {
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        const float lo = fmaf(sc, nib_to_f32(wv[j], 2 * k), bi);
-                        const float hi = fmaf(sc, nib_to_f32(wv[j], 2 * k + 1), bi);
+                        const float lo = fmaf(wsc, nib_to_f32(wv[j], 2 * k), wbi);
+                        const float hi = fmaf(wsc, nib_to_f32(wv[j], 2 * k + 1), wbi);
                         packed[j * 4 + k] = pack_f16x2(lo, hi);
                     }
                 } else {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
-                        const float lo = fmaf(sc, byte_to_f32(wv[j], 2 * k), bi);
-                        const float hi = fmaf(sc, byte_to_f32(wv[j], 2 * k + 1), bi);
+                        const float lo = fmaf(wsc, byte_to_f32(wv[j], 2 * k), wbi);
+                        const float hi = fmaf(wsc, byte_to_f32(wv[j], 2 * k + 1), wbi);
                         packed[j * 2 + k] = pack_f16x2(lo, hi);
                     }
                 }
@@ -265,19 +255,13 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         for (int j = 0; j < NF; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
     load_a(kt0, 0);
-#pragma unroll
-    for (int u = 0; u < PF; ++u)
-        if (u < nkt) load_w(u, u);
-    for (int it0 = 0; it0 < nkt; it0 += PF) {
-#pragma unroll
-    for (int u = 0; u < PF; ++u) {
-        const int it = it0 + u;
-        if (it >= nkt) break;
+    load_w(0);
+    for (int it = 0; it < nkt; ++it) {
         const int st = it & 1;
-        store_w(st, u);
-        if (it + PF < nkt) load_w(it + PF, u);
+        store_w(st);
         if (it + 1 < nkt) {
             load_a(kt0 + it + 1, st ^ 1);
+            load_w(it + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -304,7 +288,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                     mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
         }
         __syncthreads();
-    }
     }
 
     // Epilogue: the mode's output, or this split's raw partial sums. The
