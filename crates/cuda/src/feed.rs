@@ -117,17 +117,7 @@ mod tests {
     #[test]
     fn every_mirrored_field_is_asserted_by_the_kernel() {
         let defs = defines();
-        let mut fields = 0;
-        for d in &defs {
-            let name = d.trim_start_matches("-D").split('=').next().unwrap_or("");
-            if name.contains("_AT_") {
-                fields += 1;
-                assert!(SOURCE.contains(&format!("{name});")), "feed.cu does not assert {name}");
-            } else if name.ends_with("_BYTES") {
-                assert!(SOURCE.contains(&format!("== {name},")), "feed.cu does not assert the size {name}");
-            }
-        }
-        assert_eq!(fields, 13 + 4);
+        assert_eq!(crate::sampling::count_asserted_fields(SOURCE, "feed.cu", &defs), 13 + 4);
         assert!(defs.contains(&"-DFEED_STAGE_BYTES=96".to_string()), "{defs:?}");
         assert!(defs.contains(&"-DFEED_KEEP_BYTES=32".to_string()), "{defs:?}");
         assert!(!SOURCE.contains("#define FEED_THREADS"));

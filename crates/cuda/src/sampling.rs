@@ -181,6 +181,25 @@ macro_rules! layout_defines {
 // feed.rs mirrors its parameter structs the same way.
 pub(crate) use layout_defines;
 
+/// Tests of a mirrored layout: asserts that kernel source `source` (file
+/// `file`) checks every `_AT_` offset and `_BYTES` size of `defs` (a
+/// `MIRRORED(...)` or a `== NAME,` static_assert), and returns how many
+/// fields it found.
+#[cfg(test)]
+pub(crate) fn count_asserted_fields(source: &str, file: &str, defs: &[String]) -> usize {
+    let mut fields = 0;
+    for d in defs {
+        let name = d.trim_start_matches("-D").split('=').next().unwrap_or("");
+        if name.contains("_AT_") {
+            fields += 1;
+            assert!(source.contains(&format!("{name});")), "{file} does not assert {name}");
+        } else if name.ends_with("_BYTES") {
+            assert!(source.contains(&format!("== {name},")), "{file} does not assert the size {name}");
+        }
+    }
+    fields
+}
+
 /// The constants and struct layouts sampling.cu shares with this file, as
 /// NVRTC defines (every family is compiled with them, see `Dims::defines`):
 /// the block sizes, the top-logprob stride, the fast path's shape, and the size and every field
@@ -345,17 +364,7 @@ mod tests {
     #[test]
     fn every_mirrored_field_is_asserted_by_the_kernel() {
         let defs = defines();
-        let mut fields = 0;
-        for d in &defs {
-            let name = d.trim_start_matches("-D").split('=').next().unwrap_or("");
-            if name.contains("_AT_") {
-                fields += 1;
-                assert!(SOURCE.contains(&format!("{name});")), "sampling.cu does not assert {name}");
-            } else if name.ends_with("_BYTES") {
-                assert!(SOURCE.contains(&format!("== {name},")), "sampling.cu does not assert the size {name}");
-            }
-        }
-        assert_eq!(fields, 13 + 8);
+        assert_eq!(count_asserted_fields(SOURCE, "sampling.cu", &defs), 13 + 8);
         assert!(defs.contains(&"-DSAMPLE_ROW_BYTES=64".to_string()), "{defs:?}");
         for (f, at) in [("TOP_K", 24), ("TOP_LOGPROBS", 28), ("VOCAB_LIMIT", 32), ("SEED", 40), ("STEP", 48), ("COUNTS", 56)] {
             assert!(defs.contains(&format!("-DSAMPLE_ROW_AT_{f}={at}")), "{f} not at {at}: {defs:?}");
