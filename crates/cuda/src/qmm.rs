@@ -26,9 +26,6 @@ pub const MAX_DECODE_BATCH: usize = 128;
 pub const QMM_RING: usize = 4;
 /// Quantisation groups (64 columns) of 16 rows in one stage.
 pub const QMM_SG: usize = 4;
-/// Columns of K in one stage: QMM_SG groups of 64 (`Dims::group_size`, the
-/// only group size the stage layout is written for).
-const QMM_STAGE_COLS: usize = QMM_SG * 64;
 /// Bytes of one stage: 16 rows x 4 groups x 32 bytes of codes, then the
 /// scales and the biases (bf16) of those groups (qmm.cu, "Stage layout").
 pub const QMM_STAGE_BYTES: usize = 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2;
@@ -177,10 +174,8 @@ impl QmmShape {
         ]
     }
     /// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
-    /// At least two when K holds two whole stages (the MoE down projection,
-    /// K = 512), else K / slice_cols: the same rule as qmm.cu `KSplit`.
     fn warps_per_task(&self, k: usize) -> usize {
-        (k / self.slice_cols).max((k / QMM_STAGE_COLS).min(2)).clamp(1, self.warps)
+        (k / self.slice_cols).clamp(1, self.warps)
     }
     /// Dynamic shared memory of a matrix block: per warp the weight ring,
     /// then the partial sums of every warp (qmm.cu `qmm_run`).

@@ -295,10 +295,7 @@ struct KSplit {
     int K, G, KQ, GQ, SQ, wpr;
     __device__ KSplit(int k) : K(k) {
         G = k / GROUP_SIZE;
-        // At least two slices when K holds two whole stages (the MoE down
-        // projection, K = 512: its 128 tasks an item would leave half the
-        // grid idle at batch 1). qmm.rs `warps_per_task` is the same rule.
-        KQ = min(QMM_WARPS, max(1, max(k / QMM_SLICE_COLS, min(2, k / (QMM_SG * GROUP_SIZE)))));
+        KQ = min(QMM_WARPS, max(1, k / QMM_SLICE_COLS));
         GQ = QMM_SG * ((G + QMM_SG * KQ - 1) / (QMM_SG * KQ));
         SQ = GQ / QMM_SG;
         wpr = k / 8;
