@@ -379,6 +379,23 @@ impl Model {
         self.moe_gemm(l, t)
     }
 
+    /// One prefill pass over rows `tokens` (their positions and state slots
+    /// row by row, `pieces` the sequences' runs of rows): inputs staged,
+    /// embedded, then every layer. The argmax keys of the pass start cleared.
+    fn prefill_pass(&self, tokens: &[u32], pos: &[i32], slots: &[i32], pieces: &[Piece]) -> CudaResult<()> {
+        let (d, s) = (&self.dims, &self.mem.scratch);
+        let t = tokens.len();
+        write_device(&self.gpu, s.tokens, tokens)?;
+        write_device(&self.gpu, s.pos, pos)?;
+        write_device(&self.gpu, s.slot, slots)?;
+        embed::embed(&self.gpu, &self.kernels, d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
+        self.mark("embed")?;
+        for i in 0..d.layers {
+            self.layer_prefill(i, pieces, t)?;
+        }
+        Ok(())
+    }
+
     /// Checks ids against the vocabulary.
     pub fn check_tokens(&self, tokens: &[u32]) -> CudaResult<()> {
         if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.dims.vocab) {
@@ -411,16 +428,7 @@ impl Model {
         for (ci, part) in tokens.chunks(chunk).enumerate() {
             let t = part.len();
             let pos: Vec<i32> = (0..t).map(|i| (p0 + i) as i32).collect();
-            let slots = vec![slot as i32; t];
-            write_device(&self.gpu, s.tokens, part)?;
-            write_device(&self.gpu, s.pos, &pos)?;
-            write_device(&self.gpu, s.slot, &slots)?;
-            embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
-            self.mark("embed")?;
-            let piece = [Piece { slot, p0, row0: 0, len: t }];
-            for i in 0..d.layers {
-                self.layer_prefill(i, &piece, t)?;
-            }
+            self.prefill_pass(part, &pos, &vec![slot as i32; t], &[Piece { slot, p0, row0: 0, len: t }])?;
             if want_all {
                 all.extend(self.logits_rows(t)?);
             } else if ci + 1 == n_chunks {
@@ -518,16 +526,8 @@ impl Model {
                     done = 0;
                 }
             }
-            let t = toks.len();
-            write_device(&self.gpu, s.tokens, &toks)?;
-            write_device(&self.gpu, s.pos, &pos)?;
-            write_device(&self.gpu, s.slot, &slots)?;
-            embed::embed(&self.gpu, &self.kernels, &d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
-            self.mark("embed")?;
             let layout: Vec<Piece> = pieces.iter().map(|p| p.1).collect();
-            for i in 0..d.layers {
-                self.layer_prefill(i, &layout, t)?;
-            }
+            self.prefill_pass(&toks, &pos, &slots, &layout)?;
             for (seq, p) in &pieces {
                 if let Some(sq) = self.mem.seqs.get_mut(seq) {
                     sq.len = p.p0 + p.len;
