@@ -350,9 +350,7 @@ impl Backend for CudaBackend {
     }
     fn fork(&mut self, seq: SeqId) -> ModelResult<SeqId> {
         self.model.gpu.bind().map_err(ModelError::from)?;
-        if !self.model.mem.seqs.contains_key(&seq) {
-            return Err(ModelError::UnknownSequence(seq));
-        }
+        self.known(std::iter::once(seq))?;
         let child = self.model.mem.fork(seq)?;
         // The copy's last input is the parent's last draw (in flight or
         // not): copied on the stream, after the step that draws it.
@@ -372,50 +370,38 @@ impl Backend for CudaBackend {
         self.model.mem.seqs.get(&seq).map(|s| s.len).ok_or(ModelError::UnknownSequence(seq))
     }
     fn prefill(&mut self, seq: SeqId, tokens: &[u32], wanted: LogitsWanted) -> ModelResult<Vec<Vec<f32>>> {
-        if !self.model.mem.seqs.contains_key(&seq) {
-            return Err(ModelError::UnknownSequence(seq));
-        }
+        self.known(std::iter::once(seq))?;
         self.forget_draws(std::iter::once(seq));
         let (logits, _) = self.model.prefill(seq, tokens, wanted == LogitsWanted::All, true)?;
         Ok(logits)
     }
     fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
-        for (s, _) in parts {
-            if !self.model.mem.seqs.contains_key(s) {
-                return Err(ModelError::UnknownSequence(*s));
-            }
+        self.known(parts.iter().map(|p| p.0))?;
+        let r = self.model.prefill_batch(parts);
+        // As after `prefill`, a prefilled sequence's last input is no draw
+        // (unless the batch was refused before anything ran).
+        if !matches!(r, Err(CudaError::Capacity(_) | CudaError::Invalid(_))) {
+            self.forget_draws(parts.iter().map(|p| p.0));
         }
-        Ok(self.model.prefill_batch(parts)?)
+        Ok(r?)
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
-        for (s, _) in batch {
-            if !self.model.mem.seqs.contains_key(s) {
-                return Err(ModelError::UnknownSequence(*s));
-            }
-        }
+        self.known(batch.iter().map(|b| b.0))?;
         self.forget_draws(batch.iter().map(|b| b.0));
         Ok(self.model.decode(batch)?)
     }
     fn prefill_greedy(&mut self, seq: SeqId, tokens: &[u32]) -> ModelResult<u32> {
-        if !self.model.mem.seqs.contains_key(&seq) {
-            return Err(ModelError::UnknownSequence(seq));
-        }
+        self.known(std::iter::once(seq))?;
         self.forget_draws(std::iter::once(seq));
         Ok(self.model.prefill(seq, tokens, false, false)?.1)
     }
     fn decode_greedy(&mut self, seq: SeqId, first: u32, steps: usize) -> ModelResult<Vec<u32>> {
-        if !self.model.mem.seqs.contains_key(&seq) {
-            return Err(ModelError::UnknownSequence(seq));
-        }
+        self.known(std::iter::once(seq))?;
         self.forget_draws(std::iter::once(seq));
         Ok(self.model.decode_greedy(seq, first, steps)?)
     }
     fn decode_greedy_batch(&mut self, batch: &[(SeqId, u32)], steps: usize) -> ModelResult<Vec<Vec<u32>>> {
-        for (s, _) in batch {
-            if !self.model.mem.seqs.contains_key(s) {
-                return Err(ModelError::UnknownSequence(*s));
-            }
-        }
+        self.known(batch.iter().map(|b| b.0))?;
         self.forget_draws(batch.iter().map(|b| b.0));
         Ok(self.model.decode_greedy_batch(batch, steps)?)
     }
