@@ -161,6 +161,26 @@ struct Knobs<'a> {
     logit_bias: Option<&'a serde_json::Map<String, Value>>,
 }
 
+/// The sampling knobs of a chat or a completions request (the two request
+/// types name them alike).
+macro_rules! knobs_of {
+    ($req:expr) => {
+        Knobs {
+            temperature: $req.temperature,
+            top_p: $req.top_p,
+            top_k: $req.top_k,
+            min_p: $req.min_p,
+            presence_penalty: $req.presence_penalty,
+            frequency_penalty: $req.frequency_penalty,
+            repetition_penalty: $req.repetition_penalty,
+            seed: $req.seed,
+            stop: $req.stop.as_ref(),
+            n: $req.n,
+            logit_bias: $req.logit_bias.as_ref(),
+        }
+    };
+}
+
 fn finite(name: &str, v: Option<f32>) -> Result<Option<f32>, ApiError> {
     match v {
         Some(x) if !x.is_finite() => Err(ApiError::invalid_param(name, format!("`{name}` must be a finite number"))),
@@ -389,22 +409,7 @@ pub fn chat_plan(req: &ChatCompletionRequest, limits: &Limits, defaults: &Sampli
         messages.push(msg);
     }
 
-    let (sampling, stop) = sampling(
-        &Knobs {
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
-            min_p: req.min_p,
-            presence_penalty: req.presence_penalty,
-            frequency_penalty: req.frequency_penalty,
-            repetition_penalty: req.repetition_penalty,
-            seed: req.seed,
-            stop: req.stop.as_ref(),
-            n: req.n,
-            logit_bias: req.logit_bias.as_ref(),
-        },
-        defaults,
-    )?;
+    let (sampling, stop) = sampling(&knobs_of!(req), defaults)?;
     let mt = max_tokens("max_tokens", req.max_tokens)?;
     let mct = max_tokens("max_completion_tokens", req.max_completion_tokens)?;
     let max_tokens = match (mt, mct) {
@@ -564,22 +569,7 @@ pub fn completion_plan(req: &CompletionRequest, defaults: &SamplingParams) -> Re
         PromptPlan::Tokens(t) if t.is_empty() => return Err(ApiError::invalid_param("prompt", "the prompt is empty")),
         _ => {}
     }
-    let (sampling, stop) = sampling(
-        &Knobs {
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
-            min_p: req.min_p,
-            presence_penalty: req.presence_penalty,
-            frequency_penalty: req.frequency_penalty,
-            repetition_penalty: req.repetition_penalty,
-            seed: req.seed,
-            stop: req.stop.as_ref(),
-            n: req.n,
-            logit_bias: req.logit_bias.as_ref(),
-        },
-        defaults,
-    )?;
+    let (sampling, stop) = sampling(&knobs_of!(req), defaults)?;
     match req.best_of {
         None | Some(1) => {}
         Some(n) => return Err(ApiError::invalid_param("best_of", format!("`best_of` must be 1, got {n}"))),
