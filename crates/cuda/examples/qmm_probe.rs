@@ -53,9 +53,10 @@ fn run() -> Result<(), String> {
     let copy_us = time_us(&gpu, 10, || copy_device(&gpu, scratch.ptr(), lm.codes, lm.bytes()).map_err(|e| e.to_string()))?;
     println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
     let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
-        ("default (wide from 9 tokens)", QmmShape::default(), vec![]),
-        ("narrow only (qmm_dense_N)", QmmShape { wide_from: usize::MAX, ..QmmShape::default() }, vec![]),
-        ("default, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
+        ("4 warps, ring 4 (default)", QmmShape::default(), vec![]),
+        ("4 warps, ring 4, slice 512", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec![]),
+        ("4 warps, ring 4, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
+        ("8 warps, ring 4", QmmShape { warps: 8, ..QmmShape::default() }, vec![]),
     ];
     let in_segs = |out: lily_cuda::device::DevSlice<f32>| {
         let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];

@@ -40,15 +40,6 @@ pub const QMM_WARPS: usize = 4;
 /// the grid busy for the same number of groups. Depends only on K, so a
 /// token's result never depends on its batch.
 pub const QMM_SLICE_COLS: usize = 1024;
-/// Warps of a wide dense block (qmm.cu "wide dense"): QW_WARPS / KQ tasks x
-/// KQ K-slices walking their groups in lockstep, sharing each group's x.
-pub const QW_WARPS: usize = 8;
-/// x stages (one group of every slice, all tokens of a pass) a wide block
-/// keeps in flight.
-pub const QW_XRING: usize = 3;
-/// Tokens from which the dense projections take the wide kernels
-/// (qmm_dense_N re-reads the weights once per 8 tokens beyond 8).
-pub const QW_FROM_TOKENS: usize = 9;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
@@ -164,15 +155,11 @@ pub struct QmmShape {
     pub ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
     pub slice_cols: usize,
-    /// Tokens from which dense launches take the wide kernels
-    /// (`QW_FROM_TOKENS`; usize::MAX: never). A launcher choice only, not
-    /// compiled in.
-    pub wide_from: usize,
 }
 
 impl Default for QmmShape {
     fn default() -> Self {
-        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS, wide_from: QW_FROM_TOKENS }
+        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS }
     }
 }
 
@@ -202,8 +189,6 @@ pub fn defines(dims: &Dims) -> Vec<String> {
     vec![
         format!("-DQMM_MAX_TOK={MAX_DECODE_BATCH}"),
         format!("-DQMM_MAX_SEGS={QMM_MAX_SEGS}"),
-        format!("-DQW_WARPS={QW_WARPS}"),
-        format!("-DQW_XRING={QW_XRING}"),
         format!("-DXN_MAX_COLS={}", xnorm_max_cols(dims)),
         format!("-DQMM_SEG_SIZE={}", size_of::<QmmSegC>()),
         format!("-DQMM_DENSE_PARAMS_SIZE={}", size_of::<QmmDenseParamsC>()),
@@ -219,36 +204,7 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_wide_4", "qmm_wide_8", "qmm_wide_16", "qmm_moe_1", "qmm_moe_2", "moe_router"];
-
-/// n-tiles (4 tokens each) of the wide dense variants.
-const WIDE_NT: [usize; 3] = [4, 8, 16];
-
-/// Dynamic shared memory of a wide dense block of `nt` n-tiles for a
-/// K-wide matrix: the warps' weight rings, the x ring (KQ slices x 4 nt
-/// tokens x (256 bytes of hi/lo halves + a 4-byte group sum)), the partial
-/// sums of every warp.
-fn wide_smem(shape: &QmmShape, k: usize, nt: usize) -> usize {
-    let kq = shape.warps_per_task(k);
-    QW_WARPS * shape.ring * QMM_STAGE_BYTES + QW_XRING * kq * 4 * nt * (256 + 4) + QW_WARPS * nt * 64 * 4
-}
-
-/// The wide variant for `ntok` tokens of a K-wide matrix whose block fits
-/// in `smem_limit` bytes: the fewest n-tiles covering every token in one
-/// pass, else the most that fit (more tokens run in passes); None when
-/// none fits.
-fn wide_variant(shape: &QmmShape, k: usize, ntok: usize, smem_limit: usize) -> Option<(&'static str, usize)> {
-    let fits: Vec<usize> = WIDE_NT.iter().copied().filter(|&nt| wide_smem(shape, k, nt) <= smem_limit).collect();
-    let nt = fits.iter().copied().find(|&nt| 4 * nt >= ntok).or_else(|| fits.last().copied())?;
-    Some((
-        match nt {
-            4 => "qmm_wide_4",
-            8 => "qmm_wide_8",
-            _ => "qmm_wide_16",
-        },
-        nt,
-    ))
-}
+pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_2", "moe_router"];
 
 /// The dense variant for `ntok` tokens and its n-tiles (4 tokens each) a
 /// warp keeps; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
@@ -398,18 +354,8 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    p.ntiles = tiles as i32;
-    // The wide block keeps QMM_MAX_TOK argmax keys in static shared memory.
-    let wide_limit = (gpu.max_smem_optin as usize).saturating_sub(MAX_DECODE_BATCH * 8);
-    if let Some((name, nt)) = (ntok >= k.qmm.wide_from).then(|| wide_variant(&k.qmm, kdim, ntok, wide_limit)).flatten() {
-        p.tok_chunk = (4 * nt) as i32;
-        let block_tasks = tiles.div_ceil(QW_WARPS / k.qmm.warps_per_task(kdim)) * ntok.div_ceil(4 * nt);
-        let threads = (QW_WARPS * 32) as u32;
-        let smem = wide_smem(&k.qmm, kdim, nt);
-        let g = grid(gpu, k, name, threads, smem, block_tasks)?;
-        return launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p);
-    }
     let (name, nt) = dense_variant(ntok);
+    p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
     let threads = (k.qmm.warps * 32) as u32;
@@ -593,34 +539,4 @@ pub fn xnorm(
         eps: dims.rms_eps,
     };
     launch_pdl(gpu, k, NAME, (ntok as u32, 1, 1), XN_THREADS, 0, &p)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const H200_SMEM: usize = 232_448 - MAX_DECODE_BATCH * 8;
-
-    #[test]
-    fn wide_variant_covers_the_tokens_in_one_pass_when_the_block_fits() {
-        let s = QmmShape::default();
-        // K = 2,048: two slices; 64 tokens fit one pass of 16 n-tiles.
-        assert_eq!(wide_variant(&s, 2048, 9, H200_SMEM), Some(("qmm_wide_4", 4)));
-        assert_eq!(wide_variant(&s, 2048, 17, H200_SMEM), Some(("qmm_wide_8", 8)));
-        assert_eq!(wide_variant(&s, 2048, 64, H200_SMEM), Some(("qmm_wide_16", 16)));
-        // 128 tokens: the widest block, two passes.
-        assert_eq!(wide_variant(&s, 2048, 128, H200_SMEM), Some(("qmm_wide_16", 16)));
-        // K = 4,096: four slices, so the x ring of 16 n-tiles does not fit.
-        assert_eq!(wide_variant(&s, 4096, 64, H200_SMEM), Some(("qmm_wide_8", 8)));
-        for (k, n) in [(512, 128), (2048, 128), (4096, 128), (8192, 128)] {
-            let (_, nt) = wide_variant(&s, k, n, H200_SMEM).expect("a variant fits");
-            assert!(wide_smem(&s, k, nt) <= H200_SMEM, "K {k}: {} bytes", wide_smem(&s, k, nt));
-        }
-    }
-
-    #[test]
-    fn wide_variant_is_refused_when_no_block_fits() {
-        let s = QmmShape::default();
-        assert_eq!(wide_variant(&s, 2048, 64, 48 * 1024), None);
-    }
 }

@@ -345,13 +345,13 @@ __device__ __forceinline__ StageSrc stage_src(const QTask& tk, bool valid, const
     return src;
 }
 
-// Issues the cp.async pieces of stage `s`; stage_load then commits one
-// group (possibly empty), the wide kernels commit it with an x stage.
-// Codes: 16-byte copies that bypass L1; scales and biases: 8-byte copies (2-byte plain loads when a row's groups are not a multiple
+// Issues the cp.async pieces of stage `s` (always commits one group,
+// possibly empty). Codes: 16-byte copies that bypass L1; scales and biases:
+// 8-byte copies (2-byte plain loads when a row's groups are not a multiple
 // of 4, so its scales are not 8-byte aligned). A full stage (every
 // production shape: K / 64 groups split evenly) takes the short path.
-__device__ __forceinline__ void stage_issue(unsigned char* st, const StageSrc& src, const KSplit& ks, int q, int s, int lane,
-                                            const void* any) {
+__device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& src, const KSplit& ks, int q, int s, int lane,
+                                           const void* any) {
     const int G0 = q * ks.GQ + QMM_SG * s;
     const int left = min((q + 1) * ks.GQ, ks.G) - G0;  // groups of this stage in the slice
     unsigned char* dst = st + QMM_STAGE_CODES + (lane >> 4) * 128 + (lane & 15) * 8;
@@ -383,10 +383,6 @@ __device__ __forceinline__ void stage_issue(unsigned char* st, const StageSrc& s
             *reinterpret_cast<uint2*>(dst) = make_uint2(v0, v1);
         }
     }
-}
-__device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& src, const KSplit& ks, int q, int s, int lane,
-                                           const void* any) {
-    stage_issue(st, src, ks, q, s, lane, any);
     cp_async_commit();
 }
 
@@ -759,228 +755,6 @@ __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     }
 QMM_DENSE(1)
 QMM_DENSE(2)
-
-// ---- wide dense: QW_WARPS warps sharing each token's x through shared memory
-//
-// Above 8 tokens qmm_dense re-reads and re-dequantises a matrix once per
-// chunk of 8 tokens, and every 16-row task reads x from L1 for its own:
-// at 64 tokens the x fragments are 32x the weight bytes of a task. The wide
-// kernels keep qmm_dense's per-token arithmetic exactly (same K split, same
-// mma fragments, the same per-group fold in the same order, slices added in
-// slice order, the same epilogue), so a token's outputs are bit-identical
-// to qmm_dense_N's, and change only who loads what:
-//   - a block of QW_WARPS warps = QW_WARPS / KQ tasks x KQ K-slices walks
-//     its slices group by group in lockstep (one __syncthreads a group);
-//   - the x of every token of a pass (QW tokens = 4 NT, up to 64) for the
-//     block's KQ current groups is staged once per group in shared memory
-//     (a ring of QW_XRING slots, cp.async by the whole block), with the
-//     tokens' group sums; every warp reads its B fragments there;
-//   - each warp streams its task's weights through its own ring as in
-//     qmm_run (stage_src / stage_issue, QMM_RING stages, 4 groups each).
-// x slot layout: [q][token][part (hi, lo)][64 halves], 256 bytes a token,
-// 16-byte chunk ch (part * 8 + column / 8) stored at ch ^ part so the two
-// 16-byte B reads of a quarter warp hit distinct banks; then the group sums
-// [q][token] f32.
-// Tasks: block task bt = chunk * nbt + tb (nbt = ceil(ntiles / tpb)), its
-// warps taking tiles tb * tpb + mt of token chunk `chunk` (QW tokens).
-
-#if !defined(QW_WARPS) || !defined(QW_XRING)
-#error "QW_WARPS and QW_XRING must be defined by the host (qmm.rs)"
-#endif
-
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ uint4 lds128(const void* p) {
-    uint4 r;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(smem_u32(p)));
-    return r;
-}
-
-// One group of one warp's task for every n-tile (cnt valid tokens): the
-// same operations in the same order as stage_math's group body.
-template <int NT>
-__device__ __forceinline__ void wide_group(const unsigned char* st, int grp, const unsigned char* xs, const float* cs, int lane, int cnt,
-                                           float (&acc)[NT][2]) {
-    const int g = lane >> 2, c = lane & 3;
-    const unsigned short* sc = reinterpret_cast<const unsigned short*>(st + QMM_STAGE_CODES);
-    const float sA = bf16_to_f32(sc[g * 4 + grp]), sB = bf16_to_f32(sc[(g + 8) * 4 + grp]);
-    const float bA = bf16_to_f32(sc[64 + g * 4 + grp]), bB = bf16_to_f32(sc[64 + (g + 8) * 4 + grp]);
-    const uint2 wr = lds64(st + code_off(g, grp) + c * 8);
-    const uint2 wh = lds64(st + code_off(g + 8, grp) + c * 8);
-    u32 pr0[4], pr1[4], ph0[4], ph1[4];
-    deq_word(wr.x, pr0);
-    deq_word(wh.x, ph0);
-    deq_word(wr.y, pr1);
-    deq_word(wh.y, ph1);
-    // Lane (g, c) reads token 4 nt + g / 2, part g % 2, columns 16c..16c+15.
-    const int part = g & 1;
-    const unsigned char* xl = xs + (g >> 1) * 256 + (((part * 8 + c * 2) ^ part) << 4);
-    const unsigned char* xh = xs + (g >> 1) * 256 + (((part * 8 + c * 2 + 1) ^ part) << 4);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        if (nt * 4 >= cnt) break;
-        const uint4 b01 = lds128(xl + nt * 1024), b23 = lds128(xh + nt * 1024);
-        const float csv = cs[nt * 4 + c];
-        float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01.x, b01.y);
-        mma_f16(e, pr1[0], ph1[0], pr1[1], ph1[1], b23.x, b23.y);
-        mma_f16(d, pr0[2], ph0[2], pr0[3], ph0[3], b01.z, b01.w);
-        mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23.z, b23.w);
-        const float yA = __fadd_rn(__fadd_rn(d[0], d[1]), __fadd_rn(e[0], e[1]));
-        const float yB = __fadd_rn(__fadd_rn(d[2], d[3]), __fadd_rn(e[2], e[3]));
-        acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, csv)));
-        acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, csv)));
-    }
-}
-
-template <int NT>
-__device__ __forceinline__ void qmm_wide_body(const QmmDenseParams& p) {
-    constexpr int QW = 4 * NT;                        // tokens of a pass
-    extern __shared__ __align__(16) unsigned char qsm[];
-    __shared__ u64 best[QMM_MAX_TOK];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const KSplit ks(p.K);
-    const int KQ = ks.KQ, GQ = ks.GQ, G = ks.G;
-    const int tpb = QW_WARPS / KQ;
-    const int mt = warp / KQ, q = warp - mt * KQ;
-    const int xslot = KQ * QW * (256 + 4);            // bytes of one x slot
-    unsigned char* ring = qsm + warp * (QMM_RING * QMM_STAGE_BYTES);
-    unsigned char* xring = qsm + QW_WARPS * QMM_RING * QMM_STAGE_BYTES;
-    float* red = reinterpret_cast<float*>(xring + QW_XRING * xslot);  // [W][NT][32][2]
-    DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-
-    const int nbt = (p.ntiles + tpb - 1) / tpb;
-    const int nchunks = (p.ntok + QW - 1) / QW;
-    const int nbtask = nbt * nchunks;
-    const int my_bt = (int)blockIdx.x < nbtask ? (nbtask - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int zmax = my_bt * GQ;                      // group steps of this block
-    const int SQ = ks.SQ;
-
-    pdl_trigger();
-    job.prepare();
-
-    // The warp's task for block iteration it: tile and chunk, valid or not.
-    auto task_of = [&](int it, bool& valid) {
-        const int bt = (int)blockIdx.x + it * (int)gridDim.x;
-        const int chunk = bt / nbt, tile = (bt - chunk * nbt) * tpb + mt;
-        valid = it < my_bt && mt < tpb && tile < p.ntiles;  // KQ = 3 leaves warps over
-        return DenseJob::Pos{valid ? tile : 0, chunk};
-    };
-    // Weight producer: stage S of the warp's sequence (SQ a task).
-    int pit = -1;
-    StageSrc psrc;
-    auto produce = [&](int S) {
-        if (S >= my_bt * SQ) return;
-        const int it = S / SQ, s = S - it * SQ;
-        if (it != pit) {
-            pit = it;
-            bool v;
-            const DenseJob::Pos ps = task_of(it, v);
-            bool tv = false;
-            const QTask tk = job.task(ps, tv);
-            psrc = stage_src(tk, v && tv, ks, q, lane);
-        }
-        stage_issue(ring + (S % QMM_RING) * QMM_STAGE_BYTES, psrc, ks, q, s, lane, p.x);
-    };
-    // x producer: step Z (iteration Z / GQ, group Z % GQ of every slice).
-    auto produce_x = [&](int Z) {
-        if (Z >= zmax) return;
-        const int it = Z / GQ, z = Z - it * GQ;
-        const int bt = (int)blockIdx.x + it * (int)gridDim.x;
-        const int t0 = (bt / nbt) * QW;
-        unsigned char* xs = xring + (Z % QW_XRING) * xslot;
-        const int nchunk16 = KQ * QW * 16;
-        for (int i = threadIdx.x; i < nchunk16; i += QW_WARPS * 32) {
-            const int ch = i & 15, j = (i >> 4) % QW, qq = (i >> 4) / QW;
-            const int t = t0 + j, grp = qq * GQ + z;
-            const bool ok = t < p.ntok && grp < G;
-            const int part = ch >> 3;
-            const u16* src = p.x + (ok ? (size_t)t * 2 * p.K + part * p.K + grp * GROUP_SIZE + (ch & 7) * 8 : 0);
-            cp_async16(xs + (qq * QW + j) * 256 + ((ch ^ part) << 4), src, ok ? 16 : 0);
-        }
-        float* csd = reinterpret_cast<float*>(xs + KQ * QW * 256);
-        for (int i = threadIdx.x; i < KQ * QW; i += QW_WARPS * 32) {
-            const int j = i % QW, qq = i / QW;
-            const int t = t0 + j, grp = qq * GQ + z;
-            const bool ok = t < p.ntok && grp < G;
-            cp_async4(csd + i, p.csum + (ok ? (size_t)t * G + grp : 0), ok ? 4 : 0);
-        }
-    };
-
-    // Prologue: the first weight stages before the dependency wait (dense
-    // weights do not depend on the previous kernel), x after it.
-    for (int S = 0; S < QMM_RING - 1; ++S) produce(S);
-    pdl_wait();
-    produce_x(0);
-    cp_async_commit();
-    produce_x(1);
-    cp_async_commit();
-
-    float acc[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = 0.f;
-    bool tvalid = false;
-    DenseJob::Pos tp = task_of(0, tvalid);
-    int cnt = tvalid ? job.count(tp) : 0;
-#pragma unroll 1
-    for (int Z = 0, z = 0, it = 0; Z < zmax; ++Z) {
-        cp_async_wait<1>();
-        __syncthreads();
-        // Everyone is past step Z - 1: its x slot and (at a stage start)
-        // the weight slot consumed four steps ago may be refilled.
-        if ((Z & 3) == 0) produce(Z / 4 + QMM_RING - 1);
-        produce_x(Z + 2);
-        cp_async_commit();
-        const int S = Z >> 2;
-        // Groups past K (a slice rounded up to whole stages) are skipped,
-        // as stage_math skips them.
-#ifndef QMM_PROBE_NO_MATH
-        if (cnt > 0 && q * GQ + z < G) {
-            const unsigned char* xs = xring + (Z % QW_XRING) * xslot;
-            wide_group<NT>(ring + (S % QMM_RING) * QMM_STAGE_BYTES, z & 3, xs + q * QW * 256,
-                           reinterpret_cast<const float*>(xs + KQ * QW * 256) + q * QW, lane, cnt, acc);
-        }
-#endif
-        if (++z == GQ) {
-            // The task's slices meet in shared memory, added in slice order.
-            float* part = red + (size_t)warp * NT * 64;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) *reinterpret_cast<float2*>(part + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
-            __syncthreads();
-            if (q == 0 && cnt > 0) {
-#pragma unroll 1
-                for (int src = 1; src < KQ; ++src) {
-                    const float* o = red + (size_t)(warp + src) * NT * 64;
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const float2 v = *reinterpret_cast<const float2*>(o + (nt * 32 + lane) * 2);
-                        acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
-                        acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
-                    }
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = 0.f;
-            z = 0;
-            ++it;
-            tp = task_of(it, tvalid);
-            cnt = tvalid ? job.count(tp) : 0;
-        }
-    }
-    cp_async_wait<0>();
-    job.finish();
-}
-
-#define QMM_WIDE(NT)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(QW_WARPS * 32, 1) qmm_wide_##NT(const __grid_constant__ QmmDenseParams p) { \
-        qmm_wide_body<NT>(p);                                                                        \
-    }
-QMM_WIDE(4)
-QMM_WIDE(8)
-QMM_WIDE(16)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
