@@ -195,6 +195,7 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DQMM_MOE_PARAMS_SIZE={}", size_of::<QmmMoeParamsC>()),
         format!("-DXNORM_PARAMS_SIZE={}", size_of::<XnormParamsC>()),
         format!("-DROUTER_PARAMS_SIZE={}", size_of::<RouterParamsC>()),
+        format!("-DROUTER_SMEM={}", router_smem(dims)),
     ]
 }
 
@@ -410,6 +411,11 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
     }
     let slots = dims.topk + 1;
     let px_in = b.px_in.need(NAME, "packed input", ntok, hd)?;
+    let h = h.need(NAME, "residual", ntok * hd)?;
+    // The kernel reads the residual and the norm gain 16 bytes at a time.
+    if !h.is_multiple_of(16) || !post_norm.is_multiple_of(16) {
+        return Err(CudaError::shape(NAME, format!("residual at {h:#x}, norm gain at {post_norm:#x}: both must be 16-byte aligned")));
+    }
     let p = RouterParamsC {
         codes: m.router.codes,
         scales: m.router.scales,
@@ -417,7 +423,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
         sg_codes: m.sh_expert_gate.codes,
         sg_scales: m.sh_expert_gate.scales,
         sg_biases: m.sh_expert_gate.biases,
-        h: h.need(NAME, "residual", ntok * hd)?,
+        h,
         gain: post_norm,
         logits: b.logits.need(NAME, "router logits", ntok * e)?,
         sg: b.sg.need(NAME, "shared gate", ntok)?,
@@ -439,14 +445,17 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
     launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), 256, smem, &p)
 }
 
-/// Dynamic shared memory of `moe_router`: the staged tokens, the top-k
-/// tables of a chunk's last block, or the plan's selection table.
+/// Dynamic shared memory of `moe_router` (qmm.cu): the staged tokens (padded
+/// rows) with their 16-column sums and the norm gain (a padded row); later,
+/// in a chunk's last block, the top-k tables followed (in the plan's block)
+/// by the selection bitmap, one bit per (token, slot) of up to
+/// `MAX_DECODE_BATCH` tokens for every expert.
 pub fn router_smem(dims: &Dims) -> usize {
     let padded = dims.hidden + dims.hidden / 32 * 4;
-    let stage = ROUTER_TOK * padded * 4;
+    let stage = (ROUTER_TOK * (padded + dims.hidden / 16) + padded) * 4;
     let topk = (ROUTER_ROWS * dims.n_experts + 2 * ROUTER_ROWS * dims.topk) * 4;
-    let plan = MAX_DECODE_BATCH * dims.topk * 4;
-    stage.max(topk).max(plan)
+    let bitmap = (MAX_DECODE_BATCH * dims.topk).div_ceil(32) * dims.n_experts * 4;
+    stage.max(topk + bitmap)
 }
 
 /// The experts of one step as planned by `router`: `up` = the gate/up

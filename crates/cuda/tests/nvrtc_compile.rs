@@ -133,3 +133,20 @@ fn a_drifted_feed_layout_fails_to_compile() {
         Err(e) => assert!(e.to_string().contains("FeedStageParams.in_"), "{e}"),
     }
 }
+
+#[test]
+fn a_router_layout_past_router_smem_fails_to_compile() {
+    // The plan's selection bitmap grown in the kernel only: qmm.rs
+    // router_smem (ROUTER_SMEM) no longer covers it, which the static_assert
+    // next to the router catches.
+    nvrtc::ensure_nvrtc().expect("NVRTC");
+    let dims = Dims::from_config(&production()).expect("dims");
+    let f = FAMILIES.iter().find(|f| f.name == "qmm").expect("qmm family");
+    let grown = f.source.replacen("#define ROUTER_SEL_WORDS ((QMM_MAX_TOK * TOPK + 31) / 32)", "#define ROUTER_SEL_WORDS (8 * QMM_MAX_TOK * TOPK / 32)", 1);
+    assert_ne!(grown, f.source, "test setup: ROUTER_SEL_WORDS not found");
+    let drifted = Family { name: f.name, source: Box::leak(grown.into_boxed_str()), kernels: f.kernels };
+    match compile_family(&drifted, &dims, &[]) {
+        Ok(_) => panic!("a router layout larger than router_smem compiled"),
+        Err(e) => assert!(e.to_string().contains("router_smem"), "{e}"),
+    }
+}

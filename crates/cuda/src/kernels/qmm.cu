@@ -15,8 +15,9 @@
 //                  y[pair] f32.
 //   moe_router     RMSNorm(h) (post-attention norm) -> packed x for the
 //                  experts, router logits (8-bit, fp32 math) and the shared
-//                  expert gate; the last block to finish (a ticket) takes the
-//                  top-k of every token and writes the decode plan.
+//                  expert gate; the last row block of each 8-token chunk (a
+//                  ticket) takes its tokens' top-k, and the last chunk writes
+//                  the decode plan.
 //   N = NT, the 8-column n-tiles (4 tokens each) a warp keeps accumulators
 //   for; more tokens run in chunks (dense) or plan items (MoE) of 4 NT.
 //
@@ -931,13 +932,35 @@ __device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
     return before + incl - v;
 }
 
+// Shared memory of the plan (floats from the start of the dynamic smem): the
+// top-k tables of a chunk's last block ([ROUTER_ROWS][N_EXPERTS] logits,
+// [ROUTER_ROWS][TOPK] ids and weights), then the selection bitmap
+// [ROUTER_SEL_WORDS][N_EXPERTS] (qmm.rs router_smem).
+#define ROUTER_PLAN_OFF (ROUTER_ROWS * N_EXPERTS + 2 * ROUTER_ROWS * TOPK)
+#define ROUTER_SEL_WORDS ((QMM_MAX_TOK * TOPK + 31) / 32)
+// Selections (token, slot) a thread of the plan block gathers: all of them
+// for up to QMM_MAX_TOK tokens (the launcher's limit), 256 threads.
+#define ROUTER_SELS ((QMM_MAX_TOK * TOPK + 255) / 256)
+static_assert(ROUTER_SMEM >= 4 * (ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)) &&
+                  ROUTER_SMEM >= 4 * (ROUTER_PLAN_OFF + ROUTER_SEL_WORDS * N_EXPERTS),
+              "qmm.rs router_smem is smaller than moe_router's shared-memory layout");
+
 // grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / ROUTER_TOK)), block
-// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * 8.. (normalised)
-// in shared memory and warp w computes row x * 8 + w (N_EXPERTS = the
-// shared expert gate) for them. The last row block of a token chunk (ticket
-// ticket[1 + y]) takes the top-k of its tokens, one warp each; the last
-// chunk to finish (ticket[0]) writes the plan. Dynamic smem:
-// max(ROUTER_TOK * PADDED_LEN(HIDDEN) floats, the plan's tables).
+// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * 8.. (normalised,
+// warp k token k) in shared memory with their 16-column sums, and warp w
+// computes row x * 8 + w (N_EXPERTS = the shared expert gate) for them. The
+// last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
+// its tokens, one warp each; the last chunk to finish (ticket[0]; with one
+// chunk, that block at once) writes the plan. Dynamic smem (router_smem):
+// max(ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)
+// floats (staging, below), the plan's tables and selection bitmap).
+//
+// The plan is built from a bitmap per expert over the step's n * TOPK
+// selections (bit i: selection i = token i / TOPK, slot i % TOPK chose the
+// expert), set with atomicOr (the result does not depend on their order):
+// an expert's count is the popcount of its words, and walking its set bits
+// in word order lists its pairs in token order: n * TOPK / 32 words an
+// expert instead of a scan of all n * TOPK selections.
 extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
     extern __shared__ __align__(16) float rsm[];
     __shared__ int s_last;
@@ -963,37 +986,75 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
             ws[i] = wb[i] = 0.f;
         }
     }
+    // Shared memory: the staged tokens [ROUTER_TOK][P] (padded rows), their
+    // 16-column sums [ROUTER_TOK][HIDDEN / 16] (formed once here, not by each
+    // of the 8 rows: ((((0 + s0) + s1) + s2) + s3), s_j = (x_4j + x_4j+1) +
+    // (x_4j+2 + x_4j+3), the order that fixes a row's logit bits), and the
+    // norm gain [P], copied in before the previous kernel ends.
+    const int P = PADDED_LEN(HIDDEN);
+    float* const csum16 = rsm + ROUTER_TOK * P;
+    float* const gain = csum16 + ROUTER_TOK * (HIDDEN / 16);
+    for (int c = threadIdx.x * 4; c < HIDDEN; c += blockDim.x * 4) cp_async16(gain + PAD32(c), p.gain + c, 16);
+    cp_async_commit();
     pdl_trigger();
     pdl_wait();
-    const int P = PADDED_LEN(HIDDEN);
     const int t0 = blockIdx.y * ROUTER_TOK;
     const int nt = min(ROUTER_TOK, p.ntok - t0);
     // Warp w normalises token t0 + w into its staging row; the first row
-    // block also packs it (and its group sums) for the experts.
+    // block also packs it (and its group sums) for the experts. The first
+    // pass leaves h in the staging row, so the second reads it from shared
+    // memory, not again from L2.
+    float* const sx = rsm + warp * P;
+    float r = 0.f;
     if (warp < nt) {
-        const int t = t0 + warp;
-        const float* hr = p.h + (size_t)t * HIDDEN;
-        float* sx = rsm + warp * P;
+        const float* hr = p.h + (size_t)(t0 + warp) * HIDDEN;
         float ss = 0.f;
-#pragma unroll 4
+#pragma unroll
         for (int c = lane * 4; c < HIDDEN; c += 128) {
             const float4 v = *reinterpret_cast<const float4*>(hr + c);
+            *reinterpret_cast<float4*>(sx + PAD32(c)) = v;
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = warp_sum(ss);
-        const float r = rsqrtf(ss / (float)HIDDEN + p.eps);
-        // Uniform over the warp (group sums shuffle across 8 lanes).
+        r = rsqrtf(ss / (float)HIDDEN + p.eps);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the gain, and the columns other lanes staged
+    if (warp < nt) {
+        const int t = t0 + warp;
+        float* cs16 = csum16 + warp * (HIDDEN / 16);
+        // Uniform over the warp (the sums shuffle across lanes).
+#pragma unroll
         for (int c0 = 0; c0 < HIDDEN; c0 += 256) {
             const int c = c0 + lane * 8;
-            float part = 0.f;
+            float part = 0.f, q0 = 0.f, q1 = 0.f;
             if (c < HIDDEN) {
+                float* xs = sx + PAD32(c);
+                const float4 a = *reinterpret_cast<const float4*>(xs);
+                const float4 b = *reinterpret_cast<const float4*>(xs + 4);
+                const float4 ga = *reinterpret_cast<const float4*>(gain + PAD32(c));
+                const float4 gb = *reinterpret_cast<const float4*>(gain + PAD32(c) + 4);
                 float o[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) o[j] = hr[c + j] * r * p.gain[c + j];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) sx[PAD32(c + j)] = o[j];
+                o[0] = a.x * r * ga.x;
+                o[1] = a.y * r * ga.y;
+                o[2] = a.z * r * ga.z;
+                o[3] = a.w * r * ga.w;
+                o[4] = b.x * r * gb.x;
+                o[5] = b.y * r * gb.y;
+                o[6] = b.z * r * gb.z;
+                o[7] = b.w * r * gb.w;
+                *reinterpret_cast<float4*>(xs) = make_float4(o[0], o[1], o[2], o[3]);
+                *reinterpret_cast<float4*>(xs + 4) = make_float4(o[4], o[5], o[6], o[7]);
+                // __fadd_rn: never fused with the products above into an
+                // fma, so these are the sums of the stored values exactly.
+                q0 = __fadd_rn(__fadd_rn(o[0], o[1]), __fadd_rn(o[2], o[3]));
+                q1 = __fadd_rn(__fadd_rn(o[4], o[5]), __fadd_rn(o[6], o[7]));
                 if (blockIdx.x == 0) part = px_store8(p.px, t, HIDDEN, c, o);
             }
+            // 16 columns = lanes 2j (columns 0-7) and 2j + 1 (8-15).
+            const float n0 = __shfl_down_sync(FULL_MASK, q0, 1);
+            const float n1 = __shfl_down_sync(FULL_MASK, q1, 1);
+            if (c < HIDDEN && (lane & 1) == 0) cs16[c / 16] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.f, q0), q1), n0), n1);
             if (blockIdx.x == 0) {
                 const float gs = group_sum8(part);
                 if (c < HIDDEN && (lane & 7) == 0) p.csum[(size_t)t * (HIDDEN / GROUP_SIZE) + c / GROUP_SIZE] = gs;
@@ -1004,6 +1065,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     if (has_row) {
         for (int k = 0; k < nt; ++k) {
             const float* sx = rsm + k * P;
+            const float* cs16 = csum16 + k * (HIDDEN / 16);
             float acc = 0.f;
 #pragma unroll
             for (int i = 0; i < ROUTER_ITS; ++i) {
@@ -1011,7 +1073,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
                 if (ch < HIDDEN / 16) {
                     const float* xs = sx + PAD32(ch * 16);
                     float xv[16];
-                    float cs = 0.f;
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         const float4 v = reinterpret_cast<const float4*>(xs)[j];
@@ -1019,9 +1080,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
                         xv[4 * j + 1] = v.y;
                         xv[4 * j + 2] = v.z;
                         xv[4 * j + 3] = v.w;
-                        cs += (v.x + v.y) + (v.z + v.w);
                     }
-                    acc += fmaf(ws[i], dot16_q8(w[i], xv), wb[i] * cs);
+                    acc += fmaf(ws[i], dot16_q8(w[i], xv), wb[i] * cs16[ch]);
                 }
             }
             acc = warp_sum(acc);
@@ -1045,7 +1105,18 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         float* selw = reinterpret_cast<float*>(rsm + ROUTER_ROWS * N_EXPERTS + ROUTER_ROWS * TOPK) + warp * TOPK;
         if (warp < nt) {
             const int t = t0 + warp;
-            for (int e = lane; e < N_EXPERTS; e += 32) l[e] = ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e);
+            // Every load of the token (its logits, the shared gate) in
+            // flight at once: one L2 round trip, not one per 32 experts.
+            float lv[EXPERTS_PER_LANE];
+#pragma unroll
+            for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+                const int e = lane + 32 * i;
+                lv[i] = e < N_EXPERTS ? ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e) : 0.f;
+            }
+            const float sgv = lane == 0 ? ldcg_f32(p.sg + t) : 0.f;
+#pragma unroll
+            for (int i = 0; i < EXPERTS_PER_LANE; ++i)
+                if (lane + 32 * i < N_EXPERTS) l[lane + 32 * i] = lv[i];
             __syncwarp();
             warp_topk(l, sel, selw);
             __syncwarp();
@@ -1053,11 +1124,13 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
                 p.topk_idx[t * TOPK + lane] = sel[lane];
                 p.topk_w[t * MOE_SLOTS + lane] = selw[lane];
             }
-            if (lane == 0) p.topk_w[t * MOE_SLOTS + TOPK] = sigmoidf_(ldcg_f32(p.sg + t));
+            if (lane == 0) p.topk_w[t * MOE_SLOTS + TOPK] = sigmoidf_(sgv);
         }
     }
-    // The last chunk to be routed writes the plan.
-    const int* sel;  // [ntok][TOPK]
+    // The last chunk to be routed writes the plan. Thread j gathers the
+    // expert ids of selections j, j + 256, ... (token * TOPK + slot).
+    const int n = p.ntok, ns = n * TOPK;
+    int sid[ROUTER_SELS];
     if (gridDim.y == 1) {
         // One token chunk (up to ROUTER_TOK tokens): this block routed every
         // token and its selections are still in shared memory, [token][TOPK]
@@ -1065,7 +1138,12 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         // (two dependent round trips less on the batch-1 critical path).
         __syncthreads();
         if (threadIdx.x == 0) p.ticket[1] = 0;
-        sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);
+        const int* sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);
+#pragma unroll
+        for (int k = 0; k < ROUTER_SELS; ++k) {
+            const int i = threadIdx.x + 256 * k;
+            sid[k] = i < ns ? sel[i] : -1;
+        }
     } else {
         __threadfence();
         __syncthreads();
@@ -1076,14 +1154,31 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         __syncthreads();
         if (!s_last) return;
         __threadfence();
-        int* all = reinterpret_cast<int*>(rsm);
-        for (int i = threadIdx.x; i < p.ntok * TOPK; i += blockDim.x) all[i] = ldcg_i32(p.topk_idx + i);
-        __syncthreads();
-        sel = all;
+        // All of a thread's loads in flight at once (one round trip).
+#pragma unroll
+        for (int k = 0; k < ROUTER_SELS; ++k) {
+            const int i = threadIdx.x + 256 * k;
+            sid[k] = i < ns ? ldcg_i32(p.topk_idx + i) : -1;
+        }
     }
+    // The bitmap: word wd of expert e at bits[wd * N_EXPERTS + e] (a warp's
+    // 32 experts read one word index from 32 banks). It lies past the top-k
+    // tables, so zeroing it cannot race the gathering of the ids above.
+    const int nw = (ns + 31) / 32;
+    u32* bits = reinterpret_cast<u32*>(rsm + ROUTER_PLAN_OFF);
+    for (int i = threadIdx.x; i < nw * N_EXPERTS; i += blockDim.x) bits[i] = 0u;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ROUTER_SELS; ++k) {
+        const int i = threadIdx.x + 256 * k;
+        // An id outside 0..N_EXPERTS-1 matches no expert and is not planned.
+        if (i < ns && (unsigned)sid[k] < (unsigned)N_EXPERTS) atomicOr(bits + (i >> 5) * N_EXPERTS + sid[k], 1u << (i & 31));
+    }
+    __syncthreads();
+
     int* items = p.plan + PLAN_HEAD;
     int* pairs = items + 3 * p.max_items;
-    const int n = p.ntok, ch = p.chunk;
+    const int ch = p.chunk;
     const int n_sh = (n + ch - 1) / ch;
     // Shared expert: pairs n*TOPK.. in token order, items 0..n_sh-1.
     for (int t = threadIdx.x; t < n; t += blockDim.x) pairs[n * TOPK + t] = t * MOE_SLOTS + TOPK;
@@ -1096,17 +1191,22 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     int item_base = n_sh, pair_base = 0;
     for (int e0 = 0; e0 < N_EXPERTS; e0 += 256) {
         const int e = e0 + threadIdx.x;
+        const u32* eb = bits + min(e, N_EXPERTS - 1);
         int c = 0;
         if (e < N_EXPERTS)
-            for (int i = 0; i < n * TOPK; ++i) c += sel[i] == e;
+            for (int wd = 0; wd < nw; ++wd) c += __popc(eb[wd * N_EXPERTS]);
         int tot_pairs, tot_items;
         const int poff = pair_base + block_scan_excl(c, scan_tmp, tot_pairs);
         const int ni = (c + ch - 1) / ch;
         const int ioff = item_base + block_scan_excl(ni, scan_tmp, tot_items);
         if (c > 0) {
             int pos = poff;
-            for (int i = 0; i < n * TOPK; ++i)
-                if (sel[i] == e) pairs[pos++] = (i / TOPK) * MOE_SLOTS + (i % TOPK);
+            for (int wd = 0; wd < nw; ++wd) {
+                for (u32 b = eb[wd * N_EXPERTS]; b != 0u; b &= b - 1u) {
+                    const int i = wd * 32 + __ffs(b) - 1;
+                    pairs[pos++] = (i / TOPK) * MOE_SLOTS + (i % TOPK);
+                }
+            }
             for (int j = 0; j < ni; ++j) {
                 items[3 * (ioff + j)] = e;
                 items[3 * (ioff + j) + 1] = poff + j * ch;
