@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
-use lily_cuda::device::{copy_device, DeviceBuffer};
+use lily_cuda::device::{copy_device, read_device, write_device, DeviceBuffer};
 use lily_cuda::kernels::Kernels;
 use lily_cuda::qmm::{self, DenseSeg, Epilogue, QmmShape};
 use lily_cuda::weights::MixerDev;
@@ -53,10 +53,9 @@ fn run() -> Result<(), String> {
     let copy_us = time_us(&gpu, 10, || copy_device(&gpu, scratch.ptr(), lm.codes, lm.bytes()).map_err(|e| e.to_string()))?;
     println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
     let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
-        ("4 warps, ring 4 (default)", QmmShape::default(), vec![]),
-        ("4 warps, ring 4, slice 512", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec![]),
-        ("4 warps, ring 4, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
-        ("8 warps, ring 4", QmmShape { warps: 8, ..QmmShape::default() }, vec![]),
+        ("default", QmmShape::default(), vec![]),
+        ("MoE items of 4 pairs to 64 tok", QmmShape { moe_pairs8_from: 65, ..QmmShape::default() }, vec![]),
+        ("default, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
     ];
     let in_segs = |out: lily_cuda::device::DevSlice<f32>| {
         let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];
@@ -89,6 +88,35 @@ fn run() -> Result<(), String> {
                     Err(e) => println!("{label:<28} n={n:<3} {name:<9} {e}"),
                 }
             }
+            // The MoE of layer 0 for n tokens of varied residuals: router
+            // (+ top-k and plan), gate/up (+ shared expert), down.
+            let l = &m.weights.layers[0];
+            let mut seed = 0x9e37_79b9_u32.wrapping_mul(n as u32 + 1);
+            let h: Vec<f32> = (0..n * d.hidden)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+                })
+                .collect();
+            write_device(&gpu, dec.h.ptr(), &h).map_err(|e| e.to_string())?;
+            let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n).map_err(|e| e.to_string());
+            let r_us = time_us(&gpu, 50, router)?;
+            let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n).map_err(|e| e.to_string()))?;
+            let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n).map_err(|e| e.to_string()))?;
+            let idx: Vec<i32> = read_device(&gpu, dec.moe.topk_idx.ptr(), n * d.topk).map_err(|e| e.to_string())?;
+            let mut experts: Vec<i32> = idx.clone();
+            experts.sort_unstable();
+            experts.dedup();
+            // Bytes each expert launch streams: the active experts + the shared one.
+            let e_bytes = |w: &lily_cuda::weights::QMat| w.bytes() / w.experts;
+            let up_b = (experts.len() + 1) * (e_bytes(&l.moe.gate) + e_bytes(&l.moe.up));
+            let dn_b = (experts.len() + 1) * e_bytes(&l.moe.down);
+            println!(
+                "{label:<28} n={n:<3} moe: router {r_us:7.1} us, gate_up {up_us:7.1} us {:.2} TB/s, down {dn_us:7.1} us {:.2} TB/s ({} experts)",
+                up_b as f64 / up_us / 1e6,
+                dn_b as f64 / dn_us / 1e6,
+                experts.len()
+            );
         }
     }
     Ok(())

@@ -40,6 +40,9 @@ pub const QMM_WARPS: usize = 4;
 /// the grid busy for the same number of groups. Depends only on K, so a
 /// token's result never depends on its batch.
 pub const QMM_SLICE_COLS: usize = 1024;
+/// Tokens from which the MoE plan cuts an expert's pairs into items of 8
+/// (qmm_moe_2, 156 registers) rather than 4 (qmm_moe_1, 128).
+pub const MOE_PAIRS8_FROM: usize = 9;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
@@ -100,6 +103,8 @@ struct QmmMoeParamsC {
     y_out: u64,
     max_items: i32,
     up: i32,
+    npairs: i32,
+    smem_items: i32,
 }
 // SAFETY: plain-old-data mirroring `QmmMoeParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for QmmMoeParamsC {}
@@ -155,11 +160,14 @@ pub struct QmmShape {
     pub ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
     pub slice_cols: usize,
+    /// Tokens from which an MoE plan item holds up to 8 pairs (qmm_moe_2)
+    /// instead of 4 (`MOE_PAIRS8_FROM`). A launcher choice, not compiled in.
+    pub moe_pairs8_from: usize,
 }
 
 impl Default for QmmShape {
     fn default() -> Self {
-        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS }
+        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS, moe_pairs8_from: MOE_PAIRS8_FROM }
     }
 }
 
@@ -221,18 +229,18 @@ fn dense_variant(ntok: usize) -> (&'static str, usize) {
 
 /// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
 /// are cut into plan items of `moe_chunk(ntok)` pairs.
-fn moe_nt(ntok: usize) -> usize {
-    if ntok <= 8 {
+fn moe_nt(shape: &QmmShape, ntok: usize) -> usize {
+    if ntok < shape.moe_pairs8_from {
         1
     } else {
         2
     }
 }
 
-/// Pairs per plan item for a step of `ntok` tokens (what the router's plan
-/// and the MoE launch must agree on).
-pub fn moe_chunk(ntok: usize) -> usize {
-    4 * moe_nt(ntok)
+/// Pairs per plan item for a step of `ntok` tokens with the kernels' shape
+/// (what the router's plan and the MoE launch must agree on).
+pub fn moe_chunk(shape: &QmmShape, ntok: usize) -> usize {
+    4 * moe_nt(shape, ntok)
 }
 
 /// Plan items a step of up to `max_batch` tokens may need: the shared
@@ -434,7 +442,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
         plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + ntok * slots)?,
         ticket: b.ticket.need(NAME, "ticket", 1)?,
         ntok: ntok as i32,
-        chunk: moe_chunk(ntok) as i32,
+        chunk: moe_chunk(&k.qmm, ntok) as i32,
         max_items: b.max_items as i32,
         eps: dims.rms_eps,
     };
@@ -480,6 +488,9 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
     let pairs = ntok * slots;
     let (a, a2, s, s2) = if up { (&m.gate, &m.up, &m.sh_gate, &m.sh_up) } else { (&m.down, &m.down, &m.sh_down, &m.sh_down) };
     let (x, csum) = if up { b.px_in.need(NAME, "packed input", ntok, hd)? } else { (b.px_act.need(NAME, "packed activations", packed_len(pairs, inter))?, 0) };
+    // The plan of `ntok` tokens has at most max_plan_items(ntok) items; each
+    // block copies them and the pair list into shared memory.
+    let smem_items = max_plan_items(dims, ntok).min(b.max_items);
     let p = QmmMoeParamsC {
         codes: a.codes,
         scales: a.scales,
@@ -500,11 +511,13 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
         y_out: if up { 0 } else { b.y.need(NAME, "expert outputs", pairs * hd)? },
         max_items: b.max_items as i32,
         up: up as i32,
+        npairs: pairs as i32,
+        smem_items: smem_items as i32,
     };
-    let nt = moe_nt(ntok);
+    let nt = moe_nt(&k.qmm, ntok);
     let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
     let threads = (k.qmm.warps * 32) as u32;
-    let smem = k.qmm.smem_bytes(nt);
+    let smem = k.qmm.smem_bytes(nt) + (3 * smem_items + pairs) * 4;
     let g = grid(gpu, k, name, threads, smem, 0)?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }

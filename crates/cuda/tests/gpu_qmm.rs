@@ -264,7 +264,7 @@ fn moe_router_plan_and_experts_match_the_reference() {
         let mut last_expert = -1i32;
         for it in items.chunks_exact(3) {
             let (e, start, cnt) = (it[0], it[1] as usize, it[2] as usize);
-            check(cnt >= 1 && cnt <= qmm::moe_chunk(n), format!("batch {n}: item of {cnt} pairs"));
+            check(cnt >= 1 && cnt <= qmm::moe_chunk(&k.qmm, n), format!("batch {n}: item of {cnt} pairs"));
             if e as usize != d.n_experts {
                 check(e >= last_expert, format!("batch {n}: experts in ascending order"));
                 last_expert = e;

@@ -523,6 +523,12 @@ __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring,
     ++pc.z;
 }
 
+// bar.sync on barrier `id` (1..15; 0 is __syncthreads) for `threads`
+// threads (a multiple of 32): the warps of one task meet without the block.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // The driver loop shared by every matrix kernel, QMM_WARPS warps a block.
 // `Job` provides: prepare() (after the dependency wait when the tasks need
 // it), ntasks(), pos(i) -> Job::Pos (task i decoded once, so the divisions
@@ -592,27 +598,39 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
         __syncwarp();
         qmm_produce(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
         if (s == SQ - 1) {
-            // Every slice's partial to shared memory, then the slice-0 warp
-            // adds them in slice order (deterministic) and runs the epilogue.
-            float* part = red + (size_t)warp * NT * 64;
+            if (ks.KQ == 1) {
+                // One warp holds the whole K: its sums are final.
+                if (cnt > 0) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) *reinterpret_cast<float2*>(part + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
-            __syncthreads();
-            if (q == 0 && cnt > 0) {
-#pragma unroll 1
-                for (int src = 1; src < ks.KQ; ++src) {
-                    const float* o = red + (size_t)(warp + src) * NT * 64;
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const float2 v = *reinterpret_cast<const float2*>(o + (nt * 32 + lane) * 2);
-                        acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
-                        acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
-                    }
+                    for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
                 }
+            } else {
+                // Every slice's partial to shared memory, then the slice-0
+                // warp adds them in slice order (deterministic) and runs the
+                // epilogue. Only the KQ warps of this task meet (named
+                // barrier 1 + mt), so other tasks' warps keep streaming.
+                float* part = red + (size_t)warp * NT * 64;
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                for (int nt = 0; nt < NT; ++nt) *reinterpret_cast<float2*>(part + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
+                named_barrier(1 + mt, ks.KQ * 32);
+                if (q == 0 && cnt > 0) {
+#pragma unroll 1
+                    for (int src = 1; src < ks.KQ; ++src) {
+                        const float* o = red + (size_t)(warp + src) * NT * 64;
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const float2 v = *reinterpret_cast<const float2*>(o + (nt * 32 + lane) * 2);
+                            acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
+                            acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                }
+                // The partials are read before any of the task's warps
+                // writes its next task's.
+                named_barrier(1 + mt, ks.KQ * 32);
             }
-            __syncthreads();
         }
         if (++s == SQ) {
             s = 0;
@@ -787,20 +805,41 @@ struct QmmMoeParams {
     float* y_out;            // down: [ntok * MOE_SLOTS][HIDDEN]
     int max_items;
     int up;                  // 1 = gate/up + SwiGLU, 0 = down
+    int npairs;              // ntok * MOE_SLOTS: the pair list's length
+    int smem_items;          // items the shared-memory copy of the plan holds
 };
 LAYOUT_CHECK(QmmMoeParams, QMM_MOE_PARAMS_SIZE)
 
 struct MoeJob {
     const QmmMoeParams& p;
+    int* smem_plan;          // p.smem_items * 3 + p.npairs ints of shared memory
     int nitems;
     const int* items;
     const int* pairs;
-    __device__ MoeJob(const QmmMoeParams& pp) : p(pp), nitems(0), items(nullptr), pairs(nullptr) {}
+    __device__ MoeJob(const QmmMoeParams& pp, int* sp) : p(pp), smem_plan(sp), nitems(0), items(nullptr), pairs(nullptr) {}
     __device__ int tiles() const { return p.up ? MOE_INTER / 8 : HIDDEN / 16; }
+    // The plan is copied into shared memory once: every task start reads
+    // its item and pairs (and the producer its expert), which from global
+    // memory were dependent L2 round trips in the middle of the stream.
+    // The whole capacity is copied, not plan[0] items, so the copy does
+    // not wait for the count (one round trip, not two); entries past the
+    // count are never read.
     __device__ void prepare() {
+        const int* gi = p.plan + PLAN_HEAD;
+        const int* gp = gi + 3 * p.max_items;
+        int* si = smem_plan;
+        int* sp = si + 3 * p.smem_items;
+        for (int i = threadIdx.x; i < 3 * p.smem_items; i += blockDim.x) si[i] = gi[i];
+        for (int i = threadIdx.x; i < p.npairs; i += blockDim.x) sp[i] = gp[i];
         nitems = p.plan[0];
-        items = p.plan + PLAN_HEAD;
-        pairs = items + 3 * p.max_items;
+        __syncthreads();
+        if (nitems <= p.smem_items) {
+            items = si;
+            pairs = sp;
+        } else {
+            items = gi;
+            pairs = gp;
+        }
     }
     __device__ int ntasks() const { return nitems * tiles(); }
     // A task: its plan item and its tile of weight rows (a constant
@@ -867,7 +906,8 @@ struct MoeJob {
 
 #define QMM_MOE(NAME, NT)                                                                           \
     extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
-        MoeJob job(p);                                                                               \
+        extern __shared__ __align__(16) unsigned char msm[];                                         \
+        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
         if (p.up) qmm_run<NT, false>(job, p.x, p.csum, HIDDEN, false);                                \
         else qmm_run<NT, true>(job, p.x, nullptr, MOE_INTER, false);                                  \
     }
