@@ -54,7 +54,7 @@ fn run() -> Result<(), String> {
     println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
     let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
         ("default", QmmShape::default(), vec![]),
-        ("MoE items of 4 pairs to 64 tok", QmmShape { moe_pairs8_from: 65, ..QmmShape::default() }, vec![]),
+        ("MoE items of 4 at every size", QmmShape { moe_pairs8_from: usize::MAX, ..QmmShape::default() }, vec![]),
         ("default, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
     ];
     let in_segs = |out: lily_cuda::device::DevSlice<f32>| {

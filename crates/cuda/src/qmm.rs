@@ -41,8 +41,13 @@ pub const QMM_WARPS: usize = 4;
 /// token's result never depends on its batch.
 pub const QMM_SLICE_COLS: usize = 1024;
 /// Tokens from which the MoE plan cuts an expert's pairs into items of 8
-/// (qmm_moe_2, 156 registers) rather than 4 (qmm_moe_1, 128).
-pub const MOE_PAIRS8_FROM: usize = 9;
+/// (qmm_moe_2, 156 registers) rather than 4 (qmm_moe_1, 128). Measured on
+/// the H200 (qmm_probe, revision 21db8ab): items of 4 are faster at 16 to
+/// 64 tokens (gate/up 67.9 -> 55.4 us at 16, 148.7 -> 125.7 at 64; down
+/// 92.7 -> 81.7 at 64): an expert with more than 4 tokens is read twice
+/// (the second time mostly from L2), but a block of qmm_moe_1 fits one more
+/// block an SM.
+pub const MOE_PAIRS8_FROM: usize = 65;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
