@@ -110,20 +110,28 @@ __device__ __forceinline__ float nib_to_f32(u32 w, int j) {
     return __uint_as_float(((w >> (4 * j)) & 15u) | 0x4B000000u) - 8388608.f;
 }
 
-template <int BITS, int BM, int SMEM>
+template <int BITS, int BM, int S, int SMEM>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
-    constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS;
+    constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS, SG = GEMM_SCHUNK;
     constexpr int WM = BM >= 32 ? 2 : 1;          // warps along M
     constexpr int WN = NT / 32 / WM;              // warps along N
     constexpr int WTM = BM / WM, WTN = BN / WN;   // warp tile
     constexpr int MF = WTM / 16, NF = WTN / 8;    // m16 / n8 mma tiles per warp
     static_assert(WTM % 16 == 0 && MF >= 1, "whole m16 tiles per warp");
     static_assert(NF % 2 == 0, "n8 tiles in pairs (one ldmatrix_x4; a SwiGLU gate/up pair)");
-    static_assert(2 * (BM + BN) * LD * 2 == SMEM, "shared memory differs from gemm.rs smem_bytes");
+    constexpr int RB = BK * BITS / 8;             // bytes of codes of a W row per k-tile (32 or 64)
+    constexpr int A_BYTES = BM * LD * 2;          // a ring stage: the A tile, then the W codes
+    constexpr int STAGE = A_BYTES + BN * RB;
+    constexpr int SB = BN * SG;                   // bf16 of one scale (or bias) chunk buffer
+    static_assert(S >= 2, "a ring of at least two k-tiles");
+    static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
+    static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
+    static_assert(BN * LD * 2 + 4 * SB * 2 + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
-    f16* sA = reinterpret_cast<f16*>(gm_smem);          // [2][BM][LD]
-    f16* sW = sA + 2 * BM * LD;                          // [2][BN][LD]
+    f16* sW = reinterpret_cast<f16*>(gm_smem);                               // [BN][LD] fp16 W tile
+    bf16* sSB = reinterpret_cast<bf16*>(gm_smem + BN * LD * 2);              // [scale, bias][chunk & 1][BN][SG]
+    unsigned char* ring = gm_smem + BN * LD * 2 + 4 * SB * 2;                // [S][A tile | W codes]
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned wm = warp / WN, wn = warp % WN;
 
@@ -150,8 +158,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 
     // This thread's W row in the tile and its source.
     const int tr = (int)(tid >> 1);
-    constexpr int UPR = BK * BITS / 128;      // uint4 per row per k-tile (2 or 4)
-    constexpr int LPT = UPR / 2;              // uint4 per thread (1 or 2)
+    constexpr int LPT = RB / 32;              // 16-byte chunks per thread per k-tile (1 or 2)
     constexpr int CPU4 = 128 / BITS;          // codes per uint4 (32 or 16)
     const int part = (int)(tid & 1);
     int wrow;
@@ -171,29 +178,27 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         wb = sg.biases + e * p.e_groups;
     }
     const bool wvalid = wrow < sg.n;
-    // This row's codes, scales and biases from the split's first k-tile on.
+    // Scale chunks by cp.async when every row's chunk is a 16-byte aligned
+    // copy (K a multiple of SG groups: every production matrix); else (the
+    // tiny fixture's K = 64/128, or an unaligned pointer) plain loads when
+    // the k-tile is dequantised. The same for both threads of a row.
+    const bool sring = gpr % SG == 0 && ((reinterpret_cast<size_t>(ws) | reinterpret_cast<size_t>(wb)) & 15) == 0;
+    // This row's codes from the split's first k-tile on; its scales and
+    // biases by absolute k-tile (chunks are aligned to SG groups of the row).
     const size_t wr = wvalid ? wrow : 0;
-    const u32* wrow_codes = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32);
-    const bf16* wrow_s = ws + wr * gpr + kt0;
-    const bf16* wrow_b = wb + wr * gpr + kt0;
+    const u32* wrow_codes = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32) + part * LPT * 4;
+    const bf16* wrow_s = ws + wr * gpr;
+    const bf16* wrow_b = wb + wr * gpr;
     const int nkt = kt1 - kt0;
 
-    uint4 wreg[LPT];
-    float wsc = 0.f, wbi = 0.f;
-    // it: k-tile index within the split.
-    auto load_w = [&](int it) {
-#pragma unroll
-        for (int i = 0; i < LPT; ++i)
-            wreg[i] = wvalid ? ld_stream_u4(wrow_codes + it * (BK * BITS / 32) + (part * LPT + i) * 4)
-                             : make_uint4(0, 0, 0, 0);
-        wsc = wvalid ? bf16_to_f32(ld_nc_u16(wrow_s + it)) : 0.f;
-        wbi = wvalid ? bf16_to_f32(ld_nc_u16(wrow_b + it)) : 0.f;
-    };
-    auto store_w = [&](int stage) {
-        f16* dst = sW + stage * BN * LD + tr * LD + part * LPT * CPU4;
+    // Dequantise this thread's codes of a k-tile (LPT uint4 in shared memory)
+    // into its half row of the fp16 W tile: w = fp16(scale * q + bias).
+    auto store_w = [&](const uint4* src, float wsc, float wbi) {
+        f16* dst = sW + tr * LD + part * LPT * CPU4;
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
-            const u32 wv[4] = {wreg[i].x, wreg[i].y, wreg[i].z, wreg[i].w};
+            const uint4 q = src[i];
+            const u32 wv[4] = {q.x, q.y, q.z, q.w};
             u32 packed[CPU4 / 2];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -235,14 +240,32 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         const int arow = ok ? (p.a_rows != nullptr ? p.a_rows[m] : m) : 0;
         a_off[i] = ok ? arow * p.lda + (int)(idx % CPR) * 8 : -1;
     }
-    auto load_a = [&](int kt, int stage) {
-        f16* dst = sA + stage * BM * LD;
+    // Copies of k-tile `it` of the split (if any) into ring stage `stage`,
+    // as one commit group: its A tile, this thread's codes of its W row and,
+    // at the split's first k-tile and every SG-aligned one, the row's chunk
+    // of SG scales (thread part 0) or biases (part 1). A group is committed
+    // even when there is nothing to copy, so that group g is always k-tile g
+    // and cp.async.wait_group counts stages.
+    auto issue = [&](int it, int stage) {
+        if (it < nkt) {
+            unsigned char* st = ring + stage * STAGE;
+            const int kt = kt0 + it;
+            f16* dA = reinterpret_cast<f16*>(st);
 #pragma unroll
-        for (int i = 0; i < A_ITERS; ++i) {
-            const unsigned idx = tid + i * NT;
-            if (A_CHUNKS % NT == 0 || idx < A_CHUNKS) {
-                const bool ok = a_off[i] >= 0;
-                cp_async16(dst + (idx / CPR) * LD + (idx % CPR) * 8, p.a + (ok ? a_off[i] + kt * BK : 0), ok ? 16 : 0);
+            for (int i = 0; i < A_ITERS; ++i) {
+                const unsigned idx = tid + i * NT;
+                if (A_CHUNKS % NT == 0 || idx < A_CHUNKS) {
+                    const bool ok = a_off[i] >= 0;
+                    cp_async16(dA + (idx / CPR) * LD + (idx % CPR) * 8, p.a + (ok ? a_off[i] + kt * BK : 0), ok ? 16 : 0);
+                }
+            }
+            unsigned char* dW = st + A_BYTES + tr * RB + part * LPT * 16;
+            const u32* sWq = wrow_codes + it * (BK * BITS / 32);
+#pragma unroll
+            for (int i = 0; i < LPT; ++i) cp_async16(dW + 16 * i, sWq + 4 * i, wvalid ? 16 : 0);
+            if (sring && (it == 0 || kt % SG == 0)) {
+                const int c = kt / SG;
+                cp_async16(sSB + part * 2 * SB + (c & 1) * SB + tr * SG, (part ? wrow_b : wrow_s) + c * SG, wvalid ? 16 : 0);
             }
         }
         cp_async_commit();
@@ -254,21 +277,34 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
         for (int j = 0; j < NF; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-    load_a(kt0, 0);
-    load_w(0);
+    // The ring: k-tile it + S - 1 is copied while k-tile it is dequantised
+    // and multiplied, so S - 1 k-tiles of weights are in flight per block.
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) issue(s, s);
+    int rd = 0;                                   // ring stage of k-tile it
     for (int it = 0; it < nkt; ++it) {
-        const int st = it & 1;
-        store_w(st);
-        if (it + 1 < nkt) {
-            load_a(kt0 + it + 1, st ^ 1);
-            load_w(it + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+        const int kt = kt0 + it;
+        float wsc = 0.f, wbi = 0.f;
+        if (!sring && wvalid) {
+            wsc = bf16_to_f32(ld_nc_u16(wrow_s + kt));
+            wbi = bf16_to_f32(ld_nc_u16(wrow_b + kt));
         }
+        // Group it landed (S - 2 younger groups may be pending) for this
+        // thread; the barrier makes every thread's copies visible and ends
+        // k-tile it - 1 (its stage and the fp16 W tile are free again).
+        cp_async_wait<S - 2>();
         __syncthreads();
-        const f16* a_s = sA + st * BM * LD;
-        const f16* w_s = sW + st * BN * LD;
+        issue(it + S - 1, rd == 0 ? S - 1 : rd - 1);
+        if (sring) {
+            const int o = ((kt / SG) & 1) * SB + tr * SG + kt % SG;
+            wsc = bf16_to_f32(sSB[o]);
+            wbi = bf16_to_f32(sSB[2 * SB + o]);
+        }
+        const unsigned char* st = ring + rd * STAGE;
+        store_w(reinterpret_cast<const uint4*>(st + A_BYTES + tr * RB + part * LPT * 16), wsc, wbi);
+        __syncthreads();
+        const f16* a_s = reinterpret_cast<const f16*>(st);
+        const f16* w_s = sW;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
             u32 af[MF][4];
@@ -287,7 +323,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 for (int nf = 0; nf < NF; ++nf)
                     mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
         }
-        __syncthreads();
+        rd = rd == S - 1 ? 0 : rd + 1;
     }
 
     // Epilogue: the mode's output, or this split's raw partial sums. The
@@ -344,19 +380,20 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 }
 
 // One entry point per bit width and tile height; the names carry the height
-// (gemm_q4_bm16 ...), which the host's defines supply (gemm.rs TILE_ROWS).
-#define GEMM_ENTRY_(BITS, BM, MINB, SMEM)                                                        \
+// (gemm_q4_bm16 ...), which the host's defines supply (gemm.rs TILE_ROWS),
+// with the height's ring depth and the shared memory of each bit width.
+#define GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)                                                     \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB)                             \
-        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, SMEM>(p); }
-#define GEMM_ENTRY(BITS, BM, MINB, SMEM) GEMM_ENTRY_(BITS, BM, MINB, SMEM)
-GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_SMEM_T0)
-GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_SMEM_T1)
-GEMM_ENTRY(4, GEMM_BM_T2, GEMM_MINB_T2, GEMM_SMEM_T2)
-GEMM_ENTRY(4, GEMM_BM_T3, GEMM_MINB_T3, GEMM_SMEM_T3)
-GEMM_ENTRY(8, GEMM_BM_T0, GEMM_MINB_T0, GEMM_SMEM_T0)
-GEMM_ENTRY(8, GEMM_BM_T1, GEMM_MINB_T1, GEMM_SMEM_T1)
-GEMM_ENTRY(8, GEMM_BM_T2, GEMM_MINB_T2, GEMM_SMEM_T2)
-GEMM_ENTRY(8, GEMM_BM_T3, GEMM_MINB_T3, GEMM_SMEM_T3)
+        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, S, SMEM>(p); }
+#define GEMM_ENTRY(BITS, BM, MINB, S, SMEM) GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)
+GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q4_T0)
+GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q4_T1)
+GEMM_ENTRY(4, GEMM_BM_T2, GEMM_MINB_T2, GEMM_WSTAGES_T2, GEMM_SMEM_Q4_T2)
+GEMM_ENTRY(4, GEMM_BM_T3, GEMM_MINB_T3, GEMM_WSTAGES_T3, GEMM_SMEM_Q4_T3)
+GEMM_ENTRY(8, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q8_T0)
+GEMM_ENTRY(8, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q8_T1)
+GEMM_ENTRY(8, GEMM_BM_T2, GEMM_MINB_T2, GEMM_WSTAGES_T2, GEMM_SMEM_Q8_T2)
+GEMM_ENTRY(8, GEMM_BM_T3, GEMM_MINB_T3, GEMM_WSTAGES_T3, GEMM_SMEM_Q8_T3)
 
 // grid (ceil(M * nout / 256)), block 256, the GEMM's own parameters: one
 // thread per output element sums the splits' partials in split order (fixed,
