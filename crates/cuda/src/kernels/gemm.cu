@@ -110,6 +110,14 @@ __device__ __forceinline__ float nib_to_f32(u32 w, int j) {
     return __uint_as_float(((w >> (4 * j)) & 15u) | 0x4B000000u) - 8388608.f;
 }
 
+// 16-byte global -> shared copy to a 32-bit shared address, zeros instead
+// of the source when !ok.
+__device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %2, 0;\n\tcp.async.cg.shared.global [%0], [%1], 16, p;\n\t}" ::"r"(saddr),
+        "l"(gmem), "r"((u32)ok));
+}
+
 template <int BITS, int BM, int S, int SMEM>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS, SG = GEMM_SCHUNK;
@@ -122,16 +130,18 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int RB = BK * BITS / 8;             // bytes of codes of a W row per k-tile (32 or 64)
     constexpr int A_BYTES = BM * LD * 2;          // a ring stage: the A tile, then the W codes
     constexpr int STAGE = A_BYTES + BN * RB;
-    constexpr int SB = BN * SG;                   // bf16 of one scale (or bias) chunk buffer
+    constexpr int SROW = 2 * SG;                  // scale (bias) slots of a row: two chunks, k-tile kt in kt % SROW
+    constexpr int S_OFF = BN * LD * 2;            // byte offsets: scales, biases, ring
+    constexpr int B_OFF = S_OFF + BN * SROW * 2;
+    constexpr int R_OFF = B_OFF + BN * SROW * 2;
     static_assert(S >= 2, "a ring of at least two k-tiles");
     static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
     static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
-    static_assert(BN * LD * 2 + 4 * SB * 2 + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
+    static_assert(R_OFF + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
-    f16* sW = reinterpret_cast<f16*>(gm_smem);                               // [BN][LD] fp16 W tile
-    bf16* sSB = reinterpret_cast<bf16*>(gm_smem + BN * LD * 2);              // [scale, bias][chunk & 1][BN][SG]
-    unsigned char* ring = gm_smem + BN * LD * 2 + 4 * SB * 2;                // [S][A tile | W codes]
+    f16* sW = reinterpret_cast<f16*>(gm_smem);                      // [BN][LD] fp16 W tile
+    bf16* sS = reinterpret_cast<bf16*>(gm_smem + S_OFF);            // [BN][SROW] scales
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned wm = warp / WN, wn = warp % WN;
 
@@ -178,18 +188,29 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         wb = sg.biases + e * p.e_groups;
     }
     const bool wvalid = wrow < sg.n;
-    // Scale chunks by cp.async when every row's chunk is a 16-byte aligned
-    // copy (K a multiple of SG groups: every production matrix); else (the
-    // tiny fixture's K = 64/128, or an unaligned pointer) plain loads when
-    // the k-tile is dequantised. The same for both threads of a row.
+    // Scales and biases come in chunks of SG k-tiles per row, one 16-byte
+    // cp.async each, when every row's chunk is 16-byte aligned (K a
+    // multiple of SG groups: every production matrix); else (the tiny
+    // fixture's K = 64/128, or an unaligned pointer) a plain load per
+    // k-tile stores them into the same slots when the k-tile is issued.
+    // The same for both threads of a row.
     const bool sring = gpr % SG == 0 && ((reinterpret_cast<size_t>(ws) | reinterpret_cast<size_t>(wb)) & 15) == 0;
-    // This row's codes from the split's first k-tile on; its scales and
-    // biases by absolute k-tile (chunks are aligned to SG groups of the row).
     const size_t wr = wvalid ? wrow : 0;
-    const u32* wrow_codes = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32) + part * LPT * 4;
-    const bf16* wrow_s = ws + wr * gpr;
-    const bf16* wrow_b = wb + wr * gpr;
+    // Sources: this thread's codes of its row from the split's first k-tile
+    // on (advanced a k-tile per copy); the row's scales (thread part 0) or
+    // biases (part 1), by absolute k-tile (chunks are aligned to SG groups).
+    const u32* wsrc = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32) + part * LPT * 4;
+    const bf16* wrow_sb = (part ? wb : ws) + wr * gpr;
     const int nkt = kt1 - kt0;
+
+    // 32-bit shared addresses of what this thread copies (the base made
+    // opaque so that the compiler keeps it rather than recomputing it).
+    u32 s_base = smem_u32(gm_smem);
+    asm volatile("" : "+r"(s_base));
+    const u32 s_ring = s_base + R_OFF;
+    const u32 s_wq = s_ring + A_BYTES + tr * RB + part * LPT * 16;       // its codes in stage 0
+    const int sb_slot = (part ? B_OFF - S_OFF : 0) / 2 + tr * SROW;     // its scale/bias slots (bf16 from sS)
+    const unsigned char* ring_wq = gm_smem + R_OFF + A_BYTES + tr * RB + part * LPT * 16;
 
     // Dequantise this thread's codes of a k-tile (LPT uint4 in shared memory)
     // into its half row of the fp16 W tile: w = fp16(scale * q + bias).
@@ -229,43 +250,43 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int CPR = BK / 8;                  // chunks per A row
     constexpr int A_CHUNKS = BM * CPR;
     constexpr int A_ITERS = (A_CHUNKS + NT - 1) / NT;
-    // Element offsets (from p.a) of this thread's A chunks, computed once:
-    // 32-bit, so the K loop holds one register per chunk, not a pointer.
+    // Element offsets (from p.a) of this thread's A chunks at the split's
+    // first k-tile, computed once: 32-bit, so the K loop holds one register
+    // per chunk, not a pointer; rows past the tile read row 0, zero-filled.
     int a_off[A_ITERS];
+    u32 a_ok = 0;                                // bit i: chunk i is a row of the tile
 #pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
         const unsigned idx = tid + i * NT;
         const int m = m0 + (int)(idx / CPR);
         const bool ok = (A_CHUNKS % NT == 0 || idx < A_CHUNKS) && m < m1;
         const int arow = ok ? (p.a_rows != nullptr ? p.a_rows[m] : m) : 0;
-        a_off[i] = ok ? arow * p.lda + (int)(idx % CPR) * 8 : -1;
+        a_off[i] = arow * p.lda + kt0 * BK + (int)(idx % CPR) * 8;
+        a_ok |= (u32)ok << i;
     }
-    // Copies of k-tile `it` of the split (if any) into ring stage `stage`,
-    // as one commit group: its A tile, this thread's codes of its W row and,
-    // at the split's first k-tile and every SG-aligned one, the row's chunk
-    // of SG scales (thread part 0) or biases (part 1). A group is committed
-    // even when there is nothing to copy, so that group g is always k-tile g
-    // and cp.async.wait_group counts stages.
-    auto issue = [&](int it, int stage) {
+    // Copies of k-tile `it` of the split (if any) into the ring stage at
+    // byte offset `stage`, as one commit group: its A tile, this thread's
+    // codes of its W row and, at the split's first k-tile and every
+    // SG-aligned one, the row's chunk of SG scales (part 0) or biases
+    // (part 1). A group is committed even when there is nothing to copy, so
+    // that group g is always k-tile g and cp.async.wait_group counts stages.
+    auto issue = [&](int it, u32 stage) {
         if (it < nkt) {
-            unsigned char* st = ring + stage * STAGE;
-            const int kt = kt0 + it;
-            f16* dA = reinterpret_cast<f16*>(st);
 #pragma unroll
             for (int i = 0; i < A_ITERS; ++i) {
                 const unsigned idx = tid + i * NT;
-                if (A_CHUNKS % NT == 0 || idx < A_CHUNKS) {
-                    const bool ok = a_off[i] >= 0;
-                    cp_async16(dA + (idx / CPR) * LD + (idx % CPR) * 8, p.a + (ok ? a_off[i] + kt * BK : 0), ok ? 16 : 0);
-                }
+                if (A_CHUNKS % NT == 0 || idx < A_CHUNKS)
+                    gm_cp16(s_ring + stage + (idx / CPR) * LD * 2 + (idx % CPR) * 16, p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
             }
-            unsigned char* dW = st + A_BYTES + tr * RB + part * LPT * 16;
-            const u32* sWq = wrow_codes + it * (BK * BITS / 32);
 #pragma unroll
-            for (int i = 0; i < LPT; ++i) cp_async16(dW + 16 * i, sWq + 4 * i, wvalid ? 16 : 0);
-            if (sring && (it == 0 || kt % SG == 0)) {
-                const int c = kt / SG;
-                cp_async16(sSB + part * 2 * SB + (c & 1) * SB + tr * SG, (part ? wrow_b : wrow_s) + c * SG, wvalid ? 16 : 0);
+            for (int i = 0; i < LPT; ++i) gm_cp16(s_wq + stage + 16 * i, wsrc + 4 * i, wvalid);
+            wsrc += BK * BITS / 32;
+            const unsigned kt = (unsigned)(kt0 + it);
+            if (sring) {
+                if (it == 0 || kt % SG == 0)
+                    gm_cp16(s_base + S_OFF + 2 * (sb_slot + (kt & SG)), wrow_sb + (kt & ~(unsigned)(SG - 1)), wvalid);
+            } else {
+                sS[sb_slot + kt % SROW] = wvalid ? ld_nc_u16(wrow_sb + kt) : (bf16)0;
             }
         }
         cp_async_commit();
@@ -280,30 +301,21 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     // The ring: k-tile it + S - 1 is copied while k-tile it is dequantised
     // and multiplied, so S - 1 k-tiles of weights are in flight per block.
 #pragma unroll
-    for (int s = 0; s < S - 1; ++s) issue(s, s);
-    int rd = 0;                                   // ring stage of k-tile it
+    for (int s = 0; s < S - 1; ++s) issue(s, s * STAGE);
+    u32 rd = 0;                                   // byte offset of the stage of k-tile it
+    const bf16* my_s = sS + tr * SROW;
+    const bf16* my_b = my_s + (B_OFF - S_OFF) / 2;
     for (int it = 0; it < nkt; ++it) {
-        const int kt = kt0 + it;
-        float wsc = 0.f, wbi = 0.f;
-        if (!sring && wvalid) {
-            wsc = bf16_to_f32(ld_nc_u16(wrow_s + kt));
-            wbi = bf16_to_f32(ld_nc_u16(wrow_b + kt));
-        }
+        const unsigned slot = (unsigned)(kt0 + it) % SROW;
         // Group it landed (S - 2 younger groups may be pending) for this
         // thread; the barrier makes every thread's copies visible and ends
         // k-tile it - 1 (its stage and the fp16 W tile are free again).
         cp_async_wait<S - 2>();
         __syncthreads();
-        issue(it + S - 1, rd == 0 ? S - 1 : rd - 1);
-        if (sring) {
-            const int o = ((kt / SG) & 1) * SB + tr * SG + kt % SG;
-            wsc = bf16_to_f32(sSB[o]);
-            wbi = bf16_to_f32(sSB[2 * SB + o]);
-        }
-        const unsigned char* st = ring + rd * STAGE;
-        store_w(reinterpret_cast<const uint4*>(st + A_BYTES + tr * RB + part * LPT * 16), wsc, wbi);
+        issue(it + S - 1, rd == 0 ? (S - 1) * STAGE : rd - STAGE);
+        store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
         __syncthreads();
-        const f16* a_s = reinterpret_cast<const f16*>(st);
+        const f16* a_s = reinterpret_cast<const f16*>(gm_smem + R_OFF + rd);
         const f16* w_s = sW;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
@@ -323,7 +335,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 for (int nf = 0; nf < NF; ++nf)
                     mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
         }
-        rd = rd == S - 1 ? 0 : rd + 1;
+        rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
     }
 
     // Epilogue: the mode's output, or this split's raw partial sums. The
