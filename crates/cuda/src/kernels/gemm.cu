@@ -105,9 +105,31 @@ __device__ __forceinline__ int gemm_seg_of_tile(const GemmParams& p, int bx) {
     return s;
 }
 
-// float(code j) of a word of 4-bit codes, exact (the 2^23 trick).
-__device__ __forceinline__ float nib_to_f32(u32 w, int j) {
-    return __uint_as_float(((w >> (4 * j)) & 15u) | 0x4B000000u) - 8388608.f;
+// q * 16^J for the 4-bit code q at bits 4J..4J+3 of w (J <= 3), exact: the
+// code stays in place, inside the mantissa of 2^23 (the 2^23 trick without
+// a shift; one LOP3 and one FADD). The dequantisation multiplies it by
+// scale * 16^-J (exact for any bf16 scale: a bf16 has 8 significant bits
+// and its lowest is at least 2^-133, so 2^-12 of it is still an fp32
+// value), so fmaf(scale 16^-J, q 16^J, bias) is fmaf(scale, q, bias) bit
+// for bit.
+// `magic` holds 0x4B000000 (the bits of 2^23) in a register, so that the
+// mask and the OR are one LOP3 (the compiler splits two immediates in two).
+template <int J>
+__device__ __forceinline__ float nib_in_place(u32 w, u32 magic) {
+    static_assert(J >= 0 && J <= 3, "codes at bits 0..15");
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(15u << (4 * J)), "r"(magic));   // (w & mask) | magic
+    return __uint_as_float(r) - 8388608.f;
+}
+
+// Two f32 into one f16x2 word (lo in the low half), saturated to +-65504:
+// pack_f16x2 in one instruction (cvt's .satfinite instead of two clamps per
+// value). Identical for every value but NaN, which stays NaN here (a NaN
+// scale or bias; pack_f16x2 would give -65504).
+__device__ __forceinline__ u32 gm_pack_f16x2_sat(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
 // 16-byte global -> shared copy to a 32-bit shared address, zeros instead
@@ -212,10 +234,15 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const int sb_slot = (part ? B_OFF - S_OFF : 0) / 2 + tr * SROW;     // its scale/bias slots (bf16 from sS)
     const unsigned char* ring_wq = gm_smem + R_OFF + A_BYTES + tr * RB + part * LPT * 16;
 
+    u32 magic = 0x4B000000u;                      // held in a register (nib_in_place)
+    asm volatile("" : "+r"(magic));
     // Dequantise this thread's codes of a k-tile (LPT uint4 in shared memory)
-    // into its half row of the fp16 W tile: w = fp16(scale * q + bias).
+    // into its half row of the fp16 W tile: w = fp16(fmaf(scale, q, bias)),
+    // saturated. 4-bit: codes 0-3 of a word in place, codes 4-7 in place in
+    // the word's high half, against the scale times 16^-j (nib_in_place).
     auto store_w = [&](const uint4* src, float wsc, float wbi) {
         f16* dst = sW + tr * LD + part * LPT * CPU4;
+        const float sj[4] = {wsc, wsc * 0.0625f, wsc * 0.00390625f, wsc * 0.000244140625f};
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
             const uint4 q = src[i];
@@ -224,18 +251,17 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (BITS == 4) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        const float lo = fmaf(wsc, nib_to_f32(wv[j], 2 * k), wbi);
-                        const float hi = fmaf(wsc, nib_to_f32(wv[j], 2 * k + 1), wbi);
-                        packed[j * 4 + k] = pack_f16x2(lo, hi);
-                    }
+                    const u32 w_lo = wv[j], w_hi = wv[j] >> 16;
+                    packed[j * 4 + 0] = gm_pack_f16x2_sat(fmaf(sj[0], nib_in_place<0>(w_lo, magic), wbi), fmaf(sj[1], nib_in_place<1>(w_lo, magic), wbi));
+                    packed[j * 4 + 1] = gm_pack_f16x2_sat(fmaf(sj[2], nib_in_place<2>(w_lo, magic), wbi), fmaf(sj[3], nib_in_place<3>(w_lo, magic), wbi));
+                    packed[j * 4 + 2] = gm_pack_f16x2_sat(fmaf(sj[0], nib_in_place<0>(w_hi, magic), wbi), fmaf(sj[1], nib_in_place<1>(w_hi, magic), wbi));
+                    packed[j * 4 + 3] = gm_pack_f16x2_sat(fmaf(sj[2], nib_in_place<2>(w_hi, magic), wbi), fmaf(sj[3], nib_in_place<3>(w_hi, magic), wbi));
                 } else {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
                         const float lo = fmaf(wsc, byte_to_f32(wv[j], 2 * k), wbi);
                         const float hi = fmaf(wsc, byte_to_f32(wv[j], 2 * k + 1), wbi);
-                        packed[j * 2 + k] = pack_f16x2(lo, hi);
+                        packed[j * 2 + k] = gm_pack_f16x2_sat(lo, hi);
                     }
                 }
             }
