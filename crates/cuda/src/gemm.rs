@@ -39,7 +39,7 @@ const TILE_MIN_BLOCKS: [usize; 4] = [4, 3, 2, 2];
 /// The 8-bit tiles (router + shared gate) give up a block at 16 and 32 rows
 /// for 2.3-2.7x the bytes in flight. `ring_keeps_more_weights_in_flight`
 /// checks all of it against the shared memory of an SM.
-const TILE_WSTAGES: [usize; 4] = [4, 5, 5, 3];
+pub const TILE_WSTAGES: [usize; 4] = [4, 5, 5, 3];
 /// k-tiles of scales (or biases) of a W row that one 16-byte cp.async
 /// brings (bf16: 8); the kernel keeps two such chunks per row.
 const GEMM_SCHUNK: usize = 8;

@@ -4,10 +4,11 @@
 // A: fp16 [rows][lda] activations; W: [experts][N][K] packed codes with bf16
 // scales/biases per 64 columns (as stored). Each k-tile is exactly one
 // quantisation group (GEMM_BK = 64), so a thread dequantises its 16-byte
-// chunk of codes with one scale and one bias (w = scale * q + bias in fp32,
-// rounded to fp16) into the shared W tile, as MLX's quantised matmul does
-// with its activation type. The code becomes a float through the 2^23 trick
-// (exact, no integer-to-float conversion; see byte_to_f32 in common.cuh).
+// chunk of codes with one scale and one bias (w = fmaf(scale, q, bias) in
+// fp32, rounded to fp16, saturated) into the shared W tile, as MLX's
+// quantised matmul does with its activation type. The code becomes a float
+// through the 2^23 trick (exact, no integer-to-float conversion; see
+// byte_to_f32 in common.cuh; 4-bit codes stay in place, nib_in_place).
 //
 // Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
 // = 8 warps. BM is a template parameter, compiled for every height of
@@ -18,13 +19,50 @@
 //   BM =  16: warps 1 x 8, warp tile 16 x 16.
 // The W tile (128 x 64, two threads per row) and its dequantisation are the
 // same at every height, so a short tile costs the weight traffic and the
-// dequantisation but not the multiply-adds of empty rows. A tiles arrive by
-// cp.async (double buffered), W codes for the next k-tile are loaded into
-// registers while the current one is multiplied. BN = 64 for the short tiles
-// was considered and left out: the grouped expert GEMMs already launch
-// thousands of blocks at short prompts, and the skinny dense GEMMs get their
-// blocks from concatenation and split-K (below) without halving the W rows
-// each thread dequantises per barrier.
+// dequantisation but not the multiply-adds of empty rows. BN = 64 for the
+// short tiles was considered and left out: the grouped expert GEMMs already
+// launch thousands of blocks at short prompts, and the skinny dense GEMMs
+// get their blocks from concatenation and split-K (below) without halving
+// the W rows each thread dequantises per barrier.
+//
+// The weight ring (shared memory, per block):
+//   fp16 W tile [128][72] | scales [128][16] | biases [128][16] |
+//   ring of S stages, each { fp16 A tile [BM][72], raw W codes [128][32 or 64 B] }
+// S = GEMM_WSTAGES_T* per tile height (gemm.rs TILE_WSTAGES: 4, 5, 5, 3 for
+// 16, 32, 64, 128 rows). K-tile kt's A rows and W codes are copied by
+// cp.async.cg (16 bytes; each thread copies the codes it later dequantises)
+// into stage kt % S, S - 1 k-tiles ahead, one commit group per k-tile
+// (empty past the split's end, so that cp.async.wait_group S - 2 always
+// means "k-tile it has landed"). A block thus keeps S - 1 k-tiles of
+// weights in flight where the register-staged pipeline before it kept one
+// (4 KB of 4-bit codes at 4 blocks per SM: ~16 KB per SM, a Little's-law
+// bound near 1.5 TB/s; now 3-4 k-tiles). Scales and biases are bf16 rows of
+// K/64 (2-byte values, stride K/64 between W rows): a row's slots hold 16
+// k-tiles, k-tile kt in slot kt % 16, filled 8 at a time by one 16-byte
+// copy (thread part 0 the scales, part 1 the biases) issued with the
+// split's first k-tile and every k-tile that starts a chunk; S - 1 <= 8
+// keeps the chunk being overwritten two chunks away from the one being
+// read. When K/64 is not a multiple of 8 (the tiny fixture's K = 64 or 128)
+// or a scale pointer is not 16-byte aligned, a plain load stores each
+// k-tile's value into the same slot when the k-tile is issued. Per k-tile:
+//   wait_group S - 2; barrier (k-tile it landed everywhere; k-tile it - 1's
+//   stage and the fp16 W tile are free); issue k-tile it + S - 1 into the
+//   stage of it - 1; dequantise this thread's codes from stage it % S into
+//   the fp16 W tile; barrier; mma over A stage it % S and the W tile.
+// The A tile rides in the ring (rather than its own double buffer) so that
+// one group per k-tile covers both operands; the taller tiles have fewer
+// stages because their A tiles are large (gemm.rs checks the shared memory
+// and blocks per SM of every height). crates/cuda/scripts/lanesim/
+// sim_gemm.py is a block-level port of this index math and group
+// accounting, checked without a GPU.
+//
+// Instruction budget: the short tiles are bound by instruction issue as
+// much as by latency. A thread dequantises 32 weights per k-tile, and that
+// is most of the K loop: at BM = 16 the loop was 309 SASS instructions a
+// thread per k-tile with the register pipeline (~2,500 warp instructions
+// per 4 KB of codes, i.e. at most ~1.7 TB/s per GPU at 4 issues per SM per
+// clock); the in-place codes and .satfinite packing bring the dequantisation
+// to ~3.6 instructions a weight and the loop to 235 with the ring.
 //
 // Grouping (MoE prefill): `tiles` lists (expert, row start, row end) in the
 // sorted row space (moe_plan, cut at the same BM), `a_rows` maps a sorted
