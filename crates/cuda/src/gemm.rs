@@ -27,6 +27,22 @@ pub const TILE_ROWS: [usize; 4] = [16, 32, 64, 128];
 /// accumulators and little shared memory, so more of them share an SM and
 /// hide each other's weight loads.
 const TILE_MIN_BLOCKS: [usize; 4] = [4, 3, 2, 2];
+/// Depth of the weight ring per tile height (`TILE_ROWS` order): k-tiles of
+/// raw W codes (with the A tile of the same k-tile) in shared memory, of
+/// which `stages - 1` are in flight while one is dequantised and
+/// multiplied. Chosen so that, per SM, blocks x k-tiles in flight goes up
+/// from the register-staged pipeline (one k-tile a block) at every height
+/// and bit width without costing a 4-bit tile a block: 16 rows 4 blocks x 3
+/// k-tiles (48 KB of 4-bit codes in flight, 16 before), 32 rows 3 x 4
+/// (48 KB, 12 before), 64 rows 2 x 4 (32 KB, 8 before), 128 rows 2 x 2
+/// (16 KB, 8 before: a third stage of 128 A rows would leave one block).
+/// The 8-bit tiles (router + shared gate) give up a block at 16 and 32 rows
+/// for 2.3-2.7x the bytes in flight. `ring_keeps_more_weights_in_flight`
+/// checks all of it against the shared memory of an SM.
+pub const TILE_WSTAGES: [usize; 4] = [4, 5, 5, 3];
+/// k-tiles of scales (or biases) of a W row that one 16-byte cp.async
+/// brings (bf16: 8); the kernel keeps two such chunks per row.
+const GEMM_SCHUNK: usize = 8;
 /// W rows of a tile.
 pub const GEMM_BN: usize = 128;
 /// Columns of a k-tile: one quantisation group.
@@ -105,10 +121,14 @@ struct GemmParams {
 // the kernel's LAYOUT_CHECK against `defines`).
 unsafe impl DeviceRepr for GemmParams {}
 
-/// Bytes of dynamic shared memory of a tile of `bm` rows: A and W tiles,
-/// double buffered, fp16.
-fn smem_bytes(bm: usize) -> usize {
-    2 * (bm + GEMM_BN) * (GEMM_BK + GEMM_PAD) * 2
+/// Bytes of dynamic shared memory of the entry point for `bits`-bit
+/// weights and tiles of `TILE_ROWS[t]` rows: the fp16 W tile, two chunks of
+/// scales and biases per W row, and the ring (per stage the fp16 A tile and
+/// the raw W codes of one k-tile).
+fn smem_bytes(bits: u32, t: usize) -> usize {
+    let ld = GEMM_BK + GEMM_PAD;
+    let stage = TILE_ROWS[t] * ld * 2 + GEMM_BN * GEMM_BK * bits as usize / 8;
+    GEMM_BN * ld * 2 + 4 * GEMM_BN * GEMM_SCHUNK * 2 + TILE_WSTAGES[t] * stage
 }
 
 /// The defines gemm.cu needs beyond the model dimensions.
@@ -119,26 +139,30 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_PAD={GEMM_PAD}"),
         format!("-DGEMM_THREADS={GEMM_THREADS}"),
         format!("-DGEMM_MAX_SEGS={GEMM_MAX_SEGS}"),
+        format!("-DGEMM_SCHUNK={GEMM_SCHUNK}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];
     for (i, bm) in TILE_ROWS.iter().enumerate() {
         v.push(format!("-DGEMM_BM_T{i}={bm}"));
         v.push(format!("-DGEMM_MINB_T{i}={}", TILE_MIN_BLOCKS[i]));
-        v.push(format!("-DGEMM_SMEM_T{i}={}", smem_bytes(*bm)));
+        v.push(format!("-DGEMM_WSTAGES_T{i}={}", TILE_WSTAGES[i]));
+        v.push(format!("-DGEMM_SMEM_Q4_T{i}={}", smem_bytes(4, i)));
+        v.push(format!("-DGEMM_SMEM_Q8_T{i}={}", smem_bytes(8, i)));
     }
     v
 }
 
-/// The entry point for `bits`-bit weights and tiles of `bm` rows.
-fn kernel_for(bits: u32, bm: usize) -> CudaResult<&'static str> {
+/// The entry point for `bits`-bit weights and tiles of `bm` rows, and its
+/// dynamic shared memory.
+fn kernel_for(bits: u32, bm: usize) -> CudaResult<(&'static str, usize)> {
     let t = TILE_ROWS.iter().position(|r| *r == bm).ok_or_else(|| CudaError::shape("gemm", format!("tile height {bm} (compiled: {TILE_ROWS:?})")))?;
     let b = match bits {
         4 => 0,
         8 => 1,
         b => return Err(CudaError::shape("gemm", format!("{b}-bit weights"))),
     };
-    Ok(KERNELS[b * TILE_ROWS.len() + t])
+    Ok((KERNELS[b * TILE_ROWS.len() + t], smem_bytes(bits, t)))
 }
 
 /// What the GEMM does with its result.
@@ -306,7 +330,7 @@ pub fn gemm_with(
     if m.saturating_mul(lda) > i32::MAX as usize {
         return Err(CudaError::shape(NAME, format!("{m} rows of {lda} elements exceed 32-bit offsets")));
     }
-    let name = kernel_for(w0.bits, plan.bm)?;
+    let (name, smem) = kernel_for(w0.bits, plan.bm)?;
     let mode = first.out.mode();
     let swiglu = mode == 2;
     if swiglu && segs.len() != 1 {
@@ -420,7 +444,7 @@ pub fn gemm_with(
         splits: splits as i32,
         ncols: ncols as i32,
     };
-    launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem_bytes(plan.bm), &p)?;
+    launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem, &p)?;
     if splits > 1 {
         let nout = if swiglu { w0.rows } else { ncols };
         launch(gpu, k, "gemm_splitk_reduce", ((m * nout).div_ceil(256) as u32, 1, 1), 256, 0, &p)?;
@@ -459,7 +483,7 @@ mod tests {
         for (b, bits) in [4u32, 8].iter().enumerate() {
             for (t, bm) in TILE_ROWS.iter().enumerate() {
                 assert_eq!(KERNELS[b * TILE_ROWS.len() + t], format!("gemm_q{bits}_bm{bm}"));
-                assert_eq!(kernel_for(*bits, *bm).expect("compiled height"), format!("gemm_q{bits}_bm{bm}"));
+                assert_eq!(kernel_for(*bits, *bm).expect("compiled height").0, format!("gemm_q{bits}_bm{bm}"));
             }
         }
         assert!(kernel_for(4, 48).is_err());
@@ -512,12 +536,52 @@ mod tests {
         }
     }
 
+    /// Shared memory of an H200 SM (228 KiB), the 1 KiB the runtime reserves
+    /// per resident block, and the most one block may opt into (227 KiB).
+    const SM_SMEM: usize = 228 << 10;
+    const BLOCK_RESERVED_SMEM: usize = 1 << 10;
+    const BLOCK_SMEM_MAX: usize = 227 << 10;
+
+    /// Resident blocks per SM of the entry point of height index `t` with
+    /// `smem` bytes: the launch bounds' register target, unless shared
+    /// memory holds fewer.
+    fn blocks_per_sm(t: usize, smem: usize) -> usize {
+        TILE_MIN_BLOCKS[t].min(SM_SMEM / (smem + BLOCK_RESERVED_SMEM))
+    }
+
+    #[test]
+    fn ring_keeps_more_weights_in_flight() {
+        for (t, bm) in TILE_ROWS.iter().enumerate() {
+            let stages = TILE_WSTAGES[t];
+            assert!(stages >= 2 && stages - 1 <= GEMM_SCHUNK, "{bm} rows: {stages} stages (2..={})", GEMM_SCHUNK + 1);
+            for bits in [4u32, 8] {
+                let ktile = GEMM_BN * GEMM_BK * bits as usize / 8;
+                let smem = smem_bytes(bits, t);
+                assert!(smem <= BLOCK_SMEM_MAX, "{bits}-bit {bm} rows: {smem} bytes of shared memory");
+                // Before the ring: fp16 A and W tiles double buffered, the
+                // next k-tile of codes in registers (one a block in flight).
+                let before = blocks_per_sm(t, 2 * (bm + GEMM_BN) * (GEMM_BK + GEMM_PAD) * 2) * ktile;
+                let blocks = blocks_per_sm(t, smem);
+                let after = blocks * (stages - 1) * ktile;
+                assert!(after > before, "{bits}-bit {bm} rows: {after} bytes in flight per SM, {before} before");
+                if bits == 4 {
+                    assert_eq!(blocks, TILE_MIN_BLOCKS[t], "4-bit {bm} rows: the ring costs a block");
+                }
+            }
+        }
+    }
+
     #[test]
     fn defines_carry_every_tile_height() {
         let d = defines();
         for (i, bm) in TILE_ROWS.iter().enumerate() {
             assert!(d.contains(&format!("-DGEMM_BM_T{i}={bm}")), "{d:?}");
-            assert!(d.contains(&format!("-DGEMM_SMEM_T{i}={}", smem_bytes(*bm))), "{d:?}");
+            assert!(d.contains(&format!("-DGEMM_WSTAGES_T{i}={}", TILE_WSTAGES[i])), "{d:?}");
+            for bits in [4u32, 8] {
+                let smem = smem_bytes(bits, i);
+                assert!(d.contains(&format!("-DGEMM_SMEM_Q{bits}_T{i}={smem}")), "{d:?}");
+                assert_eq!(kernel_for(bits, *bm).expect("compiled height").1, smem);
+            }
         }
         assert_eq!(size_of::<GemmSegC>(), 80);
     }

@@ -18,7 +18,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use lily_cuda::device::Gpu;
+use lily_cuda::device::{DeviceBuffer, Gpu};
 use lily_cuda::dims::Dims;
 use lily_cuda::gemm::{self, GemmOut, GemmPlan, Grouping, Seg, SplitScratch, TILE_ROWS};
 use lily_cuda::kernels::Kernels;
@@ -277,6 +277,108 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
     finish();
 }
 
+/// `w` on the device with its scales and biases 2 bytes past a 16-byte
+/// boundary: the GEMM then fills its scale slots with plain loads (its
+/// fallback) instead of 16-byte copies of 8 k-tiles a row.
+fn upload_shifted_scales(gpu: &Arc<Gpu>, w: &HostQ) -> (DeviceBuffer, QMat) {
+    let align = |n: usize| n.div_ceil(256) * 256;
+    let (cb, sb) = (w.codes.len() * 4, w.scales.len() * 2);
+    let (s_off, b_off) = (align(cb) + 2, align(cb) + align(sb + 2) + 2);
+    let buf = DeviceBuffer::zeroed(gpu, b_off + sb, "test matrix").expect("alloc");
+    buf.upload_sync_at(0, &w.codes).expect("codes");
+    buf.upload_sync_at(s_off, &w.scales).expect("scales");
+    buf.upload_sync_at(b_off, &w.biases).expect("biases");
+    let p = buf.ptr();
+    let m = QMat { codes: p, scales: p + s_off as u64, biases: p + b_off as u64, rows: w.rows, cols: w.cols, experts: w.experts, bits: w.bits };
+    (buf, m)
+}
+
+/// Keeps the first output of a group of launches and checks every later one
+/// against it bit for bit.
+fn same_bits(first: &mut Option<Vec<f32>>, got: Vec<f32>, what: &str) {
+    match first {
+        None => *first = Some(got),
+        Some(f) => check(f.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()), format!("{what}: not the bits of the first launch of its group")),
+    }
+}
+
+/// The weight ring of gemm.cu at every tile height (each with its own ring
+/// depth) and both bit widths: K of one k-tile (scales by plain loads; a
+/// ring of one k-tile) and of 24 (three chunks of 8 k-tiles of scales, so
+/// both chunk buffers are reused; not a multiple of the 5-stage rings),
+/// split over K into splits that start inside a chunk (5+5+5+5+4) and into
+/// single k-tiles (shorter than any ring), with scales 16-byte aligned
+/// (chunk copies) or not (plain loads), and SwiGLU with gate and up rows on
+/// different scale paths in one tile. Every launch matches the reference,
+/// and for one split count every height and scale path gives the same bits:
+/// a row's sums do not depend on the tile it sits in or on how its scales
+/// arrived.
+#[test]
+fn gemm_weight_ring_matches_reference_and_itself_at_every_height_split_and_scale_path() {
+    let Some(gpu) = gpu("gemm_weight_ring_matches_reference_and_itself_at_every_height_split_and_scale_path") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(700);
+    let scratch_buf = zeros(&gpu, gemm::SPLITK_FLOATS * 4);
+    let scratch = SplitScratch { ptr: scratch_buf.ptr(), floats: gemm::SPLITK_FLOATS };
+    // N = 200: a partial W tile; M = 133: a partial last tile at every height.
+    let (n, m) = (200usize, 133usize);
+    for bits in [4u32, 8] {
+        for kk in [64usize, 1536] {
+            let w = HostQ::random(rng.seed(), 1, n, kk, bits, 0.1);
+            let (_wa, aligned) = w.upload(&gpu);
+            let (_ws, shifted) = upload_shifted_scales(&gpu, &w);
+            let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+            let abuf = upload(&gpu, &ab);
+            let want: Vec<f64> = gemm_refs(&w, 0, &a, kk).0.concat();
+            let nk = kk / 64;
+            let mut split_counts = vec![1usize, 5, nk];
+            split_counts.retain(|s| *s <= nk);
+            split_counts.dedup();
+            for splits in split_counts {
+                let mut first = None;
+                for &bm in &TILE_ROWS {
+                    for (path, wm) in [("aligned scales", &aligned), ("shifted scales", &shifted)] {
+                        let out = upload(&gpu, &vec![NAN; m * n]);
+                        let seg = Seg { w: wm, up: None, out: GemmOut::Store(out.ptr()), ldc: n };
+                        gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm, splits }, Some(scratch)).expect("launch");
+                        let got: Vec<f32> = download(&gpu, out.ptr(), m * n);
+                        let what = format!("gemm ring {bits}-bit K {kk} splits {splits} bm {bm} {path}");
+                        assert_close(&what, &got, &want, 1e-5);
+                        same_bits(&mut first, got, &what);
+                    }
+                }
+            }
+        }
+    }
+    // SwiGLU: 200 intermediate rows (a partial 64-row tile), 24 k-tiles.
+    let (inter, kk, m) = (200usize, 1536usize, 37usize);
+    let g = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+    let u = HostQ::random(rng.seed(), 1, inter, kk, 4, 0.1);
+    let ((_g1, ga), (_u1, ua)) = (g.upload(&gpu), u.upload(&gpu));
+    let ((_g2, gs), (_u2, us)) = (upload_shifted_scales(&gpu, &g), upload_shifted_scales(&gpu, &u));
+    let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+    let abuf = upload(&gpu, &ab);
+    let (gy, _) = gemm_refs(&g, 0, &a, kk);
+    let (uy, _) = gemm_refs(&u, 0, &a, kk);
+    let want: Vec<f64> = (0..m).flat_map(|r| (0..inter).map(|i| silu(gy[r][i]) * uy[r][i]).collect::<Vec<_>>()).collect();
+    for splits in [1usize, 5] {
+        let mut first = None;
+        for &bm in &TILE_ROWS {
+            for (path, gm, um) in [("aligned", &ga, &ua), ("shifted", &gs, &us), ("gate aligned, up shifted", &ga, &us)] {
+                let out = upload(&gpu, &vec![0xffffu16; m * inter]);
+                let seg = Seg { w: gm, up: Some(um), out: GemmOut::SwiGlu(out.ptr()), ldc: inter };
+                gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm, splits }, Some(scratch)).expect("launch");
+                let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), m * inter).into_iter().map(f16_val).collect();
+                let what = format!("gemm ring swiglu splits {splits} bm {bm} scales {path}");
+                assert_close(&what, &got, &want, 1e-3);
+                same_bits(&mut first, got, &what);
+            }
+        }
+    }
+    finish();
+}
+
 #[test]
 fn grouped_gemm_ragged_groups_match_reference() {
     let Some(gpu) = gpu("grouped_gemm_ragged_groups_match_reference") else { return };
@@ -288,7 +390,9 @@ fn grouped_gemm_ragged_groups_match_reference() {
     let experts = counts.len();
     let rows: usize = counts.iter().sum();
     let ntok = 50usize;
-    let (inter, kk) = (128usize, 256usize);
+    // Gate/up K = 512: scales in 16-byte chunks (per expert); down K = 128:
+    // scales by plain loads.
+    let (inter, kk) = (128usize, 512usize);
     let (n_down, k_down) = (200usize, inter);
     let gate = HostQ::random(rng.seed(), experts, inter, kk, 4, 0.1);
     let upq = HostQ::random(rng.seed(), experts, inter, kk, 4, 0.1);

@@ -4,10 +4,11 @@
 // A: fp16 [rows][lda] activations; W: [experts][N][K] packed codes with bf16
 // scales/biases per 64 columns (as stored). Each k-tile is exactly one
 // quantisation group (GEMM_BK = 64), so a thread dequantises its 16-byte
-// chunk of codes with one scale and one bias (w = scale * q + bias in fp32,
-// rounded to fp16) into the shared W tile, as MLX's quantised matmul does
-// with its activation type. The code becomes a float through the 2^23 trick
-// (exact, no integer-to-float conversion; see byte_to_f32 in common.cuh).
+// chunk of codes with one scale and one bias (w = fmaf(scale, q, bias) in
+// fp32, rounded to fp16, saturated) into the shared W tile, as MLX's
+// quantised matmul does with its activation type. The code becomes a float
+// through the 2^23 trick (exact, no integer-to-float conversion; see
+// byte_to_f32 in common.cuh; 4-bit codes stay in place, nib_in_place).
 //
 // Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
 // = 8 warps. BM is a template parameter, compiled for every height of
@@ -18,13 +19,50 @@
 //   BM =  16: warps 1 x 8, warp tile 16 x 16.
 // The W tile (128 x 64, two threads per row) and its dequantisation are the
 // same at every height, so a short tile costs the weight traffic and the
-// dequantisation but not the multiply-adds of empty rows. A tiles arrive by
-// cp.async (double buffered), W codes for the next k-tile are loaded into
-// registers while the current one is multiplied. BN = 64 for the short tiles
-// was considered and left out: the grouped expert GEMMs already launch
-// thousands of blocks at short prompts, and the skinny dense GEMMs get their
-// blocks from concatenation and split-K (below) without halving the W rows
-// each thread dequantises per barrier.
+// dequantisation but not the multiply-adds of empty rows. BN = 64 for the
+// short tiles was considered and left out: the grouped expert GEMMs already
+// launch thousands of blocks at short prompts, and the skinny dense GEMMs
+// get their blocks from concatenation and split-K (below) without halving
+// the W rows each thread dequantises per barrier.
+//
+// The weight ring (shared memory, per block):
+//   fp16 W tile [128][72] | scales [128][16] | biases [128][16] |
+//   ring of S stages, each { fp16 A tile [BM][72], raw W codes [128][32 or 64 B] }
+// S = GEMM_WSTAGES_T* per tile height (gemm.rs TILE_WSTAGES: 4, 5, 5, 3 for
+// 16, 32, 64, 128 rows). K-tile kt's A rows and W codes are copied by
+// cp.async.cg (16 bytes; each thread copies the codes it later dequantises)
+// into stage kt % S, S - 1 k-tiles ahead, one commit group per k-tile
+// (empty past the split's end, so that cp.async.wait_group S - 2 always
+// means "k-tile it has landed"). A block thus keeps S - 1 k-tiles of
+// weights in flight where the register-staged pipeline before it kept one
+// (4 KB of 4-bit codes at 4 blocks per SM: ~16 KB per SM, a Little's-law
+// bound near 1.5 TB/s; now 3-4 k-tiles). Scales and biases are bf16 rows of
+// K/64 (2-byte values, stride K/64 between W rows): a row's slots hold 16
+// k-tiles, k-tile kt in slot kt % 16, filled 8 at a time by one 16-byte
+// copy (thread part 0 the scales, part 1 the biases) issued with the
+// split's first k-tile and every k-tile that starts a chunk; S - 1 <= 8
+// keeps the chunk being overwritten two chunks away from the one being
+// read. When K/64 is not a multiple of 8 (the tiny fixture's K = 64 or 128)
+// or a scale pointer is not 16-byte aligned, a plain load stores each
+// k-tile's value into the same slot when the k-tile is issued. Per k-tile:
+//   wait_group S - 2; barrier (k-tile it landed everywhere; k-tile it - 1's
+//   stage and the fp16 W tile are free); issue k-tile it + S - 1 into the
+//   stage of it - 1; dequantise this thread's codes from stage it % S into
+//   the fp16 W tile; barrier; mma over A stage it % S and the W tile.
+// The A tile rides in the ring (rather than its own double buffer) so that
+// one group per k-tile covers both operands; the taller tiles have fewer
+// stages because their A tiles are large (gemm.rs checks the shared memory
+// and blocks per SM of every height). crates/cuda/scripts/lanesim/
+// sim_gemm.py is a block-level port of this index math and group
+// accounting, checked without a GPU.
+//
+// Instruction budget: the short tiles are bound by instruction issue as
+// much as by latency. A thread dequantises 32 weights per k-tile, and that
+// is most of the K loop: at BM = 16 the loop was 309 SASS instructions a
+// thread per k-tile with the register pipeline (~2,500 warp instructions
+// per 4 KB of codes, i.e. at most ~1.7 TB/s per GPU at 4 issues per SM per
+// clock); the in-place codes and .satfinite packing bring the dequantisation
+// to ~3.6 instructions a weight and the loop to 235 with the ring.
 //
 // Grouping (MoE prefill): `tiles` lists (expert, row start, row end) in the
 // sorted row space (moe_plan, cut at the same BM), `a_rows` maps a sorted
@@ -105,25 +143,65 @@ __device__ __forceinline__ int gemm_seg_of_tile(const GemmParams& p, int bx) {
     return s;
 }
 
-// float(code j) of a word of 4-bit codes, exact (the 2^23 trick).
-__device__ __forceinline__ float nib_to_f32(u32 w, int j) {
-    return __uint_as_float(((w >> (4 * j)) & 15u) | 0x4B000000u) - 8388608.f;
+// q * 16^J for the 4-bit code q at bits 4J..4J+3 of w (J <= 3), exact: the
+// code stays in place, inside the mantissa of 2^23 (the 2^23 trick without
+// a shift; one LOP3 and one FADD). The dequantisation multiplies it by
+// scale * 16^-J (exact for any bf16 scale: a bf16 has 8 significant bits
+// and its lowest is at least 2^-133, so 2^-12 of it is still an fp32
+// value), so fmaf(scale 16^-J, q 16^J, bias) is fmaf(scale, q, bias) bit
+// for bit.
+// `magic` holds 0x4B000000 (the bits of 2^23) in a register, so that the
+// mask and the OR are one LOP3 (the compiler splits two immediates in two).
+template <int J>
+__device__ __forceinline__ float nib_in_place(u32 w, u32 magic) {
+    static_assert(J >= 0 && J <= 3, "codes at bits 0..15");
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(15u << (4 * J)), "r"(magic));   // (w & mask) | magic
+    return __uint_as_float(r) - 8388608.f;
 }
 
-template <int BITS, int BM, int SMEM>
+// Two f32 into one f16x2 word (lo in the low half), saturated to +-65504:
+// pack_f16x2 in one instruction (cvt's .satfinite instead of two clamps per
+// value). Identical for every value but NaN, which stays NaN here (a NaN
+// scale or bias; pack_f16x2 would give -65504).
+__device__ __forceinline__ u32 gm_pack_f16x2_sat(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 16-byte global -> shared copy to a 32-bit shared address, zeros instead
+// of the source when !ok.
+__device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %2, 0;\n\tcp.async.cg.shared.global [%0], [%1], 16, p;\n\t}" ::"r"(saddr),
+        "l"(gmem), "r"((u32)ok));
+}
+
+template <int BITS, int BM, int S, int SMEM>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
-    constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS;
+    constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS, SG = GEMM_SCHUNK;
     constexpr int WM = BM >= 32 ? 2 : 1;          // warps along M
     constexpr int WN = NT / 32 / WM;              // warps along N
     constexpr int WTM = BM / WM, WTN = BN / WN;   // warp tile
     constexpr int MF = WTM / 16, NF = WTN / 8;    // m16 / n8 mma tiles per warp
     static_assert(WTM % 16 == 0 && MF >= 1, "whole m16 tiles per warp");
     static_assert(NF % 2 == 0, "n8 tiles in pairs (one ldmatrix_x4; a SwiGLU gate/up pair)");
-    static_assert(2 * (BM + BN) * LD * 2 == SMEM, "shared memory differs from gemm.rs smem_bytes");
+    constexpr int RB = BK * BITS / 8;             // bytes of codes of a W row per k-tile (32 or 64)
+    constexpr int A_BYTES = BM * LD * 2;          // a ring stage: the A tile, then the W codes
+    constexpr int STAGE = A_BYTES + BN * RB;
+    constexpr int SROW = 2 * SG;                  // scale (bias) slots of a row: two chunks, k-tile kt in kt % SROW
+    constexpr int S_OFF = BN * LD * 2;            // byte offsets: scales, biases, ring
+    constexpr int B_OFF = S_OFF + BN * SROW * 2;
+    constexpr int R_OFF = B_OFF + BN * SROW * 2;
+    static_assert(S >= 2, "a ring of at least two k-tiles");
+    static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
+    static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
+    static_assert(R_OFF + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
-    f16* sA = reinterpret_cast<f16*>(gm_smem);          // [2][BM][LD]
-    f16* sW = sA + 2 * BM * LD;                          // [2][BN][LD]
+    f16* sW = reinterpret_cast<f16*>(gm_smem);                      // [BN][LD] fp16 W tile
+    bf16* sS = reinterpret_cast<bf16*>(gm_smem + S_OFF);            // [BN][SROW] scales
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned wm = warp / WN, wn = warp % WN;
 
@@ -150,8 +228,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 
     // This thread's W row in the tile and its source.
     const int tr = (int)(tid >> 1);
-    constexpr int UPR = BK * BITS / 128;      // uint4 per row per k-tile (2 or 4)
-    constexpr int LPT = UPR / 2;              // uint4 per thread (1 or 2)
+    constexpr int LPT = RB / 32;              // 16-byte chunks per thread per k-tile (1 or 2)
     constexpr int CPU4 = 128 / BITS;          // codes per uint4 (32 or 16)
     const int part = (int)(tid & 1);
     int wrow;
@@ -171,45 +248,58 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         wb = sg.biases + e * p.e_groups;
     }
     const bool wvalid = wrow < sg.n;
-    // This row's codes, scales and biases from the split's first k-tile on.
+    // Scales and biases come in chunks of SG k-tiles per row, one 16-byte
+    // cp.async each, when every row's chunk is 16-byte aligned (K a
+    // multiple of SG groups: every production matrix); else (the tiny
+    // fixture's K = 64/128, or an unaligned pointer) a plain load per
+    // k-tile stores them into the same slots when the k-tile is issued.
+    // The same for both threads of a row.
+    const bool sring = gpr % SG == 0 && ((reinterpret_cast<size_t>(ws) | reinterpret_cast<size_t>(wb)) & 15) == 0;
     const size_t wr = wvalid ? wrow : 0;
-    const u32* wrow_codes = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32);
-    const bf16* wrow_s = ws + wr * gpr + kt0;
-    const bf16* wrow_b = wb + wr * gpr + kt0;
+    // Sources: this thread's codes of its row from the split's first k-tile
+    // on (advanced a k-tile per copy); the row's scales (thread part 0) or
+    // biases (part 1), by absolute k-tile (chunks are aligned to SG groups).
+    const u32* wsrc = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32) + part * LPT * 4;
+    const bf16* wrow_sb = (part ? wb : ws) + wr * gpr;
     const int nkt = kt1 - kt0;
 
-    uint4 wreg[LPT];
-    float wsc = 0.f, wbi = 0.f;
-    // it: k-tile index within the split.
-    auto load_w = [&](int it) {
-#pragma unroll
-        for (int i = 0; i < LPT; ++i)
-            wreg[i] = wvalid ? ld_stream_u4(wrow_codes + it * (BK * BITS / 32) + (part * LPT + i) * 4)
-                             : make_uint4(0, 0, 0, 0);
-        wsc = wvalid ? bf16_to_f32(ld_nc_u16(wrow_s + it)) : 0.f;
-        wbi = wvalid ? bf16_to_f32(ld_nc_u16(wrow_b + it)) : 0.f;
-    };
-    auto store_w = [&](int stage) {
-        f16* dst = sW + stage * BN * LD + tr * LD + part * LPT * CPU4;
+    // 32-bit shared addresses of what this thread copies (the base made
+    // opaque so that the compiler keeps it rather than recomputing it).
+    u32 s_base = smem_u32(gm_smem);
+    asm volatile("" : "+r"(s_base));
+    const u32 s_ring = s_base + R_OFF;
+    const u32 s_wq = s_ring + A_BYTES + tr * RB + part * LPT * 16;       // its codes in stage 0
+    const int sb_slot = (part ? B_OFF - S_OFF : 0) / 2 + tr * SROW;     // its scale/bias slots (bf16 from sS)
+    const unsigned char* ring_wq = gm_smem + R_OFF + A_BYTES + tr * RB + part * LPT * 16;
+
+    u32 magic = 0x4B000000u;                      // held in a register (nib_in_place)
+    asm volatile("" : "+r"(magic));
+    // Dequantise this thread's codes of a k-tile (LPT uint4 in shared memory)
+    // into its half row of the fp16 W tile: w = fp16(fmaf(scale, q, bias)),
+    // saturated. 4-bit: codes 0-3 of a word in place, codes 4-7 in place in
+    // the word's high half, against the scale times 16^-j (nib_in_place).
+    auto store_w = [&](const uint4* src, float wsc, float wbi) {
+        f16* dst = sW + tr * LD + part * LPT * CPU4;
+        const float sj[4] = {wsc, wsc * 0.0625f, wsc * 0.00390625f, wsc * 0.000244140625f};
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
-            const u32 wv[4] = {wreg[i].x, wreg[i].y, wreg[i].z, wreg[i].w};
+            const uint4 q = src[i];
+            const u32 wv[4] = {q.x, q.y, q.z, q.w};
             u32 packed[CPU4 / 2];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (BITS == 4) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        const float lo = fmaf(wsc, nib_to_f32(wv[j], 2 * k), wbi);
-                        const float hi = fmaf(wsc, nib_to_f32(wv[j], 2 * k + 1), wbi);
-                        packed[j * 4 + k] = pack_f16x2(lo, hi);
-                    }
+                    const u32 w_lo = wv[j], w_hi = wv[j] >> 16;
+                    packed[j * 4 + 0] = gm_pack_f16x2_sat(fmaf(sj[0], nib_in_place<0>(w_lo, magic), wbi), fmaf(sj[1], nib_in_place<1>(w_lo, magic), wbi));
+                    packed[j * 4 + 1] = gm_pack_f16x2_sat(fmaf(sj[2], nib_in_place<2>(w_lo, magic), wbi), fmaf(sj[3], nib_in_place<3>(w_lo, magic), wbi));
+                    packed[j * 4 + 2] = gm_pack_f16x2_sat(fmaf(sj[0], nib_in_place<0>(w_hi, magic), wbi), fmaf(sj[1], nib_in_place<1>(w_hi, magic), wbi));
+                    packed[j * 4 + 3] = gm_pack_f16x2_sat(fmaf(sj[2], nib_in_place<2>(w_hi, magic), wbi), fmaf(sj[3], nib_in_place<3>(w_hi, magic), wbi));
                 } else {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
                         const float lo = fmaf(wsc, byte_to_f32(wv[j], 2 * k), wbi);
                         const float hi = fmaf(wsc, byte_to_f32(wv[j], 2 * k + 1), wbi);
-                        packed[j * 2 + k] = pack_f16x2(lo, hi);
+                        packed[j * 2 + k] = gm_pack_f16x2_sat(lo, hi);
                     }
                 }
             }
@@ -224,25 +314,43 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int CPR = BK / 8;                  // chunks per A row
     constexpr int A_CHUNKS = BM * CPR;
     constexpr int A_ITERS = (A_CHUNKS + NT - 1) / NT;
-    // Element offsets (from p.a) of this thread's A chunks, computed once:
-    // 32-bit, so the K loop holds one register per chunk, not a pointer.
+    // Element offsets (from p.a) of this thread's A chunks at the split's
+    // first k-tile, computed once: 32-bit, so the K loop holds one register
+    // per chunk, not a pointer; rows past the tile read row 0, zero-filled.
     int a_off[A_ITERS];
+    u32 a_ok = 0;                                // bit i: chunk i is a row of the tile
 #pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
         const unsigned idx = tid + i * NT;
         const int m = m0 + (int)(idx / CPR);
         const bool ok = (A_CHUNKS % NT == 0 || idx < A_CHUNKS) && m < m1;
         const int arow = ok ? (p.a_rows != nullptr ? p.a_rows[m] : m) : 0;
-        a_off[i] = ok ? arow * p.lda + (int)(idx % CPR) * 8 : -1;
+        a_off[i] = arow * p.lda + kt0 * BK + (int)(idx % CPR) * 8;
+        a_ok |= (u32)ok << i;
     }
-    auto load_a = [&](int kt, int stage) {
-        f16* dst = sA + stage * BM * LD;
+    // Copies of k-tile `it` of the split (if any) into the ring stage at
+    // byte offset `stage`, as one commit group: its A tile, this thread's
+    // codes of its W row and, at the split's first k-tile and every
+    // SG-aligned one, the row's chunk of SG scales (part 0) or biases
+    // (part 1). A group is committed even when there is nothing to copy, so
+    // that group g is always k-tile g and cp.async.wait_group counts stages.
+    auto issue = [&](int it, u32 stage) {
+        if (it < nkt) {
 #pragma unroll
-        for (int i = 0; i < A_ITERS; ++i) {
-            const unsigned idx = tid + i * NT;
-            if (A_CHUNKS % NT == 0 || idx < A_CHUNKS) {
-                const bool ok = a_off[i] >= 0;
-                cp_async16(dst + (idx / CPR) * LD + (idx % CPR) * 8, p.a + (ok ? a_off[i] + kt * BK : 0), ok ? 16 : 0);
+            for (int i = 0; i < A_ITERS; ++i) {
+                const unsigned idx = tid + i * NT;
+                if (A_CHUNKS % NT == 0 || idx < A_CHUNKS)
+                    gm_cp16(s_ring + stage + (idx / CPR) * LD * 2 + (idx % CPR) * 16, p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
+            }
+#pragma unroll
+            for (int i = 0; i < LPT; ++i) gm_cp16(s_wq + stage + 16 * i, wsrc + 4 * i, wvalid);
+            wsrc += BK * BITS / 32;
+            const unsigned kt = (unsigned)(kt0 + it);
+            if (sring) {
+                if (it == 0 || kt % SG == 0)
+                    gm_cp16(s_base + S_OFF + 2 * (sb_slot + (kt & SG)), wrow_sb + (kt & ~(unsigned)(SG - 1)), wvalid);
+            } else {
+                sS[sb_slot + kt % SROW] = wvalid ? ld_nc_u16(wrow_sb + kt) : (bf16)0;
             }
         }
         cp_async_commit();
@@ -254,21 +362,25 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
         for (int j = 0; j < NF; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-    load_a(kt0, 0);
-    load_w(0);
+    // The ring: k-tile it + S - 1 is copied while k-tile it is dequantised
+    // and multiplied, so S - 1 k-tiles of weights are in flight per block.
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) issue(s, s * STAGE);
+    u32 rd = 0;                                   // byte offset of the stage of k-tile it
+    const bf16* my_s = sS + tr * SROW;
+    const bf16* my_b = my_s + (B_OFF - S_OFF) / 2;
     for (int it = 0; it < nkt; ++it) {
-        const int st = it & 1;
-        store_w(st);
-        if (it + 1 < nkt) {
-            load_a(kt0 + it + 1, st ^ 1);
-            load_w(it + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        const unsigned slot = (unsigned)(kt0 + it) % SROW;
+        // Group it landed (S - 2 younger groups may be pending) for this
+        // thread; the barrier makes every thread's copies visible and ends
+        // k-tile it - 1 (its stage and the fp16 W tile are free again).
+        cp_async_wait<S - 2>();
         __syncthreads();
-        const f16* a_s = sA + st * BM * LD;
-        const f16* w_s = sW + st * BN * LD;
+        issue(it + S - 1, rd == 0 ? (S - 1) * STAGE : rd - STAGE);
+        store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
+        __syncthreads();
+        const f16* a_s = reinterpret_cast<const f16*>(gm_smem + R_OFF + rd);
+        const f16* w_s = sW;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
             u32 af[MF][4];
@@ -287,7 +399,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 for (int nf = 0; nf < NF; ++nf)
                     mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
         }
-        __syncthreads();
+        rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
     }
 
     // Epilogue: the mode's output, or this split's raw partial sums. The
@@ -344,19 +456,20 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 }
 
 // One entry point per bit width and tile height; the names carry the height
-// (gemm_q4_bm16 ...), which the host's defines supply (gemm.rs TILE_ROWS).
-#define GEMM_ENTRY_(BITS, BM, MINB, SMEM)                                                        \
+// (gemm_q4_bm16 ...), which the host's defines supply (gemm.rs TILE_ROWS),
+// with the height's ring depth and the shared memory of each bit width.
+#define GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)                                                     \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB)                             \
-        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, SMEM>(p); }
-#define GEMM_ENTRY(BITS, BM, MINB, SMEM) GEMM_ENTRY_(BITS, BM, MINB, SMEM)
-GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_SMEM_T0)
-GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_SMEM_T1)
-GEMM_ENTRY(4, GEMM_BM_T2, GEMM_MINB_T2, GEMM_SMEM_T2)
-GEMM_ENTRY(4, GEMM_BM_T3, GEMM_MINB_T3, GEMM_SMEM_T3)
-GEMM_ENTRY(8, GEMM_BM_T0, GEMM_MINB_T0, GEMM_SMEM_T0)
-GEMM_ENTRY(8, GEMM_BM_T1, GEMM_MINB_T1, GEMM_SMEM_T1)
-GEMM_ENTRY(8, GEMM_BM_T2, GEMM_MINB_T2, GEMM_SMEM_T2)
-GEMM_ENTRY(8, GEMM_BM_T3, GEMM_MINB_T3, GEMM_SMEM_T3)
+        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, S, SMEM>(p); }
+#define GEMM_ENTRY(BITS, BM, MINB, S, SMEM) GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)
+GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q4_T0)
+GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q4_T1)
+GEMM_ENTRY(4, GEMM_BM_T2, GEMM_MINB_T2, GEMM_WSTAGES_T2, GEMM_SMEM_Q4_T2)
+GEMM_ENTRY(4, GEMM_BM_T3, GEMM_MINB_T3, GEMM_WSTAGES_T3, GEMM_SMEM_Q4_T3)
+GEMM_ENTRY(8, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q8_T0)
+GEMM_ENTRY(8, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q8_T1)
+GEMM_ENTRY(8, GEMM_BM_T2, GEMM_MINB_T2, GEMM_WSTAGES_T2, GEMM_SMEM_Q8_T2)
+GEMM_ENTRY(8, GEMM_BM_T3, GEMM_MINB_T3, GEMM_WSTAGES_T3, GEMM_SMEM_Q8_T3)
 
 // grid (ceil(M * nout / 256)), block 256, the GEMM's own parameters: one
 // thread per output element sums the splits' partials in split order (fixed,
