@@ -385,6 +385,19 @@ impl Backend for CudaBackend {
         }
         Ok(r?)
     }
+    fn prefill_capture(&mut self, parts: &[(SeqId, &[u32], Option<usize>)]) -> ModelResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+        // One pass when the points allow it; otherwise prefixes, forks and
+        // the rest (the trait's default).
+        if parts.iter().all(|p| p.2.is_none()) || !self.model.captures_in_one_pass(parts) {
+            return lily_model::prefill_capture_split(self, parts);
+        }
+        self.known(parts.iter().map(|p| p.0))?;
+        let r = self.model.prefill_capture(parts);
+        if !matches!(r, Err(CudaError::Capacity(_) | CudaError::Invalid(_))) {
+            self.forget_draws(parts.iter().map(|p| p.0));
+        }
+        Ok(r?)
+    }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.known(batch.iter().map(|b| b.0))?;
         self.forget_draws(batch.iter().map(|b| b.0));

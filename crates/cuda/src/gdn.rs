@@ -173,7 +173,9 @@ struct GdnStateParams {
     gc: u64,
     hs: u64,
     state: u64,
+    capture: u64,
     tp: i32,
+    capture_chunk: i32,
 }
 // SAFETY: plain-old-data mirroring `GdnStateParams` in gdn.cu.
 unsafe impl DeviceRepr for GdnStateParams {}
@@ -291,10 +293,21 @@ pub fn defines(dims: &Dims) -> Vec<String> {
     ]
 }
 
+/// Where a prefill also leaves the state after its first `at` tokens (a
+/// prefix snapshot inside the pass): that sequence's conv ring and
+/// recurrent state of this layer. `at` is a whole number of chunks, inside
+/// the pass.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnCapture {
+    pub conv: u64,
+    pub state: u64,
+    pub at: usize,
+}
+
 /// The chunked DeltaNet over `t` tokens of one sequence starting at
 /// position `p0`: reads the in-projection rows `proj`, updates the conv ring
 /// `conv` and recurrent state `state` of that sequence (this layer), writes
-/// the gated-norm output.
+/// the gated-norm output; with `capture`, also the state after `at` tokens.
 #[allow(clippy::too_many_arguments)]
 pub fn prefill(
     gpu: &Gpu,
@@ -309,9 +322,18 @@ pub fn prefill(
     p0: usize,
     s: &GdnScratch,
     mix: MixOut,
+    capture: Option<GdnCapture>,
 ) -> CudaResult<()> {
     if t == 0 {
         return Ok(());
+    }
+    if let Some(c) = capture {
+        if c.at == 0 || c.at >= t || !c.at.is_multiple_of(GDN_CHUNK) {
+            return Err(CudaError::shape(
+                "gdn_prefill",
+                format!("capture after {} of {t} tokens: not a whole number of {GDN_CHUNK}-token chunks inside", c.at),
+            ));
+        }
     }
     if proj_stride < dims.gdn_proj() {
         return Err(CudaError::shape("gdn_prefill", format!("proj stride {proj_stride} < {}", dims.gdn_proj())));
@@ -339,12 +361,29 @@ pub fn prefill(
     launch(gpu, k, "gdn_prefill_prep", (tp as u32, 3, 1), (32 * dims.gk_heads) as u32, 0, &prep)?;
     let cs = GdnConvStoreParams { proj, conv, proj_stride: proj_stride as i32, t: t as i32, p0: p0 as i32 };
     launch(gpu, k, "gdn_conv_store", (dims.conv_dim.div_ceil(256) as u32, 1, 1), 256, 0, &cs)?;
+    if let Some(c) = capture {
+        // The captured conv ring: the inputs before position p0 + at, as a
+        // pass of `at` tokens leaves them (at >= one chunk, so all three
+        // come from this pass's rows).
+        let cc = GdnConvStoreParams { proj, conv: c.conv, proj_stride: proj_stride as i32, t: c.at as i32, p0: p0 as i32 };
+        launch(gpu, k, "gdn_conv_store", (dims.conv_dim.div_ceil(256) as u32, 1, 1), 256, 0, &cc)?;
+    }
     let nchunks = (tp / GDN_CHUNK) as u32;
     let heads = dims.gv_heads as u32;
     let wu = GdnWuParams { k: s.k, gg: s.gg, bb: s.bb, vu: s.vu, w: s.w, gc: s.gc, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_wu", (nchunks, heads, 1), 128, wu_smem(dims), &wu)?;
     let sw = state_warps(dims);
-    let st = GdnStateParams { k: s.k, w: s.w, vu: s.vu, gc: s.gc, hs: s.hs, state, tp: tp as i32 };
+    let st = GdnStateParams {
+        k: s.k,
+        w: s.w,
+        vu: s.vu,
+        gc: s.gc,
+        hs: s.hs,
+        state,
+        capture: capture.map_or(0, |c| c.state),
+        tp: tp as i32,
+        capture_chunk: capture.map_or(-1, |c| (c.at / GDN_CHUNK) as i32),
+    };
     let col_blocks = (dims.gv_dim / (16 * sw)) as u32;
     launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, 1), (32 * sw) as u32, state_smem(dims), &st)?;
     let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };

@@ -25,7 +25,7 @@ use lily_model::SeqId;
 
 use crate::attention::{self, KvView, QOut};
 use crate::device::{copy_device, read_device, write_device, zero_device, Gpu};
-use crate::dims::{Dims, KV_BLOCK};
+use crate::dims::{Dims, GDN_CHUNK, KV_BLOCK};
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
@@ -60,6 +60,9 @@ struct Piece {
     p0: usize,
     row0: usize,
     len: usize,
+    /// (slot, at): the sequence slot that also receives the DeltaNet state
+    /// after the piece's first `at` tokens (a prefix snapshot).
+    capture: Option<(usize, usize)>,
 }
 
 /// The model resident on one GPU.
@@ -356,7 +359,11 @@ impl Model {
                 for p in pieces {
                     let (conv, state) = self.mem.gdn_layer_slot(i, p.slot);
                     let mix = MixOut::F16(s.mix_f16 + (p.row0 * d.gdn_val_dim() * 2) as u64);
-                    gdn::prefill(g, k, d, w, conv, state, proj_row(p.row0), ps, p.len, p.p0, &s.gdn_scratch(), mix)?;
+                    let capture = p.capture.map(|(cslot, at)| {
+                        let (conv, state) = self.mem.gdn_layer_slot(i, cslot);
+                        gdn::GdnCapture { conv, state, at }
+                    });
+                    gdn::prefill(g, k, d, w, conv, state, proj_row(p.row0), ps, p.len, p.p0, &s.gdn_scratch(), mix, capture)?;
                 }
                 self.mark("prefill gdn (chunked)")?;
             }
@@ -428,7 +435,7 @@ impl Model {
         for (ci, part) in tokens.chunks(chunk).enumerate() {
             let t = part.len();
             let pos: Vec<i32> = (0..t).map(|i| (p0 + i) as i32).collect();
-            self.prefill_pass(part, &pos, &vec![slot as i32; t], &[Piece { slot, p0, row0: 0, len: t }])?;
+            self.prefill_pass(part, &pos, &vec![slot as i32; t], &[Piece { slot, p0, row0: 0, len: t, capture: None }])?;
             if want_all {
                 all.extend(self.logits_rows(t)?);
             } else if ci + 1 == n_chunks {
@@ -464,6 +471,60 @@ impl Model {
     /// Every part is checked and every KV block reserved before anything
     /// runs: a `Capacity` or `Invalid` error changes no sequence.
     pub fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> CudaResult<Vec<Vec<f32>>> {
+        self.prefill_batch_capturing(parts, &vec![None; parts.len()])
+    }
+
+    /// Whether `prefill_capture` can take these capture points inside one
+    /// pass: every part in one pass (at most `prefill_chunk` rows in all),
+    /// every point a whole number of DeltaNet chunks into its part.
+    pub fn captures_in_one_pass(&self, parts: &[(SeqId, &[u32], Option<usize>)]) -> bool {
+        let rows: usize = parts.iter().map(|p| p.1.len()).sum();
+        rows <= self.mem.opts.prefill_chunk && parts.iter().all(|&(_, t, at)| at.is_none_or(|a| a > 0 && a < t.len() && a.is_multiple_of(GDN_CHUNK)))
+    }
+
+    /// `prefill_batch`, and for each part with a capture point `at` a new
+    /// sequence holding its state after `at` tokens, taken inside the one
+    /// pass (`captures_in_one_pass` must hold): the DeltaNet layers write
+    /// the state at that chunk boundary into the new sequence's slot
+    /// (`gdn::GdnCapture`), and it shares the KV blocks of those positions.
+    /// A capture with no free sequence slot or KV block comes back None.
+    /// Errors as `prefill_batch`'s; the new sequences are freed then.
+    pub fn prefill_capture(&mut self, parts: &[(SeqId, &[u32], Option<usize>)]) -> CudaResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+        if !self.captures_in_one_pass(parts) {
+            return Err(CudaError::Invalid("prefill_capture: the capture points do not fit one pass".into()));
+        }
+        let mut snaps: Vec<Option<SeqId>> = parts.iter().map(|p| p.2.and_then(|_| self.mem.alloc().ok())).collect();
+        let mut caps = Vec::with_capacity(parts.len());
+        for (p, snap) in parts.iter().zip(&snaps) {
+            caps.push(match (p.2, snap) {
+                (Some(at), Some(id)) => Some((self.mem.seq(*id)?.slot, at)),
+                _ => None,
+            });
+        }
+        let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
+        let lens: Vec<usize> = parts.iter().map(|p| self.mem.seq(p.0).map(|s| s.len)).collect::<CudaResult<_>>()?;
+        let rows = match self.prefill_batch_capturing(&whole, &caps) {
+            Ok(rows) => rows,
+            Err(e) => {
+                for id in snaps.into_iter().flatten() {
+                    self.mem.free(id);
+                }
+                return Err(e);
+            }
+        };
+        for ((p, snap), len0) in parts.iter().zip(snaps.iter_mut()).zip(lens) {
+            if let (Some(at), Some(id)) = (p.2, *snap) {
+                if self.mem.share_prefix(id, p.0, len0 + at).is_err() {
+                    self.mem.free(id);
+                    *snap = None;
+                }
+            }
+        }
+        Ok((rows, snaps))
+    }
+
+    /// `prefill_batch` with, per part, the (slot, at) a capture writes to.
+    fn prefill_batch_capturing(&mut self, parts: &[(SeqId, &[u32])], caps: &[Option<(usize, usize)>]) -> CudaResult<Vec<Vec<f32>>> {
         if parts.is_empty() {
             return Ok(Vec::new());
         }
@@ -515,7 +576,9 @@ impl Model {
                 let (seq, tokens) = parts[k];
                 let take = (tokens.len() - done).min(chunk - toks.len());
                 let (slot, p0) = (self.mem.seq(seq)?.slot, lens[k] + done);
-                pieces.push((seq, Piece { slot, p0, row0: toks.len(), len: take }));
+                // A capture rides with the piece that holds the whole part.
+                let capture = if done == 0 && take == tokens.len() { caps[k] } else { None };
+                pieces.push((seq, Piece { slot, p0, row0: toks.len(), len: take, capture }));
                 toks.extend_from_slice(&tokens[done..done + take]);
                 pos.extend((p0..p0 + take).map(|p| p as i32));
                 slots.extend(std::iter::repeat_n(slot as i32, take));

@@ -581,22 +581,29 @@ impl Memory {
         let (dc, ds) = self.gdn_layer_slot_first(cslot);
         copy_device(&self.gpu, dc, sc, self.gdn_conv_slot_stride() * 4)?;
         copy_device(&self.gpu, ds, ss, self.gdn_state_slot_stride() * 4)?;
-        let full = src.len / KV_BLOCK;
-        let mut blocks: Vec<u32> = src.blocks.iter().take(full).copied().collect();
-        for b in &blocks {
-            self.refcount[*b as usize] += 1;
+        if let Err(e) = self.share_prefix(child, id, src.len) {
+            self.free(child);
+            return Err(e);
         }
-        if src.len % KV_BLOCK != 0 {
-            let last = src.blocks[full];
-            let nb = match self.free_blocks.pop() {
-                Some(b) => b,
-                None => {
-                    for b in &blocks {
-                        self.release_block(*b);
-                    }
-                    self.free(child);
-                    return Err(CudaError::Capacity("KV cache full while forking".into()));
-                }
+        Ok(child)
+    }
+
+    /// Gives `child` (an empty sequence whose DeltaNet state is already
+    /// written) the attention KV of the first `len` tokens of `src`: full
+    /// blocks shared, a partly filled last block copied (positions past
+    /// `len` in it are never read: the child's length is `len`).
+    pub fn share_prefix(&mut self, child: SeqId, src: SeqId, len: usize) -> CudaResult<()> {
+        let sblocks = self.seq(src)?.blocks.clone();
+        let cslot = self.seq(child)?.slot;
+        if len > sblocks.len() * KV_BLOCK {
+            return Err(CudaError::Invalid(format!("a prefix of {len} tokens of {src:?}, which holds {} blocks", sblocks.len())));
+        }
+        let full = len / KV_BLOCK;
+        let mut blocks: Vec<u32> = sblocks.iter().take(full).copied().collect();
+        if len % KV_BLOCK != 0 {
+            let last = sblocks[full];
+            let Some(nb) = self.free_blocks.pop() else {
+                return Err(CudaError::Capacity("KV cache full while forking".into()));
             };
             self.refcount[nb as usize] = 1;
             let per_layer_half = self.num_blocks * self.dims.kv_block_bytes() / 2;
@@ -605,10 +612,16 @@ impl Memory {
             for a in 0..n_attn {
                 for kv in 0..2 {
                     let base = self.kv.ptr() + ((2 * a + kv) * per_layer_half) as u64;
-                    copy_device(&self.gpu, base + (nb as usize * bb) as u64, base + (last as usize * bb) as u64, bb)?;
+                    if let Err(e) = copy_device(&self.gpu, base + (nb as usize * bb) as u64, base + (last as usize * bb) as u64, bb) {
+                        self.release_block(nb);
+                        return Err(e);
+                    }
                 }
             }
             blocks.push(nb);
+        }
+        for b in blocks.iter().take(full) {
+            self.refcount[*b as usize] += 1;
         }
         let ids: Vec<i32> = blocks.iter().map(|b| *b as i32).collect();
         if !ids.is_empty() {
@@ -616,9 +629,9 @@ impl Memory {
         }
         if let Some(s) = self.seqs.get_mut(&child) {
             s.blocks = blocks;
-            s.len = src.len;
+            s.len = len;
         }
-        Ok(child)
+        Ok(())
     }
 
     /// Blocks free in the pool.

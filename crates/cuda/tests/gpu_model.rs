@@ -473,6 +473,72 @@ fn prefill_batch_equals_prefilling_each_sequence_alone() {
     checks.finish();
 }
 
+/// Prefix snapshots inside a prefill (`Backend::prefill_capture`): in one
+/// pass the DeltaNet layers also write the state after `at` tokens (a whole
+/// number of chunks) into a new sequence that shares the KV of those
+/// positions. The pass's logits are bit-identical to `prefill_batch` of the
+/// same parts (the capture only adds writes); the snapshot continues like a
+/// sequence prefilled with the first `at` tokens alone (another pass shape:
+/// within the gate of two identical computations) and like the default's
+/// prefix + fork, greedy tokens equal; the source sequence is unaffected.
+#[test]
+fn prefill_capture_takes_the_prefix_snapshot_inside_one_pass() {
+    let Some(gpu) = gpu("prefill_capture_takes_the_prefix_snapshot_inside_one_pass") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Tiny, 4, 29);
+    let vocab = w.config.vocab_size;
+    let mut checks = Checks::default();
+    let mut opts = small_opts(1024);
+    opts.prefill_chunk = 512;
+    let mut be = CudaBackend::from_weights(&gpu, &w, opts, &mut |_, _| {}).expect("cuda backend");
+    let (pa, pb) = (tokens(300, vocab, 301), tokens(140, vocab, 302));
+    let (a, b, plain_a, plain_b) = (be.alloc().expect("alloc"), be.alloc().expect("alloc"), be.alloc().expect("alloc"), be.alloc().expect("alloc"));
+    // Part a captures after 256 tokens (4 chunks), part b after 128; b's
+    // sequence already holds 64 tokens (the capture point counts from the part).
+    let head = tokens(64, vocab, 303);
+    be.prefill(b, &head, LogitsWanted::Last).expect("head");
+    be.prefill(plain_b, &head, LogitsWanted::Last).expect("head");
+    let (rows, snaps) = be.prefill_capture(&[(a, &pa, Some(256)), (b, &pb, Some(128))]).expect("prefill_capture");
+    let want = be.prefill_batch(&[(plain_a, &pa), (plain_b, &pb)]).expect("prefill_batch");
+    checks.check(
+        rows.len() == 2 && rows.iter().zip(&want).all(|(g, w)| g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits())),
+        "logits bit-identical to prefill_batch",
+    );
+    checks.check(snaps.iter().all(|s| s.is_some()), format!("both snapshots taken: {snaps:?}"));
+    let lens: Vec<usize> = snaps.iter().flatten().map(|s| be.seq_len(*s).expect("len")).collect();
+    checks.check(lens == vec![256, 64 + 128], format!("snapshot lengths {lens:?}"));
+    // Each snapshot against the prefix prefilled alone, then 8 greedy
+    // tokens from the same first token.
+    for (k, (snap, (seq0, prefix))) in snaps.iter().zip([(None, &pa[..256]), (Some(&head), &pb[..128])]).enumerate() {
+        let Some(snap) = *snap else { continue };
+        let alone = be.alloc().expect("alloc");
+        if let Some(h) = seq0 {
+            be.prefill(alone, h, LogitsWanted::Last).expect("head");
+        }
+        be.prefill(alone, prefix, LogitsWanted::Last).expect("prefix alone");
+        let first = prefix[prefix.len() - 1] ^ 7;
+        let got = be.decode(&[(snap, first)]).expect("decode snapshot");
+        let exp = be.decode(&[(alone, first)]).expect("decode alone");
+        let mut st = Stats::default();
+        st.add("snapshot", &got, &exp);
+        st.gate(&mut checks, &format!("part {k}: snapshot's next logits vs the prefix alone"), 1.0, 3e-3, 3e-2);
+        let (tg, ta) =
+            (be.decode_greedy(snap, argmax(&got[0]) as u32, 8).expect("greedy"), be.decode_greedy(alone, argmax(&exp[0]) as u32, 8).expect("greedy"));
+        checks.check(tg == ta, format!("part {k}: greedy {tg:?} from the snapshot, {ta:?} from the prefix alone"));
+    }
+    // The sources go on as the plain sequences do.
+    let (ga, gb) = (argmax(&rows[0]) as u32, argmax(&rows[1]) as u32);
+    let src = (be.decode_greedy(a, ga, 6).expect("a"), be.decode_greedy(b, gb, 6).expect("b"));
+    let plain = (be.decode_greedy(plain_a, ga, 6).expect("plain a"), be.decode_greedy(plain_b, gb, 6).expect("plain b"));
+    checks.check(src == plain, format!("sources after capture {src:?} vs plain {plain:?}"));
+    // A capture point that is not a whole number of chunks takes the
+    // default path (prefix, fork, rest) and still gives a snapshot.
+    let c = be.alloc().expect("alloc");
+    let (_, snaps) = be.prefill_capture(&[(c, &pb, Some(100))]).expect("unaligned capture");
+    let len = snaps[0].map(|s| be.seq_len(s).expect("len"));
+    checks.check(len == Some(100), format!("unaligned capture: snapshot of {len:?} tokens"));
+    checks.finish();
+}
+
 /// GPU memory running out inside a request (issue 6): nothing is allocated
 /// on the device per request except KV blocks from the shared pool, so that
 /// is where a request meets "out of memory". A batched decode that needs a

@@ -176,7 +176,12 @@ impl KvLedger {
 
     /// Evicts snapshots until one more sequence fits; false if it cannot.
     pub(crate) fn make_room_for_one(&mut self, backend: &mut dyn Backend) -> bool {
-        while self.slots_used() + 1 > self.max_sequences {
+        self.make_room_for(backend, 1)
+    }
+
+    /// Evicts snapshots until `n` more sequences fit; false if they cannot.
+    pub(crate) fn make_room_for(&mut self, backend: &mut dyn Backend, n: usize) -> bool {
+        while self.slots_used() + n > self.max_sequences {
             match self.cache.evict_lru() {
                 Some(seq) => backend.free(seq),
                 None => return false,
@@ -329,23 +334,41 @@ impl KvLedger {
     }
 
     /// Where a prefill chunk of a request (`tokens`, a prompt of
-    /// `prompt_len`) from `start` ends: at `limit`, or earlier at the first
-    /// boundary that will be snapshotted, so the snapshot holds exactly
-    /// that prefix. Other boundaries do not cut the chunk (large chunks
-    /// keep prefill efficient).
-    pub(crate) fn chunk_end(&self, tokens: &[u32], prompt_len: usize, start: usize, limit: usize) -> usize {
+    /// `prompt_len`) from `start` ends, and where inside it a snapshot is
+    /// captured: the first boundary in (start, limit) that will be
+    /// snapshotted is captured inside the chunk (`Backend::prefill_capture`),
+    /// and the chunk ends at `limit` or at the next such boundary (which
+    /// `maybe_snapshot` then takes at the chunk's end). A boundary at
+    /// `limit` itself is taken at the end, not captured. Other boundaries do
+    /// not cut the chunk (large chunks keep prefill efficient).
+    pub(crate) fn chunk_plan(&self, tokens: &[u32], prompt_len: usize, start: usize, limit: usize) -> (usize, Option<usize>) {
         let interval = self.cache.interval();
-        let mut b = match self.cache.next_boundary(start) {
-            Some(b) => b,
-            None => return limit,
+        let Some(mut b) = self.cache.next_boundary(start) else {
+            return (limit, None);
         };
+        let mut capture = None;
         while b < limit {
             if prompt_boundary_wanted(b, prompt_len, interval) && self.cache.admits(&tokens[..b]) && !self.cache.contains(&tokens[..b]) {
-                return b;
+                if capture.is_some() {
+                    return (b, capture);
+                }
+                capture = Some(b);
             }
             b += interval;
         }
-        limit
+        (limit, capture)
+    }
+
+    /// Files the snapshot `snap` of request `age`'s first `at` tokens
+    /// (captured inside a prefill chunk) in the prefix cache, or frees it.
+    pub(crate) fn insert_captured(&mut self, backend: &mut dyn Backend, tokens: &[u32], at: usize, snap: SeqId) {
+        if at > tokens.len() || !self.cache.wants(&tokens[..at]) {
+            backend.free(snap);
+            return;
+        }
+        for seq in self.cache.insert(&tokens[..at], snap) {
+            backend.free(seq);
+        }
     }
 }
 

@@ -56,6 +56,19 @@ enum Outcome {
     Failed(EngineError),
 }
 
+/// One request's prefill chunk in a step: its index in `running`, age,
+/// sequence, token range, and the prompt boundary inside it whose snapshot
+/// the prefill captures (`KvLedger::chunk_plan`).
+#[derive(Clone, Copy, Debug)]
+struct PlannedChunk {
+    i: usize,
+    age: Age,
+    seq: SeqId,
+    start: usize,
+    end: usize,
+    capture: Option<usize>,
+}
+
 /// Which running request gave its KV memory back, and how.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Released {
@@ -677,8 +690,8 @@ impl Scheduler {
     }
 
     /// The chunks `prefill_one_by_one` would run now, oldest request first,
-    /// within the budget: (index in `running`, age, sequence, start, end).
-    fn prefill_plan(&self) -> Vec<(usize, Age, SeqId, usize, usize)> {
+    /// within the budget.
+    fn prefill_plan(&self) -> Vec<PlannedChunk> {
         let mut budget = self.prefill_chunk;
         let mut plan = Vec::new();
         for (i, a) in self.running.iter().enumerate() {
@@ -688,37 +701,70 @@ impl Scheduler {
             let Some(h) = self.kv.holding(a.age).filter(|h| h.prefilling()) else {
                 continue;
             };
-            let end = self.kv.chunk_end(&a.tokens, a.prompt_len, h.fed, h.prefill_to.min(h.fed + budget));
+            let (end, capture) = self.kv.chunk_plan(&a.tokens, a.prompt_len, h.fed, h.prefill_to.min(h.fed + budget));
             if end > h.fed {
                 budget -= end - h.fed;
-                plan.push((i, a.age, h.seq, h.fed, end));
+                plan.push(PlannedChunk { i, age: a.age, seq: h.seq, start: h.fed, end, capture });
             }
         }
         plan
     }
 
-    /// Runs the chunks of `plan` in one `prefill_batch` call (snapshots
+    /// Drops the capture points of `plan` the sequence pool has no room
+    /// for (snapshots are evicted for them first): those chunks run whole,
+    /// with no snapshot inside.
+    fn room_for_captures(&mut self, plan: &mut [PlannedChunk]) {
+        let mut wanted = plan.iter().filter(|c| c.capture.is_some()).count();
+        while wanted > 0 && !self.kv.make_room_for(self.backend.as_mut(), wanted) {
+            if let Some(c) = plan.iter_mut().rev().find(|c| c.capture.is_some()) {
+                c.capture = None;
+            }
+            wanted -= 1;
+        }
+    }
+
+    /// Files the snapshots a prefill captured (`snaps` in `plan` order).
+    fn file_captures(&mut self, plan: &[PlannedChunk], snaps: Vec<Option<SeqId>>) {
+        for (c, snap) in plan.iter().zip(snaps) {
+            let Some(snap) = snap else { continue };
+            match (c.capture, self.find(c.age)) {
+                (Some(at), Some(i)) => self.kv.insert_captured(self.backend.as_mut(), &self.running[i].tokens, at, snap),
+                _ => self.backend.free(snap),
+            }
+        }
+    }
+
+    /// Runs the chunks of `plan` in one `prefill_capture` call (snapshots
     /// evicted for room first). False when the call failed: with
     /// `Capacity` nothing changed; after another error the requests whose
     /// sequence moved (state unknown) have failed here, and the rest are
     /// untouched. Either way the caller goes on one request at a time.
-    fn prefill_together(&mut self, plan: &[(usize, Age, SeqId, usize, usize)]) -> bool {
+    fn prefill_together(&mut self, plan: &[PlannedChunk]) -> bool {
+        let mut plan = plan.to_vec();
+        self.room_for_captures(&mut plan);
         let running = &self.running;
-        let parts: Vec<(SeqId, &[u32])> = plan.iter().map(|&(i, _, seq, start, end)| (seq, &running[i].tokens[start..end])).collect();
-        let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_batch(&parts)));
+        let parts: Vec<(SeqId, &[u32], Option<usize>)> =
+            plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
+        let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_capture(&parts)));
         let err = match result {
-            Ok(rows) if rows.len() == plan.len() => {
-                for (&(_, age, _, start, end), logits) in plan.iter().zip(rows) {
+            Ok((rows, snaps)) if rows.len() == plan.len() && snaps.len() == plan.len() => {
+                self.file_captures(&plan, snaps);
+                for (c, logits) in plan.iter().zip(rows) {
                     // By age: a request retired above shifts the indices.
-                    if let Some(i) = self.find(age) {
-                        if let Some(o) = self.prefilled(i, start, end, Some(logits)) {
+                    if let Some(i) = self.find(c.age) {
+                        if let Some(o) = self.prefilled(i, c.start, c.end, Some(logits)) {
                             self.retire(i, o);
                         }
                     }
                 }
                 return true;
             }
-            Ok(rows) => ModelError::Device(format!("prefill_batch returned {} rows of logits for {} parts", rows.len(), plan.len())),
+            Ok((rows, snaps)) => {
+                for s in snaps.into_iter().flatten() {
+                    self.backend.free(s);
+                }
+                ModelError::Device(format!("prefill_capture returned {} rows of logits for {} parts", rows.len(), plan.len()))
+            }
             Err(ModelError::Capacity(m)) => {
                 tracing::debug!(parts = plan.len(), "batched prefill out of memory ({m}); prefilling one request at a time");
                 return false;
@@ -726,7 +772,8 @@ impl Scheduler {
             Err(e) => e,
         };
         tracing::warn!(parts = plan.len(), error = %err, "batched prefill failed; retrying requests one by one");
-        for &(_, age, seq, start, _) in plan {
+        for c in &plan {
+            let (age, seq, start) = (c.age, c.seq, c.start);
             if self.backend.seq_len(seq).is_ok_and(|n| n == start) {
                 continue;
             }
@@ -757,9 +804,25 @@ impl Scheduler {
                 k += 1;
                 continue;
             };
-            let end = self.kv.chunk_end(&a.tokens, a.prompt_len, start, target.min(start + budget));
-            let chunk = &a.tokens[start..end];
-            let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill(seq, chunk, LogitsWanted::Last)));
+            let (end, capture) = self.kv.chunk_plan(&a.tokens, a.prompt_len, start, target.min(start + budget));
+            let mut planned = [PlannedChunk { i, age, seq, start, end, capture }];
+            self.room_for_captures(&mut planned);
+            let [PlannedChunk { capture, .. }] = planned;
+            let chunk = &self.running[i].tokens[start..end];
+            let result = timed(
+                &self.shared,
+                |t| &mut t.prefill_s,
+                || {
+                    self.kv.evicting(self.backend.as_mut(), |b| match capture {
+                        None => b.prefill(seq, chunk, LogitsWanted::Last).map(|rows| (rows, vec![None])),
+                        Some(at) => b.prefill_capture(&[(seq, chunk, Some(at - start))]),
+                    })
+                },
+            );
+            let result = result.map(|(rows, snaps)| {
+                self.file_captures(&planned, snaps);
+                rows
+            });
             let outcome = match result {
                 // Out of memory with every snapshot evicted: the youngest
                 // holder gives its memory back (this request, or a younger

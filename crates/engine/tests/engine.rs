@@ -928,16 +928,17 @@ fn cancelling_mid_run_ahead_frees_the_sequence_once_its_step_is_collected() {
 
 #[test]
 fn preemption_while_a_step_is_in_flight_collects_it_first() {
-    // `older` has a long prompt prefilled in chunks cut at snapshot
-    // boundaries; `younger`, admitted in the same step, fits in what a cut
-    // chunk leaves and generates (a step always in flight) while `older`
-    // still prefills. The 44-token pool runs out in one of `older`'s
+    // `older` has a long prompt prefilled in chunks of 16 (no prefix
+    // cache, so no snapshot takes the memory that runs short); `younger`,
+    // admitted in the same step, fits in the 2 tokens of budget a chunk
+    // leaves and generates (a step always in flight) while `older` still
+    // prefills. The 44-token pool runs out in one of `older`'s
     // chunks: the youngest holder, `younger`, must give its memory back,
     // but a step computes on its sequence, so that step is collected
     // first, then it is preempted; it resumes once `older` is done.
     let gate = Arc::new(Mutex::new(()));
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(fake.kv_pool(44).pipelined().gate(gate.clone()), EngineOptions { prefill_chunk: 16, ..cache_opts(8, 10_000) });
+    let h = start(fake.kv_pool(44).pipelined().gate(gate.clone()), EngineOptions { prefill_chunk: 18, ..cache_opts(8, 0) });
     let held = gate.lock().expect("gate");
     let mut blocker = h.submit(greedy(vec![A + 50], 1)).expect("submit");
     let started = wait_started(&mut blocker);
@@ -954,9 +955,10 @@ fn preemption_while_a_step_is_in_flight_collects_it_first() {
     assert!(s.preemptions >= 1, "{s:?}");
     assert_eq!(s.requests_failed, 0, "{s:?}");
     no_violations(&probe);
-    // A prefill refused for memory was followed by collecting the step in
-    // flight (before anything was freed).
+    // A call refused for memory (older's prefill, or the next step once
+    // older decodes too) was followed by collecting the step in flight
+    // (before anything was freed).
     let calls = probe.lock().expect("probe").calls.clone();
-    assert!(calls.windows(2).any(|w| w[0] == Call::Refused("prefill") && matches!(w[1], Call::Collect { .. })), "{calls:?}");
+    assert!(calls.windows(2).any(|w| matches!(w[0], Call::Refused("prefill" | "decode")) && matches!(w[1], Call::Collect { .. })), "{calls:?}");
     assert_only_snapshots_hold_sequences(&probe, &h);
 }

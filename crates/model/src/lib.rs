@@ -115,6 +115,21 @@ pub trait Backend: Send {
         prefill_each(self, parts)
     }
 
+    /// `prefill_batch`, and for each part with a capture point `at` (0 <
+    /// at < its token count) a new sequence holding the state after the
+    /// first `at` of its tokens: what `prefill(seq, tokens[..at])`,
+    /// `fork(seq)` and `prefill(seq, tokens[at..])` leave (prefix-cache
+    /// snapshots at a boundary inside a prefill chunk). A capture the
+    /// backend has no room for comes back as None; that is not an error.
+    /// The logits are those of `prefill_batch` of the whole parts.
+    ///
+    /// Errors as `prefill_batch`'s. The default (`prefill_capture_split`)
+    /// runs the prefixes, forks and the rest, in two batches; a backend
+    /// overrides it to take the snapshots inside one pass.
+    fn prefill_capture(&mut self, parts: &[(SeqId, &[u32], Option<usize>)]) -> ModelResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+        prefill_capture_split(self, parts)
+    }
+
     /// Appends one token to each sequence of the batch (distinct sequences)
     /// and returns each one's next-token logits, in batch order.
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>>;
@@ -278,6 +293,68 @@ pub fn prefill_each<B: Backend + ?Sized>(backend: &mut B, parts: &[(SeqId, &[u32
         out.push(rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?);
     }
     Ok(out)
+}
+
+/// `Backend::prefill_capture` as two batches: every captured part's prefix,
+/// a fork of each, then the rest of every part. Room for the whole parts is
+/// checked first, so a `Capacity` error leaves every sequence as it was.
+/// Without any capture point it is `prefill_batch`.
+pub fn prefill_capture_split<B: Backend + ?Sized>(
+    backend: &mut B,
+    parts: &[(SeqId, &[u32], Option<usize>)],
+) -> ModelResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+    for &(seq, tokens, at) in parts {
+        if let Some(at) = at {
+            if at == 0 || at >= tokens.len() {
+                return Err(ModelError::Invalid(format!("capture point {at} of {seq:?} is not inside its {} tokens", tokens.len())));
+            }
+        }
+    }
+    let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|&(seq, tokens, _)| (seq, tokens)).collect();
+    // No capture, or no room for the whole parts: the call the caller would
+    // make without captures (which may refuse for memory, changing nothing).
+    if parts.iter().all(|p| p.2.is_none()) || check_batch_room(backend, &whole).is_err() {
+        let rows = match whole[..] {
+            [(seq, tokens)] => {
+                let rows = backend.prefill(seq, tokens, LogitsWanted::Last)?;
+                vec![rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?]
+            }
+            _ => backend.prefill_batch(&whole)?,
+        };
+        return Ok((rows, vec![None; parts.len()]));
+    }
+    let prefixes: Vec<(SeqId, &[u32])> = parts.iter().filter_map(|&(seq, tokens, at)| at.map(|at| (seq, &tokens[..at]))).collect();
+    backend.prefill_batch(&prefixes)?;
+    let rest: Vec<(SeqId, &[u32])> = parts.iter().map(|&(seq, tokens, at)| (seq, &tokens[at.unwrap_or(0)..])).collect();
+    // A snapshot never takes room the rest of the parts need: one that
+    // does (a fork may copy a partly filled KV block) is given back.
+    let mut snaps = Vec::with_capacity(parts.len());
+    for &(seq, _, at) in parts {
+        let snap = match at {
+            Some(_) => backend.fork(seq).ok(),
+            None => None,
+        };
+        snaps.push(match snap {
+            Some(s) if check_batch_room(backend, &rest).is_err() => {
+                backend.free(s);
+                None
+            }
+            other => other,
+        });
+    }
+    match backend.prefill_batch(&rest) {
+        Ok(rows) => Ok((rows, snaps)),
+        Err(e) => {
+            for s in snaps.into_iter().flatten() {
+                backend.free(s);
+            }
+            // The prefixes advanced: never report that as "nothing changed".
+            Err(match e {
+                ModelError::Capacity(m) => ModelError::Device(format!("out of room after the captured prefixes were prefilled: {m}")),
+                other => other,
+            })
+        }
+    }
 }
 
 /// The checks `Backend::prefill_batch`'s default makes before it prefills

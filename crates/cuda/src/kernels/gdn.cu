@@ -700,7 +700,9 @@ struct GdnStateParams {
     const float* gc;   // [GV_HEADS][Tp]
     bf16* hs;          // [GV_HEADS][Tp / C] x S0^T: split rows [GV_DIM][2 GK_DIM]
     float* state;      // [GV_HEADS][GK_DIM][GV_DIM] of this layer and sequence (in and out)
+    float* capture;    // like state: S at the start of chunk capture_chunk (a prefix snapshot), or null
     int Tp;
+    int capture_chunk; // 1 .. Tp / C - 1 when capture is set
 };
 GDN_LAYOUT(GdnStateParams, GDN_STATE_PARAMS_BYTES);
 
@@ -774,6 +776,15 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
             vn[nt][1] = a.y;
             vn[nt][2] = bb.x;
             vn[nt][3] = bb.y;
+        }
+        if (p.capture != nullptr && c == p.capture_chunk) {
+            // The state after the first c chunks, in fp32 as a pass ending
+            // there would leave it (a prefix snapshot inside the prompt).
+            float* Cg = p.capture + (Sg - p.state);
+#pragma unroll
+            for (int nk = 0; nk < GDN_D / 8; ++nk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) Cg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)] = s[nk][e];
         }
         bf16* H = p.hs + (((size_t)h * nch + c) * GDN_D + v0 + lv + g) * 2 * GDN_D + 2 * tq;
 #pragma unroll
