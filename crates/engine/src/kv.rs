@@ -390,3 +390,34 @@ pub(crate) fn model_error(e: ModelError) -> EngineError {
         other => EngineError::Backend(other.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(interval: usize) -> KvLedger {
+        KvLedger::new(8, PrefixCache::new(interval, 1 << 20, 16))
+    }
+
+    #[test]
+    fn a_snapshot_boundary_inside_a_chunk_is_captured_not_cut() {
+        let toks: Vec<u32> = (0..2000).collect();
+        let l = ledger(256);
+        // A 265-token prompt: boundary 256 inside the only chunk.
+        assert_eq!(l.chunk_plan(&toks, 265, 0, 265), (265, Some(256)));
+        // A boundary at the chunk's end is taken there, not captured.
+        assert_eq!(l.chunk_plan(&toks, 600, 0, 256), (256, None));
+        // Two wanted boundaries in reach: the first captured, the chunk
+        // ends at the second (snapshotted at the end).
+        assert_eq!(l.chunk_plan(&toks, 2000, 0, 1024), (512, Some(256)));
+        // No boundary between 1,800 and 2,000; 2,304 (9 blocks) is wanted
+        // by no rule in a 4,000-token prompt (not in the head of 8, not a
+        // power of two, not in the last 4), so it does not cut either.
+        assert_eq!(l.chunk_plan(&toks, 2000, 1800, 2000), (2000, None));
+        let long: Vec<u32> = (0..4000).collect();
+        assert_eq!(l.chunk_plan(&long, 4000, 2100, 2400), (2400, None));
+        // No prefix cache: chunks run to their limit.
+        let off = KvLedger::new(8, PrefixCache::new(256, 0, 16));
+        assert_eq!(off.chunk_plan(&toks, 265, 0, 265), (265, None));
+    }
+}
