@@ -385,7 +385,7 @@ impl Backend for CudaBackend {
         }
         Ok(r?)
     }
-    fn prefill_capture(&mut self, parts: &[(SeqId, &[u32], Option<usize>)]) -> ModelResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+    fn prefill_capture(&mut self, parts: &[lily_model::CapturePart]) -> ModelResult<lily_model::Captured> {
         // One pass when the points allow it; otherwise prefixes, forks and
         // the rest (the trait's default).
         if parts.iter().all(|p| p.2.is_none()) || !self.model.captures_in_one_pass(parts) {

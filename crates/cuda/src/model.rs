@@ -477,7 +477,7 @@ impl Model {
     /// Whether `prefill_capture` can take these capture points inside one
     /// pass: every part in one pass (at most `prefill_chunk` rows in all),
     /// every point a whole number of DeltaNet chunks into its part.
-    pub fn captures_in_one_pass(&self, parts: &[(SeqId, &[u32], Option<usize>)]) -> bool {
+    pub fn captures_in_one_pass(&self, parts: &[lily_model::CapturePart]) -> bool {
         let rows: usize = parts.iter().map(|p| p.1.len()).sum();
         rows <= self.mem.opts.prefill_chunk && parts.iter().all(|&(_, t, at)| at.is_none_or(|a| a > 0 && a < t.len() && a.is_multiple_of(GDN_CHUNK)))
     }
@@ -489,7 +489,7 @@ impl Model {
     /// (`gdn::GdnCapture`), and it shares the KV blocks of those positions.
     /// A capture with no free sequence slot or KV block comes back None.
     /// Errors as `prefill_batch`'s; the new sequences are freed then.
-    pub fn prefill_capture(&mut self, parts: &[(SeqId, &[u32], Option<usize>)]) -> CudaResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+    pub fn prefill_capture(&mut self, parts: &[lily_model::CapturePart]) -> CudaResult<lily_model::Captured> {
         if !self.captures_in_one_pass(parts) {
             return Err(CudaError::Invalid("prefill_capture: the capture points do not fit one pass".into()));
         }

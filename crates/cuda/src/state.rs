@@ -600,7 +600,7 @@ impl Memory {
         }
         let full = len / KV_BLOCK;
         let mut blocks: Vec<u32> = sblocks.iter().take(full).copied().collect();
-        if len % KV_BLOCK != 0 {
+        if !len.is_multiple_of(KV_BLOCK) {
             let last = sblocks[full];
             let Some(nb) = self.free_blocks.pop() else {
                 return Err(CudaError::Capacity("KV cache full while forking".into()));

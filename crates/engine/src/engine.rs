@@ -11,8 +11,9 @@
 //! hands the freed heap back to the OS (`release_freed_heap`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
+use std::time::Duration;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_model::Backend;
@@ -58,6 +59,10 @@ impl Drop for StoppedGuard {
     }
 }
 
+/// How long the engine stays idle before it returns freed heap pages to
+/// the OS (`release_freed_heap`, a few milliseconds of work).
+const TRIM_AFTER_IDLE: Duration = Duration::from_millis(250);
+
 fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>) {
     let _guard = StoppedGuard(shared.clone());
     let mut draining = false;
@@ -72,12 +77,24 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>) {
             if draining {
                 break;
             }
-            // Once per transition to idle, never while requests run.
-            if worked {
-                release_freed_heap();
-                worked = false;
-            }
-            match rx.recv() {
+            // Once per transition to idle, never while requests run, and
+            // only after `TRIM_AFTER_IDLE` without a new request: a client
+            // that sends its next request as soon as the last one ends
+            // (one chat user, a benchmark) must not wait for the trim.
+            let cmd = if worked {
+                match rx.recv_timeout(TRIM_AFTER_IDLE) {
+                    Ok(cmd) => Ok(cmd),
+                    Err(RecvTimeoutError::Timeout) => {
+                        release_freed_heap();
+                        worked = false;
+                        rx.recv()
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                rx.recv()
+            };
+            match cmd {
                 Ok(cmd) => intake(&mut sched, cmd, &mut draining),
                 // Every handle is gone: nobody can submit or listen.
                 Err(_) => break,

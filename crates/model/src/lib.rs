@@ -73,6 +73,13 @@ pub enum LogitsWanted {
     All,
 }
 
+/// A part of `Backend::prefill_capture`: the sequence, its tokens, and
+/// where among them to capture a snapshot.
+pub type CapturePart<'a> = (SeqId, &'a [u32], Option<usize>);
+/// What `Backend::prefill_capture` returns: each part's last-position
+/// logits and its snapshot, in part order.
+pub type Captured = (Vec<Vec<f32>>, Vec<Option<SeqId>>);
+
 /// A model on some device, serving many sequences.
 pub trait Backend: Send {
     /// Short name for logs and `/v1/models` (e.g. "cpu", "cuda:0 NVIDIA H200").
@@ -126,7 +133,7 @@ pub trait Backend: Send {
     /// Errors as `prefill_batch`'s. The default (`prefill_capture_split`)
     /// runs the prefixes, forks and the rest, in two batches; a backend
     /// overrides it to take the snapshots inside one pass.
-    fn prefill_capture(&mut self, parts: &[(SeqId, &[u32], Option<usize>)]) -> ModelResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+    fn prefill_capture(&mut self, parts: &[CapturePart]) -> ModelResult<Captured> {
         prefill_capture_split(self, parts)
     }
 
@@ -299,10 +306,7 @@ pub fn prefill_each<B: Backend + ?Sized>(backend: &mut B, parts: &[(SeqId, &[u32
 /// a fork of each, then the rest of every part. Room for the whole parts is
 /// checked first, so a `Capacity` error leaves every sequence as it was.
 /// Without any capture point it is `prefill_batch`.
-pub fn prefill_capture_split<B: Backend + ?Sized>(
-    backend: &mut B,
-    parts: &[(SeqId, &[u32], Option<usize>)],
-) -> ModelResult<(Vec<Vec<f32>>, Vec<Option<SeqId>>)> {
+pub fn prefill_capture_split<B: Backend + ?Sized>(backend: &mut B, parts: &[CapturePart]) -> ModelResult<Captured> {
     for &(seq, tokens, at) in parts {
         if let Some(at) = at {
             if at == 0 || at >= tokens.len() {
