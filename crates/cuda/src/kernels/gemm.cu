@@ -9,13 +9,6 @@
 // quantised matmul does with its activation type. The code becomes a float
 // through the 2^23 trick (exact, no integer-to-float conversion; see
 // byte_to_f32 in common.cuh; 4-bit codes stay in place, nib_in_place).
-// Exception, 16-row 4-bit tiles (gemm.rs `exact_codes`, the experts of
-// short prompts, where the dequantisation is the whole cost): the W tile
-// holds the codes themselves as fp16 (deq_word: lop3 + one f16x2 op a
-// pair, then a byte permute to column order), the mma sums q a over the
-// group, and acc += scale * (sum q a) + bias * (sum a) in fp32 after it
-// (sum a from one more mma against an all-ones B): exact weights, not
-// fp16-rounded ones, at about a third of the instructions a k-tile.
 //
 // Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
 // = 8 warps. BM is a template parameter, compiled for every height of
