@@ -54,21 +54,6 @@ const GEMM_PAD: usize = 8;
 pub const GEMM_THREADS: usize = 256;
 /// Matrices one launch can run side by side.
 pub const GEMM_MAX_SEGS: usize = 4;
-/// Tallest tile of 4-bit weights that multiplies exact codes and folds each
-/// group's scale and bias in fp32 (gemm.cu `EXACT`) instead of dequantising
-/// every weight to fp16: the short tiles (the experts of short prompts),
-/// whose time is the dequantisation, not the multiply-adds. 32-row tiles
-/// would need 20 more registers for the group's sums and spill at the 80
-/// their 3 blocks a multiprocessor allow; taller ones a second set of
-/// accumulators.
-pub const EXACT_CODES_MAX_BM: usize = 16;
-
-/// Whether a launch of `bits`-bit weights at tile height `bm` takes the
-/// exact-codes path (its results differ in the last bits from the other
-/// path's, which rounds each dequantised weight to fp16).
-pub fn exact_codes(bits: u32, bm: usize) -> bool {
-    bits == 4 && bm <= EXACT_CODES_MAX_BM
-}
 /// SMs a dense launch should occupy at least once before K is split; the
 /// H200's count, fixed here rather than read from the device so that a
 /// prompt gives the same bits on any GPU.
@@ -155,7 +140,6 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_THREADS={GEMM_THREADS}"),
         format!("-DGEMM_MAX_SEGS={GEMM_MAX_SEGS}"),
         format!("-DGEMM_SCHUNK={GEMM_SCHUNK}"),
-        format!("-DGEMM_EXACT_MAX_BM={EXACT_CODES_MAX_BM}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];

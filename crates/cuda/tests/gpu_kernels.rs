@@ -10,9 +10,8 @@
 //! Tolerances (relative L2 error): fp32 paths 1e-5..1e-4, i.e. fp32
 //! rounding over sums of a few
 //! thousand terms; the tensor-core paths are compared with a reference on the
-//! kernel's own operands (1e-5: fp16 activations, and weights rounded to fp16
-//! or, on the exact-codes path of short 4-bit tiles, exact) and against the
-//! unrounded math (3e-3, fp16 has 11 significant bits).
+//! same fp16-rounded operands (1e-5) and against the unrounded math (3e-3,
+//! fp16 has 11 significant bits).
 
 mod common;
 
@@ -83,10 +82,9 @@ fn gemm_matches_reference_in_every_mode() {
             let got: Vec<f32> = download(&gpu, out.ptr(), m * n);
             let mut want_f16 = Vec::with_capacity(m * n);
             let mut want_exact = Vec::with_capacity(m * n);
-            let bm = gemm::plan_dense(m, 1, kk, n).bm;
             for r in 0..m {
                 let ar = &a[r * kk..(r + 1) * kk];
-                let y16 = tight_ref(&w, 0, ar, bm);
+                let y16 = w.matvec_f16w(0, ar);
                 let y = w.matvec(0, ar);
                 for c in 0..n {
                     let base = if add { prev[r * n + c] as f64 } else { 0.0 };
@@ -95,7 +93,7 @@ fn gemm_matches_reference_in_every_mode() {
                 }
             }
             let what = format!("gemm {m}x{n}x{kk} {bits}-bit add {add}");
-            assert_close(&format!("{what} (the kernel's operands)"), &got, &want_f16, 1e-5);
+            assert_close(&format!("{what} (fp16 operands)"), &got, &want_f16, 1e-5);
             assert_close(&format!("{what} (exact weights)"), &got, &want_exact, 3e-3);
         }
     }
@@ -126,17 +124,6 @@ fn gemm_refs(w: &HostQ, e: usize, a: &[f32], kk: usize) -> (Vec<Vec<f64>>, Vec<V
     (0..rows).map(|r| (w.matvec_f16w(e, &a[r * kk..(r + 1) * kk]), w.matvec(e, &a[r * kk..(r + 1) * kk]))).unzip()
 }
 
-/// The reference a launch at tile height `bm` matches to 1e-5: exact
-/// weights on the exact-codes path (short 4-bit tiles, `gemm::exact_codes`),
-/// else the weights rounded to fp16 as that path rounds them.
-fn tight_ref(w: &HostQ, e: usize, a: &[f32], bm: usize) -> Vec<f64> {
-    if gemm::exact_codes(w.bits, bm) {
-        w.matvec(e, a)
-    } else {
-        w.matvec_f16w(e, a)
-    }
-}
-
 #[test]
 fn gemm_every_tile_height_matches_reference() {
     let Some(gpu) = gpu("gemm_every_tile_height_matches_reference") else { return };
@@ -154,7 +141,6 @@ fn gemm_every_tile_height_matches_reference() {
                 let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
                 let abuf = upload(&gpu, &ab);
                 let (r16, rex) = gemm_refs(&w, 0, &a, kk);
-                let r16 = if gemm::exact_codes(bits, bm) { rex.clone() } else { r16 };
                 for add in [false, true] {
                     let prev = if add { rng.vec(m * n, -1.0, 1.0) } else { vec![NAN; m * n] };
                     let out = upload(&gpu, &prev);
@@ -166,7 +152,7 @@ fn gemm_every_tile_height_matches_reference() {
                     let want16: Vec<f64> = (0..m * n).map(|i| r16[i / n][i % n] + base(i)).collect();
                     let want: Vec<f64> = (0..m * n).map(|i| rex[i / n][i % n] + base(i)).collect();
                     let what = format!("gemm bm {bm} {m}x{n}x{kk} {bits}-bit add {add}");
-                    assert_close(&format!("{what} (the kernel's operands)"), &got, &want16, 1e-5);
+                    assert_close(&format!("{what} (fp16 operands)"), &got, &want16, 1e-5);
                     assert_close(&format!("{what} (exact weights)"), &got, &want, 3e-3);
                 }
             }
@@ -210,8 +196,8 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
         for m in [7usize, 130] {
             let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
             let abuf = upload(&gpu, &ab);
+            let refs: Vec<_> = ws.iter().map(|w| gemm_refs(w, 0, &a, kk).0).collect();
             let bm = gemm::plan_dense(m, 1, kk, 0).bm;
-            let refs: Vec<Vec<Vec<f64>>> = ws.iter().map(|w| (0..m).map(|r| tight_ref(w, 0, &a[r * kk..(r + 1) * kk], bm)).collect()).collect();
             for add in [false, true] {
                 let mut first: Option<Vec<Vec<f32>>> = None;
                 for splits in [1usize, 2, 3, 5, 16, 16] {
@@ -324,8 +310,7 @@ fn same_bits(first: &mut Option<Vec<f32>>, got: Vec<f32>, what: &str) {
 /// single k-tiles (shorter than any ring), with scales 16-byte aligned
 /// (chunk copies) or not (plain loads), and SwiGLU with gate and up rows on
 /// different scale paths in one tile. Every launch matches the reference,
-/// and for one split count every height and scale path of the same numerics
-/// (exact codes for short 4-bit tiles, else fp16 weights) gives the same bits:
+/// and for one split count every height and scale path gives the same bits:
 /// a row's sums do not depend on the tile it sits in or on how its scales
 /// arrived.
 #[test]
@@ -345,27 +330,22 @@ fn gemm_weight_ring_matches_reference_and_itself_at_every_height_split_and_scale
             let (_ws, shifted) = upload_shifted_scales(&gpu, &w);
             let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
             let abuf = upload(&gpu, &ab);
-            let (want16, want_exact) = gemm_refs(&w, 0, &a, kk);
-            let (want16, want_exact): (Vec<f64>, Vec<f64>) = (want16.concat(), want_exact.concat());
+            let want: Vec<f64> = gemm_refs(&w, 0, &a, kk).0.concat();
             let nk = kk / 64;
             let mut split_counts = vec![1usize, 5, nk];
             split_counts.retain(|s| *s <= nk);
             split_counts.dedup();
             for splits in split_counts {
-                // One set of bits per numerics: exact codes (short 4-bit
-                // tiles) or weights rounded to fp16.
-                let mut firsts = [None, None];
+                let mut first = None;
                 for &bm in &TILE_ROWS {
-                    let first = &mut firsts[gemm::exact_codes(bits, bm) as usize];
                     for (path, wm) in [("aligned scales", &aligned), ("shifted scales", &shifted)] {
                         let out = upload(&gpu, &vec![NAN; m * n]);
                         let seg = Seg { w: wm, up: None, out: GemmOut::Store(out.ptr()), ldc: n };
                         gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm, splits }, Some(scratch)).expect("launch");
                         let got: Vec<f32> = download(&gpu, out.ptr(), m * n);
                         let what = format!("gemm ring {bits}-bit K {kk} splits {splits} bm {bm} {path}");
-                        let want = if gemm::exact_codes(bits, bm) { &want_exact } else { &want16 };
-                        assert_close(&what, &got, want, 1e-5);
-                        same_bits(first, got, &what);
+                        assert_close(&what, &got, &want, 1e-5);
+                        same_bits(&mut first, got, &what);
                     }
                 }
             }
@@ -383,9 +363,8 @@ fn gemm_weight_ring_matches_reference_and_itself_at_every_height_split_and_scale
     let (uy, _) = gemm_refs(&u, 0, &a, kk);
     let want: Vec<f64> = (0..m).flat_map(|r| (0..inter).map(|i| silu(gy[r][i]) * uy[r][i]).collect::<Vec<_>>()).collect();
     for splits in [1usize, 5] {
-        let mut firsts = [None, None];
+        let mut first = None;
         for &bm in &TILE_ROWS {
-            let first = &mut firsts[gemm::exact_codes(4, bm) as usize];
             for (path, gm, um) in [("aligned", &ga, &ua), ("shifted", &gs, &us), ("gate aligned, up shifted", &ga, &us)] {
                 let out = upload(&gpu, &vec![0xffffu16; m * inter]);
                 let seg = Seg { w: gm, up: Some(um), out: GemmOut::SwiGlu(out.ptr()), ldc: inter };
@@ -393,7 +372,7 @@ fn gemm_weight_ring_matches_reference_and_itself_at_every_height_split_and_scale
                 let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), m * inter).into_iter().map(f16_val).collect();
                 let what = format!("gemm ring swiglu splits {splits} bm {bm} scales {path}");
                 assert_close(&what, &got, &want, 1e-3);
-                same_bits(first, got, &what);
+                same_bits(&mut first, got, &what);
             }
         }
     }
@@ -467,7 +446,7 @@ fn grouped_gemm_ragged_groups_match_reference() {
         let seg = Seg { w: &dm, up: None, out: GemmOut::Store(y.ptr()), ldc: n_down };
         gemm::gemm_with(&gpu, &k, actbuf.ptr(), k_down, rows, &[seg], Some(&sorted), plan, None).expect("down");
         let got: Vec<f32> = download(&gpu, y.ptr(), rows * n_down);
-        let want: Vec<f64> = (0..rows).into_par_iter().flat_map_iter(|r| tight_ref(&down, expert_of[r], &act[r * k_down..(r + 1) * k_down], bm)).collect();
+        let want: Vec<f64> = (0..rows).into_par_iter().flat_map_iter(|r| down.matvec_f16w(expert_of[r], &act[r * k_down..(r + 1) * k_down])).collect();
         assert_close(&format!("grouped down bm {bm} groups {counts:?}"), &got, &want, 1e-5);
     }
     finish();

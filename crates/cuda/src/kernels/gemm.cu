@@ -198,13 +198,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
     static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
     static_assert(R_OFF + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
-    // Exact codes (short 4-bit tiles, gemm.rs `exact_codes`): the W tile
-    // holds the codes 0..15 as fp16 (lop3 + one f16x2 op a pair, a byte
-    // permute to column order), the mma gives sum_k q a per group, and the
-    // group is folded in fp32: acc += scale * that + bias * sum_k a. A
-    // third of the dequantisation's instructions, and the affine step is
-    // exact instead of rounded to fp16 per weight.
-    constexpr bool EXACT = BITS == 4 && BM <= GEMM_EXACT_MAX_BM;
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
     f16* sW = reinterpret_cast<f16*>(gm_smem);                      // [BN][LD] fp16 W tile
@@ -287,25 +280,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     // the word's high half, against the scale times 16^-j (nib_in_place).
     auto store_w = [&](const uint4* src, float wsc, float wbi) {
         f16* dst = sW + tr * LD + part * LPT * CPU4;
-        if constexpr (EXACT) {
-            // 32 codes: word j holds columns 8j..8j+7 of this thread's half.
-            const uint4 q = src[0];
-            const u32 wv[4] = {q.x, q.y, q.z, q.w};
-            u32 packed[16];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                u32 pr[4];
-                deq_word(wv[j], pr);   // (n0,n4), (n1,n5), (n2,n6), (n3,n7)
-                packed[4 * j + 0] = __byte_perm(pr[0], pr[1], 0x5410);   // (n0, n1)
-                packed[4 * j + 1] = __byte_perm(pr[2], pr[3], 0x5410);   // (n2, n3)
-                packed[4 * j + 2] = __byte_perm(pr[0], pr[1], 0x7632);   // (n4, n5)
-                packed[4 * j + 3] = __byte_perm(pr[2], pr[3], 0x7632);   // (n6, n7)
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                reinterpret_cast<uint4*>(dst)[j] = make_uint4(packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
-            return;
-        }
         const float sj[4] = {wsc, wsc * 0.0625f, wsc * 0.00390625f, wsc * 0.000244140625f};
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
@@ -407,17 +381,6 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         __syncthreads();
         const f16* a_s = reinterpret_cast<const f16*>(gm_smem + R_OFF + rd);
         const f16* w_s = sW;
-        // EXACT: this group's sums of q a (t) and of a (per A row, from an
-        // all-ones B), folded into acc after the group.
-        float t[EXACT ? MF : 1][EXACT ? NF : 1][4], asum[EXACT ? MF : 1][4];
-        if constexpr (EXACT) {
-#pragma unroll
-            for (int i = 0; i < MF; ++i) {
-                asum[i][0] = asum[i][1] = asum[i][2] = asum[i][3] = 0.f;
-#pragma unroll
-                for (int j = 0; j < NF; ++j) t[i][j][0] = t[i][j][1] = t[i][j][2] = t[i][j][3] = 0.f;
-            }
-        }
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
             u32 af[MF][4];
@@ -433,35 +396,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
             for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-                for (int nf = 0; nf < NF; ++nf) {
-                    if constexpr (EXACT) mma_f16(t[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
-                    else mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
-                }
-            if constexpr (EXACT) {
-                constexpr u32 ONE2 = 0x3C003C00u;   // fp16 (1, 1)
-#pragma unroll
-                for (int mf = 0; mf < MF; ++mf) mma_f16(asum[mf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], ONE2, ONE2);
-            }
-        }
-        if constexpr (EXACT) {
-            // Lane (g, c4) holds W tile columns wn WTN + 8 nf + 2 c4 + j of
-            // A rows g (e 0, 1) and g + 8 (e 2, 3); asum's columns are all
-            // the row sum.
-            const int c4 = (int)(lane & 3);
-#pragma unroll
-            for (int nf = 0; nf < NF; ++nf) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int col = (int)wn * WTN + nf * 8 + 2 * c4 + j;
-                    const float sc = bf16_to_f32(sS[col * SROW + slot]);
-                    const float bi = bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + col * SROW + slot]);
-#pragma unroll
-                    for (int mf = 0; mf < MF; ++mf) {
-                        acc[mf][nf][j] = fmaf(bi, asum[mf][0], fmaf(sc, t[mf][nf][j], acc[mf][nf][j]));
-                        acc[mf][nf][2 + j] = fmaf(bi, asum[mf][2], fmaf(sc, t[mf][nf][2 + j], acc[mf][nf][2 + j]));
-                    }
-                }
-            }
+                for (int nf = 0; nf < NF; ++nf)
+                    mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
         }
         rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
     }

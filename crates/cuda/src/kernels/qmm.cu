@@ -228,7 +228,32 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
 
 // ---- the tensor-core matrix engine -------------------------------------------
 
-// deq_word (exact fp16 pairs of 4-bit codes) is in common.cuh.
+// Exact fp16 pairs of 4-bit codes: for a word of codes n0..n7 (n_i at bits
+// 4i), lop3 with 0x6400 (1024.0) builds 1024 + n in each half for the low
+// nibbles and 1024 + 16 n for the high ones; one f16x2 subtract or fma
+// takes them to n. Returns (n0,n4), (n1,n5), (n2,n6), (n3,n7) in p[0..3].
+__device__ __forceinline__ u32 hsub2_1024(u32 a) {
+    u32 r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(0x64006400u));
+    return r;
+}
+__device__ __forceinline__ u32 hfma2_16th(u32 a) {
+    u32 r;  // a / 16 - 64
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0x2C002C00u), "r"(0xD400D400u));
+    return r;
+}
+__device__ __forceinline__ void deq_word(u32 w, u32 (&p)[4]) {
+    u32 l0, h0, l1, h1;
+    const u32 w8 = w >> 8;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(l0) : "r"(w), "r"(0x000F000Fu), "r"(0x64006400u));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h0) : "r"(w), "r"(0x00F000F0u), "r"(0x64006400u));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(l1) : "r"(w8), "r"(0x000F000Fu), "r"(0x64006400u));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h1) : "r"(w8), "r"(0x00F000F0u), "r"(0x64006400u));
+    p[0] = hsub2_1024(l0);
+    p[1] = hfma2_16th(h0);
+    p[2] = hsub2_1024(l1);
+    p[3] = hfma2_16th(h1);
+}
 
 __device__ __forceinline__ uint2 lds64(const void* p) {
     uint2 r;
