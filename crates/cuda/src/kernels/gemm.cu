@@ -198,6 +198,13 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
     static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
     static_assert(R_OFF + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
+    // Direct (16-row 4-bit tiles, the experts of short prompts): each lane
+    // dequantises the W values of its own B fragments straight from the raw
+    // codes in the ring (the same fmaf(scale, q, bias) rounded to fp16, so
+    // the same bits), with no fp16 W tile: Nsight Compute showed these tiles
+    // bound by shared-memory traffic (L1/shared at ~80%, DRAM at ~32%), of
+    // which writing the W tile and reading it back by ldmatrix was ~60%.
+    constexpr bool DIRECT = BITS == 4 && BM == 16;
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
     f16* sW = reinterpret_cast<f16*>(gm_smem);                      // [BN][LD] fp16 W tile
@@ -377,8 +384,36 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         cp_async_wait<S - 2>();
         __syncthreads();
         issue(it + S - 1, rd == 0 ? (S - 1) * STAGE : rd - STAGE);
-        store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
-        __syncthreads();
+        // DIRECT: lane (g, c) needs, of W row wn WTN + 8 nf + g, the codes
+        // 16 ks + 2c, +1 (b0) and 16 ks + 8 + 2c, +1 (b1): byte c of the
+        // row's words 2 ks and 2 ks + 1. Its two rows' 32 bytes are read
+        // once (a quad reads the same row: a broadcast), with their scales.
+        u32 dw[DIRECT ? NF : 1][8];
+        float dsc[DIRECT ? NF : 1], dsc16[DIRECT ? NF : 1], dbi[DIRECT ? NF : 1];
+        if constexpr (DIRECT) {
+            const unsigned char* wq = gm_smem + R_OFF + rd + A_BYTES;
+#pragma unroll
+            for (int nf = 0; nf < NF; ++nf) {
+                const int row = (int)wn * WTN + nf * 8 + (int)(lane >> 2);
+                const uint4 q0 = *reinterpret_cast<const uint4*>(wq + row * RB);
+                const uint4 q1 = *reinterpret_cast<const uint4*>(wq + row * RB + 16);
+                const int sh = 8 * (int)(lane & 3);
+                dw[nf][0] = q0.x >> sh;
+                dw[nf][1] = q0.y >> sh;
+                dw[nf][2] = q0.z >> sh;
+                dw[nf][3] = q0.w >> sh;
+                dw[nf][4] = q1.x >> sh;
+                dw[nf][5] = q1.y >> sh;
+                dw[nf][6] = q1.z >> sh;
+                dw[nf][7] = q1.w >> sh;
+                dsc[nf] = bf16_to_f32(sS[row * SROW + slot]);
+                dsc16[nf] = dsc[nf] * 0.0625f;
+                dbi[nf] = bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + row * SROW + slot]);
+            }
+        } else {
+            store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
+            __syncthreads();
+        }
         const f16* a_s = reinterpret_cast<const f16*>(gm_smem + R_OFF + rd);
         const f16* w_s = sW;
 #pragma unroll
@@ -389,10 +424,23 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 ldmatrix_x4(af[mf][0], af[mf][1], af[mf][2], af[mf][3],
                             a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
             u32 bf[NF][2];
+            if constexpr (DIRECT) {
+                // The byte's low nibble is code 2c (J = 0), its high one 2c + 1
+                // (J = 1): fmaf(scale * 16^-J, q * 16^J, bias) = fmaf(scale, q, bias).
 #pragma unroll
-            for (int np = 0; np < NF / 2; ++np)
-                ldmatrix_x4(bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1],
-                            w_s + (wn * WTN + np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const u32 x = dw[nf][2 * ks + h];
+                        bf[nf][h] = gm_pack_f16x2_sat(fmaf(dsc[nf], nib_in_place<0>(x, magic), dbi[nf]),
+                                                      fmaf(dsc16[nf], nib_in_place<1>(x, magic), dbi[nf]));
+                    }
+            } else {
+#pragma unroll
+                for (int np = 0; np < NF / 2; ++np)
+                    ldmatrix_x4(bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1],
+                                w_s + (wn * WTN + np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
+            }
 #pragma unroll
             for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
