@@ -9,6 +9,10 @@
 // quantised matmul does with its activation type. The code becomes a float
 // through the 2^23 trick (exact, no integer-to-float conversion; see
 // byte_to_f32 in common.cuh; 4-bit codes stay in place, nib_in_place).
+// 16-row 4-bit tiles (`DIRECT`) skip the W tile: each lane dequantises the
+// values of its own mma B fragments from the raw codes in the ring, with
+// the same arithmetic (so the same bits), which removes the tile's writes
+// and ldmatrix reads from shared memory, the limit of these short tiles.
 //
 // Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
 // = 8 warps. BM is a template parameter, compiled for every height of
