@@ -331,3 +331,64 @@ fn ids_past_the_vocab_limit_are_never_drawn_reported_or_normalised() {
         4
     );
 }
+
+/// The one-pass top-k (`heaviest_k`, which skips the exponential of logits
+/// that cannot enter) keeps exactly the ids and weights a full sort by
+/// (weight descending, id ascending) keeps, on rows built to break it:
+/// exact ties at the boundary, near ties a few ulps apart, peaked rows
+/// whose k-th weight is subnormal or zero, NaN and -inf logits, min-p, k
+/// from 1 to more than the survivors, low and high temperatures.
+#[test]
+fn one_pass_top_k_keeps_what_a_full_sort_keeps() {
+    let full_sort = |row: &[f32], m: f32, inv_t: f32, min_p: f32, k: usize| {
+        let mut c = weighed(row, m, inv_t, min_p);
+        c.sort_by(heavier_first);
+        c.truncate(k);
+        c.sort_unstable_by_key(|x| x.0);
+        c
+    };
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for (n, salt) in [(40usize, 11u64), (1000, 12), (5000, 13)] {
+        rows.push(noise(n, salt));
+        // Quantised: many exact ties.
+        rows.push(noise(n, salt + 100).iter().map(|x| (x * 2.0).round() / 2.0).collect());
+        // Near ties: neighbours a few ulps apart.
+        rows.push(noise(n, salt + 200).iter().enumerate().map(|(i, x)| f32::from_bits(x.to_bits().wrapping_add((i % 5) as u32))).collect());
+        // Peaked: one huge logit, the rest 60-200 below (weights subnormal or 0 at T = 0.6).
+        let mut peaked: Vec<f32> = noise(n, salt + 300).iter().map(|x| -130.0 + 35.0 * x).collect();
+        peaked[n / 3] = 10.0;
+        rows.push(peaked);
+        // NaN and -inf sprinkled in.
+        rows.push(
+            noise(n, salt + 400)
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    if i % 7 == 3 {
+                        f32::NAN
+                    } else if i % 11 == 5 {
+                        f32::NEG_INFINITY
+                    } else {
+                        x
+                    }
+                })
+                .collect(),
+        );
+    }
+    let mut checked = 0;
+    for row in &rows {
+        let m = row[first_max(row) as usize];
+        for t in [0.05f32, 0.6, 1.0, 7.0] {
+            for min_p in [0.0f32, 0.01, 0.3] {
+                for k in [1usize, 2, 5, 20, 64, ONE_PASS_TOP_K.min(row.len() - 1)] {
+                    let got = heaviest_k(row, m, 1.0 / t, min_p, k);
+                    let want = full_sort(row, m, 1.0 / t, min_p, k);
+                    let same = got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits());
+                    assert!(same, "row of {}, T {t}, min_p {min_p}, k {k}: {got:?} vs {want:?}", row.len());
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, rows.len() * 4 * 3 * 6);
+}
