@@ -279,10 +279,7 @@ impl Backend for CpuBackend {
         }
         let work: Vec<(SeqId, &[u32], LogitsWanted)> = parts.iter().map(|&(seq, tokens)| (seq, tokens, LogitsWanted::Last)).collect();
         let out = self.run(&work)?;
-        out.into_iter()
-            .zip(parts)
-            .map(|(mut rows, (seq, _))| rows.pop().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits"))))
-            .collect()
+        out.into_iter().zip(parts).map(|(rows, (seq, _))| lily_model::last_row(*seq, rows)).collect()
     }
 
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {

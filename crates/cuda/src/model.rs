@@ -493,16 +493,11 @@ impl Model {
         if !self.captures_in_one_pass(parts) {
             return Err(CudaError::Invalid("prefill_capture: the capture points do not fit one pass".into()));
         }
-        let mut snaps: Vec<Option<SeqId>> = parts.iter().map(|p| p.2.and_then(|_| self.mem.alloc().ok())).collect();
-        let mut caps = Vec::with_capacity(parts.len());
-        for (p, snap) in parts.iter().zip(&snaps) {
-            caps.push(match (p.2, snap) {
-                (Some(at), Some(id)) => Some((self.mem.seq(*id)?.slot, at)),
-                _ => None,
-            });
-        }
-        let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
+        // Checked before any snapshot is allocated, so an error leaks none.
         let lens: Vec<usize> = parts.iter().map(|p| self.mem.seq(p.0).map(|s| s.len)).collect::<CudaResult<_>>()?;
+        let mut snaps: Vec<Option<SeqId>> = parts.iter().map(|p| p.2.and_then(|_| self.mem.alloc().ok())).collect();
+        let caps: Vec<Option<(usize, usize)>> = parts.iter().zip(&snaps).map(|(p, snap)| Some((self.mem.seq((*snap)?).ok()?.slot, p.2?))).collect();
+        let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
         let rows = match self.prefill_batch_capturing(&whole, &caps) {
             Ok(rows) => rows,
             Err(e) => {

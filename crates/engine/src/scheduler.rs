@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_model::sample::sample_host;
-use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, SampleParams, SampleState, Sampled, SeqId};
+use lily_model::{Backend, Feed, InFlight, ModelError, SampleParams, SampleState, Sampled, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, Shared, Submission};
@@ -812,12 +812,7 @@ impl Scheduler {
             let result = timed(
                 &self.shared,
                 |t| &mut t.prefill_s,
-                || {
-                    self.kv.evicting(self.backend.as_mut(), |b| match capture {
-                        None => b.prefill(seq, chunk, LogitsWanted::Last).map(|rows| (rows, vec![None])),
-                        Some(at) => b.prefill_capture(&[(seq, chunk, Some(at - start))]),
-                    })
-                },
+                || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_capture(&[(seq, chunk, capture.map(|at| at - start))])),
             );
             let result = result.map(|(rows, snaps)| {
                 self.file_captures(&planned, snaps);

@@ -282,6 +282,12 @@ pub trait Backend: Send {
     }
 }
 
+/// The last row of the logits a prefill of `seq` returned (what
+/// `LogitsWanted::Last` asks for); none is a device error.
+pub fn last_row(seq: SeqId, rows: Vec<Vec<f32>>) -> ModelResult<Vec<f32>> {
+    rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))
+}
+
 /// `Backend::prefill_batch` part by part: checks every part first
 /// (`check_batch_room`), then calls `prefill` for each. Should a part still
 /// be refused for room after an earlier one was prefilled (a limit the
@@ -297,7 +303,7 @@ pub fn prefill_each<B: Backend + ?Sized>(backend: &mut B, parts: &[(SeqId, &[u32
             }
             other => other?,
         };
-        out.push(rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?);
+        out.push(last_row(seq, rows)?);
     }
     Ok(out)
 }
@@ -319,10 +325,7 @@ pub fn prefill_capture_split<B: Backend + ?Sized>(backend: &mut B, parts: &[Capt
     // make without captures (which may refuse for memory, changing nothing).
     if parts.iter().all(|p| p.2.is_none()) || check_batch_room(backend, &whole).is_err() {
         let rows = match whole[..] {
-            [(seq, tokens)] => {
-                let rows = backend.prefill(seq, tokens, LogitsWanted::Last)?;
-                vec![rows.into_iter().last().ok_or_else(|| ModelError::Device(format!("prefill of {seq:?} returned no logits")))?]
-            }
+            [(seq, tokens)] => vec![last_row(seq, backend.prefill(seq, tokens, LogitsWanted::Last)?)?],
             _ => backend.prefill_batch(&whole)?,
         };
         return Ok((rows, vec![None; parts.len()]));

@@ -373,7 +373,12 @@ fn candidates(penalised: &[f32], m: f32, p: &SampleParams) -> Vec<(u32, f32)> {
 /// The weight of a penalised logit `l` (`m` the largest, `inv_t` = 1 / T):
 /// exp((l - m) / T), NaN taken as 0.
 fn weight(l: f32, m: f32, inv_t: f32) -> f32 {
-    let e = ((l - m) * inv_t).exp();
+    weight_of_scaled((l - m) * inv_t)
+}
+
+/// exp(x) for a scaled logit x = (l - m) / T, NaN taken as 0.
+fn weight_of_scaled(x: f32) -> f32 {
+    let e = x.exp();
     if e.is_nan() {
         0.0
     } else {
@@ -409,7 +414,7 @@ fn heaviest_k(penalised: &[f32], m: f32, inv_t: f32, min_p: f32, k: usize) -> Ve
         if x < skip_below {
             continue;
         }
-        let w = weight(l, m, inv_t);
+        let w = weight_of_scaled(x);
         if !(w > 0.0 && w >= min_p) {
             continue;
         }
