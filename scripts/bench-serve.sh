@@ -13,7 +13,9 @@
 # device is $LILY_DEVICE (default cuda); $LILY_SERVE_ARGS adds flags to
 # `lily serve` (e.g. "--prefill-chunk 2048"). Prints the report of scripts/serve_bench.py
 # (standard library Python only; --json to $BENCH_JSON when set) and the
-# server's start-up summary.
+# server's start-up summary. $LILY_SERVE_LOG keeps the server's log at that path
+# (with RUST_LOG=debug: when each request was tokenized, admitted, drew its
+# first token).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${LILY_BIN:-target/release/lily}
@@ -30,7 +32,7 @@ if [ -z "$MODEL" ]; then
 fi
 MAX_CLIENTS=$(echo "$COUNTS" | tr ',' '\n' | sort -n | tail -1)
 PORT=${LILY_BENCH_PORT:-18123}
-LOG=$(mktemp)
+LOG=${LILY_SERVE_LOG:-$(mktemp)}
 "$BIN" serve --model "$MODEL" --device "$DEVICE" --bind "127.0.0.1:$PORT" \
   --max-concurrent "$MAX_CLIENTS" --served-model-name lily ${LILY_SERVE_ARGS:-} >"$LOG" 2>&1 &
 PID=$!

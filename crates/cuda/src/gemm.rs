@@ -43,6 +43,10 @@ pub const TILE_WSTAGES: [usize; 4] = [4, 5, 5, 3];
 /// k-tiles of scales (or biases) of a W row that one 16-byte cp.async
 /// brings (bf16: 8); the kernel keeps two such chunks per row.
 const GEMM_SCHUNK: usize = 8;
+/// Height of the 4-bit tiles that dequantise straight into their mma
+/// fragments (no fp16 W tile; gemm.cu `DIRECT`): the short expert tiles,
+/// bound by shared-memory traffic and instruction issue.
+const GEMM_DIRECT_ROWS: usize = 16;
 /// W rows of a tile.
 pub const GEMM_BN: usize = 128;
 /// Columns of a k-tile: one quantisation group.
@@ -128,7 +132,15 @@ unsafe impl DeviceRepr for GemmParams {}
 fn smem_bytes(bits: u32, t: usize) -> usize {
     let ld = GEMM_BK + GEMM_PAD;
     let stage = TILE_ROWS[t] * ld * 2 + GEMM_BN * GEMM_BK * bits as usize / 8;
-    GEMM_BN * ld * 2 + 4 * GEMM_BN * GEMM_SCHUNK * 2 + TILE_WSTAGES[t] * stage
+    let w_tile = if is_direct(bits, TILE_ROWS[t]) { 0 } else { GEMM_BN * ld * 2 };
+    w_tile + 4 * GEMM_BN * GEMM_SCHUNK * 2 + TILE_WSTAGES[t] * stage
+}
+
+/// Whether tiles of `bm` rows of `bits`-bit weights skip the fp16 W tile:
+/// each lane dequantises its own mma fragments from the ring's raw codes
+/// (gemm.cu `DIRECT`), so no W tile is allocated.
+fn is_direct(bits: u32, bm: usize) -> bool {
+    bits == 4 && bm == GEMM_DIRECT_ROWS
 }
 
 /// The defines gemm.cu needs beyond the model dimensions.
@@ -140,6 +152,7 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_THREADS={GEMM_THREADS}"),
         format!("-DGEMM_MAX_SEGS={GEMM_MAX_SEGS}"),
         format!("-DGEMM_SCHUNK={GEMM_SCHUNK}"),
+        format!("-DGEMM_DIRECT_ROWS={GEMM_DIRECT_ROWS}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];

@@ -872,6 +872,7 @@ impl Scheduler {
                 // The first token, on the host with the same math as every
                 // later one.
                 let picked = sample_host(&logits, &mut self.running[i].sampling);
+                tracing::debug!(request = self.running[i].id, "first token drawn");
                 self.emit(i, picked)
             }
             None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),

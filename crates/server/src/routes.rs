@@ -116,6 +116,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
         })
         .await?
     };
+    tracing::debug!(prompt_tokens = prompt.len(), since_arrival_us = arrived.elapsed().as_micros() as u64, "chat prompt rendered and tokenized");
     let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);

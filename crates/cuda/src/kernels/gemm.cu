@@ -4,11 +4,13 @@
 // A: fp16 [rows][lda] activations; W: [experts][N][K] packed codes with bf16
 // scales/biases per 64 columns (as stored). Each k-tile is exactly one
 // quantisation group (GEMM_BK = 64), so a thread dequantises its 16-byte
-// chunk of codes with one scale and one bias (w = fmaf(scale, q, bias) in
-// fp32, rounded to fp16, saturated) into the shared W tile, as MLX's
-// quantised matmul does with its activation type. The code becomes a float
-// through the 2^23 trick (exact, no integer-to-float conversion; see
-// byte_to_f32 in common.cuh; 4-bit codes stay in place, nib_in_place).
+// chunk of codes with one scale and one bias into the shared W tile:
+// w = fp16(scale q + bias), as MLX's quantised matmul does with its
+// activation type. 4-bit codes go two at a time through fp16x2 arithmetic
+// (dq4_pair: a byte's two codes inside the mantissa of 8.0, one exact
+// subtraction, one fused multiply-add rounding once to fp16; 4 instructions
+// per two weights); 8-bit codes through fp32 (the 2^23 trick of
+// byte_to_f32 in common.cuh, fmaf, a saturating conversion).
 // 16-row 4-bit tiles (`DIRECT`) skip the W tile: each lane dequantises the
 // values of its own mma B fragments from the raw codes in the ring, with
 // the same arithmetic (so the same bits), which removes the tile's writes
@@ -60,13 +62,13 @@
 // sim_gemm.py is a block-level port of this index math and group
 // accounting, checked without a GPU.
 //
-// Instruction budget: the short tiles are bound by instruction issue as
-// much as by latency. A thread dequantises 32 weights per k-tile, and that
-// is most of the K loop: at BM = 16 the loop was 309 SASS instructions a
-// thread per k-tile with the register pipeline (~2,500 warp instructions
-// per 4 KB of codes, i.e. at most ~1.7 TB/s per GPU at 4 issues per SM per
-// clock); the in-place codes and .satfinite packing bring the dequantisation
-// to ~3.6 instructions a weight and the loop to 235 with the ring.
+// Instruction budget: the short tiles are bound by instruction issue
+// (Nsight Compute on gemm_q4_bm16: issue slots ~70% busy, DRAM ~35%). A
+// thread dequantises 32 weights per k-tile, and that was most of the K
+// loop: at BM = 16 the loop was 309 SASS instructions a warp per k-tile
+// with the register pipeline, 257 with the ring and the fp32 in-place
+// dequantisation (8 instructions per two weights), 194 with dq4_pair
+// (4 per two weights); the rest is the ring's copies and bookkeeping.
 //
 // Grouping (MoE prefill): `tiles` lists (expert, row start, row end) in the
 // sorted row space (moe_plan, cut at the same BM), `a_rows` maps a sorted
@@ -147,21 +149,45 @@ __device__ __forceinline__ int gemm_seg_of_tile(const GemmParams& p, int bx) {
     return s;
 }
 
-// q * 16^J for the 4-bit code q at bits 4J..4J+3 of w (J <= 3), exact: the
-// code stays in place, inside the mantissa of 2^23 (the 2^23 trick without
-// a shift; one LOP3 and one FADD). The dequantisation multiplies it by
-// scale * 16^-J (exact for any bf16 scale: a bf16 has 8 significant bits
-// and its lowest is at least 2^-133, so 2^-12 of it is still an fp32
-// value), so fmaf(scale 16^-J, q 16^J, bias) is fmaf(scale, q, bias) bit
-// for bit.
-// `magic` holds 0x4B000000 (the bits of 2^23) in a register, so that the
-// mask and the OR are one LOP3 (the compiler splits two immediates in two).
-template <int J>
-__device__ __forceinline__ float nib_in_place(u32 w, u32 magic) {
-    static_assert(J >= 0 && J <= 3, "codes at bits 0..15");
+// The 4-bit codes of one byte of `w` (the byte `sel` names: prmt selector
+// 0x4_4_ with the byte's index in both low nibbles), dequantised into one
+// f16x2 word: {fp16(q_lo * s + b), fp16(q_hi * s + b)} with q_lo the low
+// nibble (lower k) and q_hi the high one, from s2 = {128 s, 8 s} and
+// b2 = {b, b} (dq4_scale2, dq4_bias2). Four instructions for two weights:
+//   prmt   the byte into bits 0-7 and 16-23, zeros elsewhere;
+//   lop3   (t & 0x00F0000F) | 0x48004800: the halves are 8 + q_lo / 128 and
+//          8 + 16 q_hi / 128 (the code inside the mantissa of 8.0, exact);
+//   sub    8 from both halves: q_lo / 128 and q_hi / 8, exact;
+//   fma    with {128 s, 8 s} and {b, b}: one rounding of the exact
+//          q s + b to fp16 (the product of a power of two is exact).
+// This equals fp16(fmaf(s, q, b)) (MLX's dequantisation in fp32, then
+// rounded to the activation type) except where the fp32 sum itself had to
+// round onto an fp16 tie (|b| below 2^-24 |q s|), and it needs s and b to
+// be fp16 values once scaled: 2^-20 <= |s| <= 511 (or 0), |b| >= 2^-17
+// (or 0), |w| <= 65504 (a larger weight becomes inf, where the fp32 path
+// saturated). Real 4-bit checkpoints sit far inside (scales ~1e-4..1e-1).
+// The fp32 path took 8 instructions a pair (a shift, 2 lop3, 2 fadd, 2
+// fma, a cvt); the short expert tiles are bound by instruction issue.
+__device__ __forceinline__ u32 dq4_pair(u32 w, u32 sel, u32 s2, u32 b2, u32 magic8) {
+    u32 t;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(t) : "r"(w), "r"(sel));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(t) : "r"(t), "n"(0x00F0000Fu), "r"(magic8));   // (t & mask) | magic
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(t) : "r"(t), "r"(magic8));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(t), "r"(s2), "r"(b2));
+    return t;
+}
+// The prmt selector of byte i (0-3) for dq4_pair.
+__device__ __forceinline__ u32 dq4_sel(u32 i) { return i | 0x40u | (i << 8) | 0x4000u; }
+// {128 s, 8 s} and {b, b} as f16x2 (exact in the range dq4_pair states).
+__device__ __forceinline__ u32 dq4_scale2(float s) {
     u32 r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(15u << (4 * J)), "r"(magic));   // (w & mask) | magic
-    return __uint_as_float(r) - 8388608.f;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(s * 8.f), "f"(s * 128.f));
+    return r;
+}
+__device__ __forceinline__ u32 dq4_bias2(float b) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(b));
+    return r;
 }
 
 // Two f32 into one f16x2 word (lo in the low half), saturated to +-65504:
@@ -195,20 +221,20 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int A_BYTES = BM * LD * 2;          // a ring stage: the A tile, then the W codes
     constexpr int STAGE = A_BYTES + BN * RB;
     constexpr int SROW = 2 * SG;                  // scale (bias) slots of a row: two chunks, k-tile kt in kt % SROW
-    constexpr int S_OFF = BN * LD * 2;            // byte offsets: scales, biases, ring
+    // Direct (16-row 4-bit tiles, the experts of short prompts): each lane
+    // dequantises the W values of its own B fragments straight from the raw
+    // codes in the ring (dq4_pair, so the same bits as the W tile), and no
+    // fp16 W tile is allocated: Nsight Compute showed these tiles bound by
+    // shared-memory traffic (L1/shared at ~80%, DRAM at ~32%), of which
+    // writing the W tile and reading it back by ldmatrix was ~60%.
+    constexpr bool DIRECT = BITS == 4 && BM == GEMM_DIRECT_ROWS;
+    constexpr int S_OFF = DIRECT ? 0 : BN * LD * 2;   // byte offsets: scales, biases, ring
     constexpr int B_OFF = S_OFF + BN * SROW * 2;
     constexpr int R_OFF = B_OFF + BN * SROW * 2;
     static_assert(S >= 2, "a ring of at least two k-tiles");
     static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
     static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
     static_assert(R_OFF + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
-    // Direct (16-row 4-bit tiles, the experts of short prompts): each lane
-    // dequantises the W values of its own B fragments straight from the raw
-    // codes in the ring (the same fmaf(scale, q, bias) rounded to fp16, so
-    // the same bits), with no fp16 W tile: Nsight Compute showed these tiles
-    // bound by shared-memory traffic (L1/shared at ~80%, DRAM at ~32%), of
-    // which writing the W tile and reading it back by ldmatrix was ~60%.
-    constexpr bool DIRECT = BITS == 4 && BM == 16;
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
     f16* sW = reinterpret_cast<f16*>(gm_smem);                      // [BN][LD] fp16 W tile
@@ -283,15 +309,15 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const int sb_slot = (part ? B_OFF - S_OFF : 0) / 2 + tr * SROW;     // its scale/bias slots (bf16 from sS)
     const unsigned char* ring_wq = gm_smem + R_OFF + A_BYTES + tr * RB + part * LPT * 16;
 
-    u32 magic = 0x4B000000u;                      // held in a register (nib_in_place)
-    asm volatile("" : "+r"(magic));
+    u32 magic8 = 0x48004800u;                     // {8.0, 8.0} in a register (dq4_pair)
+    asm volatile("" : "+r"(magic8));
+    const u32 dsel = dq4_sel(lane & 3);            // DIRECT: byte c = lane % 4 of each word
     // Dequantise this thread's codes of a k-tile (LPT uint4 in shared memory)
-    // into its half row of the fp16 W tile: w = fp16(fmaf(scale, q, bias)),
-    // saturated. 4-bit: codes 0-3 of a word in place, codes 4-7 in place in
-    // the word's high half, against the scale times 16^-j (nib_in_place).
+    // into its half row of the fp16 W tile: w = fp16(scale q + bias), 4-bit
+    // by dq4_pair (a byte's two codes at a time), 8-bit in fp32, saturated.
     auto store_w = [&](const uint4* src, float wsc, float wbi) {
         f16* dst = sW + tr * LD + part * LPT * CPU4;
-        const float sj[4] = {wsc, wsc * 0.0625f, wsc * 0.00390625f, wsc * 0.000244140625f};
+        const u32 s2 = dq4_scale2(wsc), b2 = dq4_bias2(wbi);
 #pragma unroll
         for (int i = 0; i < LPT; ++i) {
             const uint4 q = src[i];
@@ -300,11 +326,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (BITS == 4) {
-                    const u32 w_lo = wv[j], w_hi = wv[j] >> 16;
-                    packed[j * 4 + 0] = gm_pack_f16x2_sat(fmaf(sj[0], nib_in_place<0>(w_lo, magic), wbi), fmaf(sj[1], nib_in_place<1>(w_lo, magic), wbi));
-                    packed[j * 4 + 1] = gm_pack_f16x2_sat(fmaf(sj[2], nib_in_place<2>(w_lo, magic), wbi), fmaf(sj[3], nib_in_place<3>(w_lo, magic), wbi));
-                    packed[j * 4 + 2] = gm_pack_f16x2_sat(fmaf(sj[0], nib_in_place<0>(w_hi, magic), wbi), fmaf(sj[1], nib_in_place<1>(w_hi, magic), wbi));
-                    packed[j * 4 + 3] = gm_pack_f16x2_sat(fmaf(sj[2], nib_in_place<2>(w_hi, magic), wbi), fmaf(sj[3], nib_in_place<3>(w_hi, magic), wbi));
+                    // Byte i holds the codes of k 8j + 2i, +1.
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) packed[j * 4 + i] = dq4_pair(wv[j], dq4_sel(i), s2, b2, magic8);
                 } else {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
@@ -393,7 +417,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         // row's words 2 ks and 2 ks + 1. Its two rows' 32 bytes are read
         // once (a quad reads the same row: a broadcast), with their scales.
         u32 dw[DIRECT ? NF : 1][8];
-        float dsc[DIRECT ? NF : 1], dsc16[DIRECT ? NF : 1], dbi[DIRECT ? NF : 1];
+        u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
         if constexpr (DIRECT) {
             const unsigned char* wq = gm_smem + R_OFF + rd + A_BYTES;
 #pragma unroll
@@ -401,18 +425,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 const int row = (int)wn * WTN + nf * 8 + (int)(lane >> 2);
                 const uint4 q0 = *reinterpret_cast<const uint4*>(wq + row * RB);
                 const uint4 q1 = *reinterpret_cast<const uint4*>(wq + row * RB + 16);
-                const int sh = 8 * (int)(lane & 3);
-                dw[nf][0] = q0.x >> sh;
-                dw[nf][1] = q0.y >> sh;
-                dw[nf][2] = q0.z >> sh;
-                dw[nf][3] = q0.w >> sh;
-                dw[nf][4] = q1.x >> sh;
-                dw[nf][5] = q1.y >> sh;
-                dw[nf][6] = q1.z >> sh;
-                dw[nf][7] = q1.w >> sh;
-                dsc[nf] = bf16_to_f32(sS[row * SROW + slot]);
-                dsc16[nf] = dsc[nf] * 0.0625f;
-                dbi[nf] = bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + row * SROW + slot]);
+                dw[nf][0] = q0.x;
+                dw[nf][1] = q0.y;
+                dw[nf][2] = q0.z;
+                dw[nf][3] = q0.w;
+                dw[nf][4] = q1.x;
+                dw[nf][5] = q1.y;
+                dw[nf][6] = q1.z;
+                dw[nf][7] = q1.w;
+                ds2[nf] = dq4_scale2(bf16_to_f32(sS[row * SROW + slot]));
+                db2[nf] = dq4_bias2(bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + row * SROW + slot]));
             }
         } else {
             store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
@@ -429,16 +451,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                             a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
             u32 bf[NF][2];
             if constexpr (DIRECT) {
-                // The byte's low nibble is code 2c (J = 0), its high one 2c + 1
-                // (J = 1): fmaf(scale * 16^-J, q * 16^J, bias) = fmaf(scale, q, bias).
+                // Byte c's low nibble is code 2c, its high one 2c + 1.
 #pragma unroll
                 for (int nf = 0; nf < NF; ++nf)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const u32 x = dw[nf][2 * ks + h];
-                        bf[nf][h] = gm_pack_f16x2_sat(fmaf(dsc[nf], nib_in_place<0>(x, magic), dbi[nf]),
-                                                      fmaf(dsc16[nf], nib_in_place<1>(x, magic), dbi[nf]));
-                    }
+                    for (int h = 0; h < 2; ++h) bf[nf][h] = dq4_pair(dw[nf][2 * ks + h], dsel, ds2[nf], db2[nf], magic8);
             } else {
 #pragma unroll
                 for (int np = 0; np < NF / 2; ++np)
