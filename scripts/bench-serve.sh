@@ -13,7 +13,8 @@
 # device is $LILY_DEVICE (default cuda); $LILY_SERVE_ARGS adds flags to
 # `lily serve` (e.g. "--prefill-chunk 2048"). Prints the report of scripts/serve_bench.py
 # (standard library Python only; --json to $BENCH_JSON when set) and the
-# server's start-up summary. $LILY_SERVE_LOG keeps the server's log at that path
+# server's start-up summary. $BENCH_ARGS adds flags to serve_bench.py (e.g.
+# "--temperature 0"). $LILY_SERVE_LOG keeps the server's log at that path
 # (with RUST_LOG=debug: when each request was tokenized, admitted, drew its
 # first token).
 set -euo pipefail
@@ -45,7 +46,7 @@ done
 sed -n '/^lily serve/,/listening/p' "$LOG" >&2
 rc=0
 python3 scripts/serve_bench.py --base-url "http://127.0.0.1:$PORT" --clients "$COUNTS" \
-  --requests-per-client "$PER_CLIENT" --max-tokens "$MAX_TOKENS" ${BENCH_JSON:+--json "$BENCH_JSON"} || rc=$?
+  --requests-per-client "$PER_CLIENT" --max-tokens "$MAX_TOKENS" ${BENCH_JSON:+--json "$BENCH_JSON"} ${BENCH_ARGS:-} || rc=$?
 # How the engine batched (decode batch-size histogram, prefix cache), to stderr.
 python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
   | grep -E '^lily_(decode|engine|prefix)' >&2 || true
