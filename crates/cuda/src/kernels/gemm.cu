@@ -165,7 +165,10 @@ __device__ __forceinline__ int gemm_seg_of_tile(const GemmParams& p, int bx) {
 // round onto an fp16 tie (|b| below 2^-24 |q s|), and it needs s and b to
 // be fp16 values once scaled: 2^-20 <= |s| <= 511 (or 0), |b| >= 2^-17
 // (or 0), |w| <= 65504 (a larger weight becomes inf, where the fp32 path
-// saturated). Real 4-bit checkpoints sit far inside (scales ~1e-4..1e-1).
+// saturated). Trained weights' groups sit far inside (scales ~1e-4..1e-1);
+// outside, the weight is still fp16-rounded but may differ from the fp32
+// path in its last bits: e.g. a group of equal weights, which MLX stores
+// with its 1e-7 floor as the scale, whose codes then add less than 2e-6.
 // The fp32 path took 8 instructions a pair (a shift, 2 lop3, 2 fadd, 2
 // fma, a cvt); the short expert tiles are bound by instruction issue.
 __device__ __forceinline__ u32 dq4_pair(u32 w, u32 sel, u32 s2, u32 b2, u32 magic8) {
