@@ -4,9 +4,15 @@
 //! timed greedy prefill and `--steps` timed greedy decode steps, one JSON line
 //! per length; `--profile` adds the GPU time of each kernel group of a
 //! prefill (CUDA events between the groups). Decode steps are profiled per
-//! kernel with Nsight Compute (scripts/h200.sh, stage `ncu`).
+//! kernel with Nsight Compute (scripts/h200.sh, stage `ncu`). `--served`
+//! also times decode steps the way the engine runs them under the server
+//! (`submit_decode` of step t + 1 before `collect_decode` of step t: the
+//! staged inputs, the sampler on the device, the download), greedy and
+//! with the thinking-mode sampling defaults, at each `--batch` size (1 if
+//! none): against the greedy graph loop above, what a served stream pays
+//! per token for being served.
 //!
-//!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32]
+//!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
 
@@ -16,6 +22,7 @@ use std::time::Instant;
 use lily_core::weights::Weights;
 use lily_cuda::bench::{fnv1a_digest, prompt_tokens, timed_run};
 use lily_cuda::{CudaBackend, Gpu, Options};
+use lily_model::sample::{SampleParams, SampleState};
 
 struct Args {
     model: Option<PathBuf>,
@@ -25,10 +32,12 @@ struct Args {
     steps: usize,
     profile: bool,
     batch: Vec<usize>,
+    served: bool,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { model: None, synth_layers: None, random_layers: None, lengths: vec![256, 4096], steps: 64, profile: false, batch: Vec::new() };
+    let mut a =
+        Args { model: None, synth_layers: None, random_layers: None, lengths: vec![256, 4096], steps: 64, profile: false, batch: Vec::new(), served: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -42,6 +51,7 @@ fn parse() -> Result<Args, String> {
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
             "--profile" => a.profile = true,
+            "--served" => a.served = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -168,9 +178,63 @@ fn run() -> Result<(), String> {
             lily_model::Backend::free(&mut be, s);
         }
     }
+    if args.served {
+        let sizes = if args.batch.is_empty() { vec![1] } else { args.batch.clone() };
+        let greedy = SampleParams { temperature: 0.0, ..SampleParams::default() };
+        // The checkpoint's thinking-mode defaults (generation_config.json).
+        let thinking = SampleParams { temperature: 0.6, top_k: 20, top_p: 0.95, seed: 1, ..SampleParams::default() };
+        for &b in &sizes {
+            for (label, params) in [("greedy", greedy), ("sampled", thinking)] {
+                let ms = served_step_ms(&mut be, b, params, vocab, args.steps).map_err(|e| format!("served {label} at batch {b}: {e}"))?;
+                println!(
+                    "{{\"served\":\"{label}\",\"batch\":{b},\"steps\":{},\"step_ms\":{ms:.4},\"aggregate_tok_s\":{:.1}}}",
+                    args.steps,
+                    b as f64 * 1e3 / ms
+                );
+            }
+        }
+    }
     eprintln!("\n| prompt | prefill tok/s | decode tok/s |\n|---|---|---|");
     for (len, p, d) in table {
         eprintln!("| {len} | {p:.0} | {d:.1} |");
     }
     Ok(())
+}
+
+/// Milliseconds a decode step of `b` sequences (each after its own 256-token
+/// prompt) takes when run ahead as the engine runs it: step t + 1 is
+/// submitted (fed the previous draw on the device) before step t is
+/// collected, so the host's turnaround hides behind the step in flight.
+fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: usize, steps: usize) -> Result<f64, String> {
+    use lily_model::{Backend, Feed};
+    let err = |e: lily_model::ModelError| e.to_string();
+    let mut seqs = Vec::with_capacity(b);
+    let mut feeds = Vec::with_capacity(b);
+    let mut states = Vec::with_capacity(b);
+    for i in 0..b {
+        let prompt = lily_model::contract::batch_prompt_tokens(i, 256, vocab);
+        let s = be.alloc().map_err(err)?;
+        let first = be.prefill_greedy(s, &prompt).map_err(err)?;
+        seqs.push(s);
+        feeds.push((s, Feed::Token(first)));
+        states.push(SampleState::new(params, &prompt));
+    }
+    let previous: Vec<_> = seqs.iter().map(|s| (*s, Feed::Previous)).collect();
+    let warm = 4;
+    let mut pending = be.submit_decode(&feeds, &mut states).map_err(err)?;
+    let mut t0 = Instant::now();
+    for i in 0..warm + steps {
+        if i == warm {
+            t0 = Instant::now();
+        }
+        let next = be.submit_decode(&previous, &mut states).map_err(err)?;
+        be.collect_decode(pending, &mut states).map_err(err)?;
+        pending = next;
+    }
+    be.collect_decode(pending, &mut states).map_err(err)?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    for s in seqs {
+        be.free(s);
+    }
+    Ok(ms)
 }
