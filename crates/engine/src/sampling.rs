@@ -30,6 +30,7 @@ pub fn sample_params(p: &SamplingParams, seed: u64, logprobs: Option<usize>, voc
         top_logprobs: logprobs.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
         // A vocabulary past u32 ids cannot occur (ids are u32): no limit.
         vocab_limit: u32::try_from(vocab_limit).unwrap_or(0),
+        logprob: logprobs.is_some(),
     }
 }
 
@@ -86,10 +87,11 @@ mod tests {
             seed: 3,
             top_logprobs: 5,
             vocab_limit: 1000,
+            logprob: true,
         };
         assert_eq!(p, want);
         let p = sample_params(&SamplingParams { top_k: usize::MAX, ..api }, 3, None, 1000);
-        assert_eq!((p.top_k, p.top_logprobs), (u32::MAX, 0));
+        assert_eq!((p.top_k, p.top_logprobs, p.logprob), (u32::MAX, 0, false));
     }
 
     #[test]

@@ -392,3 +392,37 @@ fn one_pass_top_k_keeps_what_a_full_sort_keeps() {
     }
     assert_eq!(checked, rows.len() * 4 * 3 * 6);
 }
+
+#[test]
+fn a_draw_without_a_logprob_draws_the_same_and_skips_the_log_sum_exp() {
+    let rows: Vec<Vec<f32>> = [(50usize, 21u64), (3000, 22)].iter().map(|&(n, salt)| noise(n, salt).iter().map(|x| 8.0 * x).collect()).collect();
+    for row in &rows {
+        for (top_k, top_p, top_logprobs, presence) in [(20u32, 0.95f32, 0u32, 0.0f32), (0, 0.9, 0, 0.5), (5, 1.0, 3, 0.0), (0, 1.0, 0, 0.0)] {
+            for temperature in [0.0f32, 0.6] {
+                let with = params(|p| {
+                    p.temperature = temperature;
+                    p.top_k = top_k;
+                    p.top_p = top_p;
+                    p.top_logprobs = top_logprobs;
+                    p.presence_penalty = presence;
+                    p.seed = 77;
+                });
+                let without = SampleParams { logprob: false, ..with };
+                let (mut a, mut b) = (SampleState::new(with, &[]), SampleState::new(without, &[]));
+                for step in 0..8 {
+                    let (x, y) = (sample_host(row, &mut a), sample_host(row, &mut b));
+                    let what = format!("n {} top_k {top_k} top_p {top_p} tops {top_logprobs} T {temperature} step {step}", row.len());
+                    assert_eq!(x.token, y.token, "{what}: the same draw");
+                    assert!(x.logprob.is_finite(), "{what}: logprob reported when asked for");
+                    if top_logprobs == 0 {
+                        assert!(y.logprob.is_nan(), "{what}: no logprob computed when nothing reads it");
+                    } else {
+                        // The alternatives need the log-sum-exp anyway: all reported as before.
+                        assert_eq!(x.logprob.to_bits(), y.logprob.to_bits(), "{what}");
+                        assert_eq!(x.top, y.top, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
