@@ -874,10 +874,13 @@ __device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& s
     const int ntop = (int)min(sp.top_logprobs, (u32)SAMPLE_TOP_MAX);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t at = (size_t)r * SAMPLE_FAST_CHUNKS;
-    // Merge: warp w folds the lists of chunks w, w + SAMPLE_WARPS, ...
-    u64 list = 0ull;
+    // Merge: warp w folds the lists of chunks w, w + SAMPLE_WARPS, ... The
+    // first is taken as it is: a chunk's list is sorted, largest first, 0 =
+    // empty, which is exactly what inserting it into an empty list gives
+    // (without 32 serial insertions).
+    u64 list = warp < SAMPLE_FAST_CHUNKS ? sample_fast_keys[(at + warp) * SAMPLE_FAST_KEEP + lane] : 0ull;
 #pragma unroll 4
-    for (int c = warp; c < SAMPLE_FAST_CHUNKS; c += SAMPLE_WARPS)
+    for (int c = warp + SAMPLE_WARPS; c < SAMPLE_FAST_CHUNKS; c += SAMPLE_WARPS)
         warp_list_insert(list, sample_fast_keys[(at + c) * SAMPLE_FAST_KEEP + lane], SAMPLE_FAST_KEEP);
     fs.lists[warp * 32 + lane] = list;
     if (threadIdx.x < SAMPLE_FAST_KEEP) fs.top[threadIdx.x] = 0ull;
