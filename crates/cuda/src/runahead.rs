@@ -1,9 +1,13 @@
 //! The buffers of pipelined decode steps (`CudaBackend::submit_decode`):
 //! per step slot, a page-locked host buffer the host writes the step's
-//! inputs into, a device buffer they land in with one async copy (and the
-//! sampler's outputs are written to), a page-locked host buffer those come
-//! back to with one async copy, and an event recorded after that copy; plus
-//! the device table of each sequence slot's last draw (`Feed::Previous`).
+//! inputs into, a device buffer they land in with one async copy, a
+//! page-locked host buffer mapped into the device's address space that the
+//! sampler writes its outputs straight into (no copy back: a small copy on
+//! the stream cost a served step more than the PCIe writes), and an event
+//! recorded after the step; plus the device table of each sequence slot's
+//! last draw (`Feed::Previous`). Where the driver cannot map the output
+//! buffer, the outputs go to the device buffer and come back with one
+//! async copy, as before.
 //!
 //! There are `MAX_IN_FLIGHT + 1` step slots: a step uses one no uncollected
 //! step holds, so a new step is staged while the ones before it still run,
@@ -87,7 +91,10 @@ impl OutLayout {
 pub struct IoSlot {
     input: PinnedHostSlice<u8>,
     output: PinnedHostSlice<u8>,
-    /// Inputs at 0, outputs at `out_at`.
+    /// The device address of `output` (mapped page-locked memory), or None
+    /// when the outputs go to `dev` at `out_at` and are copied back.
+    output_dev: Option<u64>,
+    /// Inputs at 0, outputs at `out_at` (unmapped outputs only).
     dev: DeviceBuffer,
     out_at: usize,
     /// Recorded after the slot's last download: when it has completed, the
@@ -104,6 +111,17 @@ pub struct StepIo {
     pub last: DeviceBuffer,
     /// Most rows (and block-table entries) one step may carry.
     pub rows: usize,
+}
+
+/// The device address of page-locked memory allocated with
+/// `CU_MEMHOSTALLOC_DEVICEMAP`, or None when the driver does not map it.
+fn mapped_address(buf: &mut PinnedHostSlice<u8>) -> Option<u64> {
+    let p = buf.as_mut_ptr().ok()?;
+    let mut dptr: cudarc::driver::sys::CUdeviceptr = 0;
+    // SAFETY: `p` is the start of a live page-locked allocation made by
+    // this context; the call only writes `dptr`.
+    let r = unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dptr, p.cast(), 0) };
+    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && dptr != 0).then_some(dptr)
 }
 
 /// Page-locked host memory of `bytes` bytes, zeroed.
@@ -127,11 +145,14 @@ impl StepIo {
         let out_at = in_bytes.div_ceil(256) * 256;
         let mut slots = Vec::with_capacity(IO_SLOTS);
         for _ in 0..IO_SLOTS {
+            // The host only writes the inputs (write-combined suits that)
+            // and reads the outputs (cached memory suits that).
+            let mut output = pinned(gpu, out_bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
+            let output_dev = mapped_address(&mut output);
             slots.push(IoSlot {
-                // The host only writes the inputs (write-combined suits
-                // that) and reads the outputs (cached memory suits that).
                 input: pinned(gpu, in_bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
-                output: pinned(gpu, out_bytes, 0)?,
+                output,
+                output_dev,
                 dev: DeviceBuffer::zeroed(gpu, out_at + out_bytes, "decode step io")?,
                 out_at,
                 done: gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).ctx("cuEventCreate")?,
@@ -151,10 +172,14 @@ impl StepIo {
     }
 
     /// Where `sample_rows` writes slot `k`'s outputs for `n` rows (the top
-    /// arrays only when `tops`).
+    /// arrays only when `tops`): the mapped host buffer, or the device
+    /// buffer when it could not be mapped.
     pub fn dev_out(&self, k: usize, n: usize, tops: bool) -> CudaResult<SampleOut> {
         let s = self.slot(k)?;
-        let base = s.dev.at(s.out_at)?;
+        let base = match s.output_dev {
+            Some(p) => p,
+            None => s.dev.at(s.out_at)?,
+        };
         let l = OutLayout::new(n);
         Ok(SampleOut {
             tokens: base + l.tokens as u64,
@@ -187,12 +212,18 @@ impl StepIo {
         unsafe { result::memcpy_htod_async(s.dev.ptr(), src, self.gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync (step inputs)")
     }
 
-    /// Queues the one download of slot `k`'s outputs (`OutLayout` of `n`
-    /// rows, the top arrays only when `tops`) and records the slot's event.
+    /// Ends slot `k`'s step on the stream: queues the download of its
+    /// outputs (`OutLayout` of `n` rows, the top arrays only when `tops`)
+    /// when they are not mapped, and records the slot's event.
     pub fn download(&mut self, k: usize, n: usize, tops: bool) -> CudaResult<()> {
         let stream = self.gpu.cu_stream();
         let gpu_stream = self.gpu.stream.clone();
         let s = self.slots.get_mut(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))?;
+        if s.output_dev.is_some() {
+            // The sampler wrote them into the host buffer; the event orders
+            // the host's read after the step's kernels.
+            return s.done.record(&gpu_stream).ctx("cuEventRecord (step done)");
+        }
         let bytes = OutLayout::new(n).bytes(tops);
         let src = s.dev.at(s.out_at)?;
         let dst = s.output.as_mut_slice().ctx("pinned host buffer")?;
