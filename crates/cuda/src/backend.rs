@@ -13,8 +13,9 @@
 //! the device table of last draws; the decode graph, `sample_rows` (which
 //! also counts the drawn token in the row's count table, so the table
 //! stays exact across steps in flight) and `feed_keep` (the draws become
-//! the last draws) follow, then one async copy brings the outputs back and
-//! an event marks the step done. `collect_decode` waits for that event
+//! the last draws) follow, the sampler having written its outputs straight
+//! into mapped page-locked host memory (or, where the driver cannot map
+//! it, one async copy brings them back), and an event marks the step done. `collect_decode` waits for that event
 //! only. The one wait left at submit: a sequence's count table is made
 //! and uploaded from its state (synchronously) on its first penalised
 //! draw, or when the state no longer matches the table.
@@ -205,10 +206,10 @@ impl CudaBackend {
         Ok(Pending { ticket, slot, seqs, asks: states.iter().map(|st| st.params.top_logprobs).collect(), tops })
     }
 
-    /// Stages, launches and downloads one checked and reserved step in
-    /// step slot `slot`: one upload, then per group of `max_batch` rows
-    /// `feed_stage`, the decode graph, `sample_rows` and `feed_keep`, then
-    /// one download and the slot's event. No host wait.
+    /// Stages and launches one checked and reserved step in step slot
+    /// `slot`: one upload, then per group of `max_batch` rows `feed_stage`,
+    /// the decode graph, `sample_rows` (its outputs into the slot's mapped
+    /// host buffer) and `feed_keep`, then the slot's event. No host wait.
     fn queue_step(
         &mut self,
         slot: usize,
