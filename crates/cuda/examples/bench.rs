@@ -144,13 +144,7 @@ fn run() -> Result<(), String> {
     for &b in &args.batch {
         // Aggregate greedy decode throughput of b sequences stepping together
         // (ids fed back on the device), each from its own 256-token prompt.
-        let mut batch = Vec::new();
-        for i in 0..b {
-            let prompt = lily_model::contract::batch_prompt_tokens(i, 256, vocab);
-            let s = lily_model::Backend::alloc(&mut be).map_err(|e| e.to_string())?;
-            let first = lily_model::Backend::prefill_greedy(&mut be, s, &prompt).map_err(|e| e.to_string())?;
-            batch.push((s, first));
-        }
+        let mut batch = prefilled(&mut be, b, vocab)?;
         let warm = be.model_mut().decode_greedy_batch(&batch, 4).map_err(|e| e.to_string())?;
         for (e, ids) in batch.iter_mut().zip(&warm) {
             e.1 = *ids.last().unwrap_or(&e.1);
@@ -201,6 +195,21 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
+/// `b` new sequences, each prefilled (greedy) with its own 256-token
+/// prompt (`lily_model::contract::batch_prompt_tokens`): (sequence, first
+/// token).
+fn prefilled(be: &mut CudaBackend, b: usize, vocab: usize) -> Result<Vec<(lily_model::SeqId, u32)>, String> {
+    use lily_model::Backend;
+    (0..b)
+        .map(|i| {
+            let prompt = lily_model::contract::batch_prompt_tokens(i, 256, vocab);
+            let s = be.alloc().map_err(|e| e.to_string())?;
+            let first = be.prefill_greedy(s, &prompt).map_err(|e| e.to_string())?;
+            Ok((s, first))
+        })
+        .collect()
+}
+
 /// Milliseconds a decode step of `b` sequences (each after its own 256-token
 /// prompt) takes when run ahead as the engine runs it: step t + 1 is
 /// submitted (fed the previous draw on the device) before step t is
@@ -208,17 +217,10 @@ fn run() -> Result<(), String> {
 fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: usize, steps: usize) -> Result<f64, String> {
     use lily_model::{Backend, Feed};
     let err = |e: lily_model::ModelError| e.to_string();
-    let mut seqs = Vec::with_capacity(b);
-    let mut feeds = Vec::with_capacity(b);
-    let mut states = Vec::with_capacity(b);
-    for i in 0..b {
-        let prompt = lily_model::contract::batch_prompt_tokens(i, 256, vocab);
-        let s = be.alloc().map_err(err)?;
-        let first = be.prefill_greedy(s, &prompt).map_err(err)?;
-        seqs.push(s);
-        feeds.push((s, Feed::Token(first)));
-        states.push(SampleState::new(params, &prompt));
-    }
+    let firsts = prefilled(be, b, vocab)?;
+    let seqs: Vec<_> = firsts.iter().map(|f| f.0).collect();
+    let feeds: Vec<_> = firsts.iter().map(|&(s, first)| (s, Feed::Token(first))).collect();
+    let mut states: Vec<_> = (0..b).map(|i| SampleState::new(params, &lily_model::contract::batch_prompt_tokens(i, 256, vocab))).collect();
     let previous: Vec<_> = seqs.iter().map(|s| (*s, Feed::Previous)).collect();
     let warm = 4;
     let mut pending = be.submit_decode(&feeds, &mut states).map_err(err)?;

@@ -151,9 +151,10 @@ impl StepIo {
             let output_dev = mapped_address(&mut output);
             slots.push(IoSlot {
                 input: pinned(gpu, in_bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
+                // Room for the outputs only when they are not mapped.
+                dev: DeviceBuffer::zeroed(gpu, if output_dev.is_some() { in_bytes } else { out_at + out_bytes }, "decode step io")?,
                 output,
                 output_dev,
-                dev: DeviceBuffer::zeroed(gpu, out_at + out_bytes, "decode step io")?,
                 out_at,
                 done: gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).ctx("cuEventCreate")?,
             });
