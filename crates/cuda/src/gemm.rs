@@ -47,6 +47,10 @@ const GEMM_SCHUNK: usize = 8;
 /// fragments (no fp16 W tile; gemm.cu `DIRECT`): the short expert tiles,
 /// bound by shared-memory traffic and instruction issue.
 const GEMM_DIRECT_ROWS: usize = 16;
+/// Shortest 4-bit tile height that runs on wgmma (gemm.cu `WG`): the W rows
+/// are the A operand, dequantised in registers, and the tile's tokens the
+/// N side of `wgmma.m64nBMk16`, read from a 128-byte-swizzled A tile.
+const GEMM_WG_ROWS: usize = 64;
 /// W rows of a tile.
 pub const GEMM_BN: usize = 128;
 /// Columns of a k-tile: one quantisation group.
@@ -130,10 +134,21 @@ unsafe impl DeviceRepr for GemmParams {}
 /// scales and biases per W row, and the ring (per stage the fp16 A tile and
 /// the raw W codes of one k-tile).
 fn smem_bytes(bits: u32, t: usize) -> usize {
-    let ld = GEMM_BK + GEMM_PAD;
-    let stage = TILE_ROWS[t] * ld * 2 + GEMM_BN * GEMM_BK * bits as usize / 8;
-    let w_tile = if is_direct(bits, TILE_ROWS[t]) { 0 } else { GEMM_BN * ld * 2 };
-    w_tile + 4 * GEMM_BN * GEMM_SCHUNK * 2 + TILE_WSTAGES[t] * stage
+    let bm = TILE_ROWS[t];
+    let wg = is_wgmma(bits, bm);
+    // wgmma reads unpadded, swizzled A rows from a ring that starts on a
+    // 1024-byte boundary (the slack lets the kernel align it).
+    let ld = if wg { GEMM_BK } else { GEMM_BK + GEMM_PAD };
+    let stage = bm * ld * 2 + GEMM_BN * GEMM_BK * bits as usize / 8;
+    let w_tile = if is_direct(bits, bm) || wg { 0 } else { GEMM_BN * ld * 2 };
+    let slack = if wg { 1024 } else { 0 };
+    w_tile + 4 * GEMM_BN * GEMM_SCHUNK * 2 + TILE_WSTAGES[t] * stage + slack
+}
+
+/// Whether tiles of `bm` rows of `bits`-bit weights run on wgmma (gemm.cu
+/// `WG`; no fp16 W tile either).
+fn is_wgmma(bits: u32, bm: usize) -> bool {
+    bits == 4 && bm >= GEMM_WG_ROWS
 }
 
 /// Whether tiles of `bm` rows of `bits`-bit weights skip the fp16 W tile:
@@ -153,6 +168,7 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_MAX_SEGS={GEMM_MAX_SEGS}"),
         format!("-DGEMM_SCHUNK={GEMM_SCHUNK}"),
         format!("-DGEMM_DIRECT_ROWS={GEMM_DIRECT_ROWS}"),
+        format!("-DGEMM_WG_ROWS={GEMM_WG_ROWS}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];

@@ -15,6 +15,14 @@
 // values of its own mma B fragments from the raw codes in the ring, with
 // the same arithmetic (so the same bits), which removes the tile's writes
 // and ldmatrix reads from shared memory, the limit of these short tiles.
+// 4-bit tiles of GEMM_WG_ROWS (64) rows and more (`WG`) run on wgmma with
+// the roles swapped: C^T = W A^T, the 128 W rows of the block as the M side
+// of two warpgroups (64 rows each, dequantised into registers by dq4_pair
+// exactly as DIRECT does, so the weights have the same bits), the BM tokens
+// as the N side, read by the tensor cores straight from the ring's A tile
+// (K-major, 128-byte swizzle). No W tile, no ldmatrix, one wgmma per k16
+// step for the whole tile instead of MF x NF mma.sync per warp; the
+// products are the same fp16 x fp16 -> fp32, summed in another order.
 //
 // Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
 // = 8 warps. BM is a template parameter, compiled for every height of
@@ -211,6 +219,79 @@ __device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
         "l"(gmem), "r"((u32)ok));
 }
 
+
+// ---- wgmma (the 4-bit tiles of GEMM_WG_ROWS rows and more) -------------------
+// W is the A operand, from registers: warp wi of a warpgroup holds W rows
+// 16 wi .. 16 wi + 15 of the group's 64 in the m16n8k16 A-fragment layout
+// (lane (g, c): a0 row g, k 2c..2c+1; a1 row g + 8; a2 row g, k 2c+8..;
+// a3 row g + 8, k 2c+8..), which is what dq4_pair makes from byte c of a
+// row's words 2 ks and 2 ks + 1 (the DIRECT tiles' B fragments). The
+// activations are the B operand (N = the tile's BM tokens), read by the
+// tensor cores from the ring's A tile, stored K-major in 128-byte rows with
+// the 128-byte swizzle (16-byte chunk j of row r at chunk j ^ (r & 7)). The
+// accumulator of lane (g, c) of warp wi, value 4 j + v: W row 16 wi + g +
+// 8 (v >> 1), token 8 j + 2 c + (v & 1).
+
+// Shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand
+// at 32-bit shared address `saddr` (a k16 step within the 1024-byte swizzle
+// atom is +32 bytes): start >> 4 in bits 0-13, leading offset (unused by
+// swizzled K-major layouts) 1, stride 1024 bytes between 8-row groups
+// (>> 4 in bits 32-45), swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ unsigned long long wg_desc_sw128(u32 saddr) {
+    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Shared memory written by cp.async (generic proxy) and read next by the
+// tensor cores (async proxy): each writer fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accesses of an accumulator across a wgmma
+// wait (the asm above updates them asynchronously).
+__device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// D (64 x N, f32) += A (64 x 16, fp16 registers) B (16 x N, descriptor).
+__device__ __forceinline__ void wgmma_m64n64(float* d, const u32* a, unsigned long long desc) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64n128(float* d, const u32* a, unsigned long long desc) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %69, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_tile(float* d, const u32* a, unsigned long long desc) {
+    static_assert(N == 64 || N == 128, "wgmma tile widths compiled: 64, 128");
+    if constexpr (N == 64) wgmma_m64n64(d, a, desc);
+    else wgmma_m64n128(d, a, desc);
+}
+
 template <int BITS, int BM, int S, int SMEM>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS, SG = GEMM_SCHUNK;
@@ -221,7 +302,13 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     static_assert(WTM % 16 == 0 && MF >= 1, "whole m16 tiles per warp");
     static_assert(NF % 2 == 0, "n8 tiles in pairs (one ldmatrix_x4; a SwiGLU gate/up pair)");
     constexpr int RB = BK * BITS / 8;             // bytes of codes of a W row per k-tile (32 or 64)
-    constexpr int A_BYTES = BM * LD * 2;          // a ring stage: the A tile, then the W codes
+    // WG (4-bit tiles of GEMM_WG_ROWS rows and more): wgmma, W from
+    // registers dequantised as in DIRECT, the A tile read by the tensor
+    // cores from the ring (128-byte swizzled rows, no padding); no W tile.
+    constexpr bool WG = BITS == 4 && BM >= GEMM_WG_ROWS;
+    static_assert(!WG || GEMM_THREADS == 256, "WG: two warpgroups of 64 W rows");
+    constexpr int ALD = WG ? BK : LD;             // A tile row stride (halves)
+    constexpr int A_BYTES = BM * ALD * 2;         // a ring stage: the A tile, then the W codes
     constexpr int STAGE = A_BYTES + BN * RB;
     constexpr int SROW = 2 * SG;                  // scale (bias) slots of a row: two chunks, k-tile kt in kt % SROW
     // Direct (16-row 4-bit tiles, the experts of short prompts): each lane
@@ -230,14 +317,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     // fp16 W tile is allocated: Nsight Compute showed these tiles bound by
     // shared-memory traffic (L1/shared at ~80%, DRAM at ~32%), of which
     // writing the W tile and reading it back by ldmatrix was ~60%.
-    constexpr bool DIRECT = BITS == 4 && BM == GEMM_DIRECT_ROWS;
-    constexpr int S_OFF = DIRECT ? 0 : BN * LD * 2;   // byte offsets: scales, biases, ring
+    constexpr bool DIRECT = BITS == 4 && BM == GEMM_DIRECT_ROWS && !WG;
+    constexpr int S_OFF = (DIRECT || WG) ? 0 : BN * LD * 2;   // byte offsets: scales, biases, ring
     constexpr int B_OFF = S_OFF + BN * SROW * 2;
     constexpr int R_OFF = B_OFF + BN * SROW * 2;
     static_assert(S >= 2, "a ring of at least two k-tiles");
     static_assert(S - 1 <= SG, "the k-tiles in flight span at most two scale chunks");
     static_assert(SG * 2 == 16, "a scale chunk of a row is one 16-byte copy");
-    static_assert(R_OFF + S * STAGE == SMEM, "shared memory differs from gemm.rs smem_bytes");
+    constexpr int SLACK = WG ? 1024 : 0;          // WG: the ring starts on a 1024-byte boundary (swizzle atoms)
+    static_assert(!WG || (STAGE % 1024 == 0 && A_BYTES % 1024 == 0), "WG: stages of whole swizzle atoms");
+    static_assert(R_OFF + S * STAGE + SLACK == SMEM, "shared memory differs from gemm.rs smem_bytes");
 
     extern __shared__ __align__(16) unsigned char gm_smem[];
     f16* sW = reinterpret_cast<f16*>(gm_smem);                      // [BN][LD] fp16 W tile
@@ -307,10 +396,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     // opaque so that the compiler keeps it rather than recomputing it).
     u32 s_base = smem_u32(gm_smem);
     asm volatile("" : "+r"(s_base));
-    const u32 s_ring = s_base + R_OFF;
+    const u32 r_off = WG ? ((s_base + R_OFF + 1023u) & ~1023u) - s_base : (u32)R_OFF;   // the ring's byte offset
+    const u32 s_ring = s_base + r_off;
     const u32 s_wq = s_ring + A_BYTES + tr * RB + part * LPT * 16;       // its codes in stage 0
     const int sb_slot = (part ? B_OFF - S_OFF : 0) / 2 + tr * SROW;     // its scale/bias slots (bf16 from sS)
-    const unsigned char* ring_wq = gm_smem + R_OFF + A_BYTES + tr * RB + part * LPT * 16;
+    const unsigned char* ring_wq = gm_smem + r_off + A_BYTES + tr * RB + part * LPT * 16;
 
     u32 magic8 = 0x48004800u;                     // {8.0, 8.0} in a register (dq4_pair)
     asm volatile("" : "+r"(magic8));
@@ -378,7 +468,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             for (int i = 0; i < A_ITERS; ++i) {
                 const unsigned idx = tid + i * NT;
                 if (A_CHUNKS % NT == 0 || idx < A_CHUNKS)
-                    gm_cp16(s_ring + stage + (idx / CPR) * LD * 2 + (idx % CPR) * 16, p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
+                {
+                    const unsigned r = idx / CPR, j = idx % CPR;
+                    const u32 dst = WG ? r * (BK * 2) + ((j ^ (r & 7)) << 4) : r * LD * 2 + j * 16;
+                    gm_cp16(s_ring + stage + dst, p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
+                }
             }
 #pragma unroll
             for (int i = 0; i < LPT; ++i) gm_cp16(s_wq + stage + 16 * i, wsrc + 4 * i, wvalid);
@@ -394,11 +488,33 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         cp_async_commit();
     };
 
-    float acc[MF][NF][4];
+    // DIRECT and WG: the 8 code words of W row `row` of a ring stage's
+    // codes `wq` (4-bit: 32 bytes a row) and the row's dq4_pair scale and
+    // bias words of scale slot `slot`.
+    auto row_codes = [&](const unsigned char* wq, int row, unsigned slot, u32* w, u32& s2, u32& b2) {
+        const uint4 q0 = *reinterpret_cast<const uint4*>(wq + row * RB);
+        const uint4 q1 = *reinterpret_cast<const uint4*>(wq + row * RB + 16);
+        w[0] = q0.x;
+        w[1] = q0.y;
+        w[2] = q0.z;
+        w[3] = q0.w;
+        w[4] = q1.x;
+        w[5] = q1.y;
+        w[6] = q1.z;
+        w[7] = q1.w;
+        s2 = dq4_scale2(bf16_to_f32(sS[row * SROW + slot]));
+        b2 = dq4_bias2(bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + row * SROW + slot]));
+    };
+    float acc[WG ? 1 : MF][NF][4];
 #pragma unroll
-    for (int i = 0; i < MF; ++i)
+    for (int i = 0; i < (WG ? 1 : MF); ++i)
 #pragma unroll
         for (int j = 0; j < NF; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    // WG: the warpgroup's 64 W rows x BM tokens (module comment above wgmma).
+    float wacc[WG ? BM / 2 : 1];
+#pragma unroll
+    for (int i = 0; i < (WG ? BM / 2 : 1); ++i) wacc[i] = 0.f;
+    const int wg_row = (int)(warp >> 2) * 64 + (int)(warp & 3) * 16 + (int)(lane >> 2);   // WG: W row g of the warp
 
     // The ring: k-tile it + S - 1 is copied while k-tile it is dequantised
     // and multiplied, so S - 1 k-tiles of weights are in flight per block.
@@ -407,6 +523,47 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     u32 rd = 0;                                   // byte offset of the stage of k-tile it
     const bf16* my_s = sS + tr * SROW;
     const bf16* my_b = my_s + (B_OFF - S_OFF) / 2;
+    if constexpr (WG) {
+        for (int it = 0; it < nkt; ++it) {
+            const unsigned slot = (unsigned)(kt0 + it) % SROW;
+            // As below, and the landed copies made visible to the tensor
+            // cores; the barrier also ends k-tile it - 1, whose wgmma every
+            // warpgroup waited for.
+            cp_async_wait<S - 2>();
+            fence_proxy_async();
+            __syncthreads();
+            issue(it + S - 1, rd == 0 ? (S - 1) * STAGE : rd - STAGE);
+            // af[ks] = {row g words 2ks, row g + 8 words 2ks, row g words
+            // 2ks + 1, row g + 8 words 2ks + 1}, byte c of each (a quad
+            // reads the same rows).
+            const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
+            u32 af[BK / 16][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                u32 w8[8], s2, b2;
+                row_codes(wq, wg_row + 8 * h, slot, w8, s2, b2);
+#pragma unroll
+                for (int ks = 0; ks < BK / 16; ++ks) {
+                    af[ks][h] = dq4_pair(w8[2 * ks], dsel, s2, b2, magic8);
+                    af[ks][2 + h] = dq4_pair(w8[2 * ks + 1], dsel, s2, b2, magic8);
+                }
+            }
+            // The k-tile's four k16 steps as one group, retired before the
+            // next k-tile: a version that dequantised k-tile it + 1 while
+            // this group ran (double-buffered fragments, one more stage)
+            // measured the same at 256 and 4,096 tokens, the other
+            // warpgroups of the SM already keeping the tensor cores fed.
+            wgmma_fence();
+            const u32 a_tile = s_ring + rd;
+#pragma unroll
+            for (int ks = 0; ks < BK / 16; ++ks) wgmma_tile<BM>(wacc, af[ks], wg_desc_sw128(a_tile + ks * 32));
+            wgmma_commit();
+            wgmma_wait<0>();
+            rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
+        }
+#pragma unroll
+        for (int i = 0; i < (WG ? BM / 2 : 1); ++i) wg_reg_fence(wacc[i]);
+    } else
     for (int it = 0; it < nkt; ++it) {
         const unsigned slot = (unsigned)(kt0 + it) % SROW;
         // Group it landed (S - 2 younger groups may be pending) for this
@@ -422,28 +579,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         u32 dw[DIRECT ? NF : 1][8];
         u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
         if constexpr (DIRECT) {
-            const unsigned char* wq = gm_smem + R_OFF + rd + A_BYTES;
+            const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
 #pragma unroll
             for (int nf = 0; nf < NF; ++nf) {
-                const int row = (int)wn * WTN + nf * 8 + (int)(lane >> 2);
-                const uint4 q0 = *reinterpret_cast<const uint4*>(wq + row * RB);
-                const uint4 q1 = *reinterpret_cast<const uint4*>(wq + row * RB + 16);
-                dw[nf][0] = q0.x;
-                dw[nf][1] = q0.y;
-                dw[nf][2] = q0.z;
-                dw[nf][3] = q0.w;
-                dw[nf][4] = q1.x;
-                dw[nf][5] = q1.y;
-                dw[nf][6] = q1.z;
-                dw[nf][7] = q1.w;
-                ds2[nf] = dq4_scale2(bf16_to_f32(sS[row * SROW + slot]));
-                db2[nf] = dq4_bias2(bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + row * SROW + slot]));
+                row_codes(wq, (int)wn * WTN + nf * 8 + (int)(lane >> 2), slot, dw[nf], ds2[nf], db2[nf]);
             }
         } else {
             store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
             __syncthreads();
         }
-        const f16* a_s = reinterpret_cast<const f16*>(gm_smem + R_OFF + rd);
+        const f16* a_s = reinterpret_cast<const f16*>(gm_smem + r_off + rd);
         const f16* w_s = sW;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) {
@@ -480,6 +625,45 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const GemmSeg& so = p.seg[gemm_seg_of_tile(p, blockIdx.x)];
     const int o0 = ((int)blockIdx.x - so.tile0) * (swiglu ? BN / 2 : BN);
     const int g = (int)(lane >> 2), c4 = (int)(lane & 3);
+    if constexpr (WG) {
+        // Lane (g, c), value 4 j + v: token 8 j + 2 c + (v & 1), W row
+        // wg_row + 8 (v >> 1); in SwiGLU mode that row pair is the gate
+        // and up rows of intermediate o0 + wg_row / 16 * 8 + g.
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const int m = m0 + 8 * j + 2 * c4 + t;
+                if (m >= m1) continue;
+                float* prow = p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr;
+                if (swiglu) {
+                    const int i = o0 + (wg_row >> 4) * 8 + g;
+                    if (i >= so.n) continue;
+                    const float gt = wacc[4 * j + t], up = wacc[4 * j + 2 + t];
+                    if (prow != nullptr) {
+                        prow[i] = gt;
+                        prow[so.n + i] = up;
+                    } else {
+                        so.out_f16[(size_t)m * so.ldc + i] = f32_to_f16(siluf_(gt) * up);
+                    }
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int n = o0 + wg_row + 8 * h;
+                        if (n >= so.n) continue;
+                        const float v = wacc[4 * j + 2 * h + t];
+                        if (prow != nullptr) {
+                            prow[so.col0 + n] = v;
+                        } else {
+                            float* o = so.out_f32 + (size_t)m * so.ldc + n;
+                            if (p.mode == 1) *o += v;
+                            else *o = v;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
 #pragma unroll
     for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
@@ -524,6 +708,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 }
             }
         }
+    }
     }
 }
 
