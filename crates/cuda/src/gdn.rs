@@ -244,11 +244,23 @@ impl GdnScratch {
     }
 }
 
-/// Warps of a `gdn_chunk_state` block (16 value columns each): as many as
-/// divide the head, at most 4.
+/// Value groups of a `gdn_chunk_state` block (16 value columns each): two
+/// when the head divides, so that the real shape (128 columns) runs 4
+/// blocks a head, 128 blocks in all, each walking the chunks in sequence.
 pub fn state_warps(dims: &Dims) -> usize {
     let tiles = dims.gv_dim / 16;
-    [4, 3, 2, 1].into_iter().find(|w| tiles.is_multiple_of(*w)).unwrap_or(1)
+    [2, 1].into_iter().find(|w| tiles.is_multiple_of(*w)).unwrap_or(1)
+}
+
+/// Warps sharing one value group's keys in `gdn_chunk_state`: two halves
+/// when each is whole k16 steps (the serial chain a warp runs per chunk is
+/// what bounds the kernel, and halving its keys halves it), else one.
+pub fn state_key_split(dims: &Dims) -> usize {
+    if dims.gk_dim.is_multiple_of(32) {
+        2
+    } else {
+        1
+    }
 }
 
 /// bf16 row stride of a shared-memory split tile of `n` columns (GDN_SPL).
@@ -265,7 +277,10 @@ pub fn wu_smem(dims: &Dims) -> usize {
 pub fn state_smem(dims: &Dims) -> usize {
     let c = GDN_CHUNK;
     let bv = 16 * state_warps(dims);
-    2 * (2 * c * spl(dims.gk_dim) * 2 + bv * (c + 8) * 4 + c * 4)
+    let ks = state_key_split(dims);
+    // With split keys, a Vn partial per warp: its C/8 x 4 accumulators a lane.
+    let partials = if ks > 1 { state_warps(dims) * ks * (c / 2) * 32 * 4 } else { 0 };
+    2 * (2 * c * spl(dims.gk_dim) * 2 + bv * (c + 8) * 4 + c * 4) + partials
 }
 pub fn out_smem(dims: &Dims) -> usize {
     let (c, d) = (GDN_CHUNK, dims.gk_dim);
@@ -280,6 +295,7 @@ pub fn defines(dims: &Dims) -> Vec<String> {
     vec![
         format!("-DGDN_CHUNK={GDN_CHUNK}"),
         format!("-DGDN_STATE_WARPS={}", state_warps(dims)),
+        format!("-DGDN_STATE_KSPLIT={}", state_key_split(dims)),
         format!("-DGDN_WU_SMEM={}", wu_smem(dims)),
         format!("-DGDN_STATE_SMEM={}", state_smem(dims)),
         format!("-DGDN_OUT_SMEM={}", out_smem(dims)),
@@ -385,7 +401,7 @@ pub fn prefill(
         capture_chunk: capture.map_or(-1, |c| (c.at / GDN_CHUNK) as i32),
     };
     let col_blocks = (dims.gv_dim / (16 * sw)) as u32;
-    launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, 1), (32 * sw) as u32, state_smem(dims), &st)?;
+    launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, 1), (32 * sw * state_key_split(dims)) as u32, state_smem(dims), &st)?;
     let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), 256, out_smem(dims), &out)?;
     let (mix_f32, mix_f16, mix_px, _) = mix.split();

@@ -706,36 +706,54 @@ struct GdnStateParams {
 };
 GDN_LAYOUT(GdnStateParams, GDN_STATE_PARAMS_BYTES);
 
-#define ST_W GDN_STATE_WARPS            // warps per block, each owning 16 value columns
+#define ST_W GDN_STATE_WARPS            // value groups per block, each 16 value columns
+#define ST_KS GDN_STATE_KSPLIT          // warps sharing a value group, each a slice of the keys
+#define ST_KH (GDN_D / ST_KS)           // keys a warp holds
 #define ST_BV (16 * ST_W)               // value columns per block
 #define ST_LD GDN_SPL(GDN_D)            // bf16 row stride of the w and k tiles
 #define ST_LDU (GDN_CHUNK + 8)          // float row stride of the U^T rows
 #define ST_BUF_BYTES (2 * GDN_CHUNK * ST_LD * 2 + ST_BV * ST_LDU * 4 + GDN_CHUNK * 4)
+#define ST_X_FLOATS (GDN_CHUNK / 2 * 32)   // a warp's Vn partial (its vn registers, lane-minor)
 static_assert(GDN_D % ST_BV == 0, "the value columns split into whole blocks");
-static_assert(2 * ST_BUF_BYTES == GDN_STATE_SMEM, "gdn_chunk_state shared memory differs from gdn.rs state_smem");
+static_assert(ST_KS == 1 || ST_KS == 2, "keys whole or in two halves");
+static_assert(ST_KH % 16 == 0, "a warp's keys are whole k16 steps");
+static_assert(2 * ST_BUF_BYTES + (ST_KS > 1 ? ST_W * ST_KS * ST_X_FLOATS * 4 : 0) == GDN_STATE_SMEM,
+              "gdn_chunk_state shared memory differs from gdn.rs state_smem");
 
-// grid (GV_HEADS, GV_DIM / ST_BV), block 32 * ST_W. Warp w owns the value
-// columns v0 + 16w .. +16 of S for the whole call, as S^T (16 v rows x D key
-// columns) in mma accumulators (D/2 floats a thread), so S^T is the A
-// operand of Vn^T = U^T - S^T W^T directly (two n8 accumulator tiles = one
+// grid (GV_HEADS, GV_DIM / ST_BV), block 32 * ST_W * ST_KS. Warp (w, kh) =
+// (warp % ST_W, warp / ST_W) owns the value columns v0 + 16w .. +16 and the
+// keys kh ST_KH .. +ST_KH of S for the whole call, as S^T (16 v rows x ST_KH
+// key columns) in mma accumulators (ST_KH/2 floats a thread), so S^T is the
+// A operand of Vn^T = U^T - S^T W^T directly (two n8 accumulator tiles = one
 // k16 A fragment) and the accumulator of S^T = e^{G_L} S^T + Vn^T diag(e^{G_L
-// - G}) K. Per chunk a warp runs D/16 x 4 x 6 + 4 x D/16 x 6 = 384 mma (D =
-// 128). Dynamic smem: two buffers of {w split [C][ST_LD], k split [C][ST_LD],
-// U^T rows [ST_BV][ST_LDU] f32, G [C]}, 172 KB at D = 128; chunk c + 1 loads
-// by cp.async while chunk c computes. The block's 16 x ST_W rows of Vn^T
-// overwrite its own U^T rows (already in shared memory), and S0^T is stored
-// from the A fragments (already split) before each chunk.
-extern "C" __global__ void __launch_bounds__(32 * ST_W, 1)
+// - G}) K. With the keys in two halves (ST_KS = 2) each warp of a pair sums
+// its half of S^T W^T (warp kh = 0 starting from U^T, kh = 1 from zero), the
+// pair swaps the partials through shared memory, and both add them as
+// X0 + X1 (so both hold the same Vn); each then updates its own keys. Per
+// chunk a warp runs ST_KH/16 x 4 x 6 + 4 x ST_KH/16 x 6 mma (192 at D = 128
+// in halves; one warp for all keys took 384 and, with 64 blocks of 4 warps
+// walking the 64 chunks of a 4,096-token pass in sequence, 435 us a layer).
+// The chain per chunk is what bounds this kernel, so halving a warp's keys
+// halves it. Dynamic smem: two buffers of {w split [C][ST_LD], k split
+// [C][ST_LD], U^T rows [ST_BV][ST_LDU] f32, G [C]}, then (ST_KS = 2) a Vn
+// partial per warp; chunk c + 1 loads by cp.async while chunk c computes.
+// The block's 16 x ST_W rows of Vn^T overwrite its own U^T rows (already in
+// shared memory; warps kh = 0 write them), and S0^T is stored from the A
+// fragments (already split) before each chunk.
+extern "C" __global__ void __launch_bounds__(32 * ST_W * ST_KS, 1)
 gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     const int h = blockIdx.x, kh = h / GDN_RATIO, v0 = blockIdx.y * ST_BV;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int lv = 16 * warp;   // this warp's first row of S^T within the block
+    const int wv = warp % ST_W, ks = warp / ST_W;   // value group, key slice
+    const int lv = 16 * wv;     // this warp's first row of S^T within the block
+    const int k0 = ks * ST_KH;  // its first key
     const int nch = p.Tp / GDN_CHUNK;
     auto sW = [&](int b) { return reinterpret_cast<bf16*>(gdn_smem + b * ST_BUF_BYTES); };
     auto sK = [&](int b) { return sW(b) + GDN_CHUNK * ST_LD; };
     auto sU = [&](int b) { return reinterpret_cast<float*>(sK(b) + GDN_CHUNK * ST_LD); };
     auto sG = [&](int b) { return sU(b) + ST_BV * ST_LDU; };
+    float* sX = reinterpret_cast<float*>(gdn_smem + 2 * ST_BUF_BYTES);   // [warp][ST_X_FLOATS] Vn partials
     auto prefetch = [&](int c, int b) {
         const size_t row = (size_t)h * p.Tp + (size_t)c * GDN_CHUNK;
         cp_rows(sW(b), ST_LD * 2, p.w + row * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
@@ -746,10 +764,10 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
 
     // S^T accumulators: s[nk][e] = S[8 nk + 2 tq + (e & 1)][v0 + lv + g + 8 (e >> 1)]
     // (offsets from Sg are constants, so no per-element address stays live).
-    float* Sg = p.state + (size_t)h * GDN_D * GDN_D + 2 * tq * GDN_D + v0 + lv + g;
-    float s[GDN_D / 8][4];
+    float* Sg = p.state + (size_t)h * GDN_D * GDN_D + (size_t)(k0 + 2 * tq) * GDN_D + v0 + lv + g;
+    float s[ST_KH / 8][4];
 #pragma unroll
-    for (int nk = 0; nk < GDN_D / 8; ++nk)
+    for (int nk = 0; nk < ST_KH / 8; ++nk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nk][e] = Sg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)];
 
@@ -770,8 +788,11 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
         float vn[GDN_CHUNK / 8][4];
 #pragma unroll
         for (int nt = 0; nt < GDN_CHUNK / 8; ++nt) {
-            const float2 a = *reinterpret_cast<const float2*>(tu + (lv + g) * ST_LDU + 8 * nt + 2 * tq);
-            const float2 bb = *reinterpret_cast<const float2*>(tu + (lv + g + 8) * ST_LDU + 8 * nt + 2 * tq);
+            float2 a = make_float2(0.f, 0.f), bb = a;
+            if (ks == 0) {
+                a = *reinterpret_cast<const float2*>(tu + (lv + g) * ST_LDU + 8 * nt + 2 * tq);
+                bb = *reinterpret_cast<const float2*>(tu + (lv + g + 8) * ST_LDU + 8 * nt + 2 * tq);
+            }
             vn[nt][0] = a.x;
             vn[nt][1] = a.y;
             vn[nt][2] = bb.x;
@@ -782,13 +803,13 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
             // there would leave it (a prefix snapshot inside the prompt).
             float* Cg = p.capture + (Sg - p.state);
 #pragma unroll
-            for (int nk = 0; nk < GDN_D / 8; ++nk)
+            for (int nk = 0; nk < ST_KH / 8; ++nk)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) Cg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)] = s[nk][e];
         }
-        bf16* H = p.hs + (((size_t)h * nch + c) * GDN_D + v0 + lv + g) * 2 * GDN_D + 2 * tq;
+        bf16* H = p.hs + (((size_t)h * nch + c) * GDN_D + v0 + lv + g) * 2 * GDN_D + k0 + 2 * tq;
 #pragma unroll
-        for (int kk = 0; kk < GDN_D / 16; ++kk) {
+        for (int kk = 0; kk < ST_KH / 16; ++kk) {
             u32 ah[4], al[4];
             c2a(ah, al, s[2 * kk], s[2 * kk + 1]);
             u32* h0 = reinterpret_cast<u32*>(H + 16 * kk);                       // row g, keys 16 kk + 2 tq
@@ -809,29 +830,49 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
 #pragma unroll
             for (int np = 0; np < GDN_CHUNK / 16; ++np) {
                 u32 bh[4], bl[4];
-                ldb_split_nk(bh, bl, tw, ST_LD, GDN_D, 16 * np, 16 * kk);
+                ldb_split_nk(bh, bl, tw, ST_LD, GDN_D, 16 * np, k0 + 16 * kk);
                 mma3x2(vn + 2 * np, ah, al, bh, bl);
             }
+        }
+        if constexpr (ST_KS > 1) {
+            // Swap the partials with the other warp of the pair (same lane
+            // layout) and add them in one order, X0 + X1, in both warps.
+            float* mine = sX + warp * ST_X_FLOATS;
+            const float* other = sX + (ks == 0 ? warp + ST_W : warp - ST_W) * ST_X_FLOATS;   // warp (wv, 1 - ks)
+#pragma unroll
+            for (int nt = 0; nt < GDN_CHUNK / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) mine[(4 * nt + e) * 32 + lane] = vn[nt][e];
+            __syncthreads();
+#pragma unroll
+            for (int nt = 0; nt < GDN_CHUNK / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float o = other[(4 * nt + e) * 32 + lane];
+                    vn[nt][e] = ks == 0 ? vn[nt][e] + o : o + vn[nt][e];
+                }
         }
 
         // Vn^T out, split rows [hi C | lo C], over this warp's U^T rows.
         bf16* VN = reinterpret_cast<bf16*>(p.vu + ((size_t)h * p.Tp + (size_t)c * GDN_CHUNK) * GDN_D + (size_t)(v0 + lv + g) * GDN_CHUNK) + 2 * tq;
+        if (ks == 0) {   // one warp of a pair stores Vn^T
 #pragma unroll
-        for (int nt = 0; nt < GDN_CHUNK / 8; ++nt) {
-            u32 hi, lo;
-            split2(vn[nt][0], vn[nt][1], hi, lo);
-            *reinterpret_cast<u32*>(VN + 8 * nt) = hi;
-            *reinterpret_cast<u32*>(VN + GDN_CHUNK + 8 * nt) = lo;
-            split2(vn[nt][2], vn[nt][3], hi, lo);
-            *reinterpret_cast<u32*>(VN + 8 * 2 * GDN_CHUNK + 8 * nt) = hi;
-            *reinterpret_cast<u32*>(VN + 8 * 2 * GDN_CHUNK + GDN_CHUNK + 8 * nt) = lo;
+            for (int nt = 0; nt < GDN_CHUNK / 8; ++nt) {
+                u32 hi, lo;
+                split2(vn[nt][0], vn[nt][1], hi, lo);
+                *reinterpret_cast<u32*>(VN + 8 * nt) = hi;
+                *reinterpret_cast<u32*>(VN + GDN_CHUNK + 8 * nt) = lo;
+                split2(vn[nt][2], vn[nt][3], hi, lo);
+                *reinterpret_cast<u32*>(VN + 8 * 2 * GDN_CHUNK + 8 * nt) = hi;
+                *reinterpret_cast<u32*>(VN + 8 * 2 * GDN_CHUNK + GDN_CHUNK + 8 * nt) = lo;
+            }
         }
 
         // S^T = e^{G_L} S^T + (Vn^T diag(e^{G_L - G})) K
         const float gl = G[GDN_CHUNK - 1];
         const float el = expf(gl);
 #pragma unroll
-        for (int nk = 0; nk < GDN_D / 8; ++nk)
+        for (int nk = 0; nk < ST_KH / 8; ++nk)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nk][e] *= el;
 #pragma unroll
@@ -844,9 +885,9 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
             split2(d8 * vn[2 * kt + 1][0], d9 * vn[2 * kt + 1][1], ah[2], al[2]);
             split2(d8 * vn[2 * kt + 1][2], d9 * vn[2 * kt + 1][3], ah[3], al[3]);
 #pragma unroll
-            for (int nk2 = 0; nk2 < GDN_D / 16; ++nk2) {
+            for (int nk2 = 0; nk2 < ST_KH / 16; ++nk2) {
                 u32 bh[4], bl[4];
-                ldb_split_kn(bh, bl, tk, ST_LD, GDN_D, 16 * kt, 16 * nk2);
+                ldb_split_kn(bh, bl, tk, ST_LD, GDN_D, 16 * kt, k0 + 16 * nk2);
                 mma3x2(s + 2 * nk2, ah, al, bh, bl);
             }
         }
@@ -855,7 +896,7 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int nk = 0; nk < GDN_D / 8; ++nk)
+    for (int nk = 0; nk < ST_KH / 8; ++nk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) Sg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)] = s[nk][e];
 }
