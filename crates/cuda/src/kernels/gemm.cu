@@ -563,60 +563,61 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         }
 #pragma unroll
         for (int i = 0; i < (WG ? BM / 2 : 1); ++i) wg_reg_fence(wacc[i]);
-    } else
-    for (int it = 0; it < nkt; ++it) {
-        const unsigned slot = (unsigned)(kt0 + it) % SROW;
-        // Group it landed (S - 2 younger groups may be pending) for this
-        // thread; the barrier makes every thread's copies visible and ends
-        // k-tile it - 1 (its stage and the fp16 W tile are free again).
-        cp_async_wait<S - 2>();
-        __syncthreads();
-        issue(it + S - 1, rd == 0 ? (S - 1) * STAGE : rd - STAGE);
-        // DIRECT: lane (g, c) needs, of W row wn WTN + 8 nf + g, the codes
-        // 16 ks + 2c, +1 (b0) and 16 ks + 8 + 2c, +1 (b1): byte c of the
-        // row's words 2 ks and 2 ks + 1. Its two rows' 32 bytes are read
-        // once (a quad reads the same row: a broadcast), with their scales.
-        u32 dw[DIRECT ? NF : 1][8];
-        u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
-        if constexpr (DIRECT) {
-            const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
-#pragma unroll
-            for (int nf = 0; nf < NF; ++nf) {
-                row_codes(wq, (int)wn * WTN + nf * 8 + (int)(lane >> 2), slot, dw[nf], ds2[nf], db2[nf]);
-            }
-        } else {
-            store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
+    } else {
+        for (int it = 0; it < nkt; ++it) {
+            const unsigned slot = (unsigned)(kt0 + it) % SROW;
+            // Group it landed (S - 2 younger groups may be pending) for this
+            // thread; the barrier makes every thread's copies visible and ends
+            // k-tile it - 1 (its stage and the fp16 W tile are free again).
+            cp_async_wait<S - 2>();
             __syncthreads();
-        }
-        const f16* a_s = reinterpret_cast<const f16*>(gm_smem + r_off + rd);
-        const f16* w_s = sW;
-#pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {
-            u32 af[MF][4];
-#pragma unroll
-            for (int mf = 0; mf < MF; ++mf)
-                ldmatrix_x4(af[mf][0], af[mf][1], af[mf][2], af[mf][3],
-                            a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
-            u32 bf[NF][2];
+            issue(it + S - 1, rd == 0 ? (S - 1) * STAGE : rd - STAGE);
+            // DIRECT: lane (g, c) needs, of W row wn WTN + 8 nf + g, the codes
+            // 16 ks + 2c, +1 (b0) and 16 ks + 8 + 2c, +1 (b1): byte c of the
+            // row's words 2 ks and 2 ks + 1. Its two rows' 32 bytes are read
+            // once (a quad reads the same row: a broadcast), with their scales.
+            u32 dw[DIRECT ? NF : 1][8];
+            u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
             if constexpr (DIRECT) {
-                // Byte c's low nibble is code 2c, its high one 2c + 1.
+                const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
 #pragma unroll
-                for (int nf = 0; nf < NF; ++nf)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) bf[nf][h] = dq4_pair(dw[nf][2 * ks + h], dsel, ds2[nf], db2[nf], magic8);
+                for (int nf = 0; nf < NF; ++nf) {
+                    row_codes(wq, (int)wn * WTN + nf * 8 + (int)(lane >> 2), slot, dw[nf], ds2[nf], db2[nf]);
+                }
             } else {
-#pragma unroll
-                for (int np = 0; np < NF / 2; ++np)
-                    ldmatrix_x4(bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1],
-                                w_s + (wn * WTN + np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
+                __syncthreads();
             }
+            const f16* a_s = reinterpret_cast<const f16*>(gm_smem + r_off + rd);
+            const f16* w_s = sW;
 #pragma unroll
-            for (int mf = 0; mf < MF; ++mf)
+            for (int ks = 0; ks < BK / 16; ++ks) {
+                u32 af[MF][4];
 #pragma unroll
-                for (int nf = 0; nf < NF; ++nf)
-                    mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
+                for (int mf = 0; mf < MF; ++mf)
+                    ldmatrix_x4(af[mf][0], af[mf][1], af[mf][2], af[mf][3],
+                                a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
+                u32 bf[NF][2];
+                if constexpr (DIRECT) {
+                    // Byte c's low nibble is code 2c, its high one 2c + 1.
+#pragma unroll
+                    for (int nf = 0; nf < NF; ++nf)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) bf[nf][h] = dq4_pair(dw[nf][2 * ks + h], dsel, ds2[nf], db2[nf], magic8);
+                } else {
+#pragma unroll
+                    for (int np = 0; np < NF / 2; ++np)
+                        ldmatrix_x4(bf[2 * np][0], bf[2 * np][1], bf[2 * np + 1][0], bf[2 * np + 1][1],
+                                    w_s + (wn * WTN + np * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                }
+#pragma unroll
+                for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+                    for (int nf = 0; nf < NF; ++nf)
+                        mma_f16(acc[mf][nf], af[mf][0], af[mf][1], af[mf][2], af[mf][3], bf[nf][0], bf[nf][1]);
+            }
+            rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
         }
-        rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
     }
 
     // Epilogue: the mode's output, or this split's raw partial sums. The
@@ -665,50 +666,50 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         }
     } else {
 #pragma unroll
-    for (int mf = 0; mf < MF; ++mf) {
+        for (int mf = 0; mf < MF; ++mf) {
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const int m = m0 + wm * WTM + mf * 16 + g + 8 * hr;
-            if (m >= m1) continue;
-            float* prow = p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr;
-            if (swiglu) {
+            for (int hr = 0; hr < 2; ++hr) {
+                const int m = m0 + wm * WTM + mf * 16 + g + 8 * hr;
+                if (m >= m1) continue;
+                float* prow = p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr;
+                if (swiglu) {
 #pragma unroll
-                for (int q = 0; q < NF / 2; ++q) {
-                    const int i = o0 + (wn * (NF / 2) + q) * 8 + 2 * c4;
-                    if (i >= so.n) continue;
-                    const float* gt = acc[mf][2 * q];
-                    const float* up = acc[mf][2 * q + 1];
-                    if (prow != nullptr) {
-                        prow[i] = gt[2 * hr];
-                        prow[i + 1] = gt[2 * hr + 1];
-                        prow[so.n + i] = up[2 * hr];
-                        prow[so.n + i + 1] = up[2 * hr + 1];
-                    } else {
-                        const float y0 = siluf_(gt[2 * hr]) * up[2 * hr];
-                        const float y1 = siluf_(gt[2 * hr + 1]) * up[2 * hr + 1];
-                        *reinterpret_cast<u32*>(so.out_f16 + (size_t)m * so.ldc + i) = pack_f16x2(y0, y1);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int nf = 0; nf < NF; ++nf) {
-                    const int n = o0 + wn * WTN + nf * 8 + 2 * c4;
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        if (n + j >= so.n) continue;
-                        const float v = acc[mf][nf][2 * hr + j];
+                    for (int q = 0; q < NF / 2; ++q) {
+                        const int i = o0 + (wn * (NF / 2) + q) * 8 + 2 * c4;
+                        if (i >= so.n) continue;
+                        const float* gt = acc[mf][2 * q];
+                        const float* up = acc[mf][2 * q + 1];
                         if (prow != nullptr) {
-                            prow[so.col0 + n + j] = v;
+                            prow[i] = gt[2 * hr];
+                            prow[i + 1] = gt[2 * hr + 1];
+                            prow[so.n + i] = up[2 * hr];
+                            prow[so.n + i + 1] = up[2 * hr + 1];
                         } else {
-                            float* o = so.out_f32 + (size_t)m * so.ldc + n + j;
-                            if (p.mode == 1) *o += v;
-                            else *o = v;
+                            const float y0 = siluf_(gt[2 * hr]) * up[2 * hr];
+                            const float y1 = siluf_(gt[2 * hr + 1]) * up[2 * hr + 1];
+                            *reinterpret_cast<u32*>(so.out_f16 + (size_t)m * so.ldc + i) = pack_f16x2(y0, y1);
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int nf = 0; nf < NF; ++nf) {
+                        const int n = o0 + wn * WTN + nf * 8 + 2 * c4;
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) {
+                            if (n + j >= so.n) continue;
+                            const float v = acc[mf][nf][2 * hr + j];
+                            if (prow != nullptr) {
+                                prow[so.col0 + n + j] = v;
+                            } else {
+                                float* o = so.out_f32 + (size_t)m * so.ldc + n + j;
+                                if (p.mode == 1) *o += v;
+                                else *o = v;
+                            }
                         }
                     }
                 }
             }
         }
-    }
     }
 }
 
