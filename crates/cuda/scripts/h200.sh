@@ -45,6 +45,14 @@ for s in $STAGES; do
       run ncu 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
         "$BIN/bench" --random-layers 40 --lengths 256 --steps 2
       python3 crates/cuda/scripts/ncu_summary.py "$OUT/ncu.csv" 4 > "$OUT/ncu_summary.txt" 2>&1 ;;
+    ncu-stalls) # why the prefill GEMM's wgmma tiles wait: warp stall reasons (sampled per
+      # instruction) of the first in-projection, out-projection and expert launches of a
+      # 4,096-token prefill (NOTES.md, "What limits serving next": the tensor pipe is ~48% busy)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo /usr/local/cuda/bin/ncu)
+      run ncu-stalls 240 "$NCU" --clock-control none -k regex:gemm_q4_bm128 --launch-count 4 \
+        --section WarpStateStats --section SourceCounters --section SchedulerStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --log-file "$OUT/ncu-stalls.txt" \
+        "$BIN/bench" --random-layers 40 --lengths 4096 --steps 2 ;;
   esac
 done
 echo "---- summary"
