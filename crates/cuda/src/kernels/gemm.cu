@@ -42,6 +42,12 @@
 // The weight ring (shared memory, per block):
 //   fp16 W tile [128][72] | scales [128][16] | biases [128][16] |
 //   ring of S stages, each { fp16 A tile [BM][72], raw W codes [128][32 or 64 B] }
+// (DIRECT: no W tile; WG: no W tile, and the ring starts on the next
+// 1024-byte boundary with A tiles [BM][64] in 128-byte-swizzled rows, the
+// layout wgmma reads.) Per k-tile WG waits for its copies, fences them for
+// the tensor cores (fence.proxy.async), meets at the barrier, issues the
+// next copies, dequantises its two rows' codes into A fragments and runs
+// the four k16 steps as one wgmma group, retired before the next k-tile.
 // S = GEMM_WSTAGES_T* per tile height (gemm.rs TILE_WSTAGES: 4, 5, 5, 3 for
 // 16, 32, 64, 128 rows). K-tile kt's A rows and W codes are copied by
 // cp.async.cg (16 bytes; each thread copies the codes it later dequantises)
