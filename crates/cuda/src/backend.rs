@@ -15,10 +15,11 @@
 //! stays exact across steps in flight) and `feed_keep` (the draws become
 //! the last draws) follow, the sampler having written its outputs straight
 //! into mapped page-locked host memory (or, where the driver cannot map
-//! it, one async copy brings them back), and an event marks the step done. `collect_decode` waits for that event
-//! only. The one wait left at submit: a sequence's count table is made
-//! and uploaded from its state (synchronously) on its first penalised
-//! draw, or when the state no longer matches the table.
+//! it, one async copy brings them back), and an event marks the step done.
+//! `collect_decode` waits for that event only. The one wait left at
+//! submit: a sequence's count table is made and uploaded from its state
+//! (synchronously) on its first penalised draw, or when the state no
+//! longer matches the table.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;

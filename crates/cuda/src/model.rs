@@ -495,8 +495,24 @@ impl Model {
         }
         // Checked before any snapshot is allocated, so an error leaks none.
         let lens: Vec<usize> = parts.iter().map(|p| self.mem.seq(p.0).map(|s| s.len)).collect::<CudaResult<_>>()?;
-        let mut snaps: Vec<Option<SeqId>> = parts.iter().map(|p| p.2.and_then(|_| self.mem.alloc().ok())).collect();
-        let caps: Vec<Option<(usize, usize)>> = parts.iter().zip(&snaps).map(|(p, snap)| Some((self.mem.seq((*snap)?).ok()?.slot, p.2?))).collect();
+        // Per part, the snapshot and the (slot, at) its capture writes to,
+        // taken together so that a snapshot always has its capture.
+        let mut snaps: Vec<Option<SeqId>> = Vec::with_capacity(parts.len());
+        let mut caps: Vec<Option<(usize, usize)>> = Vec::with_capacity(parts.len());
+        for p in parts {
+            let snap = p.2.and_then(|at| {
+                let id = self.mem.alloc().ok()?;
+                match self.mem.seq(id) {
+                    Ok(s) => Some((id, (s.slot, at))),
+                    Err(_) => {
+                        self.mem.free(id);
+                        None
+                    }
+                }
+            });
+            snaps.push(snap.map(|s| s.0));
+            caps.push(snap.map(|s| s.1));
+        }
         let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
         let rows = match self.prefill_batch_capturing(&whole, &caps) {
             Ok(rows) => rows,

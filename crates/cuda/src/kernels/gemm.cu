@@ -632,6 +632,23 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const GemmSeg& so = p.seg[gemm_seg_of_tile(p, blockIdx.x)];
     const int o0 = ((int)blockIdx.x - so.tile0) * (swiglu ? BN / 2 : BN);
     const int g = (int)(lane >> 2), c4 = (int)(lane & 3);
+    // Row m's partial sums of this split (split-K), or null.
+    auto partial_row = [&](int m) { return p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr; };
+    // Modes 0/1 (or the split's partial): column n of the segment, row m.
+    auto put = [&](float* prow, int m, int n, float v) {
+        if (prow != nullptr) {
+            prow[so.col0 + n] = v;
+        } else {
+            float* o = so.out_f32 + (size_t)m * so.ldc + n;
+            if (p.mode == 1) *o += v;
+            else *o = v;
+        }
+    };
+    // SwiGLU's partial: gate at column i, up at column N + i.
+    auto put_glu_partial = [&](float* prow, int i, float gt, float up) {
+        prow[i] = gt;
+        prow[so.n + i] = up;
+    };
     if constexpr (WG) {
         // Lane (g, c), value 4 j + v: token 8 j + 2 c + (v & 1), W row
         // wg_row + 8 (v >> 1); in SwiGLU mode that row pair is the gate
@@ -642,30 +659,18 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             for (int t = 0; t < 2; ++t) {
                 const int m = m0 + 8 * j + 2 * c4 + t;
                 if (m >= m1) continue;
-                float* prow = p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr;
+                float* prow = partial_row(m);
                 if (swiglu) {
                     const int i = o0 + (wg_row >> 4) * 8 + g;
                     if (i >= so.n) continue;
                     const float gt = wacc[4 * j + t], up = wacc[4 * j + 2 + t];
-                    if (prow != nullptr) {
-                        prow[i] = gt;
-                        prow[so.n + i] = up;
-                    } else {
-                        so.out_f16[(size_t)m * so.ldc + i] = f32_to_f16(siluf_(gt) * up);
-                    }
+                    if (prow != nullptr) put_glu_partial(prow, i, gt, up);
+                    else so.out_f16[(size_t)m * so.ldc + i] = f32_to_f16(siluf_(gt) * up);
                 } else {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int n = o0 + wg_row + 8 * h;
-                        if (n >= so.n) continue;
-                        const float v = wacc[4 * j + 2 * h + t];
-                        if (prow != nullptr) {
-                            prow[so.col0 + n] = v;
-                        } else {
-                            float* o = so.out_f32 + (size_t)m * so.ldc + n;
-                            if (p.mode == 1) *o += v;
-                            else *o = v;
-                        }
+                        if (n < so.n) put(prow, m, n, wacc[4 * j + 2 * h + t]);
                     }
                 }
             }
@@ -677,7 +682,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             for (int hr = 0; hr < 2; ++hr) {
                 const int m = m0 + wm * WTM + mf * 16 + g + 8 * hr;
                 if (m >= m1) continue;
-                float* prow = p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr;
+                float* prow = partial_row(m);
                 if (swiglu) {
 #pragma unroll
                     for (int q = 0; q < NF / 2; ++q) {
@@ -686,10 +691,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                         const float* gt = acc[mf][2 * q];
                         const float* up = acc[mf][2 * q + 1];
                         if (prow != nullptr) {
-                            prow[i] = gt[2 * hr];
-                            prow[i + 1] = gt[2 * hr + 1];
-                            prow[so.n + i] = up[2 * hr];
-                            prow[so.n + i + 1] = up[2 * hr + 1];
+                            put_glu_partial(prow, i, gt[2 * hr], up[2 * hr]);
+                            put_glu_partial(prow, i + 1, gt[2 * hr + 1], up[2 * hr + 1]);
                         } else {
                             const float y0 = siluf_(gt[2 * hr]) * up[2 * hr];
                             const float y1 = siluf_(gt[2 * hr + 1]) * up[2 * hr + 1];
@@ -701,17 +704,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                     for (int nf = 0; nf < NF; ++nf) {
                         const int n = o0 + wn * WTN + nf * 8 + 2 * c4;
 #pragma unroll
-                        for (int j = 0; j < 2; ++j) {
-                            if (n + j >= so.n) continue;
-                            const float v = acc[mf][nf][2 * hr + j];
-                            if (prow != nullptr) {
-                                prow[so.col0 + n + j] = v;
-                            } else {
-                                float* o = so.out_f32 + (size_t)m * so.ldc + n + j;
-                                if (p.mode == 1) *o += v;
-                                else *o = v;
-                            }
-                        }
+                        for (int j = 0; j < 2; ++j)
+                            if (n + j < so.n) put(prow, m, n + j, acc[mf][nf][2 * hr + j]);
                     }
                 }
             }
