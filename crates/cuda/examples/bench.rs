@@ -13,6 +13,7 @@
 //! per token for being served.
 //!
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
+//!         [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
 
@@ -33,11 +34,22 @@ struct Args {
     profile: bool,
     batch: Vec<usize>,
     served: bool,
+    /// `--decode-gemm FROM|off`: the decode path (Options::decode_matrices).
+    decode_matrices: Option<lily_cuda::DecodeMatrices>,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a =
-        Args { model: None, synth_layers: None, random_layers: None, lengths: vec![256, 4096], steps: 64, profile: false, batch: Vec::new(), served: false };
+    let mut a = Args {
+        model: None,
+        synth_layers: None,
+        random_layers: None,
+        lengths: vec![256, 4096],
+        steps: 64,
+        profile: false,
+        batch: Vec::new(),
+        served: false,
+        decode_matrices: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -52,6 +64,7 @@ fn parse() -> Result<Args, String> {
             "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
             "--profile" => a.profile = true,
             "--served" => a.served = true,
+            "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -76,6 +89,9 @@ fn run() -> Result<(), String> {
     opts.max_sequences = 4.max(max_batch + 2);
     // The batch runs prefill 256 tokens and decode a few more per sequence.
     opts.kv_tokens = opts.kv_tokens.max((256 + 64 + 64) * opts.max_sequences);
+    if let Some(m) = args.decode_matrices {
+        opts.decode_matrices = m;
+    }
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {

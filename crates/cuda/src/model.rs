@@ -241,7 +241,51 @@ impl Model {
         qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))
     }
 
-    // ---- the GEMM path (batch decode, prefill) -------------------------------
+    // ---- the GEMM path (prefill, large decode batches) ------------------------
+
+    /// One layer of a decode step on the GEMM path (`DecodeMatrices`): the
+    /// in- and out-projections through the tensor-core GEMM on fp16
+    /// activations with the mixer's decode kernels between them, then the
+    /// MoE on qmm as on the qmm path. `combine_prev`: fold the previous
+    /// layer's MoE output into h first.
+    fn layer_decode_gemm(&self, i: usize, n: usize, combine_prev: bool) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let l = &self.weights.layers[i];
+        if combine_prev {
+            self.combine_moe_now(n)?;
+        }
+        self.in_proj_gemm(l, n)?;
+        let ps = d.proj_stride();
+        let mix = MixOut::F16(s.mix_f16);
+        match &l.mixer {
+            MixerDev::DeltaNet(w) => {
+                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?;
+                self.mark("gdn step")?;
+            }
+            MixerDev::Attention(w) => {
+                let kv = self.kv_view(i);
+                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, mix, n)?;
+                self.mark("attention")?;
+            }
+        }
+        let out = Self::out_projection(l);
+        self.dense_gemms(s.mix_f16, out.cols, n, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
+        self.mark("gemm out_proj")?;
+        self.moe_decode(i, n)
+    }
+
+    /// The final norm and the lm_head on the GEMM path: logits, then each
+    /// row's argmax key (what the qmm head's epilogue leaves).
+    fn head_decode_gemm(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        if combine_prev {
+            self.combine_moe_now(n)?;
+        }
+        gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.hidden, d.rms_eps)?;
+        self.dense_gemms(s.xn, d.hidden, n, &[Seg { w: &self.weights.lm_head, up: None, out: GemmOut::Store(s.logits), ldc: d.vocab }])?;
+        sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)
+    }
 
     /// xn = RMSNorm(h) in fp16, then the in-projections into proj, all in
     /// one GEMM launch (the 32-row a/b projections ride along with qkv and z).
@@ -308,10 +352,19 @@ impl Model {
         }
         embed::embed(g, k, d, &self.weights.embed, s.tokens, s.h, s.argmax, n)?;
         self.mark("embed")?;
-        for i in 0..d.layers {
-            self.layer_decode(i, n, i > 0)?;
+        if self.mem.opts.decode_matrices.on_gemm(n) {
+            // Each layer's MoE output waits in its y rows until the next
+            // layer (or the head) folds it into h.
+            for i in 0..d.layers {
+                self.layer_decode_gemm(i, n, i > 0)?;
+            }
+            self.head_decode_gemm(n, d.layers > 0)?;
+        } else {
+            for i in 0..d.layers {
+                self.layer_decode(i, n, i > 0)?;
+            }
+            self.head_decode(n, d.layers > 0)?;
         }
-        self.head_decode(n, d.layers > 0)?;
         self.mark("lm_head")?;
         if head == Head::Greedy {
             sampling::argmax_finish(g, k, s.argmax, s.tokens, s.out_ids, s.pos, s.step, n)?;

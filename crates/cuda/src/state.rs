@@ -47,6 +47,65 @@ pub struct Options {
     pub use_graphs: bool,
     /// Longest run of greedy steps one `decode_greedy` call keeps on the GPU.
     pub max_greedy_steps: usize,
+    /// Which kernels carry a decode step's matrices (`DecodeMatrices`).
+    pub decode_matrices: DecodeMatrices,
+}
+
+/// Decode steps of at least this many sequences run their dense matrices on
+/// the tensor-core GEMM by default (`DecodeMatrices::FASTEST`): measured
+/// crossover on the H200, where qmm still wins at 8 and the GEMM at 16.
+pub const DECODE_GEMM_FROM: usize = 16;
+
+/// Which kernels carry the matrices of a decode step of `n` sequences.
+///
+/// qmm.cu reads every weight once for the whole batch with exact packed
+/// activations and a K split fixed by shape, so a sequence's logits are
+/// bit-identical whatever batch it runs in; but its dense kernels pay per
+/// token (the exact affine fold per 4-token tile, the x of each chunk of 8
+/// tokens re-staged per weight slice), so from a dozen sequences on they
+/// are bound by instruction issue. The prefill's GEMM (gemm.cu: wgmma on
+/// fp16 activations) then runs the dense projections and the lm_head
+/// faster, at the price of batch invariance: a sequence's activations are
+/// rounded to fp16 once per matrix, so its logits move slightly (~2e-4
+/// mean |dlogprob| on the 4-layer full-width model) when its batch crosses
+/// `gemm_from`. The MoE stays on qmm on both paths: the grouped expert GEMM
+/// was slower below 128 sequences and less precise (its fp16 expert
+/// activations flipped a greedy token of that model; crates/cuda/NOTES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeMatrices {
+    /// Steps of at least this many sequences run the dense projections and
+    /// the lm_head on the GEMM; `usize::MAX`: every step on qmm
+    /// (batch-invariant decode).
+    pub gemm_from: usize,
+}
+
+impl DecodeMatrices {
+    /// Every step on qmm: a sequence's logits do not depend on its batch.
+    pub const BATCH_INVARIANT: DecodeMatrices = DecodeMatrices { gemm_from: usize::MAX };
+
+    /// The default: the GEMM from `DECODE_GEMM_FROM` sequences on, where it
+    /// overtakes qmm on the H200 (docs/perf/2026-12-01-h200-s14.md).
+    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM };
+
+    /// Parses `off` (batch-invariant) or `FROM` (the GEMM path from FROM
+    /// sequences on): the form of the `LILY_DECODE_GEMM` tuning variable
+    /// and the probes' flag.
+    pub fn parse(s: &str) -> Result<DecodeMatrices, String> {
+        let s = s.trim();
+        if s == "off" {
+            return Ok(DecodeMatrices::BATCH_INVARIANT);
+        }
+        match s.parse::<usize>() {
+            Ok(0) => Err("decode GEMM threshold 0 (the smallest step has one sequence)".into()),
+            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from }),
+            Err(e) => Err(format!("decode GEMM threshold {s:?}: {e} (want off or a number of sequences)")),
+        }
+    }
+
+    /// Whether a step of `n` sequences runs on the GEMM path.
+    pub fn on_gemm(&self, n: usize) -> bool {
+        n >= self.gemm_from
+    }
 }
 
 impl Default for Options {
@@ -59,6 +118,7 @@ impl Default for Options {
             prefill_chunk: 4096,
             use_graphs: true,
             max_greedy_steps: 1024,
+            decode_matrices: DecodeMatrices::FASTEST,
         }
     }
 }

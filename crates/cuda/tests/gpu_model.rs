@@ -313,36 +313,50 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
     st.add("split vs long", &got[70..], &want[70..]);
     st.gate(&mut checks, "tiny preset: decode path vs prefill path", 0.9, 3e-2, 3e-1);
 
-    // A batch equals its sequences decoded alone, bit for bit: one step
-    // reads every weight once for the whole batch, and no token's arithmetic
-    // depends on the batch (qmm.cu). The sizes cross every kernel variant
-    // (1-4 and 5+ tokens, token chunks of 8 beyond 8, the MoE item size
-    // changing at 9) with a different context length per sequence.
-    let mut wide = small_opts(1024);
-    wide.max_sequences = 2 * 70 + 2;
-    wide.kv_tokens = wide.max_sequences * 256;
-    let mut bw = CudaBackend::from_weights(&gpu, &w, wide, &mut |_, _| {}).expect("wide backend");
-    for n in [3usize, 6, 9, 17, 33, 70] {
-        let seqs: Vec<SeqId> = (0..n).map(|_| bw.alloc().expect("alloc")).collect();
-        let solo: Vec<SeqId> = (0..n).map(|_| bw.alloc().expect("alloc")).collect();
-        for (i, (a, b)) in seqs.iter().zip(&solo).enumerate() {
-            let p = tokens(1 + (20 + 13 * i) % 181, vocab, 10 + i as u64);
-            bw.prefill(*a, &p, LogitsWanted::Last).expect("prefill");
-            bw.prefill(*b, &p, LogitsWanted::Last).expect("prefill");
-        }
-        let next = tokens(n, vocab, 50);
-        let batch: Vec<(SeqId, u32)> = seqs.iter().copied().zip(next.iter().copied()).collect();
-        let got = bw.decode(&batch).expect("batch decode");
-        let mut want = Vec::new();
-        for (b, t) in solo.iter().zip(&next) {
-            want.extend(bw.decode(&[(*b, *t)]).expect("solo"));
-        }
-        let same = got.iter().zip(&want).all(|(g, w)| g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()));
-        checks.check(same, format!("batch of {n}: logits bit-identical to each sequence decoded alone"));
-        for x in seqs.into_iter().chain(solo) {
-            bw.free(x);
+    // A batch equals its sequences decoded alone, bit for bit, when every
+    // step is batch-invariant: one step reads every weight once for the
+    // whole batch, and no token's arithmetic depends on the batch (qmm.cu).
+    // The sizes cross every kernel variant (1-4 and 5+ tokens, token chunks
+    // of 8 beyond 8, the MoE item size changing at 9) with a different
+    // context length per sequence. By default (`DecodeMatrices::FASTEST`)
+    // the same holds below `DECODE_GEMM_FROM` sequences; from there the
+    // dense matrices run on the fp16 GEMM, within the prefill path's
+    // tolerances of each sequence alone.
+    let mut fastest = Stats::default();
+    for invariant in [true, false] {
+        let mut wide = small_opts(1024);
+        wide.max_sequences = 2 * 70 + 2;
+        wide.kv_tokens = wide.max_sequences * 256;
+        wide.decode_matrices = if invariant { lily_cuda::DecodeMatrices::BATCH_INVARIANT } else { lily_cuda::DecodeMatrices::FASTEST };
+        let mut bw = CudaBackend::from_weights(&gpu, &w, wide, &mut |_, _| {}).expect("wide backend");
+        for n in [3usize, 6, 9, 17, 33, 70] {
+            let seqs: Vec<SeqId> = (0..n).map(|_| bw.alloc().expect("alloc")).collect();
+            let solo: Vec<SeqId> = (0..n).map(|_| bw.alloc().expect("alloc")).collect();
+            for (i, (a, b)) in seqs.iter().zip(&solo).enumerate() {
+                let p = tokens(1 + (20 + 13 * i) % 181, vocab, 10 + i as u64);
+                bw.prefill(*a, &p, LogitsWanted::Last).expect("prefill");
+                bw.prefill(*b, &p, LogitsWanted::Last).expect("prefill");
+            }
+            let next = tokens(n, vocab, 50);
+            let batch: Vec<(SeqId, u32)> = seqs.iter().copied().zip(next.iter().copied()).collect();
+            let got = bw.decode(&batch).expect("batch decode");
+            let mut want = Vec::new();
+            for (b, t) in solo.iter().zip(&next) {
+                want.extend(bw.decode(&[(*b, *t)]).expect("solo"));
+            }
+            let same = got.iter().zip(&want).all(|(g, w)| g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()));
+            if invariant || n < lily_cuda::state::DECODE_GEMM_FROM {
+                let how = if invariant { "batch-invariant" } else { "default, below the GEMM threshold" };
+                checks.check(same, format!("batch of {n} ({how}): logits bit-identical to each sequence decoded alone"));
+            } else {
+                fastest.add(&format!("batch of {n}"), &got, &want);
+            }
+            for x in seqs.into_iter().chain(solo) {
+                bw.free(x);
+            }
         }
     }
+    fastest.gate(&mut checks, "tiny preset: batches of 17, 33 and 70 on the GEMM path vs each sequence alone", 1.0, 3e-2, 3e-1);
 
     // A fork continues exactly like its parent.
     let parent = be.alloc().expect("alloc");
@@ -694,32 +708,54 @@ fn full_width_four_layer_model_matches_lily_cpu() {
         ids
     };
     let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy_alone(&mut be, p)).collect();
-    let mut together: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-    let mut live: Vec<(usize, SeqId)> = Vec::new();
-    for step in 0..prompts.len() + 13 {
-        if step < prompts.len() {
-            let s = be.alloc().expect("alloc");
-            together[step].push(be.prefill_greedy(s, &prompts[step]).expect("prefill"));
-            live.push((step, s));
-        }
-        let batch: Vec<(SeqId, u32)> = live.iter().map(|(i, s)| (*s, *together[*i].last().expect("one id"))).collect();
-        if batch.is_empty() {
-            break;
-        }
-        let logits = be.decode(&batch).expect("batch decode");
-        for ((i, _), l) in live.iter().zip(&logits) {
-            together[*i].push(argmax(l) as u32);
-        }
-        live.retain(|(i, s)| {
-            let done = together[*i].len() >= 13;
-            if done {
-                be.free(*s);
-            }
-            !done
-        });
-    }
+    let together = greedy_in_a_changing_batch(&mut be, &prompts, 13);
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
-        checks.check(a[..] == b[..13], format!("sequence {i}: greedy tokens in a changing batch {b:?} equal alone {a:?}"));
+        checks.check(a[..] == b[..], format!("sequence {i}: greedy tokens in a changing batch {b:?} equal alone {a:?}"));
+    }
+
+    // The GEMM decode path (DecodeMatrices, issue 10), here from 3
+    // sequences on: a batch's logits against each sequence decoded alone on
+    // qmm (fp16 activations: the prefill path's tolerances), greedy tokens
+    // in a batch that crosses the threshold as sequences join and leave,
+    // and the on-device greedy loop (graphs, argmax_rows) of 4 sequences.
+    let label = "GEMM decode path";
+    let mut opts = small_opts(4096);
+    opts.decode_matrices = lily_cuda::DecodeMatrices { gemm_from: 3 };
+    let mut bg = CudaBackend::from_weights(&gpu, &w, opts, &mut |_, _| {}).expect("GEMM-path backend");
+    let seqs: Vec<(SeqId, SeqId)> = prompts.iter().map(|_| (bg.alloc().expect("alloc"), be.alloc().expect("alloc"))).collect();
+    let mut next = Vec::new();
+    for ((g, q), p) in seqs.iter().zip(&prompts) {
+        let first = bg.prefill_greedy(*g, p).expect("prefill");
+        checks.check(first == be.prefill_greedy(*q, p).expect("prefill"), format!("{label}: the same first token"));
+        next.push(first);
+    }
+    let mut st = Stats::default();
+    for _ in 0..3 {
+        let batch: Vec<(SeqId, u32)> = seqs.iter().zip(&next).map(|((g, _), t)| (*g, *t)).collect();
+        let got = bg.decode(&batch).expect("batch decode on the GEMM path");
+        let want: Vec<Vec<f32>> = seqs.iter().zip(&next).map(|((_, q), t)| be.decode(&[(*q, *t)]).expect("alone").remove(0)).collect();
+        st.add(label, &got, &want);
+        next = want.iter().map(|l| argmax(l) as u32).collect();
+    }
+    st.gate(&mut checks, &format!("{label}: batch of 5 vs each alone on qmm"), 1.0, 3e-2, 3e-1);
+    for (g, q) in seqs {
+        bg.free(g);
+        be.free(q);
+    }
+    let together = greedy_in_a_changing_batch(&mut bg, &prompts, 13);
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        checks.check(a == b, format!("{label}, sequence {i}: greedy tokens in a changing batch {b:?} equal alone on qmm {a:?}"));
+    }
+    let firsts: Vec<(SeqId, u32)> = prompts[..4]
+        .iter()
+        .map(|p| {
+            let s = bg.alloc().expect("alloc");
+            (s, bg.prefill_greedy(s, p).expect("prefill"))
+        })
+        .collect();
+    let ids = bg.model_mut().decode_greedy_batch(&firsts, 12).expect("greedy batch on the GEMM path");
+    for (i, (a, b)) in alone.iter().zip(&ids).enumerate() {
+        checks.check(a[1..] == b[..], format!("{label}, sequence {i}: on-device greedy batch {b:?} equals alone on qmm {:?}", &a[1..]));
     }
 
     // 64 greedy tokens identical across runs.
@@ -736,6 +772,37 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     checks.check(a == b, "64 greedy tokens repeat across runs");
     eprintln!("full width 4 layers: greedy digest {}", lily_cuda::bench::fnv1a_digest(&a));
     checks.finish();
+}
+
+/// Greedy ids (the prefill's first, then `len - 1` decoded) of each prompt
+/// decoded in one changing batch: sequence i joins at step i and leaves
+/// once it has `len` ids.
+fn greedy_in_a_changing_batch(be: &mut CudaBackend, prompts: &[Vec<u32>], len: usize) -> Vec<Vec<u32>> {
+    let mut together: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut live: Vec<(usize, SeqId)> = Vec::new();
+    for step in 0..prompts.len() + len {
+        if step < prompts.len() {
+            let s = be.alloc().expect("alloc");
+            together[step].push(be.prefill_greedy(s, &prompts[step]).expect("prefill"));
+            live.push((step, s));
+        }
+        let batch: Vec<(SeqId, u32)> = live.iter().map(|(i, s)| (*s, *together[*i].last().expect("one id"))).collect();
+        if batch.is_empty() {
+            break;
+        }
+        let logits = be.decode(&batch).expect("batch decode");
+        for ((i, _), l) in live.iter().zip(&logits) {
+            together[*i].push(argmax(l) as u32);
+        }
+        live.retain(|(i, s)| {
+            let done = together[*i].len() >= len;
+            if done {
+                be.free(*s);
+            }
+            !done
+        });
+    }
+    together
 }
 
 /// Bytes of every packed tensor on the GPU against the checkpoint (the

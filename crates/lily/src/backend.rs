@@ -32,7 +32,7 @@ const COMMAND_SEQUENCES: usize = 8;
 /// `max_seq` caps the context a sequence may hold (the backend's own limit
 /// when `None`). `progress` gets (bytes done, bytes total) while weights load.
 pub fn open_backend(dir: &Path, device: Device, max_seq: Option<usize>, progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<Box<dyn Backend>> {
-    open_backend_with(dir, device, Sizing { max_seq, max_sequences: COMMAND_SEQUENCES, kv_tokens: None }, progress)
+    open_backend_with(dir, device, Sizing { max_seq, max_sequences: COMMAND_SEQUENCES, kv_tokens: None, batch_invariant: false }, progress)
 }
 
 /// How much a backend holds.
@@ -46,11 +46,15 @@ pub struct Sizing {
     /// full-length context plus the backend's slack blocks. The CPU
     /// backend grows its caches on demand and has no pool.
     pub kv_tokens: Option<usize>,
+    /// Every decode step batch-invariant: a sequence's logits the same bits
+    /// whatever else runs beside it (CUDA; `lily_cuda::DecodeMatrices`),
+    /// at the cost of large-batch throughput. The CPU backend ignores it.
+    pub batch_invariant: bool,
 }
 
 /// Like `open_backend`, sized by `sizing` (the server).
 pub fn open_backend_with(dir: &Path, device: Device, sizing: Sizing, progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<Box<dyn Backend>> {
-    let Sizing { max_seq, max_sequences, kv_tokens } = sizing;
+    let Sizing { max_seq, max_sequences, kv_tokens, batch_invariant } = sizing;
     let use_cuda = match device {
         Device::Cuda => true,
         Device::Cpu => false,
@@ -59,7 +63,7 @@ pub fn open_backend_with(dir: &Path, device: Device, sizing: Sizing, progress: &
         Device::Auto => lily_cuda::driver_present(),
     };
     if use_cuda {
-        match open_cuda(dir, max_seq, max_sequences, kv_tokens, progress) {
+        match open_cuda(dir, max_seq, max_sequences, kv_tokens, batch_invariant, progress) {
             Ok(b) => return Ok(b),
             Err(e) if device == Device::Auto => {
                 tracing::warn!("CUDA unavailable ({e:#}); running on the CPU");
@@ -81,6 +85,7 @@ fn open_cuda(
     max_seq: Option<usize>,
     max_sequences: usize,
     kv_tokens: Option<usize>,
+    batch_invariant: bool,
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<Box<dyn Backend>> {
     let defaults = lily_cuda::Options::default();
@@ -92,8 +97,23 @@ fn open_cuda(
         // backend's slack blocks; sequences share it, so many short ones
         // fit as well.
         kv_tokens: kv_tokens.unwrap_or(max_seq_len + (defaults.kv_tokens - defaults.max_seq_len)),
+        decode_matrices: decode_matrices(batch_invariant, defaults.decode_matrices)?,
         ..defaults
     };
     let backend = lily_cuda::CudaBackend::open(dir, opts, progress).with_context(|| format!("loading {} on the GPU", dir.display()))?;
     Ok(Box::new(backend))
+}
+
+/// The decode path: `batch_invariant` keeps every step on qmm; else
+/// `LILY_DECODE_GEMM` (`off`, or the batch size from which the GEMM path
+/// runs: `lily_cuda::DecodeMatrices`) overrides the backend's default, a
+/// tuning knob for measuring where the GEMM path starts to pay.
+fn decode_matrices(batch_invariant: bool, default: lily_cuda::DecodeMatrices) -> anyhow::Result<lily_cuda::DecodeMatrices> {
+    if batch_invariant {
+        return Ok(lily_cuda::DecodeMatrices::BATCH_INVARIANT);
+    }
+    match std::env::var("LILY_DECODE_GEMM") {
+        Ok(v) => lily_cuda::DecodeMatrices::parse(&v).map_err(|e| anyhow::anyhow!("LILY_DECODE_GEMM: {e}")),
+        Err(_) => Ok(default),
+    }
 }

@@ -57,6 +57,10 @@ pub struct Args {
     /// Prompt tokens of every sequence of a `--batch` run.
     #[arg(long, default_value_t = 256)]
     batch_prompt: usize,
+    /// With `--batch`: every step batch-invariant (`lily serve
+    /// --batch-invariant`), to measure what that costs.
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -77,7 +81,7 @@ fn run_batches(args: &Args) -> anyhow::Result<()> {
     let max_b = args.batch.iter().copied().max().unwrap_or(1);
     let warm_steps = 4;
     let max_seq = args.batch_prompt + warm_steps + DECODE_STEPS * args.rounds + 64;
-    let sizing = Sizing { max_seq: Some(max_seq), max_sequences: max_b, kv_tokens: Some(max_b * (max_seq + 64)) };
+    let sizing = Sizing { max_seq: Some(max_seq), max_sequences: max_b, kv_tokens: Some(max_b * (max_seq + 64)), batch_invariant: args.batch_invariant };
     let mut backend = open_backend_with(&args.model, args.device, sizing, &mut |_, _| {})?;
     let vocab = backend.config().vocab_size;
     let mut rows = Vec::new();
@@ -127,6 +131,8 @@ fn run_batches(args: &Args) -> anyhow::Result<()> {
         "backend": backend.name(),
         "checkpoint": checkpoint_identity(&args.model)?,
         "prompt_tokens": args.batch_prompt,
+        "batch_invariant": args.batch_invariant,
+        "decode_gemm": std::env::var("LILY_DECODE_GEMM").ok(),
         "decode_steps": DECODE_STEPS,
         "rounds": args.rounds,
         "memory_bytes": backend.memory_in_use(),

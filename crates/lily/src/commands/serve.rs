@@ -80,6 +80,12 @@ pub struct Args {
     /// else 512.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..=65536))]
     prefill_chunk: Option<u64>,
+    /// Decode every step batch-invariantly: a request's tokens the same
+    /// whatever other requests run beside it (CUDA; by default steps of 16
+    /// or more sequences run their dense matrices on the faster fp16 GEMM,
+    /// which moves logits by ~1e-4 and, rarely, a near-tied token).
+    #[arg(long)]
+    batch_invariant: bool,
     /// Per-request time limit in seconds (0 = none); a request past it ends
     /// with a `timeout` error.
     #[arg(long, default_value_t = 0)]
@@ -246,7 +252,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         progress.set_length(total);
         progress.set_position(done);
     };
-    let sizing = Sizing { max_seq: args.max_seq, max_sequences: sequences, kv_tokens: args.kv_cache_tokens.map(|n| n as usize) };
+    let sizing =
+        Sizing { max_seq: args.max_seq, max_sequences: sequences, kv_tokens: args.kv_cache_tokens.map(|n| n as usize), batch_invariant: args.batch_invariant };
     let backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
         Ok(b) => b,
         Err(e) if demo && args.device != Device::Cuda => {
