@@ -13,7 +13,7 @@
 //! per token for being served.
 //!
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
-//!         [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
+//!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
 
@@ -34,6 +34,9 @@ struct Args {
     profile: bool,
     batch: Vec<usize>,
     served: bool,
+    /// `--parts K`: also prefill each length as K sequences of length / K
+    /// tokens in one `prefill_batch` (many short prompts at once).
+    parts: usize,
     /// `--decode-gemm FROM|off`: the decode path (Options::decode_matrices).
     decode_matrices: Option<lily_cuda::DecodeMatrices>,
 }
@@ -48,6 +51,7 @@ fn parse() -> Result<Args, String> {
         profile: false,
         batch: Vec::new(),
         served: false,
+        parts: 0,
         decode_matrices: None,
     };
     let mut it = std::env::args().skip(1);
@@ -64,6 +68,7 @@ fn parse() -> Result<Args, String> {
             "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
             "--profile" => a.profile = true,
             "--served" => a.served = true,
+            "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
         }
@@ -86,7 +91,7 @@ fn run() -> Result<(), String> {
     let max_len = args.lengths.iter().copied().max().unwrap_or(256);
     let mut opts = Options::for_context(max_len + args.steps + 64);
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
-    opts.max_sequences = 4.max(max_batch + 2);
+    opts.max_sequences = 4.max(max_batch + 2).max(args.parts + 2);
     // The batch runs prefill 256 tokens and decode a few more per sequence.
     opts.kv_tokens = opts.kv_tokens.max((256 + 64 + 64) * opts.max_sequences);
     if let Some(m) = args.decode_matrices {
@@ -155,6 +160,10 @@ fn run() -> Result<(), String> {
             for (name, us) in &pprof {
                 eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / ptotal);
             }
+        }
+        if args.parts > 1 {
+            let line = parts_prefill(&mut be, len, args.parts, args.profile, vocab)?;
+            println!("{line}");
         }
     }
     for &b in &args.batch {
@@ -255,4 +264,43 @@ fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: u
         be.free(s);
     }
     Ok(ms)
+}
+
+/// Prefill of `len` tokens as `k` sequences of `len / k` tokens in one
+/// `prefill_batch` (after an untimed warm-up): a JSON line with the wall
+/// time; with `profile`, the GPU time by kernel group on stderr.
+fn parts_prefill(be: &mut CudaBackend, len: usize, k: usize, profile: bool, vocab: usize) -> Result<String, String> {
+    use lily_model::Backend;
+    let part_len = len / k;
+    if part_len == 0 {
+        return Err(format!("--parts {k} leaves no token per part of {len}"));
+    }
+    let prompts: Vec<Vec<u32>> = (0..k).map(|i| lily_model::contract::batch_prompt_tokens(i, part_len, vocab)).collect();
+    let once = |be: &mut CudaBackend, profiled: bool| -> Result<(f64, Vec<(&'static str, f64)>), String> {
+        let seqs = (0..k).map(|_| be.alloc().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+        let work: Vec<(lily_model::SeqId, &[u32])> = seqs.iter().zip(&prompts).map(|(s, p)| (*s, &p[..])).collect();
+        let t = Instant::now();
+        let prof = if profiled {
+            be.model_mut().profile_prefill_batch(&work).map_err(|e| e.to_string())?
+        } else {
+            be.model_mut().prefill_batch(&work).map_err(|e| e.to_string())?;
+            Vec::new()
+        };
+        let dt = t.elapsed().as_secs_f64();
+        for s in seqs {
+            be.free(s);
+        }
+        Ok((dt, prof))
+    };
+    once(be, false)?;
+    let (dt, _) = once(be, false)?;
+    if profile {
+        let (_, prof) = once(be, true)?;
+        let total: f64 = prof.iter().map(|p| p.1).sum();
+        eprintln!("prefill_batch of {k} x {part_len} tokens: {:.1} ms of GPU time by kernel group", total / 1000.0);
+        for (name, us) in &prof {
+            eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / total);
+        }
+    }
+    Ok(format!("{{\"parts\":{k},\"part_tokens\":{part_len},\"prefill_s\":{dt:.4},\"prefill_tok_s\":{:.1}}}", (k * part_len) as f64 / dt))
 }

@@ -854,6 +854,12 @@ impl Model {
         self.profiled(|m| m.prefill(seq, tokens, false, false).map(|_| ()))
     }
 
+    /// `profile_prefill` of a `prefill_batch` of several sequences: what a
+    /// pass of many short prompts (the server under load) costs by group.
+    pub fn profile_prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> CudaResult<Vec<(&'static str, f64)>> {
+        self.profiled(|m| m.prefill_batch(parts).map(|_| ()))
+    }
+
     /// GPU time of each kernel group of one decode step of `batch` (direct
     /// launches with an event after every group, no graph, so each group
     /// starts after the previous one ends: what each costs alone), summed
