@@ -266,6 +266,9 @@ fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: u
     Ok(ms)
 }
 
+/// GPU time by kernel group: (group, microseconds).
+type GroupTimes = Vec<(&'static str, f64)>;
+
 /// Prefill of `len` tokens as `k` sequences of `len / k` tokens in one
 /// `prefill_batch` (after an untimed warm-up): a JSON line with the wall
 /// time; with `profile`, the GPU time by kernel group on stderr.
@@ -276,7 +279,7 @@ fn parts_prefill(be: &mut CudaBackend, len: usize, k: usize, profile: bool, voca
         return Err(format!("--parts {k} leaves no token per part of {len}"));
     }
     let prompts: Vec<Vec<u32>> = (0..k).map(|i| lily_model::contract::batch_prompt_tokens(i, part_len, vocab)).collect();
-    let once = |be: &mut CudaBackend, profiled: bool| -> Result<(f64, Vec<(&'static str, f64)>), String> {
+    let once = |be: &mut CudaBackend, profiled: bool| -> Result<(f64, GroupTimes), String> {
         let seqs = (0..k).map(|_| be.alloc().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
         let work: Vec<(lily_model::SeqId, &[u32])> = seqs.iter().zip(&prompts).map(|(s, p)| (*s, &p[..])).collect();
         let t = Instant::now();
