@@ -274,10 +274,11 @@ unsafe impl DeviceRepr for AttnPrefillParams {}
 
 /// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
 /// `ATTN_PF_TOKENS` rows), then K and V tiles of one cache block in two
-/// stages each, every row padded by `ATTN_PAD` halves.
+/// stages each, unpadded (128-byte-swizzled rows), plus 1,024 bytes the
+/// kernel may skip to align its swizzle atoms.
 pub fn prefill_smem(dims: &Dims) -> usize {
     let group = dims.a_heads / dims.a_kv_heads;
-    (group * ATTN_PF_TOKENS + 4 * KV_BLOCK) * (dims.a_head_dim + ATTN_PAD) * 2
+    (group * ATTN_PF_TOKENS + 4 * KV_BLOCK) * dims.a_head_dim * 2 + 1024
 }
 
 /// Causal attention of `t` query tokens (fp16 q, positions p0..p0+t) of one

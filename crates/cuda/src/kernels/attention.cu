@@ -10,9 +10,10 @@
 //                   on tensor cores, one warp per split streaming its K/V
 //                   tiles through a private cp.async pipeline.
 //   attn_combine:   merges the splits, applies sigmoid(gate).
-//   attn_prefill:   causal flash attention with tensor cores (mma.sync fp16,
-//                   fp32 softmax); a block holds the AG = 8 query heads of one
-//                   KV head, so each staged K/V tile serves all eight.
+//   attn_prefill:   causal flash attention on wgmma (fp16 operands, fp32
+//                   accumulators and softmax); a block holds the AG = 8 query
+//                   heads of one KV head, so each staged K/V tile serves all
+//                   eight.
 // Output: mix[t][h * HD + d] = sigmoid(gate[t][h][d]) * sum_j softmax_j(q.k_j
 // / sqrt(HD)) v_j[d] over the keys j <= pos[t] of the token's sequence.
 // Scores are kept in the log2 domain (scale_log2 = log2(e) / sqrt(HD)).
@@ -22,9 +23,10 @@
 // block_table[slot][p / KV_BLOCK], row p % KV_BLOCK. Rows past a sequence's
 // last key may hold anything: the kernels zero-fill them when staging.
 //
-// Shared-memory rows of K, V and Q tiles are HD + ATT_PAD halves (a 16-byte
-// shift per row), so the 8 row addresses of every ldmatrix land in distinct
-// bank groups: (HD / 8 + 1) is odd for HD a multiple of 32.
+// The decode kernel's shared-memory rows of K and V are HD + ATT_PAD halves
+// (a 16-byte shift per row), so the 8 row addresses of every ldmatrix land in
+// distinct bank groups: (HD / 8 + 1) is odd for HD a multiple of 32. The
+// prefill kernel's tiles are 128-byte-swizzled atoms instead (wgmma reads).
 //
 // ---- decode: time against its floor ----------------------------------------
 // A decode token reads its whole context once: 2 (K, V) x A_KV_HEADS x HD x 2
@@ -45,10 +47,11 @@
 // at 131,072 (1.4 PFLOP). The old kernel ran at ~230 TFLOP/s (6 s at 128K).
 // This one moves each K/V tile into shared memory once per 16 query tokens
 // and 8 heads (the old one: once per 64 tokens of one head, 2x the fills);
-// what bounds it now is the ldmatrix traffic of mma.sync (~280 B of shared
-// memory per m16n8k16): ~450 TFLOP/s at 128 B/clk/SM, so ~350-400 expected
-// (3.5-4 s at 128K). Beyond that needs wgmma (operands read by the tensor
-// cores from shared memory directly) and a producer warp.
+// v2 was bound by the ldmatrix traffic of mma.sync (~280 B of shared memory
+// per m16n8k16) and measured ~250 TFLOP/s (5.5 s of attention at 128K). v3
+// (wgmma, operands read by the tensor cores from shared memory, no
+// ldmatrix) has no such bound; ~2 x 2M MACs of tensor work a tile against
+// ~1 k instructions of softmax a warpgroup.
 //
 // ---- history ---------------------------------------------------------------
 // v1 decode: a CTA per (KV head, split), 4-byte K/V loads in a 64-step loop,
@@ -61,7 +64,9 @@
 //    cp.async, splits spread over every SM for any batch; prefill with the 8
 //    heads of a KV group per block, mask on diagonal tiles only, one barrier
 //    per key tile, O rescale skipped once the row maxima settle.
-//    Not yet measured: the H200 numbers go here (examples/attn_probe.rs).
+//    Measured: ~250 TFLOP/s in a 131,072-token prefill (5.56 s of attention).
+// v3 prefill: wgmma (S = Q K^T with both operands from shared memory, O += P V
+//    with P from registers and V read N-major), swizzled atoms, no ldmatrix.
 
 #define HD A_HEAD_DIM
 #define AG (A_HEADS / A_KV_HEADS)
@@ -581,36 +586,139 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
     }
 }
 
-// ---- prefill: causal flash attention with mma.sync ------------------------
+// ---- prefill: causal flash attention on wgmma -------------------------------
 //
-// grid (ceil(T / 16), A_KV_HEADS), block 8 warps = the 8 query heads of KV
-// head blockIdx.y; warp w owns head kvh * 8 + w for the CTA's 16 query tokens
-// (one m16 tile), so the 8 warps share every staged K/V tile (128 query rows
-// per fill, 2x the old kernel's 64). Query tiles run longest first.
-// Dynamic smem: Q [8 heads x 16 tokens][HD + 8], then K and V tiles of 64
-// keys (one cache block) in two stages each: 8 x 16 x 264 x 2 + 4 x 64 x 264
-// x 2 = 198 KiB at HD 256, one CTA per SM.
-// Pipeline per 64-key tile kb, one barrier: wait for tile kb, barrier,
-// request K/V(kb + 1) into the other stage (a whole iteration ahead), then
-// S = Q K^T, causal mask (only on tiles that reach past the CTA's first
-// query position), online softmax, O += P V; between barriers the warps
-// drift apart, so one warp's softmax overlaps another's mma. Block-table
-// entries are read a tile ahead. Keys past the CTA's last query position
-// are zero-filled (and masked).
+// grid (ceil(T / 16), A_KV_HEADS), block 256 = two warpgroups. The block's
+// 128 query rows are the AG = 8 heads of KV head blockIdx.y times its 16
+// tokens: row R = hh * 16 + r is token q0 + r of head kvh * 8 + hh, so warp
+// w owns head w (rows g and g + 8 of lane (g, c) are tokens q0 + g and
+// q0 + g + 8) and warpgroup wg rows 64 wg .. 64 wg + 63. Query tiles run
+// longest first.
+//
+// Shared memory (dynamic, aligned here to 1,024 bytes; no padding): every
+// row of Q, K and V is cut into HD / 64 "atoms" of 64 head dims (128
+// bytes), each atom stored as rows of 128 bytes with the 128-byte swizzle
+// (16-byte chunk j of row r at chunk j ^ (r & 7)):
+//   Q [HD / 64][128 rows][128 B], then K and V of 64 keys (one cache block)
+//   in two stages each, [HD / 64][64 keys][128 B].
+// At HD 256: 64 + 4 x 32 KiB = 192 KiB, one block an SM.
+//
+// Per 64-key tile kb, one barrier: wait for tile kb (cp.async, then a
+// proxy fence so the tensor cores see it), barrier, request tile kb + 1
+// into the other stage, then in each warpgroup
+//   S (64 x 64) = Q K^T: HD / 16 wgmma.m64n64k16, both operands from shared
+//     memory, K-major;
+//   the causal mask (only on tiles that reach past the block's first query
+//     position) and the online softmax in registers: the accumulator of lane
+//     (g, c) of warp w holds rows 16 w + g (+ 8), columns 8 j + 2 c (+ 1),
+//     which is mma.sync's C layout, so the softmax is v1's;
+//   O (64 x HD) += P V: P rounded to fp16 in registers is the A operand (the
+//     accumulator layout of S for keys 16 ks.. is the A fragment of k-step
+//     ks), V the B operand read N-major (head dims contiguous: the same
+//     staged layout as K, described with imm-trans-b) by 4
+//     wgmma.m64n{HD}k16.
+// The two warpgroups drift apart between barriers, so one's softmax
+// overlaps the other's tensor work.
 
 #define PF_BQ ATT_PF_TOKENS
 #define PF_BN KV_BLOCK
-#define PF_LD (HD + ATT_PAD)
-#define PF_NF (PF_BN / 8)   // score n-fragments per warp
-#define PF_OF (HD / 8)      // output n-fragments per warp
+#define PF_NF (PF_BN / 8)   // score n-fragments (8 columns) a lane holds
+#define PF_OF (HD / 8)      // output n-fragments
 #define PF_THREADS (AG * 32)
+#define PF_ATOMS (HD / 64)
+#define PF_ROWS (AG * PF_BQ)                    // query rows of a block
+#define PF_Q_BYTES (PF_ATOMS * PF_ROWS * 128)
+#define PF_T_BYTES (PF_ATOMS * PF_BN * 128)     // one K or V tile
 
 #if PF_BQ != 16
-#error "a prefill block holds one m16 tile of query tokens per head"
+#error "a prefill block holds 16 query tokens of each of its 8 heads"
 #endif
 #if KV_BLOCK != 64
 #error "the prefill kernel takes one cache block per KV tile of 64"
 #endif
+#if HD % 64 != 0 || (HD != 64 && HD != 256)
+#error "attn_prefill's wgmma shapes are compiled for head dims 64 and 256"
+#endif
+
+// D (64 x 64, f32) (+)= A (64 x 16, descriptor, K-major) B (64 x 16, descriptor, K-major);
+// `accumulate` 0 starts D from zero.
+__device__ __forceinline__ void wgmma_ss_m64n64(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// D (64 x 64, f32) += A (64 x 16, fp16 registers) B (16 x 64, descriptor, N-major: imm-trans-b 1).
+__device__ __forceinline__ void wgmma_rs_tb_m64n64(float* d, const u32* a, unsigned long long db) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// D (64 x 256, f32) += A (64 x 16, fp16 registers) B (16 x 256, descriptor, N-major: imm-trans-b 1).
+__device__ __forceinline__ void wgmma_rs_tb_m64n256(float* d, const u32* a, unsigned long long db) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %133, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+
+template <int N>
+__device__ __forceinline__ void wgmma_pv(float* d, const u32* a, unsigned long long db) {
+    if constexpr (N == 64) wgmma_rs_tb_m64n64(d, a, db);
+    else wgmma_rs_tb_m64n256(d, a, db);
+}
+
+// 16-byte chunk `c` (0 .. HD / 8 - 1) of row `r` in a tile of `rows` rows
+// stored as swizzled atoms (above).
+__device__ __forceinline__ int pf_chunk_off(int rows, int r, int c) {
+    return (c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
 
 struct AttnPrefillParams {
     const f16* q;            // [T][A_HEADS][HD]
@@ -628,14 +736,15 @@ struct AttnPrefillParams {
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS, 1)
 attn_prefill(const __grid_constant__ AttnPrefillParams p) {
-    extern __shared__ __align__(16) unsigned char fa_smem[];
-    f16* sQ = reinterpret_cast<f16*>(fa_smem);
-    f16* sK = sQ + AG * PF_BQ * PF_LD;   // 2 stages
-    f16* sV = sK + 2 * PF_BN * PF_LD;    // 2 stages
+    extern __shared__ __align__(16) unsigned char fa_raw[];
+    unsigned char* fa_smem = fa_raw + ((1024u - (smem_u32(fa_raw) & 1023u)) & 1023u);
+    unsigned char* sQ = fa_smem;
+    unsigned char* sK = sQ + PF_Q_BYTES;        // 2 stages
+    unsigned char* sV = sK + 2 * PF_T_BYTES;    // 2 stages
     const int ntile = (p.T + PF_BQ - 1) / PF_BQ;
     const int qt = ntile - 1 - blockIdx.x;   // longest tiles first
     const int kvh = blockIdx.y, h = kvh * AG + (threadIdx.x >> 5);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int q0 = qt * PF_BQ;
     const int qlast = min(q0 + PF_BQ, p.T) - 1;
     const int nkeys = p.p0 + qlast + 1;             // keys any query of this CTA sees
@@ -643,21 +752,21 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     const int kb_diag = (p.p0 + q0) / KV_BLOCK;     // tiles before it are below every query: no mask
 
     // Q: row hh * 16 + r = token q0 + r of head kvh * 8 + hh (rows past T are zeros).
-    for (int i = tid; i < AG * PF_BQ * (HD / 8); i += PF_THREADS) {
-        const int row = i / (HD / 8), c = (i - row * (HD / 8)) * 8;
+    for (int i = tid; i < PF_ROWS * (HD / 8); i += PF_THREADS) {
+        const int row = i / (HD / 8), c = i - row * (HD / 8);
         const int hh = row / PF_BQ, r = row - hh * PF_BQ;
         const int tok = q0 + r;
-        const f16* src = p.q + ((size_t)min(tok, p.T - 1) * A_HEADS + kvh * AG + hh) * HD + c;
-        cp_async16(sQ + row * PF_LD + c, src, tok < p.T ? 16 : 0);
+        const f16* src = p.q + ((size_t)min(tok, p.T - 1) * A_HEADS + kvh * AG + hh) * HD + c * 8;
+        cp_async16(sQ + pf_chunk_off(PF_ROWS, row, c), src, tok < p.T ? 16 : 0);
     }
     cp_async_commit();
-    auto load_tile = [&](f16* dst, const f16* cache, int phys, int kb) {
+    auto load_tile = [&](unsigned char* dst, const f16* cache, int phys, int kb) {
         const f16* base = cache + ((size_t)phys * A_KV_HEADS + kvh) * KV_BLOCK * HD;
         const int valid = nkeys - kb * PF_BN;   // >= 1
         for (int i = tid; i < PF_BN * (HD / 8); i += PF_THREADS) {
-            const int r = i / (HD / 8), c = (i - r * (HD / 8)) * 8;
+            const int r = i / (HD / 8), c = i - r * (HD / 8);
             const bool ok = r < valid;
-            cp_async16(dst + r * PF_LD + c, base + (size_t)(ok ? r : 0) * HD + c, ok ? 16 : 0);
+            cp_async16(dst + pf_chunk_off(PF_BN, r, c), base + (size_t)(ok ? r : 0) * HD + c * 8, ok ? 16 : 0);
         }
         cp_async_commit();
     };
@@ -668,46 +777,45 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     }
     int ph_next = kb_last >= 1 ? p.block_table[1] : 0;
 
-    float o[PF_OF][4];
+    float o[PF_OF * 4];
 #pragma unroll
-    for (int i = 0; i < PF_OF; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < PF_OF * 4; ++i) o[i] = 0.f;
     // Raw-score maxima (the scale is applied inside exp2) and sums of rows
     // g and g + 8; finite after tile 0, whose key 0 every query sees.
     float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
     const int g = lane >> 2, c4 = lane & 3;
     const int qpos0 = p.p0 + q0 + g;   // position of this thread's first row; second is +8
     const float sl2 = p.scale_log2;
-    const f16* qaddr = sQ + (warp * PF_BQ + (lane & 15)) * PF_LD + (lane >> 4) * 8;
+    const u32 q_base = smem_u32(sQ) + wg * 64 * 128;   // this warpgroup's 64 rows in each atom
 
     for (int kb = 0; kb <= kb_last; ++kb) {
         const int stg = kb & 1;
-        const f16* cK = sK + stg * PF_BN * PF_LD;
-        const f16* cV = sV + stg * PF_BN * PF_LD;
+        const u32 k_base = smem_u32(sK + stg * PF_T_BYTES);
+        const u32 v_base = smem_u32(sV + stg * PF_T_BYTES);
         // The only copies in flight are tile kb's (requested at the top of
         // iteration kb - 1, a whole iteration ago).
         cp_async_wait<0>();
+        fence_proxy_async();
         __syncthreads();   // tile kb visible to all; every warp is done with tile kb - 1
         if (kb < kb_last) {
-            load_tile(sK + (stg ^ 1) * PF_BN * PF_LD, p.kcache, ph_next, kb + 1);
-            load_tile(sV + (stg ^ 1) * PF_BN * PF_LD, p.vcache, ph_next, kb + 1);
+            load_tile(sK + (stg ^ 1) * PF_T_BYTES, p.kcache, ph_next, kb + 1);
+            load_tile(sV + (stg ^ 1) * PF_T_BYTES, p.vcache, ph_next, kb + 1);
             ph_next = kb + 2 <= kb_last ? p.block_table[kb + 2] : 0;
         }
 
-        float s[PF_NF][4];
-#pragma unroll
-        for (int i = 0; i < PF_NF; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        float s[PF_NF * 4];
+        wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
-            u32 a0, a1, a2, a3;
-            ldmatrix_x4(a0, a1, a2, a3, qaddr + ks * 16);
-#pragma unroll
-            for (int nf = 0; nf < PF_NF; nf += 2) {
-                u32 b0, b1, b2, b3;
-                ldmatrix_x4(b0, b1, b2, b3, cK + (nf * 8 + (lane & 7) + (lane >> 4) * 8) * PF_LD + ks * 16 + ((lane >> 3) & 1) * 8);
-                mma_f16(s[nf], a0, a1, a2, a3, b0, b1);
-                mma_f16(s[nf + 1], a0, a1, a2, a3, b2, b3);
-            }
+            const u32 off = (u32)((ks & 3) * 32);   // a k16 step within the 128-byte atom row
+            const unsigned long long da = wg_desc_sw128(q_base + (ks >> 2) * (PF_ROWS * 128) + off);
+            const unsigned long long db = wg_desc_sw128(k_base + (ks >> 2) * (PF_BN * 128) + off);
+            wgmma_ss_m64n64(s, da, db, ks > 0);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < PF_NF * 4; ++i) wg_reg_fence(s[i]);
 
         if (kb >= kb_diag) {   // uniform over the CTA
 #pragma unroll
@@ -716,15 +824,15 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
                 for (int e = 0; e < 4; ++e) {
                     const int kpos = kb * KV_BLOCK + nf * 8 + 2 * c4 + (e & 1);
                     const int qpos = qpos0 + (e >> 1) * 8;
-                    if (kpos > qpos) s[nf][e] = NEG_INF;
+                    if (kpos > qpos) s[4 * nf + e] = NEG_INF;
                 }
             }
         }
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int nf = 0; nf < PF_NF; ++nf) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[nf][0], s[nf][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[nf][2], s[nf][3]));
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * nf], s[4 * nf + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * nf + 2], s[4 * nf + 3]));
         }
         float alpha[2], msc[2];
 #pragma unroll
@@ -743,7 +851,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             float e[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                e[k] = exp2f(fmaf(s[nf][k], sl2, -msc[k >> 1]));   // masked: exp2(-inf) = 0
+                e[k] = exp2f(fmaf(s[4 * nf + k], sl2, -msc[k >> 1]));   // masked: exp2(-inf) = 0
                 rs[k >> 1] += e[k];
             }
             pa[nf][0] = pack_f16x2(e[0], e[1]);
@@ -755,30 +863,31 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             rs[r] += __shfl_xor_sync(FULL_MASK, rs[r], 2);
             l_r[r] = l_r[r] * alpha[r] + rs[r];
         }
-        // 128 multiplies a tile at HD 256; once the running maxima settle
+        // 2 x HD / 4 multiplies a tile; once the running maxima settle
         // (alpha == 1 exactly) the warp skips them.
         if (__any_sync(FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
             for (int i = 0; i < PF_OF; ++i) {
-                o[i][0] *= alpha[0];
-                o[i][1] *= alpha[0];
-                o[i][2] *= alpha[1];
-                o[i][3] *= alpha[1];
+                o[4 * i] *= alpha[0];
+                o[4 * i + 1] *= alpha[0];
+                o[4 * i + 2] *= alpha[1];
+                o[4 * i + 3] *= alpha[1];
             }
         }
 
+        wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < PF_BN / 16; ++ks) {
-            const u32 a0 = pa[2 * ks][0], a1 = pa[2 * ks][1], a2 = pa[2 * ks + 1][0], a3 = pa[2 * ks + 1][1];
-#pragma unroll
-            for (int df = 0; df < PF_OF; df += 2) {
-                u32 b0, b1, b2, b3;
-                ldmatrix_x4_trans(b0, b1, b2, b3,
-                                  cV + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PF_LD + df * 8 + (lane >> 4) * 8);
-                mma_f16(o[df], a0, a1, a2, a3, b0, b1);
-                mma_f16(o[df + 1], a0, a1, a2, a3, b2, b3);
-            }
+            const u32 a[4] = {pa[2 * ks][0], pa[2 * ks][1], pa[2 * ks + 1][0], pa[2 * ks + 1][1]};
+            // Keys 16 ks .. 16 ks + 15: two groups of 8 rows of 128 bytes.
+            wgmma_pv<HD>(o, a, wg_desc_sw128_mn(v_base + ks * 16 * 128, PF_BN * 128));
         }
+        wgmma_commit();
+        // Done before the next barrier: the stage this tile's V sits in is
+        // refilled right after it.
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < PF_OF * 4; ++i) wg_reg_fence(o[i]);
     }
     cp_async_wait<0>();
 
@@ -793,8 +902,8 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
 #pragma unroll
         for (int df = 0; df < PF_OF; ++df) {
             const int d = df * 8 + 2 * c4;
-            const float y0 = o[df][2 * r] * inv * sigmoidf_(gate[d]);
-            const float y1 = o[df][2 * r + 1] * inv * sigmoidf_(gate[d + 1]);
+            const float y0 = o[4 * df + 2 * r] * inv * sigmoidf_(gate[d]);
+            const float y1 = o[4 * df + 2 * r + 1] * inv * sigmoidf_(gate[d + 1]);
             if (p.mix_f32 != nullptr) {
                 p.mix_f32[ob + d] = y0;
                 p.mix_f32[ob + d + 1] = y1;

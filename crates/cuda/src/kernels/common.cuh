@@ -285,6 +285,36 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32
                  : "r"(smem_u32(p)));
 }
 
+// ---- wgmma (sm_90a): descriptors, fences, waits ---------------------------
+//
+// Shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand
+// at 32-bit shared address `saddr` (a k16 step within the 1024-byte swizzle
+// atom is +32 bytes): start >> 4 in bits 0-13, leading offset (unused by
+// swizzled K-major layouts) 1, stride 1024 bytes between 8-row groups
+// (>> 4 in bits 32-45), swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ unsigned long long wg_desc_sw128(u32 saddr) {
+    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Shared memory written by cp.async (generic proxy) and read next by the
+// tensor cores (async proxy): each writer fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accesses of an accumulator across a wgmma
+// wait (the asm above updates them asynchronously).
+__device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Shared-memory matrix descriptor of an MN-major (N contiguous),
+// 128-byte-swizzled B operand: rows are K (128 bytes = 64 N values each,
+// chunk j of row r at chunk j ^ (r & 7) within a 1024-byte atom of 8 rows),
+// `lbo` bytes between atoms of 64 N values, 1024 bytes between groups of 8
+// K rows (CUTLASS's canonical MN-major SW128 layout). Used with imm-trans-b 1.
+__device__ __forceinline__ unsigned long long wg_desc_sw128_mn(u32 saddr, u32 lbo) {
+    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
 // D = A B + D, m16n8k16, fp16 inputs, fp32 accumulators.
 // A frag: a0 (row g, k 2c..2c+1), a1 (row g+8), a2 (row g, k+8), a3 (row g+8, k+8);
 // B frag: b0 (k 2c..2c+1, col g), b1 (k 2c+8..); C: c0,c1 (row g, cols 2c, 2c+1), c2,c3 (row g+8),

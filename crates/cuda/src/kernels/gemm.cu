@@ -238,24 +238,7 @@ __device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
 // accumulator of lane (g, c) of warp wi, value 4 j + v: W row 16 wi + g +
 // 8 (v >> 1), token 8 j + 2 c + (v & 1).
 
-// Shared-memory matrix descriptor of a K-major, 128-byte-swizzled operand
-// at 32-bit shared address `saddr` (a k16 step within the 1024-byte swizzle
-// atom is +32 bytes): start >> 4 in bits 0-13, leading offset (unused by
-// swizzled K-major layouts) 1, stride 1024 bytes between 8-row groups
-// (>> 4 in bits 32-45), swizzle mode 1 (128 B) in bits 62-63.
-__device__ __forceinline__ unsigned long long wg_desc_sw128(u32 saddr) {
-    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-// Shared memory written by cp.async (generic proxy) and read next by the
-// tensor cores (async proxy): each writer fences before the barrier.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// Keeps the compiler from moving accesses of an accumulator across a wgmma
-// wait (the asm above updates them asynchronously).
-__device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// The descriptors, fences and waits of wgmma are in common.cuh.
 // D (64 x N, f32) += A (64 x 16, fp16 registers) B (16 x N, descriptor).
 __device__ __forceinline__ void wgmma_m64n64(float* d, const u32* a, unsigned long long desc) {
     asm volatile(
