@@ -273,12 +273,13 @@ struct AttnPrefillParams {
 unsafe impl DeviceRepr for AttnPrefillParams {}
 
 /// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
-/// `ATTN_PF_TOKENS` rows), then K and V tiles of one cache block in two
-/// stages each, unpadded (128-byte-swizzled rows), plus 1,024 bytes the
-/// kernel may skip to align its swizzle atoms.
+/// `ATTN_PF_TOKENS` rows), then K tiles of one cache block in two stages
+/// and V tiles in three (attention.cu `PF_K_STAGES`, `PF_V_STAGES`),
+/// unpadded (128-byte-swizzled rows), plus 1,024 bytes the kernel may skip
+/// to align its swizzle atoms. 225 KiB at the real shape.
 pub fn prefill_smem(dims: &Dims) -> usize {
     let group = dims.a_heads / dims.a_kv_heads;
-    (group * ATTN_PF_TOKENS + 4 * KV_BLOCK) * dims.a_head_dim * 2 + 1024
+    (group * ATTN_PF_TOKENS + 5 * KV_BLOCK) * dims.a_head_dim * 2 + 1024
 }
 
 /// Causal attention of `t` query tokens (fp16 q, positions p0..p0+t) of one

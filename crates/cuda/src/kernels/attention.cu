@@ -599,13 +599,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 // row of Q, K and V is cut into HD / 64 "atoms" of 64 head dims (128
 // bytes), each atom stored as rows of 128 bytes with the 128-byte swizzle
 // (16-byte chunk j of row r at chunk j ^ (r & 7)):
-//   Q [HD / 64][128 rows][128 B], then K and V of 64 keys (one cache block)
-//   in two stages each, [HD / 64][64 keys][128 B].
-// At HD 256: 64 + 4 x 32 KiB = 192 KiB, one block an SM.
+//   Q [HD / 64][128 rows][128 B], then K of 64 keys (one cache block) in
+//   two stages and V in three, each [HD / 64][64 keys][128 B].
+// At HD 256: 64 + 5 x 32 KiB = 224 KiB, one block an SM.
 //
-// Per 64-key tile kb, one barrier: wait for tile kb (cp.async, then a
-// proxy fence so the tensor cores see it), barrier, request tile kb + 1
-// into the other stage, then in each warpgroup
+// Per 64-key tile kb, in each warpgroup:
 //   S (64 x 64) = Q K^T: HD / 16 wgmma.m64n64k16, both operands from shared
 //     memory, K-major;
 //   the causal mask (only on tiles that reach past the block's first query
@@ -617,8 +615,17 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 //     ks), V the B operand read N-major (head dims contiguous: the same
 //     staged layout as K, described with imm-trans-b) by 4
 //     wgmma.m64n{HD}k16.
-// The two warpgroups drift apart between barriers, so one's softmax
-// overlaps the other's tensor work.
+// The steps are staggered so the tensor cores go from one product to the
+// next without waiting for the warps: PV(kb) is issued, then the warpgroup
+// waits for tile kb + 1's copies (cp.async, a proxy fence so the tensor
+// cores see them, one block barrier), requests tile kb + 2 and issues
+// S(kb + 1); one wgmma wait retires both (groups retire in order), then the
+// softmax of kb + 1. Nothing stays in flight across a loop iteration (ptxas
+// serialises every wgmma of a kernel when it cannot follow them). Tile
+// kb + 2 lands in K's stage of kb (S(kb) retired a step earlier) and V's of
+// kb - 1 (likewise PV(kb - 1)), hence three V stages and two K stages. The
+// two warpgroups drift apart between barriers, so one's softmax overlaps
+// the other's tensor work.
 
 #define PF_BQ ATT_PF_TOKENS
 #define PF_BN KV_BLOCK
@@ -629,6 +636,8 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 #define PF_ROWS (AG * PF_BQ)                    // query rows of a block
 #define PF_Q_BYTES (PF_ATOMS * PF_ROWS * 128)
 #define PF_T_BYTES (PF_ATOMS * PF_BN * 128)     // one K or V tile
+#define PF_K_STAGES 2
+#define PF_V_STAGES 3
 
 #if PF_BQ != 16
 #error "a prefill block holds 16 query tokens of each of its 8 heads"
@@ -739,8 +748,8 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     extern __shared__ __align__(16) unsigned char fa_raw[];
     unsigned char* fa_smem = fa_raw + ((1024u - (smem_u32(fa_raw) & 1023u)) & 1023u);
     unsigned char* sQ = fa_smem;
-    unsigned char* sK = sQ + PF_Q_BYTES;        // 2 stages
-    unsigned char* sV = sK + 2 * PF_T_BYTES;    // 2 stages
+    unsigned char* sK = sQ + PF_Q_BYTES;                  // PF_K_STAGES stages
+    unsigned char* sV = sK + PF_K_STAGES * PF_T_BYTES;    // PF_V_STAGES stages
     const int ntile = (p.T + PF_BQ - 1) / PF_BQ;
     const int qt = ntile - 1 - blockIdx.x;   // longest tiles first
     const int kvh = blockIdx.y, h = kvh * AG + (threadIdx.x >> 5);
@@ -788,22 +797,26 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     const float sl2 = p.scale_log2;
     const u32 q_base = smem_u32(sQ) + wg * 64 * 128;   // this warpgroup's 64 rows in each atom
 
-    for (int kb = 0; kb <= kb_last; ++kb) {
-        const int stg = kb & 1;
-        const u32 k_base = smem_u32(sK + stg * PF_T_BYTES);
-        const u32 v_base = smem_u32(sV + stg * PF_T_BYTES);
-        // The only copies in flight are tile kb's (requested at the top of
-        // iteration kb - 1, a whole iteration ago).
+    // Tile kb: K in stage kb % 2, V in stage kb % 3.
+    auto k_stage = [&](int kb) { return sK + (kb & 1) * PF_T_BYTES; };
+    auto v_stage = [&](int kb) { return sV + (kb % PF_V_STAGES) * PF_T_BYTES; };
+    // Waits for the copies in flight (one tile), makes them visible to the
+    // tensor cores and to every warp.
+    auto tile_ready = [&]() {
         cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();   // tile kb visible to all; every warp is done with tile kb - 1
-        if (kb < kb_last) {
-            load_tile(sK + (stg ^ 1) * PF_T_BYTES, p.kcache, ph_next, kb + 1);
-            load_tile(sV + (stg ^ 1) * PF_T_BYTES, p.vcache, ph_next, kb + 1);
-            ph_next = kb + 2 <= kb_last ? p.block_table[kb + 2] : 0;
-        }
-
-        float s[PF_NF * 4];
+        __syncthreads();
+    };
+    // Requests tile kb (block-table entry ph_next, read a tile ahead).
+    auto request = [&](int kb) {
+        load_tile(k_stage(kb), p.kcache, ph_next, kb);
+        load_tile(v_stage(kb), p.vcache, ph_next, kb);
+        ph_next = kb + 1 <= kb_last ? p.block_table[kb + 1] : 0;
+    };
+    float s[PF_NF * 4];
+    // S = Q K(kb)^T, issued (not waited).
+    auto issue_s = [&](int kb) {
+        const u32 k_base = smem_u32(k_stage(kb));
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
@@ -813,10 +826,19 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             wgmma_ss_m64n64(s, da, db, ks > 0);
         }
         wgmma_commit();
+    };
+    // Retires every product in flight (S, and the PV before it).
+    auto retire = [&]() {
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < PF_NF * 4; ++i) wg_reg_fence(s[i]);
-
+#pragma unroll
+        for (int i = 0; i < PF_OF * 4; ++i) wg_reg_fence(o[i]);
+    };
+    u32 pa[PF_NF][2];
+    // The causal mask and the online softmax of tile kb's scores: P (fp16,
+    // the A operand of its PV) in pa; O rescaled.
+    auto softmax = [&](int kb) {
         if (kb >= kb_diag) {   // uniform over the CTA
 #pragma unroll
             for (int nf = 0; nf < PF_NF; ++nf) {
@@ -845,7 +867,6 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             msc[r] = m_new * sl2;
         }
         float rs[2] = {0.f, 0.f};
-        u32 pa[PF_NF][2];
 #pragma unroll
         for (int nf = 0; nf < PF_NF; ++nf) {
             float e[4];
@@ -874,7 +895,19 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
                 o[4 * i + 3] *= alpha[1];
             }
         }
+    };
 
+    // Tile 0 (and Q) were requested above; tile 1 goes out once they land.
+    tile_ready();
+    if (kb_last >= 1) request(1);
+    issue_s(0);
+    retire();
+    softmax(0);
+    for (int kb = 0; kb <= kb_last; ++kb) {
+        // O += P V(kb), issued; it runs on while this warpgroup meets the
+        // others at the barrier, requests tile kb + 2 and issues S(kb + 1),
+        // and is retired with that S.
+        const u32 v_base = smem_u32(v_stage(kb));
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < PF_BN / 16; ++ks) {
@@ -883,12 +916,17 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             wgmma_pv<HD>(o, a, wg_desc_sw128_mn(v_base + ks * 16 * 128, PF_BN * 128));
         }
         wgmma_commit();
-        // Done before the next barrier: the stage this tile's V sits in is
-        // refilled right after it.
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < PF_OF * 4; ++i) wg_reg_fence(o[i]);
+        if (kb == kb_last) break;
+        // Tile kb + 1 landed. Tile kb + 2 overwrites K(kb) (its S retired
+        // in the previous step) and V(kb - 1) (its PV too); every warpgroup
+        // is past those retirements once it reaches this barrier.
+        tile_ready();
+        if (kb + 2 <= kb_last) request(kb + 2);
+        issue_s(kb + 1);
+        retire();
+        softmax(kb + 1);
     }
+    retire();
     cp_async_wait<0>();
 
     // normalise, gate, store
