@@ -7,7 +7,7 @@
 use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
-use crate::dims::{Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_TOKENS, ATTN_SPLIT_SMALL, KV_BLOCK};
+use crate::dims::{Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_MAX_PIECES, ATTN_PF_TOKENS, ATTN_SPLIT_SMALL, KV_BLOCK};
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::MixOut;
 use crate::kernels::Kernels;
@@ -254,23 +254,40 @@ pub fn decode(
     launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
 }
 
+/// One sequence's rows of a prefill pass, as `attn_prefill` reads them
+/// (attention.cu `PfPiece`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PfPiece {
+    block_table: u64,
+    row0: i32,
+    t: i32,
+    p0: i32,
+    tile0: i32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct AttnPrefillParams {
     q: u64,
     kcache: u64,
     vcache: u64,
-    block_table: u64,
     proj: u64,
     mix_f32: u64,
     mix_f16: u64,
     proj_stride: i32,
-    t: i32,
-    p0: i32,
+    npieces: i32,
     scale_log2: f32,
+    pad: i32,
+    piece: [PfPiece; ATTN_PF_MAX_PIECES],
 }
 // SAFETY: plain-old-data mirroring `AttnPrefillParams` in attention.cu.
 unsafe impl DeviceRepr for AttnPrefillParams {}
+
+/// The layout sizes attention.cu checks against these mirrors.
+pub fn defines() -> Vec<String> {
+    vec![format!("-DATTN_PREFILL_PARAMS_SIZE={}", std::mem::size_of::<AttnPrefillParams>())]
+}
 
 /// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
 /// `ATTN_PF_TOKENS` rows), then K tiles of one cache block in two stages
@@ -282,8 +299,20 @@ pub fn prefill_smem(dims: &Dims) -> usize {
     (group * ATTN_PF_TOKENS + 5 * KV_BLOCK) * dims.a_head_dim * 2 + 1024
 }
 
+/// One sequence's run of rows in a prefill pass: its block-table row
+/// (device address), the pass row of its first token, its token count and
+/// that token's position.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillPiece {
+    pub block_table: u64,
+    pub row0: usize,
+    pub t: usize,
+    pub p0: usize,
+}
+
 /// Causal attention of `t` query tokens (fp16 q, positions p0..p0+t) of one
-/// sequence over its cache (block table row `block_table`).
+/// sequence over its cache (block table row `block_table`); `q`, `proj`
+/// and `mix` at the sequence's first row.
 #[allow(clippy::too_many_arguments)]
 pub fn prefill(
     gpu: &Gpu,
@@ -299,29 +328,60 @@ pub fn prefill(
     p0: usize,
     mix: MixOut,
 ) -> CudaResult<()> {
-    if t == 0 {
-        return Ok(());
-    }
+    prefill_pieces(gpu, k, dims, q, kv_k, kv_v, proj, proj_stride, &[PrefillPiece { block_table, row0: 0, t, p0 }], mix)
+}
+
+/// Causal attention of every piece of a prefill pass (each its own
+/// sequence) in one launch per `ATTN_PF_MAX_PIECES` pieces, so the query
+/// tiles of many short prompts fill the GPU together; `q`, `proj` and `mix`
+/// at the pass's row 0. The pieces run longest first.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_pieces(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    q: u64,
+    kv_k: u64,
+    kv_v: u64,
+    proj: u64,
+    proj_stride: usize,
+    pieces: &[PrefillPiece],
+    mix: MixOut,
+) -> CudaResult<()> {
     let (mix_f32, mix_f16) = match mix {
         MixOut::F32(p) => (p, 0),
         MixOut::F16(p) => (0, p),
         MixOut::Packed { .. } => return Err(CudaError::shape("attention", "writes f32 or fp16 rows, not packed activations")),
     };
-    let p = AttnPrefillParams {
-        q,
-        kcache: kv_k,
-        vcache: kv_v,
-        block_table,
-        proj,
-        mix_f32,
-        mix_f16,
-        proj_stride: proj_stride as i32,
-        t: t as i32,
-        p0: p0 as i32,
-        scale_log2: scale_log2(dims),
-    };
+    if let Some(bad) = pieces.iter().find(|p| p.t == 0 || p.block_table == 0 || p.row0 + p.t > i32::MAX as usize || p.p0 + p.t > i32::MAX as usize) {
+        return Err(CudaError::shape("attn_prefill", format!("piece {bad:?}: empty, without a block table or past i32")));
+    }
+    let mut order: Vec<&PrefillPiece> = pieces.iter().collect();
+    order.sort_by_key(|p| std::cmp::Reverse(p.p0 + p.t));
     let group = dims.a_heads / dims.a_kv_heads;
-    launch(gpu, k, "attn_prefill", (t.div_ceil(ATTN_PF_TOKENS) as u32, dims.a_kv_heads as u32, 1), (group * 32) as u32, prefill_smem(dims), &p)
+    for part in order.chunks(ATTN_PF_MAX_PIECES) {
+        let mut table = [PfPiece::default(); ATTN_PF_MAX_PIECES];
+        let mut tiles = 0usize;
+        for (slot, pc) in table.iter_mut().zip(part) {
+            *slot = PfPiece { block_table: pc.block_table, row0: pc.row0 as i32, t: pc.t as i32, p0: pc.p0 as i32, tile0: tiles as i32 };
+            tiles += pc.t.div_ceil(ATTN_PF_TOKENS);
+        }
+        let p = AttnPrefillParams {
+            q,
+            kcache: kv_k,
+            vcache: kv_v,
+            proj,
+            mix_f32,
+            mix_f16,
+            proj_stride: proj_stride as i32,
+            npieces: part.len() as i32,
+            scale_log2: scale_log2(dims),
+            pad: 0,
+            piece: table,
+        };
+        launch(gpu, k, "attn_prefill", (tiles as u32, dims.a_kv_heads as u32, 1), (group * 32) as u32, prefill_smem(dims), &p)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ pub const ATTN_SPLIT_SMALL: usize = 16;
 /// Query tokens of a prefill-attention block (one m16 tile; the block's 8
 /// warps are the 8 query heads of one KV head).
 pub const ATTN_PF_TOKENS: usize = 16;
+/// Sequences (pieces of a prefill pass) one `attn_prefill` launch takes;
+/// their table travels in the launch parameters.
+pub const ATTN_PF_MAX_PIECES: usize = 16;
 /// fp16 padding after every K/V/Q row staged in shared memory (16 bytes, so
 /// ldmatrix rows fall in distinct banks).
 pub const ATTN_PAD: usize = 8;
@@ -188,12 +191,14 @@ impl Dims {
             format!("-DATT_DEC_KEYS={ATTN_DEC_KEYS}"),
             format!("-DATT_SPLIT_SMALL={ATTN_SPLIT_SMALL}"),
             format!("-DATT_PF_TOKENS={ATTN_PF_TOKENS}"),
+            format!("-DATT_PF_MAX_PIECES={ATTN_PF_MAX_PIECES}"),
             format!("-DATT_PAD={ATTN_PAD}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));
         // The decode matrix kernels', the sampler's, the DeltaNet's and the
         // GEMM's constants and struct layouts.
         v.extend(crate::qmm::defines(self));
+        v.extend(crate::attention::defines());
         v.extend(crate::sampling::defines());
         v.extend(crate::feed::defines());
         v.extend(crate::gdn::defines(self));

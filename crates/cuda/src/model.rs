@@ -425,11 +425,11 @@ impl Model {
                 // q/k norms, rotation and the cache stores take every row's
                 // own position and slot.
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), t)?;
-                let row = d.attn_out_dim() * 2;
-                for p in pieces {
-                    let (q, mix) = (s.q_f16 + (p.row0 * row) as u64, MixOut::F16(s.mix_f16 + (p.row0 * row) as u64));
-                    attention::prefill(g, k, d, q, kv.k, kv.v, self.mem.bt_row(p.slot), proj_row(p.row0), ps, p.len, p.p0, mix)?;
-                }
+                // Every piece in one launch: the query tiles of many short
+                // prompts fill the GPU together.
+                let runs: Vec<attention::PrefillPiece> =
+                    pieces.iter().map(|p| attention::PrefillPiece { block_table: self.mem.bt_row(p.slot), row0: p.row0, t: p.len, p0: p.p0 }).collect();
+                attention::prefill_pieces(g, k, d, s.q_f16, kv.k, kv.v, s.proj, ps, &runs, MixOut::F16(s.mix_f16))?;
                 self.mark("prefill attention")?;
             }
         }

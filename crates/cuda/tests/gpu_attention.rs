@@ -319,6 +319,76 @@ fn attention_prep_norms_rotates_and_stores() {
     finish();
 }
 
+/// Many sequences' pieces of one prefill pass in one `prefill_pieces` call
+/// (the server's batched prefill): 19 pieces (more than one launch's
+/// `ATTN_PF_MAX_PIECES`), each its own sequence with its own cached prefix,
+/// laid out back to back in the pass's rows in a scrambled order; every
+/// row against the f64 causal reference of its own sequence.
+#[test]
+fn prefill_of_many_pieces_in_one_pass_matches_each_sequence() {
+    let Some(gpu) = gpu("prefill_of_many_pieces_in_one_pass_matches_each_sequence") else { return };
+    for (label, d) in both() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        // (p0, t) per sequence: short prompts, continuations across block
+        // boundaries, one longer piece.
+        let shapes: Vec<(usize, usize)> = (0..19).map(|i| ((i * 37) % 150, 1 + (i * 29) % 70)).chain([(0, 140)]).collect();
+        let lens: Vec<usize> = shapes.iter().map(|(p0, t)| p0 + t).collect();
+        let c = Cache::random(&gpu, &d, &lens, 4242);
+        // Rows of the pass: the sequences in a scrambled order.
+        let order: Vec<usize> = (0..shapes.len()).map(|i| (i * 7) % shapes.len()).collect();
+        let mut runs = Vec::new();
+        let mut row0 = 0;
+        for &sq in &order {
+            let (p0, t) = shapes[sq];
+            runs.push((sq, attention::PrefillPiece { block_table: c.row_ptr(sq), row0, t, p0 }));
+            row0 += t;
+        }
+        let rows = row0;
+        let mut rng = Rng::new(4343);
+        let q: Vec<f32> = rng.vec(rows * d.attn_out_dim(), -1.0, 1.0).into_iter().map(f16_round).collect();
+        let qb = upload(&gpu, &q.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
+        let ps = d.proj_stride();
+        let proj = rng.vec(rows * ps, -2.0, 2.0);
+        let pb = upload(&gpu, &proj);
+        let mix = upload(&gpu, &vec![NAN; rows * d.attn_out_dim()]);
+        let pieces: Vec<attention::PrefillPiece> = runs.iter().map(|r| r.1).collect();
+        attention::prefill_pieces(&gpu, &k, &d, qb.ptr(), c.kb.ptr(), c.vb.ptr(), pb.ptr(), ps, &pieces, MixOut::F32(mix.ptr())).expect("launch");
+        let got: Vec<f32> = download(&gpu, mix.ptr(), rows * d.attn_out_dim());
+        let want: Vec<f64> = runs
+            .iter()
+            .flat_map(|(sq, pc)| (0..pc.t).map(move |i| (*sq, pc.row0 + i, pc.p0 + i)))
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .flat_map_iter(|(sq, row, pos)| {
+                let q = &q;
+                let proj = &proj;
+                let c = &c;
+                let d = &d;
+                (0..d.a_heads).flat_map(move |h| {
+                    let qh = &q[(row * d.a_heads + h) * d.a_head_dim..][..d.a_head_dim];
+                    let gate = &proj[row * ps + h * 2 * d.a_head_dim + d.a_head_dim..][..d.a_head_dim];
+                    attend(d, c, sq, qh, h, pos, gate)
+                })
+            })
+            .collect();
+        assert_close(&format!("prefill attention {label}: 20 pieces in one pass"), &got, &want, 2e-3);
+        let err = attention::prefill_pieces(
+            &gpu,
+            &k,
+            &d,
+            qb.ptr(),
+            c.kb.ptr(),
+            c.vb.ptr(),
+            pb.ptr(),
+            ps,
+            &[attention::PrefillPiece { block_table: c.row_ptr(0), row0: 0, t: 0, p0: 0 }],
+            MixOut::F32(mix.ptr()),
+        );
+        check(err.is_err(), format!("{label}: an empty piece is refused"));
+    }
+    finish();
+}
+
 #[test]
 fn prefill_flash_attention_matches_causal_reference() {
     let Some(gpu) = gpu("prefill_flash_attention_matches_causal_reference") else { return };

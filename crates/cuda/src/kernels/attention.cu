@@ -588,7 +588,10 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 
 // ---- prefill: causal flash attention on wgmma -------------------------------
 //
-// grid (ceil(T / 16), A_KV_HEADS), block 256 = two warpgroups. The block's
+// grid (the query tiles of up to ATT_PF_MAX_PIECES sequences' runs of rows,
+// each piece ceil(t / 16) of them, A_KV_HEADS), block 256 = two warpgroups:
+// the many short prompts of one pass fill the GPU together, and each block
+// finds its piece in the parameter table (pieces longest first). The block's
 // 128 query rows are the AG = 8 heads of KV head blockIdx.y times its 16
 // tokens: row R = hh * 16 + r is token q0 + r of head kvh * 8 + hh, so warp
 // w owns head w (rows g and g + 8 of lane (g, c) are tokens q0 + g and
@@ -729,19 +732,31 @@ __device__ __forceinline__ int pf_chunk_off(int rows, int r, int c) {
     return (c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-struct AttnPrefillParams {
-    const f16* q;            // [T][A_HEADS][HD]
-    const f16* kcache;       // layer base
-    const f16* vcache;
-    const int* block_table;   // this sequence's row
-    const float* proj;        // for the gates
-    float* mix_f32;           // [T][A_HEADS * HD] or null
-    f16* mix_f16;           // or this
-    int proj_stride;
-    int T;
-    int p0;                   // position of query row 0 (keys 0 .. p0 + T - 1 are in the cache)
-    float scale_log2;
+// One sequence's rows of the pass: its block-table row, the pass row of
+// its first token, its token count, that token's position and the first
+// query tile (blockIdx.x) of the piece.
+struct PfPiece {
+    const int* block_table;
+    int row0;
+    int t;
+    int p0;
+    int tile0;
 };
+
+struct AttnPrefillParams {
+    const f16* q;             // [rows][A_HEADS][HD] of the pass
+    const f16* kcache;        // layer base
+    const f16* vcache;
+    const float* proj;        // the pass's in-projection rows (for the gates)
+    float* mix_f32;           // [rows][A_HEADS * HD] or null
+    f16* mix_f16;             // or this
+    int proj_stride;
+    int npieces;              // 1 .. ATT_PF_MAX_PIECES
+    float scale_log2;
+    int pad;
+    PfPiece piece[ATT_PF_MAX_PIECES];   // longest first
+};
+LAYOUT_CHECK(AttnPrefillParams, ATTN_PREFILL_PARAMS_SIZE)
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS, 1)
 attn_prefill(const __grid_constant__ AttnPrefillParams p) {
@@ -750,23 +765,34 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     unsigned char* sQ = fa_smem;
     unsigned char* sK = sQ + PF_Q_BYTES;                  // PF_K_STAGES stages
     unsigned char* sV = sK + PF_K_STAGES * PF_T_BYTES;    // PF_V_STAGES stages
-    const int ntile = (p.T + PF_BQ - 1) / PF_BQ;
-    const int qt = ntile - 1 - blockIdx.x;   // longest tiles first
+    // The piece of this block (the last whose first tile is at most blockIdx.x).
+    int pi = 0;
+#pragma unroll
+    for (int i = 1; i < ATT_PF_MAX_PIECES; ++i)
+        if (i < p.npieces && (int)blockIdx.x >= p.piece[i].tile0) pi = i;
+    const PfPiece& pc = p.piece[pi];
+    const int T = pc.t, P0 = pc.p0;
+    const int* block_table = pc.block_table;
+    const f16* qsrc = p.q + (size_t)pc.row0 * A_HEADS * HD;
+    const float* proj = p.proj + (size_t)pc.row0 * p.proj_stride;
+    const size_t mix_row0 = (size_t)pc.row0 * A_HEADS * HD;
+    const int ntile = (T + PF_BQ - 1) / PF_BQ;
+    const int qt = ntile - 1 - ((int)blockIdx.x - pc.tile0);   // longest tiles first
     const int kvh = blockIdx.y, h = kvh * AG + (threadIdx.x >> 5);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int q0 = qt * PF_BQ;
-    const int qlast = min(q0 + PF_BQ, p.T) - 1;
-    const int nkeys = p.p0 + qlast + 1;             // keys any query of this CTA sees
+    const int qlast = min(q0 + PF_BQ, T) - 1;
+    const int nkeys = P0 + qlast + 1;             // keys any query of this CTA sees
     const int kb_last = (nkeys - 1) / KV_BLOCK;
-    const int kb_diag = (p.p0 + q0) / KV_BLOCK;     // tiles before it are below every query: no mask
+    const int kb_diag = (P0 + q0) / KV_BLOCK;     // tiles before it are below every query: no mask
 
     // Q: row hh * 16 + r = token q0 + r of head kvh * 8 + hh (rows past T are zeros).
     for (int i = tid; i < PF_ROWS * (HD / 8); i += PF_THREADS) {
         const int row = i / (HD / 8), c = i - row * (HD / 8);
         const int hh = row / PF_BQ, r = row - hh * PF_BQ;
         const int tok = q0 + r;
-        const f16* src = p.q + ((size_t)min(tok, p.T - 1) * A_HEADS + kvh * AG + hh) * HD + c * 8;
-        cp_async16(sQ + pf_chunk_off(PF_ROWS, row, c), src, tok < p.T ? 16 : 0);
+        const f16* src = qsrc + ((size_t)min(tok, T - 1) * A_HEADS + kvh * AG + hh) * HD + c * 8;
+        cp_async16(sQ + pf_chunk_off(PF_ROWS, row, c), src, tok < T ? 16 : 0);
     }
     cp_async_commit();
     auto load_tile = [&](unsigned char* dst, const f16* cache, int phys, int kb) {
@@ -780,11 +806,11 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
         cp_async_commit();
     };
     {
-        const int ph = p.block_table[0];
+        const int ph = block_table[0];
         load_tile(sK, p.kcache, ph, 0);
         load_tile(sV, p.vcache, ph, 0);
     }
-    int ph_next = kb_last >= 1 ? p.block_table[1] : 0;
+    int ph_next = kb_last >= 1 ? block_table[1] : 0;
 
     float o[PF_OF * 4];
 #pragma unroll
@@ -793,7 +819,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     // g and g + 8; finite after tile 0, whose key 0 every query sees.
     float m_r[2] = {NEG_INF, NEG_INF}, l_r[2] = {0.f, 0.f};
     const int g = lane >> 2, c4 = lane & 3;
-    const int qpos0 = p.p0 + q0 + g;   // position of this thread's first row; second is +8
+    const int qpos0 = P0 + q0 + g;   // position of this thread's first row; second is +8
     const float sl2 = p.scale_log2;
     const u32 q_base = smem_u32(sQ) + wg * 64 * 128;   // this warpgroup's 64 rows in each atom
 
@@ -811,7 +837,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     auto request = [&](int kb) {
         load_tile(k_stage(kb), p.kcache, ph_next, kb);
         load_tile(v_stage(kb), p.vcache, ph_next, kb);
-        ph_next = kb + 1 <= kb_last ? p.block_table[kb + 1] : 0;
+        ph_next = kb + 1 <= kb_last ? block_table[kb + 1] : 0;
     };
     float s[PF_NF * 4];
     // S = Q K(kb)^T, issued (not waited).
@@ -933,10 +959,10 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = q0 + g + 8 * r;
-        if (row >= p.T) continue;
+        if (row >= T) continue;
         const float inv = 1.f / l_r[r];
-        const float* gate = p.proj + (size_t)row * p.proj_stride + h * 2 * HD + HD;
-        const size_t ob = (size_t)row * A_HEADS * HD + h * HD;
+        const float* gate = proj + (size_t)row * p.proj_stride + h * 2 * HD + HD;
+        const size_t ob = mix_row0 + (size_t)row * A_HEADS * HD + h * HD;
 #pragma unroll
         for (int df = 0; df < PF_OF; ++df) {
             const int d = df * 8 + 2 * c4;
