@@ -319,6 +319,29 @@ fn attention_prep_norms_rotates_and_stores() {
     finish();
 }
 
+/// Random inputs of a prefill attention over `rows` query rows: fp16-exact
+/// queries (host copy and device fp16), in-projection rows (for the gates)
+/// and a NaN-filled f32 output.
+struct PrefillInputs {
+    q: Vec<f32>,
+    qb: DeviceBuffer,
+    proj: Vec<f32>,
+    pb: DeviceBuffer,
+    mix: DeviceBuffer,
+}
+
+impl PrefillInputs {
+    fn random(gpu: &Arc<Gpu>, d: &Dims, rows: usize, seed: u64) -> PrefillInputs {
+        let mut rng = Rng::new(seed);
+        let q: Vec<f32> = rng.vec(rows * d.attn_out_dim(), -1.0, 1.0).into_iter().map(f16_round).collect();
+        let qb = upload(gpu, &q.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
+        let proj = rng.vec(rows * d.proj_stride(), -2.0, 2.0);
+        let pb = upload(gpu, &proj);
+        let mix = upload(gpu, &vec![NAN; rows * d.attn_out_dim()]);
+        PrefillInputs { q, qb, proj, pb, mix }
+    }
+}
+
 /// Many sequences' pieces of one prefill pass in one `prefill_pieces` call
 /// (the server's batched prefill): 19 pieces (more than one launch's
 /// `ATTN_PF_MAX_PIECES`), each its own sequence with its own cached prefix,
@@ -344,13 +367,8 @@ fn prefill_of_many_pieces_in_one_pass_matches_each_sequence() {
             row0 += t;
         }
         let rows = row0;
-        let mut rng = Rng::new(4343);
-        let q: Vec<f32> = rng.vec(rows * d.attn_out_dim(), -1.0, 1.0).into_iter().map(f16_round).collect();
-        let qb = upload(&gpu, &q.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
         let ps = d.proj_stride();
-        let proj = rng.vec(rows * ps, -2.0, 2.0);
-        let pb = upload(&gpu, &proj);
-        let mix = upload(&gpu, &vec![NAN; rows * d.attn_out_dim()]);
+        let PrefillInputs { q, qb, proj, pb, mix } = PrefillInputs::random(&gpu, &d, rows, 4343);
         let pieces: Vec<attention::PrefillPiece> = runs.iter().map(|r| r.1).collect();
         attention::prefill_pieces(&gpu, &k, &d, qb.ptr(), c.kb.ptr(), c.vb.ptr(), pb.ptr(), ps, &pieces, MixOut::F32(mix.ptr())).expect("launch");
         let got: Vec<f32> = download(&gpu, mix.ptr(), rows * d.attn_out_dim());
@@ -417,13 +435,8 @@ fn prefill_flash_attention_matches_causal_reference() {
         for &(p0, t) in &cases {
             // The sequence lives in slot 1; slot 0 is a decoy of other blocks.
             let c = Cache::random(&gpu, &d, &[p0 + t + 70, p0 + t], 1200 + p0 as u64 + t as u64);
-            let mut rng = Rng::new(1300 + t as u64);
-            let q: Vec<f32> = rng.vec(t * d.attn_out_dim(), -1.0, 1.0).into_iter().map(f16_round).collect();
-            let qb = upload(&gpu, &q.iter().map(|x| f16_bits(*x)).collect::<Vec<_>>());
             let ps = d.proj_stride();
-            let proj = rng.vec(t * ps, -2.0, 2.0);
-            let pb = upload(&gpu, &proj);
-            let mix = upload(&gpu, &vec![NAN; t * d.attn_out_dim()]);
+            let PrefillInputs { q, qb, proj, pb, mix } = PrefillInputs::random(&gpu, &d, t, 1300 + t as u64);
             attention::prefill(&gpu, &k, &d, qb.ptr(), c.kb.ptr(), c.vb.ptr(), c.row_ptr(1), pb.ptr(), ps, t, p0, MixOut::F32(mix.ptr())).expect("launch");
             let got: Vec<f32> = download(&gpu, mix.ptr(), t * d.attn_out_dim());
             let want: Vec<f64> = (0..t * d.a_heads)

@@ -238,7 +238,7 @@ __device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
 // accumulator of lane (g, c) of warp wi, value 4 j + v: W row 16 wi + g +
 // 8 (v >> 1), token 8 j + 2 c + (v & 1).
 
-// The descriptors, fences and waits of wgmma are in common.cuh.
+// The descriptors, fences, waits and products of wgmma are in common.cuh.
 template <int N>
 __device__ __forceinline__ void wgmma_tile(float* d, const u32* a, unsigned long long desc) {
     static_assert(N == 64 || N == 128, "wgmma tile widths compiled: 64, 128");
