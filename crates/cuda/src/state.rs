@@ -763,3 +763,22 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     }
     l
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_matrices_parse_and_choose_the_path_by_batch_size() {
+        assert_eq!(DecodeMatrices::parse("off"), Ok(DecodeMatrices::BATCH_INVARIANT));
+        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12 }));
+        for bad in ["0", "-3", "twelve", "12,moe", ""] {
+            assert!(DecodeMatrices::parse(bad).is_err(), "{bad:?} is refused");
+        }
+        let m = DecodeMatrices { gemm_from: 16 };
+        assert!(!m.on_gemm(15) && m.on_gemm(16) && m.on_gemm(128));
+        assert!(!(1..=128).any(|n| DecodeMatrices::BATCH_INVARIANT.on_gemm(n)), "batch-invariant decode never takes the GEMM");
+        assert_eq!(Options::default().decode_matrices, DecodeMatrices::FASTEST);
+        assert_eq!(DecodeMatrices::FASTEST.gemm_from, DECODE_GEMM_FROM);
+    }
+}
