@@ -7,7 +7,10 @@
 use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
-use crate::dims::{Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_MAX_PIECES, ATTN_PF_TOKENS, ATTN_SPLIT_SMALL, KV_BLOCK};
+use crate::dims::{
+    Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_K_STAGES, ATTN_PF_MAX_PIECES, ATTN_PF_TOKENS, ATTN_PF_V_STAGES, ATTN_SPLIT_SMALL,
+    KV_BLOCK,
+};
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::MixOut;
 use crate::kernels::Kernels;
@@ -290,13 +293,13 @@ pub fn defines() -> Vec<String> {
 }
 
 /// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
-/// `ATTN_PF_TOKENS` rows), then K tiles of one cache block in two stages
-/// and V tiles in three (attention.cu `PF_K_STAGES`, `PF_V_STAGES`),
-/// unpadded (128-byte-swizzled rows), plus 1,024 bytes the kernel may skip
-/// to align its swizzle atoms. 225 KiB at the real shape.
+/// `ATTN_PF_TOKENS` rows), then K tiles of one cache block in
+/// `ATTN_PF_K_STAGES` stages and V tiles in `ATTN_PF_V_STAGES`, unpadded
+/// (128-byte-swizzled rows), plus 1,024 bytes the kernel may skip to align
+/// its swizzle atoms. 225 KiB at the real shape.
 pub fn prefill_smem(dims: &Dims) -> usize {
     let group = dims.a_heads / dims.a_kv_heads;
-    (group * ATTN_PF_TOKENS + 5 * KV_BLOCK) * dims.a_head_dim * 2 + 1024
+    (group * ATTN_PF_TOKENS + (ATTN_PF_K_STAGES + ATTN_PF_V_STAGES) * KV_BLOCK) * dims.a_head_dim * 2 + 1024
 }
 
 /// One sequence's run of rows in a prefill pass: its block-table row

@@ -25,6 +25,10 @@ pub const ATTN_SPLIT_SMALL: usize = 16;
 /// Query tokens of a prefill-attention block (one m16 tile; the block's 8
 /// warps are the 8 query heads of one KV head).
 pub const ATTN_PF_TOKENS: usize = 16;
+/// K and V tile stages of `attn_prefill` (attention.cu: tile kb + 2 lands
+/// over K(kb) and V(kb - 1) while PV(kb) may still read V(kb)).
+pub const ATTN_PF_K_STAGES: usize = 2;
+pub const ATTN_PF_V_STAGES: usize = 3;
 /// Sequences (pieces of a prefill pass) one `attn_prefill` launch takes;
 /// their table travels in the launch parameters.
 pub const ATTN_PF_MAX_PIECES: usize = 16;
@@ -192,6 +196,8 @@ impl Dims {
             format!("-DATT_SPLIT_SMALL={ATTN_SPLIT_SMALL}"),
             format!("-DATT_PF_TOKENS={ATTN_PF_TOKENS}"),
             format!("-DATT_PF_MAX_PIECES={ATTN_PF_MAX_PIECES}"),
+            format!("-DATT_PF_K_STAGES={ATTN_PF_K_STAGES}"),
+            format!("-DATT_PF_V_STAGES={ATTN_PF_V_STAGES}"),
             format!("-DATT_PAD={ATTN_PAD}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));

@@ -639,8 +639,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 #define PF_ROWS (AG * PF_BQ)                    // query rows of a block
 #define PF_Q_BYTES (PF_ATOMS * PF_ROWS * 128)
 #define PF_T_BYTES (PF_ATOMS * PF_BN * 128)     // one K or V tile
-#define PF_K_STAGES 2
-#define PF_V_STAGES 3
+#define PF_K_STAGES ATT_PF_K_STAGES
+#define PF_V_STAGES ATT_PF_V_STAGES
+#if PF_K_STAGES != 2 || PF_V_STAGES != 3
+#error "attn_prefill's schedule loads tile kb + 2 over K(kb) and V(kb - 1): 2 K stages, 3 V stages"
+#endif
 
 #if PF_BQ != 16
 #error "a prefill block holds 16 query tokens of each of its 8 heads"
@@ -758,7 +761,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     const u32 q_base = smem_u32(sQ) + wg * 64 * 128;   // this warpgroup's 64 rows in each atom
 
     // Tile kb: K in stage kb % 2, V in stage kb % 3.
-    auto k_stage = [&](int kb) { return sK + (kb & 1) * PF_T_BYTES; };
+    auto k_stage = [&](int kb) { return sK + (kb % PF_K_STAGES) * PF_T_BYTES; };
     auto v_stage = [&](int kb) { return sV + (kb % PF_V_STAGES) * PF_T_BYTES; };
     // Waits for the copies in flight (one tile), makes them visible to the
     // tensor cores and to every warp.
