@@ -181,29 +181,35 @@ impl Model {
         let attn = matches!(l.mixer, MixerDev::Attention(_));
         self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;
         let out = Self::out_projection(l);
-        match &l.mixer {
-            MixerDev::DeltaNet(w) if d.gv_dim.is_multiple_of(64) => {
-                let mix = MixOut::Packed { px: dec.px_mix.px.ptr(), csum: dec.px_mix.csum.ptr() };
-                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?;
-                self.mark("gdn step")?;
-            }
-            MixerDev::DeltaNet(w) => {
-                // Heads narrower than a 64-column group (test shapes): the
-                // step writes f32 and the packer computes the group sums.
-                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, MixOut::F32(s.mix_f32), n)?;
-                qmm::xnorm(g, k, d, dec.mix_f32, out.cols, None, None, dec.px_mix, n)?;
-                self.mark("gdn step")?;
-            }
+        // The DeltaNet step packs its output itself when its heads are whole
+        // 64-column groups; otherwise (test shapes) and for attention the
+        // mixer writes f32 and `xnorm` packs it with the group sums.
+        let packed = MixOut::Packed { px: dec.px_mix.px.ptr(), csum: dec.px_mix.csum.ptr() };
+        let gdn_packs = d.gv_dim.is_multiple_of(64);
+        self.mixer_step(i, n, if gdn_packs { packed } else { MixOut::F32(s.mix_f32) }, MixOut::F32(s.mix_f32))?;
+        if attn || !gdn_packs {
+            qmm::xnorm(g, k, d, dec.mix_f32, out.cols, None, None, dec.px_mix, n)?;
+        }
+        self.mark(if attn { "attention" } else { "gdn step" })?;
+        qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None)?;
+        self.mark(if attn { "attn out_proj" } else { "gdn out_proj" })
+    }
+
+    /// The mixer of layer `i` for a decode step of `n` tokens, from the
+    /// in-projection rows in scratch.proj: the DeltaNet step writing
+    /// `gdn_mix`, or the attention (q/k norms, rotation, cache stores, then
+    /// split-KV decode) writing `attn_mix`.
+    fn mixer_step(&self, i: usize, n: usize, gdn_mix: MixOut, attn_mix: MixOut) -> CudaResult<()> {
+        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let ps = d.proj_stride();
+        match &self.weights.layers[i].mixer {
+            MixerDev::DeltaNet(w) => gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, gdn_mix, n),
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
-                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, MixOut::F32(s.mix_f32), n)?;
-                qmm::xnorm(g, k, d, dec.mix_f32, out.cols, None, None, dec.px_mix, n)?;
-                self.mark("attention")?;
+                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, attn_mix, n)
             }
         }
-        qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None)?;
-        self.mark(if attn { "attn out_proj" } else { "gdn out_proj" })
     }
 
     /// The MoE of layer `i`: router, top-k and plan, then the experts; the
@@ -249,26 +255,15 @@ impl Model {
     /// MoE on qmm as on the qmm path. `combine_prev`: fold the previous
     /// layer's MoE output into h first.
     fn layer_decode_gemm(&self, i: usize, n: usize, combine_prev: bool) -> CudaResult<()> {
-        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
+        let (d, s) = (&self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         if combine_prev {
             self.combine_moe_now(n)?;
         }
         self.in_proj_gemm(l, n)?;
-        let ps = d.proj_stride();
         let mix = MixOut::F16(s.mix_f16);
-        match &l.mixer {
-            MixerDev::DeltaNet(w) => {
-                gdn::decode(g, k, d, w, &self.gdn_state(i), s.proj, ps, s.pos, s.slot, mix, n)?;
-                self.mark("gdn step")?;
-            }
-            MixerDev::Attention(w) => {
-                let kv = self.kv_view(i);
-                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F32(s.q_f32), n)?;
-                attention::decode(g, k, d, s.q_f32, &kv, s.pos, s.slot, &s.attn_decode(), s.proj, ps, mix, n)?;
-                self.mark("attention")?;
-            }
-        }
+        self.mixer_step(i, n, mix, mix)?;
+        self.mark(if matches!(l.mixer, MixerDev::Attention(_)) { "attention" } else { "gdn step" })?;
         let out = Self::out_projection(l);
         self.dense_gemms(s.mix_f16, out.cols, n, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
         self.mark("gemm out_proj")?;
