@@ -14,6 +14,7 @@
 //!
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
 //!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
+//!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
 
@@ -39,6 +40,10 @@ struct Args {
     parts: usize,
     /// `--decode-gemm FROM|off`: the decode path (Options::decode_matrices).
     decode_matrices: Option<lily_cuda::DecodeMatrices>,
+    /// `--knockout a,b+c`: also time each `--batch` step with these kernel
+    /// groups left out (model::Knockout; measurement only, garbage tokens).
+    knockouts: Vec<lily_cuda::model::Knockout>,
+    knockout_names: Vec<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -53,6 +58,8 @@ fn parse() -> Result<Args, String> {
         served: false,
         parts: 0,
         decode_matrices: None,
+        knockouts: Vec::new(),
+        knockout_names: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -69,6 +76,12 @@ fn parse() -> Result<Args, String> {
             "--profile" => a.profile = true,
             "--served" => a.served = true,
             "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
+            "--knockout" => {
+                for name in val()?.split(',') {
+                    a.knockouts.push(lily_cuda::model::Knockout::parse(name)?);
+                    a.knockout_names.push(name.to_string());
+                }
+            }
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
         }
@@ -184,6 +197,16 @@ fn run() -> Result<(), String> {
             dt * 1e3 / steps as f64,
             fnv1a_digest(&ids[0])
         );
+        for (ko, name) in args.knockouts.iter().zip(&args.knockout_names) {
+            let m = be.model_mut();
+            m.set_knockout(*ko);
+            m.decode_greedy_batch(&batch, 4).map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            m.decode_greedy_batch(&batch, steps).map_err(|e| e.to_string())?;
+            let dt = t.elapsed().as_secs_f64();
+            m.set_knockout(lily_cuda::model::Knockout::default());
+            println!("{{\"batch\":{b},\"knockout\":\"{name}\",\"step_ms\":{:.4}}}", dt * 1e3 / steps as f64);
+        }
         if args.profile {
             let next: Vec<_> = batch.iter().zip(&ids).map(|(e, v)| (e.0, *v.last().unwrap_or(&e.1))).collect();
             let prof = be.model_mut().profile_decode(&next).map_err(|e| e.to_string())?;

@@ -78,6 +78,44 @@ pub struct Model {
     graphs: HashMap<(usize, Head), Graph>,
     /// When profiling, an event recorded after every kernel group.
     marks: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
+    /// Measurement only (`set_knockout`): kernel groups left out of qmm-path
+    /// decode steps, to read each group's marginal cost inside the graph.
+    knockout: Knockout,
+}
+
+/// Kernel groups of a qmm-path decode step that a speed probe may leave out
+/// (`Model::set_knockout`). The step then computes garbage (the skipped
+/// kernels' outputs keep whatever the last step wrote), but every other
+/// kernel reads and writes the same buffers, so the step time without a
+/// group is what that group costs inside the graph, overlap included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Knockout(u32);
+
+impl Knockout {
+    pub const GROUPS: [&'static str; 8] = ["xnorm", "in_proj", "mixer", "out_proj", "router", "gate_up", "down", "head"];
+
+    /// Parses `a+b+c` (group names from `GROUPS`; empty: nothing left out).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut bits = 0u32;
+        for name in s.split('+').filter(|n| !n.is_empty()) {
+            let i = Self::GROUPS.iter().position(|g| *g == name).ok_or_else(|| format!("knockout group `{name}`; known: {}", Self::GROUPS.join(", ")))?;
+            bits |= 1 << i;
+        }
+        Ok(Knockout(bits))
+    }
+
+    const XNORM: Knockout = Knockout(1 << 0);
+    const IN_PROJ: Knockout = Knockout(1 << 1);
+    const MIXER: Knockout = Knockout(1 << 2);
+    const OUT_PROJ: Knockout = Knockout(1 << 3);
+    const ROUTER: Knockout = Knockout(1 << 4);
+    const GATE_UP: Knockout = Knockout(1 << 5);
+    const DOWN: Knockout = Knockout(1 << 6);
+    const HEAD: Knockout = Knockout(1 << 7);
+
+    fn skips(self, group: Knockout) -> bool {
+        self.0 & group.0 != 0
+    }
 }
 
 impl Model {
@@ -87,7 +125,7 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::upload(gpu, w, &dims, progress)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None) })
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default() })
     }
 
     /// The model of shape `cfg` with random weights made on the GPU (speed
@@ -97,7 +135,7 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::synthetic(gpu, &kernels, &dims, seed)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None) })
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default() })
     }
 
     /// Records a profiling event named `what` (the time since the previous
@@ -112,6 +150,16 @@ impl Model {
             marks.push((what, ev));
         }
         Ok(())
+    }
+
+    /// Measurement only: leaves `k`'s kernel groups out of every later
+    /// qmm-path decode step (the cached graphs are dropped). The results of
+    /// such steps are meaningless; `Knockout::default()` restores the model.
+    pub fn set_knockout(&mut self, k: Knockout) {
+        if k != self.knockout {
+            self.graphs.clear();
+        }
+        self.knockout = k;
     }
 
     fn kv_view(&self, layer: usize) -> KvView {
@@ -171,13 +219,18 @@ impl Model {
         let dec = &self.mem.decode;
         let l = &self.weights.layers[i];
         let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
-        qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.moe.px_in, n)?;
+        let ko = self.knockout;
+        if !ko.skips(Knockout::XNORM) {
+            qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.moe.px_in, n)?;
+        }
         self.mark("xnorm (+ moe combine)")?;
         let ps = d.proj_stride();
         let projs = self.in_projections(l);
         let segs: Vec<DenseSeg> =
             projs.iter().map(|(m, off)| DenseSeg { w: m, out: dec.proj.from(*off).unwrap_or(dec.proj), out_stride: ps, epilogue: Epilogue::Store }).collect();
-        qmm::dense(g, k, &segs, dec.moe.px_in, n, None)?;
+        if !ko.skips(Knockout::IN_PROJ) {
+            qmm::dense(g, k, &segs, dec.moe.px_in, n, None)?;
+        }
         let attn = matches!(l.mixer, MixerDev::Attention(_));
         self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;
         let out = Self::out_projection(l);
@@ -186,12 +239,16 @@ impl Model {
         // mixer writes f32 and `xnorm` packs it with the group sums.
         let packed = MixOut::Packed { px: dec.px_mix.px.ptr(), csum: dec.px_mix.csum.ptr() };
         let gdn_packs = d.gv_dim.is_multiple_of(64);
-        self.mixer_step(i, n, if gdn_packs { packed } else { MixOut::F32(s.mix_f32) }, MixOut::F32(s.mix_f32))?;
-        if attn || !gdn_packs {
+        if !ko.skips(Knockout::MIXER) {
+            self.mixer_step(i, n, if gdn_packs { packed } else { MixOut::F32(s.mix_f32) }, MixOut::F32(s.mix_f32))?;
+        }
+        if (attn || !gdn_packs) && !ko.skips(Knockout::XNORM) {
             qmm::xnorm(g, k, d, dec.mix_f32, out.cols, None, None, dec.px_mix, n)?;
         }
         self.mark(if attn { "attention" } else { "gdn step" })?;
-        qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None)?;
+        if !ko.skips(Knockout::OUT_PROJ) {
+            qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None)?;
+        }
         self.mark(if attn { "attn out_proj" } else { "gdn out_proj" })
     }
 
@@ -220,11 +277,18 @@ impl Model {
         let l = &self.weights.layers[i];
         let m = &l.moe;
         let bufs = self.moe_bufs();
-        qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
+        let ko = self.knockout;
+        if !ko.skips(Knockout::ROUTER) {
+            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
+        }
         self.mark("moe router")?;
-        qmm::experts(g, k, d, m, true, &bufs, n)?;
+        if !ko.skips(Knockout::GATE_UP) {
+            qmm::experts(g, k, d, m, true, &bufs, n)?;
+        }
         self.mark("moe gate_up")?;
-        qmm::experts(g, k, d, m, false, &bufs, n)?;
+        if !ko.skips(Knockout::DOWN) {
+            qmm::experts(g, k, d, m, false, &bufs, n)?;
+        }
         self.mark("moe down")
     }
 
@@ -242,6 +306,9 @@ impl Model {
         let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
         let dec = &self.mem.decode;
         let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
+        if self.knockout.skips(Knockout::HEAD) {
+            return Ok(());
+        }
         qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(self.weights.final_norm), dec.moe.px_in, n)?;
         let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
         qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))
@@ -901,5 +968,22 @@ impl Model {
     /// Bytes of device memory held: weights + memory plan.
     pub fn bytes(&self) -> usize {
         self.weights.bytes + self.mem.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Knockout;
+
+    #[test]
+    fn knockout_names_match_their_bits() {
+        let bits =
+            [Knockout::XNORM, Knockout::IN_PROJ, Knockout::MIXER, Knockout::OUT_PROJ, Knockout::ROUTER, Knockout::GATE_UP, Knockout::DOWN, Knockout::HEAD];
+        for (name, bit) in Knockout::GROUPS.iter().zip(bits) {
+            assert_eq!(Knockout::parse(name).unwrap(), bit, "{name}");
+        }
+        assert_eq!(Knockout::parse("router+down").unwrap(), Knockout(Knockout::ROUTER.0 | Knockout::DOWN.0));
+        assert_eq!(Knockout::parse("").unwrap(), Knockout::default());
+        assert!(Knockout::parse("routers").unwrap_err().contains("routers"));
     }
 }
