@@ -105,8 +105,9 @@ fn run() -> Result<(), String> {
     let mut opts = Options::for_context(max_len + args.steps + 64);
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     opts.max_sequences = 4.max(max_batch + 2).max(args.parts + 2);
-    // The batch runs prefill 256 tokens and decode a few more per sequence.
-    opts.kv_tokens = opts.kv_tokens.max((256 + 64 + 64) * opts.max_sequences);
+    // The batch runs prefill 256 tokens and decode a few more per sequence
+    // (36 more for each knockout).
+    opts.kv_tokens = opts.kv_tokens.max((256 + 64 + 64 + 36 * args.knockouts.len()) * opts.max_sequences);
     if let Some(m) = args.decode_matrices {
         opts.decode_matrices = m;
     }
