@@ -278,6 +278,11 @@ impl Model {
         let m = &l.moe;
         let bufs = self.moe_bufs();
         let ko = self.knockout;
+        let moe_knocked = ko.skips(Knockout::ROUTER) || ko.skips(Knockout::GATE_UP) || ko.skips(Knockout::DOWN);
+        if self.mem.opts.fused_moe && n <= qmm::MOE_FUSED_TOK && !moe_knocked {
+            qmm::moe_fused(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
+            return self.mark("moe (fused)");
+        }
         if !ko.skips(Knockout::ROUTER) {
             qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
         }

@@ -54,6 +54,11 @@ pub const QMM_MAX_SEGS: usize = 4;
 pub const PLAN_HEAD: usize = 4;
 const ROUTER_ROWS: usize = 8;
 const ROUTER_TOK: usize = 8;
+/// Most tokens of a step whose MoE runs as one `qmm_moe_fused` launch (its
+/// router stages every token in one block, as moe_router's single chunk).
+pub const MOE_FUSED_TOK: usize = ROUTER_TOK;
+/// Warps of a `qmm_moe_fused` block (the router's 8 rows a block).
+const MOE_FUSED_WARPS: usize = ROUTER_ROWS;
 const XN_THREADS: u32 = 256;
 
 #[repr(C)]
@@ -156,6 +161,17 @@ struct RouterParamsC {
 // SAFETY: plain-old-data mirroring `RouterParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for RouterParamsC {}
 
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MoeFusedParamsC {
+    r: RouterParamsC,
+    up: QmmMoeParamsC,
+    down: QmmMoeParamsC,
+    barrier: u64,
+}
+// SAFETY: plain-old-data mirroring `MoeFusedParams` in qmm.cu (size checked).
+unsafe impl DeviceRepr for MoeFusedParamsC {}
+
 /// The block shape of the matrix kernels: warps a block and weight stages a
 /// warp's ring holds. Compiled into the kernels (`defines`) and read by the
 /// launchers from `Kernels::qmm`, so the two always agree.
@@ -209,7 +225,24 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DXNORM_PARAMS_SIZE={}", size_of::<XnormParamsC>()),
         format!("-DROUTER_PARAMS_SIZE={}", size_of::<RouterParamsC>()),
         format!("-DROUTER_SMEM={}", router_smem(dims)),
+        format!("-DMOE_FUSED_TOK={MOE_FUSED_TOK}"),
+        format!("-DMOE_FUSED_WARPS={MOE_FUSED_WARPS}"),
+        format!("-DMOE_FUSED_PLAN_BYTES={}", fused_plan_bytes(dims)),
+        format!("-DMOE_FUSED_PARAMS_SIZE={}", size_of::<MoeFusedParamsC>()),
     ]
+}
+
+/// Shared memory `qmm_moe_fused` keeps its plan in: the items and pairs of
+/// `MOE_FUSED_TOK` tokens (16-byte aligned, the rings follow it).
+fn fused_plan_bytes(dims: &Dims) -> usize {
+    (4 * (3 * max_plan_items(dims, MOE_FUSED_TOK) + MOE_FUSED_TOK * (dims.topk + 1))).next_multiple_of(16)
+}
+
+/// Dynamic shared memory of `qmm_moe_fused`: the plan, then one region the
+/// router's staging, the top-k tables and the 8 warps' rings take in turn.
+fn fused_smem(dims: &Dims, shape: &QmmShape) -> usize {
+    let rings = MOE_FUSED_WARPS * shape.ring * QMM_STAGE_BYTES + MOE_FUSED_WARPS * 64 * 4;
+    fused_plan_bytes(dims) + router_smem(dims).max(rings)
 }
 
 /// Widest row `xnorm` packs: the hidden state or a mixer output.
@@ -218,7 +251,7 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_2", "moe_router"];
+pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_2", "moe_router", "qmm_moe_fused"];
 
 /// The dense variant for `ntok` tokens and its n-tiles (4 tokens each) a
 /// warp keeps; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
@@ -396,6 +429,8 @@ pub struct MoeBufs {
     pub plan: DevSlice<i32>,
     /// 1 + token chunks ints, zero between launches.
     pub ticket: DevSlice<i32>,
+    /// The grid barrier of `moe_fused` (a counter that only grows).
+    pub barrier: DevSlice<u64>,
     /// Plan capacity (`max_plan_items` of the plan's batch size).
     pub max_items: usize,
 }
@@ -405,6 +440,18 @@ pub struct MoeBufs {
 /// experts.
 #[allow(clippy::too_many_arguments)]
 pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+    const NAME: &str = "moe_router";
+    let p = router_params(k, dims, m, post_norm, h, b, ntok)?;
+    let smem = router_smem(dims);
+    let blocks = (dims.n_experts + 1).div_ceil(ROUTER_ROWS) as u32;
+    let chunks = ntok.div_ceil(ROUTER_TOK);
+    b.ticket.need(NAME, "tickets", 1 + chunks)?;
+    launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), 256, smem, &p)
+}
+
+/// The router's parameters, every buffer checked.
+#[allow(clippy::too_many_arguments)]
+fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<RouterParamsC> {
     const NAME: &str = "moe_router";
     if ntok == 0 || ntok > MAX_DECODE_BATCH {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
@@ -451,11 +498,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
         max_items: b.max_items as i32,
         eps: dims.rms_eps,
     };
-    let smem = router_smem(dims);
-    let blocks = (e + 1).div_ceil(ROUTER_ROWS) as u32;
-    let chunks = ntok.div_ceil(ROUTER_TOK);
-    b.ticket.need(NAME, "tickets", 1 + chunks)?;
-    launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), 256, smem, &p)
+    Ok(p)
 }
 
 /// Dynamic shared memory of `moe_router` (qmm.cu): the staged tokens (padded
@@ -475,6 +518,17 @@ pub fn router_smem(dims: &Dims) -> usize {
 /// projections with SwiGLU (packed into `px_act`), else the down projections
 /// (into `y`). The shared expert runs as one more expert taking every token.
 pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+    let (p, nt) = moe_params(k, dims, m, up, b, ntok)?;
+    let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
+    let threads = (k.qmm.warps * 32) as u32;
+    let smem = k.qmm.smem_bytes(nt) + (3 * p.smem_items as usize + p.npairs as usize) * 4;
+    let g = grid(gpu, k, name, threads, smem, 0)?;
+    launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
+}
+
+/// The parameters of one expert launch (`up`: gate/up, else down), every
+/// buffer checked, and the n-tiles of its variant.
+fn moe_params(k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<(QmmMoeParamsC, usize)> {
     const NAME: &str = "qmm_moe";
     if ntok == 0 || ntok > MAX_DECODE_BATCH {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
@@ -519,12 +573,39 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
         npairs: pairs as i32,
         smem_items: smem_items as i32,
     };
-    let nt = moe_nt(&k.qmm, ntok);
-    let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
-    let threads = (k.qmm.warps * 32) as u32;
-    let smem = k.qmm.smem_bytes(nt) + (3 * smem_items + pairs) * 4;
-    let g = grid(gpu, k, name, threads, smem, 0)?;
-    launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
+    Ok((p, moe_nt(&k.qmm, ntok)))
+}
+
+/// The whole MoE of a step of up to `MOE_FUSED_TOK` tokens in one launch
+/// (`qmm_moe_fused`): what `router` and both `experts` launches compute,
+/// bit for bit, with grid-wide barriers instead of two kernel boundaries.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_fused(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+    const NAME: &str = "qmm_moe_fused";
+    if ntok == 0 || ntok > MOE_FUSED_TOK {
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MOE_FUSED_TOK}")));
+    }
+    let r = router_params(k, dims, m, post_norm, h, b, ntok)?;
+    let (up, nt_up) = moe_params(k, dims, m, true, b, ntok)?;
+    let (down, nt_down) = moe_params(k, dims, m, false, b, ntok)?;
+    if nt_up != 1 || nt_down != 1 || r.chunk != 4 {
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens plan items of {} pairs; the fused kernel runs items of 4", r.chunk)));
+    }
+    let plan_ints = 3 * up.smem_items as usize + up.npairs as usize;
+    if plan_ints * 4 > fused_plan_bytes(dims) {
+        return Err(CudaError::shape(NAME, format!("a plan of {plan_ints} ints exceeds the kernel's {} bytes", fused_plan_bytes(dims))));
+    }
+    let p = MoeFusedParamsC { r, up, down, barrier: b.barrier.need(NAME, "grid barrier", 1)? };
+    let threads = (MOE_FUSED_WARPS * 32) as u32;
+    let smem = fused_smem(dims, &k.qmm);
+    // Every block must be resident at once (they wait for each other): as
+    // many as the occupancy allows on every SM, the same for every launch
+    // (the barrier counter relies on it), never more.
+    let g = grid(gpu, k, NAME, threads, smem, 0)?;
+    if (g as usize) * ROUTER_ROWS <= dims.n_experts {
+        return Err(CudaError::shape(NAME, format!("{g} resident blocks cannot hold the router's {} rows", dims.n_experts + 1)));
+    }
+    launch_pdl(gpu, k, NAME, (g, 1, 1), threads, smem, &p)
 }
 
 /// Packs the first `ntok` rows of `h` (`cols` wide) for a qmm input:

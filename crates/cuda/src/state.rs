@@ -49,6 +49,10 @@ pub struct Options {
     pub max_greedy_steps: usize,
     /// Which kernels carry a decode step's matrices (`DecodeMatrices`).
     pub decode_matrices: DecodeMatrices,
+    /// Steps of up to `qmm::MOE_FUSED_TOK` tokens run their MoE (router,
+    /// gate/up, down) as one launch (`qmm::moe_fused`, bit-identical to the
+    /// three launches it replaces); false keeps the three (speed probes).
+    pub fused_moe: bool,
 }
 
 /// Decode steps of at least this many sequences run their dense matrices on
@@ -120,6 +124,7 @@ impl Default for Options {
             use_graphs: true,
             max_greedy_steps: 1024,
             decode_matrices: DecodeMatrices::FASTEST,
+            fused_moe: true,
         }
     }
 }
@@ -380,6 +385,7 @@ impl Memory {
                 topk_w: view(base, &layout, "topk_w")?,
                 plan: view(base, &layout, "moe_plan")?,
                 ticket: view(base, &layout, "moe_ticket")?,
+                barrier: view(base, &layout, "moe_barrier")?,
                 max_items: qmm::max_plan_items(dims, opts.max_batch),
             },
         };
@@ -744,6 +750,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("moe_y", b * slots * h * f);
     l.add("moe_plan", qmm::plan_ints(dims, b) * 4);
     l.add("moe_ticket", 256);
+    l.add("moe_barrier", 64);
     l.add("topk_idx", rows * dims.topk * 4);
     l.add("topk_w", rows * slots * f);
     l.add("counts", dims.n_experts * 4);

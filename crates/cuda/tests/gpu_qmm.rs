@@ -307,6 +307,56 @@ fn moe_router_plan_and_experts_match_the_reference() {
     finish();
 }
 
+/// The fused MoE of a small step (one launch, grid barriers) computes what
+/// the router and the two expert launches compute, bit for bit: top-k,
+/// routing weights, the packed expert input and every expert output.
+#[test]
+fn moe_fused_equals_the_three_launches() {
+    let Some(_) = gpu("moe_fused_equals_the_three_launches") else { return };
+    let (_dir, _w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let bufs = dec.moe;
+    let slots = d.topk + 1;
+    let mut rng = Rng::new(23);
+    let read = |n: usize| {
+        let y: Vec<f32> = read_device(g, bufs.y.ptr(), n * slots * d.hidden).expect("y");
+        let w: Vec<f32> = read_device(g, bufs.topk_w.ptr(), n * slots).expect("weights");
+        let idx: Vec<i32> = read_device(g, bufs.topk_idx.ptr(), n * d.topk).expect("top-k");
+        let px: Vec<u16> = read_device(g, bufs.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+        let cs: Vec<f32> = read_device(g, bufs.px_in.csum.ptr(), n * d.hidden / 64).expect("sums");
+        (y, w, idx, px, cs)
+    };
+    // Every layer (each its own router and experts), several sizes, and the
+    // barrier counter reused across launches.
+    for (i, &n) in [1usize, 2, 5, 8, 1, 8].iter().enumerate() {
+        let l = &m.weights.layers[i % d.layers];
+        let h = rng.vec(n * d.hidden, -2.0, 2.0);
+        write_device(g, dec.h.ptr(), &h).expect("h");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("router");
+        qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
+        qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
+        let (y3, w3, idx3, px3, cs3) = read(n);
+        // Poison the outputs, then the fused launch.
+        write_device(g, bufs.y.ptr(), &vec![f32::NAN; n * slots * d.hidden]).expect("poison y");
+        write_device(g, bufs.topk_w.ptr(), &vec![f32::NAN; n * slots]).expect("poison w");
+        write_device(g, bufs.topk_idx.ptr(), &vec![-7i32; n * d.topk]).expect("poison ids");
+        write_device(g, bufs.px_in.px.ptr(), &vec![0xFFFFu16; qmm::packed_len(n, d.hidden)]).expect("poison px");
+        qmm::moe_fused(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("fused");
+        let (y1, w1, idx1, px1, cs1) = read(n);
+        check(idx1 == idx3, format!("batch {n}, layer {}: fused top-k equals the router's", i % d.layers));
+        check(bits_equal(&w1, &w3), format!("batch {n}: fused routing weights bit-identical"));
+        check(px1 == px3 && bits_equal(&cs1, &cs3), format!("batch {n}: fused packed expert input bit-identical"));
+        let diff = y1.iter().zip(&y3).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        check(diff == 0, format!("batch {n}: fused expert outputs bit-identical ({diff} of {} differ)", y1.len()));
+    }
+    let l = &m.weights.layers[0];
+    let nine = qmm::moe_fused(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, qmm::MOE_FUSED_TOK + 1).unwrap_err().to_string();
+    check(nine.contains("tokens"), nine);
+    finish();
+}
+
 #[test]
 fn launchers_refuse_what_the_kernels_cannot_run() {
     let Some(_) = gpu("launchers_refuse_what_the_kernels_cannot_run") else { return };

@@ -540,19 +540,26 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // finish().
 // `prefetch_before_wait`: the job's tasks are known before the previous
 // kernel completes (dense weights), so the first stages are requested early.
-template <int NT, bool CSUM_MMA, class Job>
-__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait) {
+// WARPS: warps of the block (the fused MoE kernel runs 8); the K split
+// (KSplit) does not depend on it, so neither do the results. PDL: false
+// inside a kernel that already waited for its dependency.
+// smem_off: where the rings start in the dynamic shared memory (16-byte
+// aligned).
+template <int NT, bool CSUM_MMA, class Job, int WARPS = QMM_WARPS, bool PDL = true>
+__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait, int smem_off = 0) {
     extern __shared__ __align__(16) unsigned char qsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const KSplit ks(K);
-    const int tpb = QMM_WARPS / ks.KQ;
+    const int tpb = WARPS / ks.KQ;
     const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
-    unsigned char* ring = qsm + warp * (QMM_RING * QMM_STAGE_BYTES);
-    float* red = reinterpret_cast<float*>(qsm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
+    unsigned char* ring = qsm + smem_off + warp * (QMM_RING * QMM_STAGE_BYTES);
+    float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * QMM_RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
     const int SQ = ks.SQ;
 
-    pdl_trigger();
-    if (!prefetch_before_wait) pdl_wait();
+    if (PDL) {
+        pdl_trigger();
+        if (!prefetch_before_wait) pdl_wait();
+    }
     job.prepare();
     const int ntasks = job.ntasks();
     const int nbt = (ntasks + tpb - 1) / tpb;
@@ -566,7 +573,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     pc.ti = -1;
 #pragma unroll 1
     for (int z = 0; z < QMM_RING - 1; ++z) qmm_produce(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
-    if (prefetch_before_wait) pdl_wait();
+    if (PDL && prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
     int xoff[NT], csoff[NT];
@@ -813,10 +820,12 @@ LAYOUT_CHECK(QmmMoeParams, QMM_MOE_PARAMS_SIZE)
 struct MoeJob {
     const QmmMoeParams& p;
     int* smem_plan;          // p.smem_items * 3 + p.npairs ints of shared memory
+    int preset;              // >= 0: the plan's item count, already in smem_plan (qmm_moe_fused)
     int nitems;
     const int* items;
     const int* pairs;
-    __device__ MoeJob(const QmmMoeParams& pp, int* sp) : p(pp), smem_plan(sp), nitems(0), items(nullptr), pairs(nullptr) {}
+    __device__ MoeJob(const QmmMoeParams& pp, int* sp, int planned = -1)
+        : p(pp), smem_plan(sp), preset(planned), nitems(0), items(nullptr), pairs(nullptr) {}
     __device__ int tiles() const { return p.up ? MOE_INTER / 8 : HIDDEN / 16; }
     // The plan is copied into shared memory once: every task start reads
     // its item and pairs (and the producer its expert), which from global
@@ -825,6 +834,12 @@ struct MoeJob {
     // not wait for the count (one round trip, not two); entries past the
     // count are never read.
     __device__ void prepare() {
+        if (preset >= 0) {
+            nitems = preset;
+            items = smem_plan;
+            pairs = smem_plan + 3 * p.smem_items;
+            return;
+        }
         const int* gi = p.plan + PLAN_HEAD;
         const int* gp = gi + 3 * p.max_items;
         int* si = smem_plan;
@@ -1001,49 +1016,61 @@ static_assert(ROUTER_SMEM >= 4 * (ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16
 // an expert's count is the popcount of its words, and walking its set bits
 // in word order lists its pairs in token order: n * TOPK / 32 words an
 // expert instead of a scan of all n * TOPK selections.
-extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
-    extern __shared__ __align__(16) float rsm[];
-    __shared__ int s_last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * ROUTER_ROWS + warp;
-    const bool has_row = row <= N_EXPERTS;
-    const bool sgrow = row == N_EXPERTS;
-    const u32* codes = sgrow ? p.sg_codes : p.codes + (size_t)(has_row ? row : 0) * (HIDDEN / 4);
-    const bf16* sc = sgrow ? p.sg_scales : p.scales + (size_t)(has_row ? row : 0) * (HIDDEN / GROUP_SIZE);
-    const bf16* bi = sgrow ? p.sg_biases : p.biases + (size_t)(has_row ? row : 0) * (HIDDEN / GROUP_SIZE);
-    // The row's weights go to registers before the previous kernel ends.
+// The router's pieces, shared by moe_router and qmm_moe_fused (256 threads,
+// ROUTER_ROWS warps; `rsm` is the dynamic shared memory, router_smem bytes).
+
+// A warp's router row (row N_EXPERTS = the shared expert gate), loaded
+// into registers before the previous kernel ends.
+struct RouterRow {
     uint4 w[ROUTER_ITS];
     float ws[ROUTER_ITS], wb[ROUTER_ITS];
+    int row;
+    bool has_row, sgrow;
+};
+
+__device__ __forceinline__ void router_row_load(const RouterParams& p, int row, RouterRow& rr) {
+    const int lane = threadIdx.x & 31;
+    rr.row = row;
+    rr.has_row = row >= 0 && row <= N_EXPERTS;
+    rr.sgrow = row == N_EXPERTS;
+    const u32* codes = rr.sgrow ? p.sg_codes : p.codes + (size_t)(rr.has_row ? row : 0) * (HIDDEN / 4);
+    const bf16* sc = rr.sgrow ? p.sg_scales : p.scales + (size_t)(rr.has_row ? row : 0) * (HIDDEN / GROUP_SIZE);
+    const bf16* bi = rr.sgrow ? p.sg_biases : p.biases + (size_t)(rr.has_row ? row : 0) * (HIDDEN / GROUP_SIZE);
 #pragma unroll
     for (int i = 0; i < ROUTER_ITS; ++i) {
         const int ch = lane + 32 * i;
-        if (has_row && ch < HIDDEN / 16) {
-            w[i] = ld_stream_u4(codes + ch * 4);
-            ws[i] = bf16_to_f32(ld_nc_u16(sc + ch / 4));
-            wb[i] = bf16_to_f32(ld_nc_u16(bi + ch / 4));
+        if (rr.has_row && ch < HIDDEN / 16) {
+            rr.w[i] = ld_stream_u4(codes + ch * 4);
+            rr.ws[i] = bf16_to_f32(ld_nc_u16(sc + ch / 4));
+            rr.wb[i] = bf16_to_f32(ld_nc_u16(bi + ch / 4));
         } else {
-            w[i] = make_uint4(0, 0, 0, 0);
-            ws[i] = wb[i] = 0.f;
+            rr.w[i] = make_uint4(0, 0, 0, 0);
+            rr.ws[i] = rr.wb[i] = 0.f;
         }
     }
-    // Shared memory: the staged tokens [ROUTER_TOK][P] (padded rows), their
-    // 16-column sums [ROUTER_TOK][HIDDEN / 16] (formed once here, not by each
-    // of the 8 rows: ((((0 + s0) + s1) + s2) + s3), s_j = (x_4j + x_4j+1) +
-    // (x_4j+2 + x_4j+3), the order that fixes a row's logit bits), and the
-    // norm gain [P], copied in before the previous kernel ends.
+}
+
+// Shared memory: the staged tokens [ROUTER_TOK][P] (padded rows), their
+// 16-column sums [ROUTER_TOK][HIDDEN / 16] (formed once here, not by each
+// of the 8 rows: ((((0 + s0) + s1) + s2) + s3), s_j = (x_4j + x_4j+1) +
+// (x_4j+2 + x_4j+3), the order that fixes a row's logit bits), and the
+// norm gain [P]. router_gain_copy requests the gain (a constant) before the
+// previous kernel ends.
+__device__ __forceinline__ void router_gain_copy(const RouterParams& p, float* rsm) {
+    float* const gain = rsm + ROUTER_TOK * PADDED_LEN(HIDDEN) + ROUTER_TOK * (HIDDEN / 16);
+    for (int c = threadIdx.x * 4; c < HIDDEN; c += blockDim.x * 4) cp_async16(gain + PAD32(c), p.gain + c, 16);
+    cp_async_commit();
+}
+
+// Warp w normalises token t0 + w (w < nt) into its staging row, with the
+// row's 16-column sums; `pack`: also writes it packed (and its group sums)
+// for the experts. The first pass leaves h in the staging row, so the second
+// reads it from shared memory, not again from L2. Ends with a block barrier.
+__device__ __forceinline__ void router_stage(const RouterParams& p, float* rsm, int t0, int nt, bool pack) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int P = PADDED_LEN(HIDDEN);
     float* const csum16 = rsm + ROUTER_TOK * P;
     float* const gain = csum16 + ROUTER_TOK * (HIDDEN / 16);
-    for (int c = threadIdx.x * 4; c < HIDDEN; c += blockDim.x * 4) cp_async16(gain + PAD32(c), p.gain + c, 16);
-    cp_async_commit();
-    pdl_trigger();
-    pdl_wait();
-    const int t0 = blockIdx.y * ROUTER_TOK;
-    const int nt = min(ROUTER_TOK, p.ntok - t0);
-    // Warp w normalises token t0 + w into its staging row; the first row
-    // block also packs it (and its group sums) for the experts. The first
-    // pass leaves h in the staging row, so the second reads it from shared
-    // memory, not again from L2.
     float* const sx = rsm + warp * P;
     float r = 0.f;
     if (warp < nt) {
@@ -1089,77 +1116,85 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
                 // fma, so these are the sums of the stored values exactly.
                 q0 = __fadd_rn(__fadd_rn(o[0], o[1]), __fadd_rn(o[2], o[3]));
                 q1 = __fadd_rn(__fadd_rn(o[4], o[5]), __fadd_rn(o[6], o[7]));
-                if (blockIdx.x == 0) part = px_store8(p.px, t, HIDDEN, c, o);
+                if (pack) part = px_store8(p.px, t, HIDDEN, c, o);
             }
             // 16 columns = lanes 2j (columns 0-7) and 2j + 1 (8-15).
             const float n0 = __shfl_down_sync(FULL_MASK, q0, 1);
             const float n1 = __shfl_down_sync(FULL_MASK, q1, 1);
             if (c < HIDDEN && (lane & 1) == 0) cs16[c / 16] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.f, q0), q1), n0), n1);
-            if (blockIdx.x == 0) {
+            if (pack) {
                 const float gs = group_sum8(part);
                 if (c < HIDDEN && (lane & 7) == 0) p.csum[(size_t)t * (HIDDEN / GROUP_SIZE) + c / GROUP_SIZE] = gs;
             }
         }
     }
     __syncthreads();
-    if (has_row) {
-        for (int k = 0; k < nt; ++k) {
-            const float* sx = rsm + k * P;
-            const float* cs16 = csum16 + k * (HIDDEN / 16);
-            float acc = 0.f;
+}
+
+// The warp's row against the nt staged tokens: logits[t0 + k][row] (or the
+// shared gate sg[t0 + k]).
+__device__ __forceinline__ void router_dot(const RouterParams& p, const float* rsm, const RouterRow& rr, int t0, int nt) {
+    const int lane = threadIdx.x & 31;
+    const int P = PADDED_LEN(HIDDEN);
+    const float* const csum16 = rsm + ROUTER_TOK * P;
+    if (!rr.has_row) return;
+    for (int k = 0; k < nt; ++k) {
+        const float* sx = rsm + k * P;
+        const float* cs16 = csum16 + k * (HIDDEN / 16);
+        float acc = 0.f;
 #pragma unroll
-            for (int i = 0; i < ROUTER_ITS; ++i) {
-                const int ch = lane + 32 * i;
-                if (ch < HIDDEN / 16) {
-                    const float* xs = sx + PAD32(ch * 16);
-                    float xv[16];
+        for (int i = 0; i < ROUTER_ITS; ++i) {
+            const int ch = lane + 32 * i;
+            if (ch < HIDDEN / 16) {
+                const float* xs = sx + PAD32(ch * 16);
+                float xv[16];
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const float4 v = reinterpret_cast<const float4*>(xs)[j];
-                        xv[4 * j] = v.x;
-                        xv[4 * j + 1] = v.y;
-                        xv[4 * j + 2] = v.z;
-                        xv[4 * j + 3] = v.w;
-                    }
-                    acc += fmaf(ws[i], dot16_q8(w[i], xv), wb[i] * cs16[ch]);
+                for (int j = 0; j < 4; ++j) {
+                    const float4 v = reinterpret_cast<const float4*>(xs)[j];
+                    xv[4 * j] = v.x;
+                    xv[4 * j + 1] = v.y;
+                    xv[4 * j + 2] = v.z;
+                    xv[4 * j + 3] = v.w;
                 }
-            }
-            acc = warp_sum(acc);
-            if (lane == 0) {
-                if (sgrow) p.sg[t0 + k] = acc;
-                else p.logits[(size_t)(t0 + k) * N_EXPERTS + row] = acc;
+                acc += fmaf(rr.ws[i], dot16_q8(rr.w[i], xv), rr.wb[i] * cs16[ch]);
             }
         }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            if (rr.sgrow) p.sg[t0 + k] = acc;
+            else p.logits[(size_t)(t0 + k) * N_EXPERTS + rr.row] = acc;
+        }
     }
+}
 
-    // The last row block of this token chunk routes its tokens.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket + 1 + blockIdx.y, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    {
-        float* l = rsm + warp * N_EXPERTS;
-        int* sel = reinterpret_cast<int*>(rsm + ROUTER_ROWS * N_EXPERTS) + warp * TOPK;
-        float* selw = reinterpret_cast<float*>(rsm + ROUTER_ROWS * N_EXPERTS + ROUTER_ROWS * TOPK) + warp * TOPK;
-        if (warp < nt) {
-            const int t = t0 + warp;
-            // Every load of the token (its logits, the shared gate) in
-            // flight at once: one L2 round trip, not one per 32 experts.
-            float lv[EXPERTS_PER_LANE];
+// Top-k of tokens t0.. (warp w: token t0 + w < t0 + nt) from the logits in
+// global memory (written by other blocks: read through L2), into the
+// block's top-k tables in shared memory ([ROUTER_ROWS][N_EXPERTS] logits,
+// then [ROUTER_ROWS][TOPK] ids and weights); `publish`: also to topk_idx /
+// topk_w. Ends with a block barrier.
+__device__ __forceinline__ void router_topk(const RouterParams& p, float* rsm, int t0, int nt, bool publish) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* l = rsm + warp * N_EXPERTS;
+    int* sel = reinterpret_cast<int*>(rsm + ROUTER_ROWS * N_EXPERTS) + warp * TOPK;
+    float* selw = reinterpret_cast<float*>(rsm + ROUTER_ROWS * N_EXPERTS + ROUTER_ROWS * TOPK) + warp * TOPK;
+    if (warp < nt) {
+        const int t = t0 + warp;
+        // Every load of the token (its logits, the shared gate) in
+        // flight at once: one L2 round trip, not one per 32 experts.
+        float lv[EXPERTS_PER_LANE];
 #pragma unroll
-            for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
-                const int e = lane + 32 * i;
-                lv[i] = e < N_EXPERTS ? ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e) : 0.f;
-            }
-            const float sgv = lane == 0 ? ldcg_f32(p.sg + t) : 0.f;
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+            const int e = lane + 32 * i;
+            lv[i] = e < N_EXPERTS ? ldcg_f32(p.logits + (size_t)t * N_EXPERTS + e) : 0.f;
+        }
+        const float sgv = lane == 0 ? ldcg_f32(p.sg + t) : 0.f;
 #pragma unroll
-            for (int i = 0; i < EXPERTS_PER_LANE; ++i)
-                if (lane + 32 * i < N_EXPERTS) l[lane + 32 * i] = lv[i];
-            __syncwarp();
-            warp_topk(l, sel, selw);
-            __syncwarp();
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i)
+            if (lane + 32 * i < N_EXPERTS) l[lane + 32 * i] = lv[i];
+        __syncwarp();
+        warp_topk(l, sel, selw);
+        __syncwarp();
+        if (publish) {
             if (lane < TOPK) {
                 p.topk_idx[t * TOPK + lane] = sel[lane];
                 p.topk_w[t * MOE_SLOTS + lane] = selw[lane];
@@ -1167,43 +1202,27 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
             if (lane == 0) p.topk_w[t * MOE_SLOTS + TOPK] = sigmoidf_(sgv);
         }
     }
-    // The last chunk to be routed writes the plan. Thread j gathers the
-    // expert ids of selections j, j + 256, ... (token * TOPK + slot).
-    const int n = p.ntok, ns = n * TOPK;
-    int sid[ROUTER_SELS];
-    if (gridDim.y == 1) {
-        // One token chunk (up to ROUTER_TOK tokens): this block routed every
-        // token and its selections are still in shared memory, [token][TOPK]
-        // with token = warp: no second ticket, no reload from global memory
-        // (two dependent round trips less on the batch-1 critical path).
-        __syncthreads();
-        if (threadIdx.x == 0) p.ticket[1] = 0;
-        const int* sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);
-#pragma unroll
-        for (int k = 0; k < ROUTER_SELS; ++k) {
-            const int i = threadIdx.x + 256 * k;
-            sid[k] = i < ns ? sel[i] : -1;
-        }
-    } else {
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            p.ticket[1 + blockIdx.y] = 0;
-            s_last = atomicAdd(p.ticket, 1) == (int)gridDim.y - 1;
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        // All of a thread's loads in flight at once (one round trip).
-#pragma unroll
-        for (int k = 0; k < ROUTER_SELS; ++k) {
-            const int i = threadIdx.x + 256 * k;
-            sid[k] = i < ns ? ldcg_i32(p.topk_idx + i) : -1;
-        }
-    }
+    __syncthreads();
+}
+
+// The step's plan from the expert ids of its selections (thread j holds
+// selections j, j + 256, ...; token * TOPK + slot; -1 past the end): items
+// [..][3] = (expert, first pair, count) and the pair list, written through
+// `items` / `pairs` (global memory for moe_router, shared memory for
+// qmm_moe_fused). Returns the item count (every thread). Uses the bitmap
+// region of `rsm` (past the top-k tables).
+//
+// The plan is built from a bitmap per expert over the step's n * TOPK
+// selections (bit i: selection i = token i / TOPK, slot i % TOPK chose the
+// expert), set with atomicOr (the result does not depend on their order):
+// an expert's count is the popcount of its words, and walking its set bits
+// in word order lists its pairs in token order: n * TOPK / 32 words an
+// expert instead of a scan of all n * TOPK selections.
+__device__ __forceinline__ int router_plan(float* rsm, const int (&sid)[ROUTER_SELS], int n, int ch, int* items, int* pairs) {
+    const int ns = n * TOPK;
     // The bitmap: word wd of expert e at bits[wd * N_EXPERTS + e] (a warp's
     // 32 experts read one word index from 32 banks). It lies past the top-k
-    // tables, so zeroing it cannot race the gathering of the ids above.
+    // tables, so zeroing it cannot race the gathering of the ids.
     const int nw = (ns + 31) / 32;
     u32* bits = reinterpret_cast<u32*>(rsm + ROUTER_PLAN_OFF);
     for (int i = threadIdx.x; i < nw * N_EXPERTS; i += blockDim.x) bits[i] = 0u;
@@ -1216,9 +1235,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     }
     __syncthreads();
 
-    int* items = p.plan + PLAN_HEAD;
-    int* pairs = items + 3 * p.max_items;
-    const int ch = p.chunk;
     const int n_sh = (n + ch - 1) / ch;
     // Shared expert: pairs n*TOPK.. in token order, items 0..n_sh-1.
     for (int t = threadIdx.x; t < n; t += blockDim.x) pairs[n * TOPK + t] = t * MOE_SLOTS + TOPK;
@@ -1256,8 +1272,189 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         pair_base += tot_pairs;
         item_base += tot_items;
     }
+    return item_base;
+}
+
+// The selections of one token chunk's block from its top-k tables (thread
+// j: selection j = token j / TOPK, slot j % TOPK, up to ROUTER_TOK tokens).
+__device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns, int (&sid)[ROUTER_SELS]) {
+    const int* sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);
+#pragma unroll
+    for (int k = 0; k < ROUTER_SELS; ++k) {
+        const int i = threadIdx.x + 256 * k;
+        sid[k] = i < ns ? sel[i] : -1;
+    }
+}
+
+// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / ROUTER_TOK)), block
+// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * 8.. (normalised,
+// warp k token k) in shared memory with their 16-column sums, and warp w
+// computes row x * 8 + w (N_EXPERTS = the shared expert gate) for them. The
+// last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
+// its tokens, one warp each; the last chunk to finish (ticket[0]; with one
+// chunk, that block at once) writes the plan. Dynamic smem (router_smem):
+// max(ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)
+// floats (staging), the plan's tables and selection bitmap).
+extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
+    extern __shared__ __align__(16) float rsm[];
+    __shared__ int s_last;
+    const int warp = threadIdx.x >> 5;
+    RouterRow rr;
+    router_row_load(p, blockIdx.x * ROUTER_ROWS + warp, rr);
+    router_gain_copy(p, rsm);
+    pdl_trigger();
+    pdl_wait();
+    const int t0 = blockIdx.y * ROUTER_TOK;
+    const int nt = min(ROUTER_TOK, p.ntok - t0);
+    // The first row block also packs the tokens for the experts.
+    router_stage(p, rsm, t0, nt, blockIdx.x == 0);
+    router_dot(p, rsm, rr, t0, nt);
+
+    // The last row block of this token chunk routes its tokens.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket + 1 + blockIdx.y, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    router_topk(p, rsm, t0, nt, true);
+    // The last chunk to be routed writes the plan. Thread j gathers the
+    // expert ids of selections j, j + 256, ... (token * TOPK + slot).
+    const int n = p.ntok, ns = n * TOPK;
+    int sid[ROUTER_SELS];
+    if (gridDim.y == 1) {
+        // One token chunk (up to ROUTER_TOK tokens): this block routed every
+        // token and its selections are still in shared memory, [token][TOPK]
+        // with token = warp: no second ticket, no reload from global memory
+        // (two dependent round trips less on the batch-1 critical path).
+        if (threadIdx.x == 0) p.ticket[1] = 0;
+        router_sel_from_tables(rsm, ns, sid);
+    } else {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            p.ticket[1 + blockIdx.y] = 0;
+            s_last = atomicAdd(p.ticket, 1) == (int)gridDim.y - 1;
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        // All of a thread's loads in flight at once (one round trip).
+#pragma unroll
+        for (int k = 0; k < ROUTER_SELS; ++k) {
+            const int i = threadIdx.x + 256 * k;
+            sid[k] = i < ns ? ldcg_i32(p.topk_idx + i) : -1;
+        }
+    }
+    int* items = p.plan + PLAN_HEAD;
+    const int nitems = router_plan(rsm, sid, n, p.chunk, items, items + 3 * p.max_items);
     if (threadIdx.x == 0) {
-        p.plan[0] = item_base;
+        p.plan[0] = nitems;
         *p.ticket = 0;
+    }
+}
+
+// ---- the fused MoE of a small decode step -------------------------------------
+//
+// qmm_moe_fused: moe_router, qmm_moe_1 (gate/up) and qmm_moe_1 (down) of a
+// step of up to MOE_FUSED_TOK tokens in one launch, the three separated by
+// grid-wide barriers instead of kernel boundaries:
+//   1. blocks 0..32 (ROUTER_ROWS rows each): router logits and shared gate,
+//      block 0 also packs RMSNorm(h) for the experts (moe_router's code);
+//   -- grid barrier --
+//   2. every block: the top-k of every token and the plan, built in its own
+//      shared memory (the same code as moe_router's last block, so the same
+//      plan everywhere); block 0 publishes topk_idx / topk_w;
+//   3. the gate/up tasks of the plan over the grid (qmm_run, 8 warps);
+//   -- grid barrier --
+//   4. the down tasks.
+// Every value is computed by the same code in the same order as the three
+// kernels, so the results are bit-identical to theirs. A kernel boundary
+// costs ~2-3 us on a batch-1 step (the dependent kernel's launch, its wait
+// for the previous grid's completion and memory flush); a barrier is one
+// atomic a block and a poll.
+//
+// The grid must be resident at once (the launcher sizes it from the
+// occupancy, every SM's slots): blocks spin at the barriers. The kernel
+// triggers its dependents at its start, which lets the next kernel launch
+// only once every block of this one is running, so it cannot take the
+// slots a block of this grid still waits for.
+//
+// Dynamic shared memory: the plan (MOE_FUSED_PLAN_BYTES: items [..][3],
+// then the pairs), then one region used in turn by the router's staging
+// (router_smem), the top-k tables and bitmap, and the 8 warps' weight
+// rings with their partial sums.
+
+#if !defined(MOE_FUSED_TOK) || !defined(MOE_FUSED_WARPS) || !defined(MOE_FUSED_PLAN_BYTES)
+#error "MOE_FUSED_TOK, MOE_FUSED_WARPS and MOE_FUSED_PLAN_BYTES must be defined by the host (qmm.rs)"
+#endif
+static_assert(MOE_FUSED_WARPS == ROUTER_ROWS && MOE_FUSED_TOK <= ROUTER_TOK, "the fused kernel runs the router's block shape");
+static_assert(MOE_FUSED_PLAN_BYTES % 16 == 0 &&
+                  MOE_FUSED_PLAN_BYTES >= 4 * (3 * ((MOE_FUSED_TOK + 3) / 4 + MOE_FUSED_TOK * TOPK) + MOE_FUSED_TOK * MOE_SLOTS),
+              "qmm.rs MOE_FUSED_PLAN_BYTES cannot hold the plan of MOE_FUSED_TOK tokens");
+
+struct MoeFusedParams {
+    RouterParams r;          // ticket and plan unused
+    QmmMoeParams up;         // plan unused (it is in shared memory); smem_items sizes it
+    QmmMoeParams down;
+    unsigned long long* barrier;  // a counter that only grows (a multiple of the grid between launches)
+};
+LAYOUT_CHECK(MoeFusedParams, MOE_FUSED_PARAMS_SIZE)
+
+// All blocks of the grid meet. The counter is never reset: each block adds
+// one, and waits for the next multiple of the grid size, so a launch needs
+// only that every earlier launch on the counter had the same grid (64 bits
+// do not wrap). A poll that never ends (a grid that could not be resident
+// at once) traps instead of hanging: the step then fails with an error.
+__device__ __forceinline__ void grid_sync(unsigned long long* ctr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long n = gridDim.x;
+        __threadfence();
+        const unsigned long long old = atomicAdd(ctr, 1ull);
+        const unsigned long long target = (old / n + 1) * n;
+        unsigned long long v;
+        int polls = 0;
+        while (true) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ctr) : "memory");
+            if (v >= target) break;
+            if (++polls > 1024) __nanosleep(100);
+            if (polls > (1 << 25)) __trap();
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_FUSED_WARPS * 32, 2) qmm_moe_fused(const __grid_constant__ MoeFusedParams p) {
+    extern __shared__ __align__(16) unsigned char fsm[];
+    int* const plan = reinterpret_cast<int*>(fsm);
+    float* const rsm = reinterpret_cast<float*>(fsm + MOE_FUSED_PLAN_BYTES);
+    const int warp = threadIdx.x >> 5;
+    const bool router_block = (int)blockIdx.x * ROUTER_ROWS <= N_EXPERTS;
+    RouterRow rr;
+    router_row_load(p.r, (int)blockIdx.x * ROUTER_ROWS + warp, rr);
+    if (router_block) router_gain_copy(p.r, rsm);
+    pdl_trigger();
+    pdl_wait();
+    const int n = p.r.ntok;
+    if (router_block) {
+        router_stage(p.r, rsm, 0, n, blockIdx.x == 0);
+        router_dot(p.r, rsm, rr, 0, n);
+    }
+    grid_sync(p.barrier);
+    router_topk(p.r, rsm, 0, n, blockIdx.x == 0);
+    int sid[ROUTER_SELS];
+    router_sel_from_tables(rsm, n * TOPK, sid);
+    const int nitems = router_plan(rsm, sid, n, p.r.chunk, plan, plan + 3 * p.up.smem_items);
+    __syncthreads();  // the plan is complete, and the tables may be overwritten by the rings
+    {
+        MoeJob job(p.up, plan, nitems);
+        qmm_run<1, false, MoeJob, MOE_FUSED_WARPS, false>(job, p.up.x, p.up.csum, HIDDEN, false, MOE_FUSED_PLAN_BYTES);
+    }
+    grid_sync(p.barrier);
+    {
+        MoeJob job(p.down, plan, nitems);
+        qmm_run<1, true, MoeJob, MOE_FUSED_WARPS, false>(job, p.down.x, nullptr, MOE_INTER, false, MOE_FUSED_PLAN_BYTES);
     }
 }
