@@ -14,7 +14,7 @@
 //!
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
 //!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
-//!         [--no-fused-moe]   (the MoE of steps of up to 8 tokens as three launches, not qmm_moe_fused)
+//!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
@@ -45,8 +45,8 @@ struct Args {
     /// groups left out (model::Knockout; measurement only, garbage tokens).
     knockouts: Vec<lily_cuda::model::Knockout>,
     knockout_names: Vec<String>,
-    /// `--no-fused-moe`: steps of up to 8 tokens keep the MoE's three launches.
-    no_fused_moe: bool,
+    /// `--fused-moe`: steps of up to 8 tokens run the MoE as one launch.
+    fused_moe: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -63,7 +63,7 @@ fn parse() -> Result<Args, String> {
         decode_matrices: None,
         knockouts: Vec::new(),
         knockout_names: Vec::new(),
-        no_fused_moe: false,
+        fused_moe: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -80,7 +80,7 @@ fn parse() -> Result<Args, String> {
             "--profile" => a.profile = true,
             "--served" => a.served = true,
             "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
-            "--no-fused-moe" => a.no_fused_moe = true,
+            "--fused-moe" => a.fused_moe = true,
             "--knockout" => {
                 for name in val()?.split(',') {
                     a.knockouts.push(lily_cuda::model::Knockout::parse(name)?);
@@ -116,7 +116,7 @@ fn run() -> Result<(), String> {
     if let Some(m) = args.decode_matrices {
         opts.decode_matrices = m;
     }
-    opts.fused_moe = !args.no_fused_moe;
+    opts.fused_moe = args.fused_moe;
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {

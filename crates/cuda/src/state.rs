@@ -51,7 +51,8 @@ pub struct Options {
     pub decode_matrices: DecodeMatrices,
     /// Steps of up to `qmm::MOE_FUSED_TOK` tokens run their MoE (router,
     /// gate/up, down) as one launch (`qmm::moe_fused`, bit-identical to the
-    /// three launches it replaces); false keeps the three (speed probes).
+    /// three launches it replaces). Off by default: measured slower on the
+    /// H200 (crates/cuda/NOTES.md, history 34).
     pub fused_moe: bool,
 }
 
@@ -124,7 +125,7 @@ impl Default for Options {
             use_graphs: true,
             max_greedy_steps: 1024,
             decode_matrices: DecodeMatrices::FASTEST,
-            fused_moe: true,
+            fused_moe: false,
         }
     }
 }
