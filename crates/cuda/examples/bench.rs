@@ -47,6 +47,9 @@ struct Args {
     knockout_names: Vec<String>,
     /// `--fused-moe`: steps of up to 8 tokens run the MoE as one launch.
     fused_moe: bool,
+    /// `--moe-trace`: with `--fused-moe`, one traced step at each batch size
+    /// (the fused MoE's phases by %globaltimer, per layer).
+    moe_trace: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -64,6 +67,7 @@ fn parse() -> Result<Args, String> {
         knockouts: Vec::new(),
         knockout_names: Vec::new(),
         fused_moe: false,
+        moe_trace: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -81,6 +85,7 @@ fn parse() -> Result<Args, String> {
             "--served" => a.served = true,
             "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
             "--fused-moe" => a.fused_moe = true,
+            "--moe-trace" => a.moe_trace = true,
             "--knockout" => {
                 for name in val()?.split(',') {
                     a.knockouts.push(lily_cuda::model::Knockout::parse(name)?);
@@ -204,6 +209,9 @@ fn run() -> Result<(), String> {
             dt * 1e3 / steps as f64,
             fnv1a_digest(&ids[0])
         );
+        if args.moe_trace && args.fused_moe && b <= lily_cuda::qmm::MOE_FUSED_TOK {
+            moe_trace(&gpu, &mut be, &batch)?;
+        }
         for (ko, name) in args.knockouts.iter().zip(&args.knockout_names) {
             let m = be.model_mut();
             m.set_knockout(*ko);
@@ -336,4 +344,54 @@ fn parts_prefill(be: &mut CudaBackend, len: usize, k: usize, profile: bool, voca
         }
     }
     Ok(format!("{{\"parts\":{k},\"part_tokens\":{part_len},\"prefill_s\":{dt:.4},\"prefill_tok_s\":{:.1}}}", (k * part_len) as f64 / dt))
+}
+
+/// One traced greedy step of `batch`: where the fused MoE's blocks are at
+/// each of its points (qmm.cu `moe_stamp`), in us from the first block past
+/// the dependency wait, averaged over the layers; and the gap from the
+/// previous layer's last block to this layer's first.
+fn moe_trace(gpu: &std::sync::Arc<Gpu>, be: &mut CudaBackend, batch: &[(lily_model::SeqId, u32)]) -> Result<(), String> {
+    use lily_cuda::qmm::{moe_fused_grid, MOE_TRACE_WORDS};
+    let m = be.model_mut();
+    let layers = m.dims.layers;
+    let g = moe_fused_grid(&m.gpu, &m.kernels, &m.dims).map_err(|e| e.to_string())? as usize;
+    let words = layers * g * MOE_TRACE_WORDS;
+    let buf = lily_cuda::device::DeviceBuffer::zeroed(gpu, words * 8, "moe trace").map_err(|e| e.to_string())?;
+    m.set_moe_trace(Some(lily_cuda::device::DevSlice::new(buf.ptr(), words)));
+    let run = m.decode_greedy_batch(batch, 2);
+    m.set_moe_trace(None);
+    run.map_err(|e| e.to_string())?;
+    let t: Vec<u64> = lily_cuda::device::read_device(gpu, buf.ptr(), words).map_err(|e| e.to_string())?;
+    let pts = MOE_TRACE_WORDS / 2;
+    let names = ["entry", "waited", "router rows", "barrier 1", "plan", "gate/up", "barrier 2", "down"];
+    let mut sum = vec![[0f64; 3]; pts];
+    let (mut gap, mut clk) = (0f64, vec![0f64; pts]);
+    let mut prev_end = None;
+    for l in 0..layers {
+        let st = |b: usize, i: usize| t[(l * g + b) * MOE_TRACE_WORDS + i];
+        let r0 = (0..g).map(|b| st(b, 1)).min().unwrap_or(0) as f64;
+        for (i, acc) in sum.iter_mut().enumerate() {
+            let mut v: Vec<f64> = (0..g).map(|b| (st(b, i) as f64 - r0) / 1e3).collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            acc[0] += v[0] / layers as f64;
+            acc[1] += v[g / 2] / layers as f64;
+            acc[2] += v[g - 1] / layers as f64;
+        }
+        for (i, c) in clk.iter_mut().enumerate().skip(1) {
+            let mut v: Vec<f64> = (0..g).map(|b| st(b, pts + i) as f64 - st(b, pts + i - 1) as f64).collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            *c += v[g / 2] / layers as f64;
+        }
+        let first = (0..g).map(|b| st(b, 0)).min().unwrap_or(0) as f64;
+        if let Some(e) = prev_end {
+            gap += (first - e) / 1e3 / (layers - 1) as f64;
+        }
+        prev_end = Some((0..g).map(|b| st(b, pts - 1)).max().unwrap_or(0) as f64);
+    }
+    eprintln!("fused MoE trace, batch {} ({g} blocks, {layers} layers): us from the first block past its wait (min / median / max over blocks), median SM cycles since the previous point", batch.len());
+    for (i, n) in names.iter().enumerate() {
+        eprintln!("  {i} {n:<12} {:8.2} {:8.2} {:8.2}   {:9.0}", sum[i][0], sum[i][1], sum[i][2], clk[i]);
+    }
+    eprintln!("  previous layer's last block done -> this layer's first block entered: {gap:.2} us");
+    Ok(())
 }

@@ -7,7 +7,7 @@
 //! achieved bandwidth over the matrix bytes, next to a device-to-device copy
 //! of the lm_head's bytes (the ceiling).
 //!
-//!   cargo run -p lily-cuda --release --example qmm_probe
+//!   cargo run -p lily-cuda --release --example qmm_probe [SIZES [VARIANTS]]
 
 use std::sync::Arc;
 
@@ -52,11 +52,28 @@ fn run() -> Result<(), String> {
     let scratch = DeviceBuffer::zeroed(&gpu, lm.bytes(), "copy probe").map_err(|e| e.to_string())?;
     let copy_us = time_us(&gpu, 10, || copy_device(&gpu, scratch.ptr(), lm.codes, lm.bytes()).map_err(|e| e.to_string()))?;
     println!("device copy of {:.1} MB: {copy_us:.1} us, {:.2} TB/s (read + write)", lm.bytes() as f64 / 1e6, 2.0 * lm.bytes() as f64 / copy_us / 1e6);
-    let variants: Vec<(&str, QmmShape, Vec<String>)> = vec![
+    let all: Vec<(&str, QmmShape, Vec<String>)> = vec![
         ("default", QmmShape::default(), vec![]),
         ("MoE items of 4 at every size", QmmShape { moe_pairs8_from: usize::MAX, ..QmmShape::default() }, vec![]),
         ("default, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
+        ("K slices of 512", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec![]),
+        ("K slices of 256", QmmShape { slice_cols: 256, ..QmmShape::default() }, vec![]),
+        ("ring of 2", QmmShape { ring: 2, ..QmmShape::default() }, vec![]),
+        ("ring of 6", QmmShape { ring: 6, ..QmmShape::default() }, vec![]),
+        ("K slices of 512, no math", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec!["-DQMM_PROBE_NO_MATH".into()]),
     ];
+    // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
+    // and variant numbers into the list above (default the first three).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sizes: Vec<usize> = match args.first() {
+        Some(a) => a.split(',').map(|v| v.parse().map_err(|e| format!("sizes: {e}"))).collect::<Result<_, _>>()?,
+        None => vec![1, 8, 16, 32, 64, 128],
+    };
+    let picks: Vec<usize> = match args.get(1) {
+        Some(a) => a.split(',').map(|v| v.parse().map_err(|e| format!("variants: {e}"))).collect::<Result<_, _>>()?,
+        None => vec![0, 1, 2],
+    };
+    let variants: Vec<(&str, QmmShape, Vec<String>)> = picks.iter().filter_map(|&i| all.get(i).cloned()).collect();
     let in_segs = |out: lily_cuda::device::DevSlice<f32>| {
         let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];
         [&gd.in_qkv, &gd.in_z, &gd.in_a, &gd.in_b]
@@ -74,7 +91,7 @@ fn run() -> Result<(), String> {
                 continue;
             }
         };
-        for n in [1usize, 8, 16, 32, 64, 128] {
+        for &n in &sizes {
             let lm_seg = DenseSeg { w: &lm, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
             let cases: Vec<(&str, Vec<DenseSeg>, qmm::PackedRows, usize)> = vec![
                 ("lm_head", vec![lm_seg], dec.moe.px_in, lm.bytes()),

@@ -24,7 +24,7 @@ use lily_core::weights::Weights;
 use lily_model::SeqId;
 
 use crate::attention::{self, KvView, QOut};
-use crate::device::{copy_device, read_device, write_device, zero_device, Gpu};
+use crate::device::{copy_device, read_device, write_device, zero_device, DevSlice, Gpu};
 use crate::dims::{Dims, GDN_CHUNK, KV_BLOCK};
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
@@ -81,6 +81,9 @@ pub struct Model {
     /// Measurement only (`set_knockout`): kernel groups left out of qmm-path
     /// decode steps, to read each group's marginal cost inside the graph.
     knockout: Knockout,
+    /// Speed probes only (`set_moe_trace`): where the fused MoE's blocks
+    /// stamp their phases, one equal share a layer.
+    moe_trace: Option<DevSlice<u64>>,
 }
 
 /// Kernel groups of a qmm-path decode step that a speed probe may leave out
@@ -125,7 +128,7 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::upload(gpu, w, &dims, progress)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default() })
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default(), moe_trace: None })
     }
 
     /// The model of shape `cfg` with random weights made on the GPU (speed
@@ -135,7 +138,7 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::synthetic(gpu, &kernels, &dims, seed)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default() })
+        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default(), moe_trace: None })
     }
 
     /// Records a profiling event named `what` (the time since the previous
@@ -160,6 +163,15 @@ impl Model {
             self.graphs.clear();
         }
         self.knockout = k;
+    }
+
+    /// Speed probes only: the fused MoE of every later decode step stamps
+    /// its phases into `buf` (layer i in the i-th of `dims.layers` equal
+    /// shares, each `qmm::MOE_TRACE_WORDS` words a block of the grid); None
+    /// stops. Drops the cached graphs.
+    pub fn set_moe_trace(&mut self, buf: Option<DevSlice<u64>>) {
+        self.graphs.clear();
+        self.moe_trace = buf;
     }
 
     fn kv_view(&self, layer: usize) -> KvView {
@@ -280,7 +292,11 @@ impl Model {
         let ko = self.knockout;
         let moe_knocked = ko.skips(Knockout::ROUTER) || ko.skips(Knockout::GATE_UP) || ko.skips(Knockout::DOWN);
         if self.mem.opts.fused_moe && n <= qmm::MOE_FUSED_TOK && !moe_knocked {
-            qmm::moe_fused(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
+            let trace = match self.moe_trace {
+                Some(t) => Some(t.from(i * t.len() / self.dims.layers)?),
+                None => None,
+            };
+            qmm::moe_fused(g, k, d, m, l.post_norm, dec.h, &bufs, n, trace)?;
             return self.mark("moe (fused)");
         }
         if !ko.skips(Knockout::ROUTER) {

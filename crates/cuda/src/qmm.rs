@@ -168,6 +168,7 @@ struct MoeFusedParamsC {
     up: QmmMoeParamsC,
     down: QmmMoeParamsC,
     barrier: u64,
+    trace: u64,
 }
 // SAFETY: plain-old-data mirroring `MoeFusedParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for MoeFusedParamsC {}
@@ -236,6 +237,17 @@ pub fn defines(dims: &Dims) -> Vec<String> {
 /// `MOE_FUSED_TOK` tokens (16-byte aligned, the rings follow it).
 fn fused_plan_bytes(dims: &Dims) -> usize {
     (4 * (3 * max_plan_items(dims, MOE_FUSED_TOK) + MOE_FUSED_TOK * (dims.topk + 1))).next_multiple_of(16)
+}
+
+/// Stamps `qmm_moe_fused` writes for each block when traced: 8 points, a
+/// %globaltimer and an SM clock each (qmm.cu `moe_stamp`).
+pub const MOE_TRACE_WORDS: usize = 16;
+
+/// Blocks of a `qmm_moe_fused` launch. Every block must be resident at once
+/// (they wait for each other): as many as the occupancy allows on every SM,
+/// the same for every launch (the barrier counter relies on it), never more.
+pub fn moe_fused_grid(gpu: &Gpu, k: &Kernels, dims: &Dims) -> CudaResult<u32> {
+    grid(gpu, k, "qmm_moe_fused", (MOE_FUSED_WARPS * 32) as u32, fused_smem(dims, &k.qmm), 0)
 }
 
 /// Dynamic shared memory of `qmm_moe_fused`: the plan, then one region the
@@ -580,7 +592,20 @@ fn moe_params(k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok:
 /// (`qmm_moe_fused`): what `router` and both `experts` launches compute,
 /// bit for bit, with grid-wide barriers instead of two kernel boundaries.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_fused(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+/// `trace`: speed probes only, `MOE_TRACE_WORDS` stamps for each block of
+/// the grid (`moe_fused_grid`; qmm.cu `moe_stamp`).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_fused(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    m: &MoeDev,
+    post_norm: u64,
+    h: DevSlice<f32>,
+    b: &MoeBufs,
+    ntok: usize,
+    trace: Option<DevSlice<u64>>,
+) -> CudaResult<()> {
     const NAME: &str = "qmm_moe_fused";
     if ntok == 0 || ntok > MOE_FUSED_TOK {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MOE_FUSED_TOK}")));
@@ -595,13 +620,14 @@ pub fn moe_fused(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64
     if plan_ints * 4 > fused_plan_bytes(dims) {
         return Err(CudaError::shape(NAME, format!("a plan of {plan_ints} ints exceeds the kernel's {} bytes", fused_plan_bytes(dims))));
     }
-    let p = MoeFusedParamsC { r, up, down, barrier: b.barrier.need(NAME, "grid barrier", 1)? };
+    let g = moe_fused_grid(gpu, k, dims)?;
+    let trace = match trace {
+        Some(t) => t.need(NAME, "trace", g as usize * MOE_TRACE_WORDS)?,
+        None => 0,
+    };
+    let p = MoeFusedParamsC { r, up, down, barrier: b.barrier.need(NAME, "grid barrier", 1)?, trace };
     let threads = (MOE_FUSED_WARPS * 32) as u32;
     let smem = fused_smem(dims, &k.qmm);
-    // Every block must be resident at once (they wait for each other): as
-    // many as the occupancy allows on every SM, the same for every launch
-    // (the barrier counter relies on it), never more.
-    let g = grid(gpu, k, NAME, threads, smem, 0)?;
     if (g as usize) * ROUTER_ROWS <= dims.n_experts {
         return Err(CudaError::shape(NAME, format!("{g} resident blocks cannot hold the router's {} rows", dims.n_experts + 1)));
     }

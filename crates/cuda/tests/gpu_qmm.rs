@@ -343,7 +343,7 @@ fn moe_fused_equals_the_three_launches() {
         write_device(g, bufs.topk_w.ptr(), &vec![f32::NAN; n * slots]).expect("poison w");
         write_device(g, bufs.topk_idx.ptr(), &vec![-7i32; n * d.topk]).expect("poison ids");
         write_device(g, bufs.px_in.px.ptr(), &vec![0xFFFFu16; qmm::packed_len(n, d.hidden)]).expect("poison px");
-        qmm::moe_fused(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("fused");
+        qmm::moe_fused(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, None).expect("fused");
         let (y1, w1, idx1, px1, cs1) = read(n);
         check(idx1 == idx3, format!("batch {n}, layer {}: fused top-k equals the router's", i % d.layers));
         check(bits_equal(&w1, &w3), format!("batch {n}: fused routing weights bit-identical"));
@@ -352,7 +352,7 @@ fn moe_fused_equals_the_three_launches() {
         check(diff == 0, format!("batch {n}: fused expert outputs bit-identical ({diff} of {} differ)", y1.len()));
     }
     let l = &m.weights.layers[0];
-    let nine = qmm::moe_fused(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, qmm::MOE_FUSED_TOK + 1).unwrap_err().to_string();
+    let nine = qmm::moe_fused(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, qmm::MOE_FUSED_TOK + 1, None).unwrap_err().to_string();
     check(nine.contains("tokens"), nine);
     finish();
 }

@@ -1398,6 +1398,7 @@ struct MoeFusedParams {
     QmmMoeParams up;         // plan unused (it is in shared memory); smem_items sizes it
     QmmMoeParams down;
     unsigned long long* barrier;  // a counter that only grows (a multiple of the grid between launches)
+    unsigned long long* trace;    // speed probes: [grid][2 * MOE_TRACE_POINTS] stamps, or null
 };
 LAYOUT_CHECK(MoeFusedParams, MOE_FUSED_PARAMS_SIZE)
 
@@ -1426,8 +1427,24 @@ __device__ __forceinline__ void grid_sync(unsigned long long* ctr) {
     __syncthreads();
 }
 
+// Speed probes: block b's thread 0 stores at point i its %globaltimer (ns,
+// comparable across SMs) in trace[b][i] and its SM's clock in
+// trace[b][MOE_TRACE_POINTS + i]. Points: entry, after the dependency wait,
+// router rows done, barrier 1 passed, plan built, gate/up done, barrier 2
+// passed, down done.
+#define MOE_TRACE_POINTS 8
+__device__ __forceinline__ void moe_stamp(unsigned long long* trace, int i) {
+    if (trace != nullptr && threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        trace[(size_t)blockIdx.x * 2 * MOE_TRACE_POINTS + i] = t;
+        trace[(size_t)blockIdx.x * 2 * MOE_TRACE_POINTS + MOE_TRACE_POINTS + i] = clock64();
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(MOE_FUSED_WARPS * 32, 2) qmm_moe_fused(const __grid_constant__ MoeFusedParams p) {
     extern __shared__ __align__(16) unsigned char fsm[];
+    moe_stamp(p.trace, 0);
     int* const plan = reinterpret_cast<int*>(fsm);
     float* const rsm = reinterpret_cast<float*>(fsm + MOE_FUSED_PLAN_BYTES);
     const int warp = threadIdx.x >> 5;
@@ -1437,24 +1454,31 @@ extern "C" __global__ void __launch_bounds__(MOE_FUSED_WARPS * 32, 2) qmm_moe_fu
     if (router_block) router_gain_copy(p.r, rsm);
     pdl_trigger();
     pdl_wait();
+    moe_stamp(p.trace, 1);
     const int n = p.r.ntok;
     if (router_block) {
         router_stage(p.r, rsm, 0, n, blockIdx.x == 0);
         router_dot(p.r, rsm, rr, 0, n);
     }
+    moe_stamp(p.trace, 2);
     grid_sync(p.barrier);
+    moe_stamp(p.trace, 3);
     router_topk(p.r, rsm, 0, n, blockIdx.x == 0);
     int sid[ROUTER_SELS];
     router_sel_from_tables(rsm, n * TOPK, sid);
     const int nitems = router_plan(rsm, sid, n, p.r.chunk, plan, plan + 3 * p.up.smem_items);
     __syncthreads();  // the plan is complete, and the tables may be overwritten by the rings
+    moe_stamp(p.trace, 4);
     {
         MoeJob job(p.up, plan, nitems);
         qmm_run<1, false, MoeJob, MOE_FUSED_WARPS, false>(job, p.up.x, p.up.csum, HIDDEN, false, MOE_FUSED_PLAN_BYTES);
     }
+    moe_stamp(p.trace, 5);
     grid_sync(p.barrier);
+    moe_stamp(p.trace, 6);
     {
         MoeJob job(p.down, plan, nitems);
         qmm_run<1, true, MoeJob, MOE_FUSED_WARPS, false>(job, p.down.x, nullptr, MOE_INTER, false, MOE_FUSED_PLAN_BYTES);
     }
+    moe_stamp(p.trace, 7);
 }
