@@ -128,7 +128,17 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::upload(gpu, w, &dims, progress)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default(), moe_trace: None })
+        Ok(Model {
+            gpu: gpu.clone(),
+            kernels,
+            dims,
+            weights,
+            mem,
+            graphs: HashMap::new(),
+            marks: Mutex::new(None),
+            knockout: Knockout::default(),
+            moe_trace: None,
+        })
     }
 
     /// The model of shape `cfg` with random weights made on the GPU (speed
@@ -138,7 +148,17 @@ impl Model {
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::synthetic(gpu, &kernels, &dims, seed)?;
         let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model { gpu: gpu.clone(), kernels, dims, weights, mem, graphs: HashMap::new(), marks: Mutex::new(None), knockout: Knockout::default(), moe_trace: None })
+        Ok(Model {
+            gpu: gpu.clone(),
+            kernels,
+            dims,
+            weights,
+            mem,
+            graphs: HashMap::new(),
+            marks: Mutex::new(None),
+            knockout: Knockout::default(),
+            moe_trace: None,
+        })
     }
 
     /// Records a profiling event named `what` (the time since the previous

@@ -157,9 +157,31 @@ struct RouterParamsC {
     chunk: i32,
     max_items: i32,
     eps: f32,
+    tok_chunk: i32,
+    pad_: i32,
 }
 // SAFETY: plain-old-data mirroring `RouterParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for RouterParamsC {}
+
+/// Tokens one router block stages and routes at a step of `ntok` tokens.
+/// A warp takes its row against its chunk's tokens one after another, so
+/// more chunks (more blocks) shorten that chain, at the price of a second
+/// ticket (the last chunk plans from the published top-k). Measured on the
+/// H200 (NOTES.md, history 37), ms a step: batch 8 4.738 (one chunk) ->
+/// 4.720 (4 chunks) -> 4.553 (8 chunks of 1); batch 4 3.139 -> 3.099
+/// (chunks of 1); batch 16 6.839 (2 chunks) -> 6.754 (4) -> 6.868 (8);
+/// batch 2 2.650 (one chunk) -> 2.667 (two). So: one chunk up to 2 tokens,
+/// one token a chunk up to `ROUTER_TOK`, then 4 chunks until they hold
+/// `ROUTER_TOK` each. The logits do not depend on the chunking.
+pub fn router_tok_chunk(ntok: usize) -> usize {
+    if ntok <= 2 {
+        ntok.max(1)
+    } else if ntok <= ROUTER_TOK {
+        1
+    } else {
+        ntok.div_ceil(4).min(ROUTER_TOK)
+    }
+}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -456,7 +478,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
     let p = router_params(k, dims, m, post_norm, h, b, ntok)?;
     let smem = router_smem(dims);
     let blocks = (dims.n_experts + 1).div_ceil(ROUTER_ROWS) as u32;
-    let chunks = ntok.div_ceil(ROUTER_TOK);
+    let chunks = ntok.div_ceil(p.tok_chunk as usize);
     b.ticket.need(NAME, "tickets", 1 + chunks)?;
     launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), 256, smem, &p)
 }
@@ -509,6 +531,8 @@ fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSli
         chunk: moe_chunk(&k.qmm, ntok) as i32,
         max_items: b.max_items as i32,
         eps: dims.rms_eps,
+        tok_chunk: router_tok_chunk(ntok) as i32,
+        pad_: 0,
     };
     Ok(p)
 }
@@ -591,7 +615,6 @@ fn moe_params(k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok:
 /// The whole MoE of a step of up to `MOE_FUSED_TOK` tokens in one launch
 /// (`qmm_moe_fused`): what `router` and both `experts` launches compute,
 /// bit for bit, with grid-wide barriers instead of two kernel boundaries.
-#[allow(clippy::too_many_arguments)]
 /// `trace`: speed probes only, `MOE_TRACE_WORDS` stamps for each block of
 /// the grid (`moe_fused_grid`; qmm.cu `moe_stamp`).
 #[allow(clippy::too_many_arguments)]
@@ -610,7 +633,8 @@ pub fn moe_fused(
     if ntok == 0 || ntok > MOE_FUSED_TOK {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MOE_FUSED_TOK}")));
     }
-    let r = router_params(k, dims, m, post_norm, h, b, ntok)?;
+    let mut r = router_params(k, dims, m, post_norm, h, b, ntok)?;
+    r.tok_chunk = ntok as i32; // one block stages every token
     let (up, nt_up) = moe_params(k, dims, m, true, b, ntok)?;
     let (down, nt_down) = moe_params(k, dims, m, false, b, ntok)?;
     if nt_up != 1 || nt_down != 1 || r.chunk != 4 {
@@ -673,4 +697,24 @@ pub fn xnorm(
         eps: dims.rms_eps,
     };
     launch_pdl(gpu, k, NAME, (ntok as u32, 1, 1), XN_THREADS, 0, &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_chunks_fit_the_tickets_and_the_staging() {
+        for n in 1..=MAX_DECODE_BATCH {
+            let c = router_tok_chunk(n);
+            assert!((1..=ROUTER_TOK).contains(&c), "{n} tokens: chunk {c}");
+            // 1 + chunks tickets in the 256-byte ticket buffer.
+            assert!(n.div_ceil(c) < 64, "{n} tokens: {} chunks", n.div_ceil(c));
+        }
+        assert_eq!(router_tok_chunk(1), 1);
+        assert_eq!(router_tok_chunk(2), 2);
+        assert_eq!(router_tok_chunk(8), 1);
+        assert_eq!(router_tok_chunk(16), 4);
+        assert_eq!(router_tok_chunk(64), ROUTER_TOK);
+    }
 }

@@ -952,6 +952,8 @@ struct RouterParams {
     int chunk;               // pairs per plan item
     int max_items;
     float eps;
+    int tok_chunk;           // tokens a block stages and routes (1..ROUTER_TOK): grid.y = ceil(ntok / tok_chunk)
+    int pad_;
 };
 LAYOUT_CHECK(RouterParams, ROUTER_PARAMS_SIZE)
 
@@ -1000,10 +1002,12 @@ static_assert(ROUTER_SMEM >= 4 * (ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16
                   ROUTER_SMEM >= 4 * (ROUTER_PLAN_OFF + ROUTER_SEL_WORDS * N_EXPERTS),
               "qmm.rs router_smem is smaller than moe_router's shared-memory layout");
 
-// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / ROUTER_TOK)), block
-// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * 8.. (normalised,
-// warp k token k) in shared memory with their 16-column sums, and warp w
-// computes row x * 8 + w (N_EXPERTS = the shared expert gate) for them. The
+// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / tok_chunk)), block
+// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * tok_chunk..
+// (normalised, warp k token k) in shared memory with their 16-column sums,
+// and warp w computes row x * 8 + w (N_EXPERTS = the shared expert gate)
+// for them (a warp's row against its chunk's tokens one after another, so
+// smaller chunks shorten that chain; the bits do not depend on it). The
 // last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
 // its tokens, one warp each; the last chunk to finish (ticket[0]; with one
 // chunk, that block at once) writes the plan. Dynamic smem (router_smem):
@@ -1286,10 +1290,12 @@ __device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns,
     }
 }
 
-// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / ROUTER_TOK)), block
-// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * 8.. (normalised,
-// warp k token k) in shared memory with their 16-column sums, and warp w
-// computes row x * 8 + w (N_EXPERTS = the shared expert gate) for them. The
+// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / tok_chunk)), block
+// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * tok_chunk..
+// (normalised, warp k token k) in shared memory with their 16-column sums,
+// and warp w computes row x * 8 + w (N_EXPERTS = the shared expert gate)
+// for them (a warp's row against its chunk's tokens one after another, so
+// smaller chunks shorten that chain; the bits do not depend on it). The
 // last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
 // its tokens, one warp each; the last chunk to finish (ticket[0]; with one
 // chunk, that block at once) writes the plan. Dynamic smem (router_smem):
@@ -1304,8 +1310,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     router_gain_copy(p, rsm);
     pdl_trigger();
     pdl_wait();
-    const int t0 = blockIdx.y * ROUTER_TOK;
-    const int nt = min(ROUTER_TOK, p.ntok - t0);
+    const int t0 = blockIdx.y * p.tok_chunk;
+    const int nt = min(p.tok_chunk, p.ntok - t0);
     // The first row block also packs the tokens for the experts.
     router_stage(p, rsm, t0, nt, blockIdx.x == 0);
     router_dot(p, rsm, rr, t0, nt);
@@ -1323,7 +1329,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     const int n = p.ntok, ns = n * TOPK;
     int sid[ROUTER_SELS];
     if (gridDim.y == 1) {
-        // One token chunk (up to ROUTER_TOK tokens): this block routed every
+        // One token chunk (up to tok_chunk tokens): this block routed every
         // token and its selections are still in shared memory, [token][TOPK]
         // with token = warp: no second ticket, no reload from global memory
         // (two dependent round trips less on the batch-1 critical path).
