@@ -127,18 +127,7 @@ impl Model {
         let dims = Dims::from_config(&w.config)?;
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::upload(gpu, w, &dims, progress)?;
-        let mem = Memory::new(gpu, &dims, opts)?;
-        Ok(Model {
-            gpu: gpu.clone(),
-            kernels,
-            dims,
-            weights,
-            mem,
-            graphs: HashMap::new(),
-            marks: Mutex::new(None),
-            knockout: Knockout::default(),
-            moe_trace: None,
-        })
+        Self::assemble(gpu, kernels, dims, weights, opts)
     }
 
     /// The model of shape `cfg` with random weights made on the GPU (speed
@@ -147,6 +136,11 @@ impl Model {
         let dims = Dims::from_config(cfg)?;
         let kernels = Kernels::load(gpu, &dims)?;
         let weights = weights::synthetic(gpu, &kernels, &dims, seed)?;
+        Self::assemble(gpu, kernels, dims, weights, opts)
+    }
+
+    /// The model around its loaded parts: the memory plan, no graphs yet.
+    fn assemble(gpu: &Arc<Gpu>, kernels: Kernels, dims: Dims, weights: DeviceWeights, opts: Options) -> CudaResult<Self> {
         let mem = Memory::new(gpu, &dims, opts)?;
         Ok(Model {
             gpu: gpu.clone(),
