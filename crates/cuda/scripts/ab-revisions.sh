@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# A/B of several revisions in one GPU call. On the development machine:
+#
+#   crates/cuda/scripts/ab-revisions.sh collect DEST REV...
+#
+# builds, for each revision (a branch, tag or commit), the bench example and
+# the GPU test executables named in $TESTS (default: gpu_qmm gpu_gdn
+# gpu_kernels gpu_model) in a temporary worktree, and collects them,
+# stripped, into DEST/<name>/ (<name> = the revision with '/' as '-'), with
+# this script beside them. Then, on the GPU machine (no Rust needed):
+#
+#   bash DEST/ab-revisions.sh run DEST [OUT]
+#
+# runs every revision's tests (LILY_REQUIRE_GPU=1: a skip fails) and then
+# $ROUNDS (default 2) interleaved rounds of
+# `bench --random-layers 40 --lengths "" --batch $BATCH` per revision, so
+# drifts in clocks and temperature fall on all of them alike; writes each
+# run's JSON lines and logs under OUT (default DEST/out) and prints ms a
+# step by batch size and revision, with each revision's seq0 digests (equal
+# digests across revisions = the same greedy tokens).
+set -euo pipefail
+
+usage() {
+  sed -n '2,20p' "$0" >&2
+  exit 2
+}
+
+collect() {
+  local dest=$1
+  shift
+  [ $# -ge 1 ] || usage
+  local root
+  root=$(git rev-parse --show-toplevel)
+  local tests=${TESTS:-gpu_qmm gpu_gdn gpu_kernels gpu_model}
+  local target=${CARGO_TARGET_DIR:-$root/target}/ab
+  mkdir -p "$dest"
+  cp "$0" "$dest/ab-revisions.sh"
+  for rev in "$@"; do
+    local name=${rev//\//-}
+    local wt
+    wt=$(mktemp -d /tmp/ab-wt.XXXXXX)
+    git -C "$root" worktree add --detach -q "$wt" "$rev"
+    (
+      cd "$wt"
+      CARGO_TARGET_DIR=$target cargo build --release -p lily-cuda --example bench
+      CARGO_TARGET_DIR=$target cargo test --release -p lily-cuda --no-run
+    )
+    mkdir -p "$dest/$name"
+    cp "$target/release/examples/bench" "$dest/$name/"
+    for t in $tests; do
+      local f
+      f=$(ls -t "$target"/release/deps/"$t"-* | grep -v '\.d$' | head -1)
+      cp "$f" "$dest/$name/$t"
+    done
+    strip "$dest/$name"/*
+    git -C "$wt" rev-parse HEAD >"$dest/$name/REVISION"
+    git -C "$root" worktree remove --force "$wt"
+    echo "collected $rev ($(cat "$dest/$name/REVISION")) into $dest/$name"
+  done
+  du -sh "$dest"
+}
+
+run() {
+  local dest=$1
+  local out=${2:-$dest/out}
+  local rounds=${ROUNDS:-2}
+  local batch=${BATCH:-1,2,4,8,16,32,64,128}
+  export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
+  mkdir -p "$out"
+  local names=()
+  for d in "$dest"/*/; do
+    [ -x "$d/bench" ] && names+=("$(basename "$d")")
+  done
+  [ ${#names[@]} -ge 1 ] || { echo "no revisions under $dest" >&2; exit 1; }
+  for n in "${names[@]}"; do
+    for t in "$dest/$n"/gpu_*; do
+      [ -x "$t" ] || continue
+      local log
+      log="$out/$n-$(basename "$t").log"
+      if timeout 300 "$t" --test-threads=2 >"$log" 2>&1; then rc=0; else rc=$?; fi
+      echo "$n $(basename "$t") rc $rc: $(grep -h 'test result' "$log" | tail -1)"
+    done
+  done
+  for r in $(seq 1 "$rounds"); do
+    for n in "${names[@]}"; do
+      timeout 120 "$dest/$n/bench" --random-layers 40 --lengths "" --batch "$batch" >"$out/$n-round$r.json" 2>"$out/$n-round$r.err" ||
+        echo "$n round $r: bench failed (see $out/$n-round$r.err)"
+    done
+  done
+  python3 - "$out" "$rounds" "${names[@]}" <<'PY'
+import json, sys
+out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = {}
+for n in names:
+    for r in range(1, rounds + 1):
+        try:
+            lines = open(f"{out}/{n}-round{r}.json").read().splitlines()
+        except OSError:
+            continue
+        for l in lines:
+            if not l.startswith("{"):
+                continue
+            j = json.loads(l)
+            rows.setdefault((n, j["batch"]), []).append((j["step_ms"], j["seq0_digest"]))
+batches = sorted({b for (_, b) in rows})
+print("ms a step (rounds), seq0 digest")
+print("revision".ljust(24) + "".join(f"{b:>22}" for b in batches))
+for n in names:
+    cells = []
+    for b in batches:
+        v = rows.get((n, b), [])
+        cells.append(" / ".join(f"{ms:.3f}" for ms, _ in v) + (f" {v[0][1][:6]}" if v else ""))
+    print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
+PY
+}
+
+case "${1:-}" in
+  collect) shift; [ $# -ge 2 ] || usage; collect "$@" ;;
+  run) shift; [ $# -ge 1 ] || usage; run "$@" ;;
+  *) usage ;;
+esac
