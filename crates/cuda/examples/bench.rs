@@ -42,9 +42,9 @@ struct Args {
     /// `--decode-gemm FROM|off`: the decode path (Options::decode_matrices).
     decode_matrices: Option<lily_cuda::DecodeMatrices>,
     /// `--knockout a,b+c`: also time each `--batch` step with these kernel
-    /// groups left out (model::Knockout; measurement only, garbage tokens).
-    knockouts: Vec<lily_cuda::model::Knockout>,
-    knockout_names: Vec<String>,
+    /// groups left out (model::Knockout; measurement only, garbage tokens),
+    /// each with the name it was given.
+    knockouts: Vec<(String, lily_cuda::model::Knockout)>,
     /// `--fused-moe`: steps of up to 8 tokens run the MoE as one launch.
     fused_moe: bool,
     /// `--moe-trace`: with `--fused-moe`, one traced step at each batch size
@@ -65,7 +65,6 @@ fn parse() -> Result<Args, String> {
         parts: 0,
         decode_matrices: None,
         knockouts: Vec::new(),
-        knockout_names: Vec::new(),
         fused_moe: false,
         moe_trace: false,
     };
@@ -88,8 +87,7 @@ fn parse() -> Result<Args, String> {
             "--moe-trace" => a.moe_trace = true,
             "--knockout" => {
                 for name in val()?.split(',') {
-                    a.knockouts.push(lily_cuda::model::Knockout::parse(name)?);
-                    a.knockout_names.push(name.to_string());
+                    a.knockouts.push((name.to_string(), lily_cuda::model::Knockout::parse(name)?));
                 }
             }
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
@@ -180,11 +178,7 @@ fn run() -> Result<(), String> {
             let pseq = m.mem.alloc().map_err(|e| e.to_string())?;
             let pprof = m.profile_prefill(pseq, &prompt).map_err(|e| e.to_string())?;
             m.mem.free(pseq);
-            let ptotal: f64 = pprof.iter().map(|p| p.1).sum();
-            eprintln!("prefill of {len} tokens: {:.1} ms of GPU time by kernel group", ptotal / 1000.0);
-            for (name, us) in &pprof {
-                eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / ptotal);
-            }
+            print_prefill_groups(&format!("prefill of {len} tokens"), &pprof);
         }
         if args.parts > 1 {
             let line = parts_prefill(&mut be, len, args.parts, args.profile, vocab)?;
@@ -212,7 +206,7 @@ fn run() -> Result<(), String> {
         if args.moe_trace && args.fused_moe && b <= lily_cuda::qmm::MOE_FUSED_TOK {
             moe_trace(&gpu, &mut be, &batch)?;
         }
-        for (ko, name) in args.knockouts.iter().zip(&args.knockout_names) {
+        for (name, ko) in &args.knockouts {
             let m = be.model_mut();
             m.set_knockout(*ko);
             m.decode_greedy_batch(&batch, 4).map_err(|e| e.to_string())?;
@@ -307,6 +301,15 @@ fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: u
 /// GPU time by kernel group: (group, microseconds).
 type GroupTimes = Vec<(&'static str, f64)>;
 
+/// A prefill's GPU time by kernel group on stderr, in ms and shares.
+fn print_prefill_groups(what: &str, prof: &[(&'static str, f64)]) {
+    let total: f64 = prof.iter().map(|p| p.1).sum();
+    eprintln!("{what}: {:.1} ms of GPU time by kernel group", total / 1000.0);
+    for (name, us) in prof {
+        eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / total);
+    }
+}
+
 /// Prefill of `len` tokens as `k` sequences of `len / k` tokens in one
 /// `prefill_batch` (after an untimed warm-up): a JSON line with the wall
 /// time; with `profile`, the GPU time by kernel group on stderr.
@@ -337,11 +340,7 @@ fn parts_prefill(be: &mut CudaBackend, len: usize, k: usize, profile: bool, voca
     let (dt, _) = once(be, false)?;
     if profile {
         let (_, prof) = once(be, true)?;
-        let total: f64 = prof.iter().map(|p| p.1).sum();
-        eprintln!("prefill_batch of {k} x {part_len} tokens: {:.1} ms of GPU time by kernel group", total / 1000.0);
-        for (name, us) in &prof {
-            eprintln!("  {name:<24} {:9.1} ms  {:5.1}%", us / 1000.0, 100.0 * us / total);
-        }
+        print_prefill_groups(&format!("prefill_batch of {k} x {part_len} tokens"), &prof);
     }
     Ok(format!("{{\"parts\":{k},\"part_tokens\":{part_len},\"prefill_s\":{dt:.4},\"prefill_tok_s\":{:.1}}}", (k * part_len) as f64 / dt))
 }

@@ -339,11 +339,11 @@ impl Model {
     /// rows of h: logits and the greedy argmax keys (cleared by the embed).
     fn head_decode(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
         let (g, k, d) = (&*self.gpu, &self.kernels, &self.dims);
-        let dec = &self.mem.decode;
-        let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
         if self.knockout.skips(Knockout::HEAD) {
             return Ok(());
         }
+        let dec = &self.mem.decode;
+        let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
         qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(self.weights.final_norm), dec.moe.px_in, n)?;
         let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
         qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))

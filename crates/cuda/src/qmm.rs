@@ -52,6 +52,9 @@ pub const MOE_PAIRS8_FROM: usize = 65;
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
 pub const PLAN_HEAD: usize = 4;
+/// Ints of the router's ticket buffer: ticket[0] for the plan, then one a
+/// token chunk (`router_tok_chunk` keeps the chunks fewer).
+pub const ROUTER_TICKETS: usize = 64;
 const ROUTER_ROWS: usize = 8;
 const ROUTER_TOK: usize = 8;
 /// Most tokens of a step whose MoE runs as one `qmm_moe_fused` launch (its
@@ -232,7 +235,11 @@ impl QmmShape {
     /// Dynamic shared memory of a matrix block: per warp the weight ring,
     /// then the partial sums of every warp (qmm.cu `qmm_run`).
     fn smem_bytes(&self, nt: usize) -> usize {
-        self.warps * self.ring * QMM_STAGE_BYTES + self.warps * nt * 64 * 4
+        self.smem_bytes_for(self.warps, nt)
+    }
+    /// `smem_bytes` for a block of `warps` warps (qmm_moe_fused runs 8).
+    fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
+        warps * self.ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
     }
 }
 
@@ -252,6 +259,7 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DMOE_FUSED_WARPS={MOE_FUSED_WARPS}"),
         format!("-DMOE_FUSED_PLAN_BYTES={}", fused_plan_bytes(dims)),
         format!("-DMOE_FUSED_PARAMS_SIZE={}", size_of::<MoeFusedParamsC>()),
+        format!("-DMOE_TRACE_WORDS={MOE_TRACE_WORDS}"),
     ]
 }
 
@@ -275,8 +283,7 @@ pub fn moe_fused_grid(gpu: &Gpu, k: &Kernels, dims: &Dims) -> CudaResult<u32> {
 /// Dynamic shared memory of `qmm_moe_fused`: the plan, then one region the
 /// router's staging, the top-k tables and the 8 warps' rings take in turn.
 fn fused_smem(dims: &Dims, shape: &QmmShape) -> usize {
-    let rings = MOE_FUSED_WARPS * shape.ring * QMM_STAGE_BYTES + MOE_FUSED_WARPS * 64 * 4;
-    fused_plan_bytes(dims) + router_smem(dims).max(rings)
+    fused_plan_bytes(dims) + router_smem(dims).max(shape.smem_bytes_for(MOE_FUSED_WARPS, 1))
 }
 
 /// Widest row `xnorm` packs: the hidden state or a mixer output.
@@ -633,8 +640,9 @@ pub fn moe_fused(
     if ntok == 0 || ntok > MOE_FUSED_TOK {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MOE_FUSED_TOK}")));
     }
-    let mut r = router_params(k, dims, m, post_norm, h, b, ntok)?;
-    r.tok_chunk = ntok as i32; // one block stages every token
+    // (The fused kernel stages every token in each router block: it reads
+    // ntok, not tok_chunk.)
+    let r = router_params(k, dims, m, post_norm, h, b, ntok)?;
     let (up, nt_up) = moe_params(k, dims, m, true, b, ntok)?;
     let (down, nt_down) = moe_params(k, dims, m, false, b, ntok)?;
     if nt_up != 1 || nt_down != 1 || r.chunk != 4 {
@@ -708,8 +716,8 @@ mod tests {
         for n in 1..=MAX_DECODE_BATCH {
             let c = router_tok_chunk(n);
             assert!((1..=ROUTER_TOK).contains(&c), "{n} tokens: chunk {c}");
-            // 1 + chunks tickets in the 256-byte ticket buffer.
-            assert!(n.div_ceil(c) < 64, "{n} tokens: {} chunks", n.div_ceil(c));
+            // 1 + chunks tickets in the ticket buffer.
+            assert!(n.div_ceil(c) < ROUTER_TICKETS, "{n} tokens: {} chunks", n.div_ceil(c));
         }
         assert_eq!(router_tok_chunk(1), 1);
         assert_eq!(router_tok_chunk(2), 2);

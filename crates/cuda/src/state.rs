@@ -52,7 +52,7 @@ pub struct Options {
     /// Steps of up to `qmm::MOE_FUSED_TOK` tokens run their MoE (router,
     /// gate/up, down) as one launch (`qmm::moe_fused`, bit-identical to the
     /// three launches it replaces). Off by default: measured slower on the
-    /// H200 (crates/cuda/NOTES.md, history 34).
+    /// H200 (crates/cuda/NOTES.md, history 36).
     pub fused_moe: bool,
 }
 
@@ -750,7 +750,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("px_act", qmm::packed_len(b * slots, dims.moe_inter) * 2);
     l.add("moe_y", b * slots * h * f);
     l.add("moe_plan", qmm::plan_ints(dims, b) * 4);
-    l.add("moe_ticket", 256);
+    l.add("moe_ticket", qmm::ROUTER_TICKETS * 4);
     l.add("moe_barrier", 64);
     l.add("topk_idx", rows * dims.topk * 4);
     l.add("topk_w", rows * slots * f);

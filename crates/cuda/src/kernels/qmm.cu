@@ -1002,24 +1002,6 @@ static_assert(ROUTER_SMEM >= 4 * (ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16
                   ROUTER_SMEM >= 4 * (ROUTER_PLAN_OFF + ROUTER_SEL_WORDS * N_EXPERTS),
               "qmm.rs router_smem is smaller than moe_router's shared-memory layout");
 
-// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / tok_chunk)), block
-// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * tok_chunk..
-// (normalised, warp k token k) in shared memory with their 16-column sums,
-// and warp w computes row x * 8 + w (N_EXPERTS = the shared expert gate)
-// for them (a warp's row against its chunk's tokens one after another, so
-// smaller chunks shorten that chain; the bits do not depend on it). The
-// last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
-// its tokens, one warp each; the last chunk to finish (ticket[0]; with one
-// chunk, that block at once) writes the plan. Dynamic smem (router_smem):
-// max(ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)
-// floats (staging, below), the plan's tables and selection bitmap).
-//
-// The plan is built from a bitmap per expert over the step's n * TOPK
-// selections (bit i: selection i = token i / TOPK, slot i % TOPK chose the
-// expert), set with atomicOr (the result does not depend on their order):
-// an expert's count is the popcount of its words, and walking its set bits
-// in word order lists its pairs in token order: n * TOPK / 32 words an
-// expert instead of a scan of all n * TOPK selections.
 // The router's pieces, shared by moe_router and qmm_moe_fused (256 threads,
 // ROUTER_ROWS warps; `rsm` is the dynamic shared memory, router_smem bytes).
 
@@ -1375,10 +1357,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
 //   -- grid barrier --
 //   4. the down tasks.
 // Every value is computed by the same code in the same order as the three
-// kernels, so the results are bit-identical to theirs. A kernel boundary
-// costs ~2-3 us on a batch-1 step (the dependent kernel's launch, its wait
-// for the previous grid's completion and memory flush); a barrier is one
-// atomic a block and a poll.
+// kernels, so the results are bit-identical to theirs. Measured slower than
+// the three launches on the H200 (NOTES.md, history 36): a barrier costs
+// ~1 us, and the phases, not the kernel boundaries, hold a step's time; so
+// it is off by default (Options::fused_moe).
 //
 // The grid must be resident at once (the launcher sizes it from the
 // occupancy, every SM's slots): blocks spin at the barriers. The kernel
@@ -1404,7 +1386,7 @@ struct MoeFusedParams {
     QmmMoeParams up;         // plan unused (it is in shared memory); smem_items sizes it
     QmmMoeParams down;
     unsigned long long* barrier;  // a counter that only grows (a multiple of the grid between launches)
-    unsigned long long* trace;    // speed probes: [grid][2 * MOE_TRACE_POINTS] stamps, or null
+    unsigned long long* trace;    // speed probes: [grid][MOE_TRACE_WORDS] stamps, or null
 };
 LAYOUT_CHECK(MoeFusedParams, MOE_FUSED_PARAMS_SIZE)
 
@@ -1438,13 +1420,16 @@ __device__ __forceinline__ void grid_sync(unsigned long long* ctr) {
 // trace[b][MOE_TRACE_POINTS + i]. Points: entry, after the dependency wait,
 // router rows done, barrier 1 passed, plan built, gate/up done, barrier 2
 // passed, down done.
-#define MOE_TRACE_POINTS 8
+#if !defined(MOE_TRACE_WORDS) || MOE_TRACE_WORDS % 2 != 0
+#error "MOE_TRACE_WORDS (two words a point) must be defined by the host (qmm.rs)"
+#endif
+#define MOE_TRACE_POINTS (MOE_TRACE_WORDS / 2)
 __device__ __forceinline__ void moe_stamp(unsigned long long* trace, int i) {
     if (trace != nullptr && threadIdx.x == 0) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        trace[(size_t)blockIdx.x * 2 * MOE_TRACE_POINTS + i] = t;
-        trace[(size_t)blockIdx.x * 2 * MOE_TRACE_POINTS + MOE_TRACE_POINTS + i] = clock64();
+        trace[(size_t)blockIdx.x * MOE_TRACE_WORDS + i] = t;
+        trace[(size_t)blockIdx.x * MOE_TRACE_WORDS + MOE_TRACE_POINTS + i] = clock64();
     }
 }
 
