@@ -387,29 +387,26 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& sr
     cp_async_commit();
 }
 
-// x of one group for one n-tile: lane (g, c) reads its column's 16 halves.
-__device__ __forceinline__ void load_b(const u16* x, int xoff, int koff, uint4& b01, uint4& b23) {
-    if (xoff >= 0) {
-        b01 = ldg128(x + xoff + koff);
-        b23 = ldg128(x + xoff + koff + 8);
-    } else {
-        b01 = make_uint4(0, 0, 0, 0);
-        b23 = b01;
-    }
-}
-
-// One stage's math: up to QMM_SG groups, NT n-tiles of tokens (cnt valid).
-// xoff[nt]: the lane's B column (token 4 nt + g / 2, part g % 2) as an
-// offset into x, or -1; csoff[nt]: the row offset of its C token's group
-// sums (token 4 nt + c), or -1. CSUM_MMA: no sums were given, they come
-// from an all-ones mma.
-template <int NT, bool CSUM_MMA>
-__device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
-                                           int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
-                                           float (&acc)[NT][2]) {
+// One stage's math: up to QMM_SG groups, NT n-tiles of tokens (cnt valid,
+// cnt >= 1). xoff[nt]: the lane's B column (token 4 nt + g / 2, part g % 2)
+// as an offset into x, or -1; csoff[nt]: the row offset of its C token's
+// group sums (token 4 nt + c), or -1. CSUM_MMA: no sums were given, they
+// come from an all-ones mma. FULL: the stage holds all QMM_SG groups (every
+// production shape), so the group loop has no data-dependent exits (no
+// per-group compare, branch and warp re-convergence before the mma).
+//
+// A lane whose B column is no token (xoff -1) reads its fragments from x's
+// row 0 instead of zero-filling them: an mma's column n of C depends only on
+// column n of B, and such columns' sums are never used (the epilogue writes
+// tokens j < cnt only), so the valid columns' bits are unchanged and each
+// group's x read is one address (a stage pointer plus a constant offset).
+template <int NT, bool CSUM_MMA, bool FULL>
+__device__ __forceinline__ void stage_math_groups(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
+                                                  int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
+                                                  float (&acc)[NT][2], int ng) {
     const int g = lane >> 2, c = lane & 3;
     const int G0 = q * ks.GQ + QMM_SG * s;
-    const int ng = min(QMM_SG, min((q + 1) * ks.GQ, ks.G) - G0);
+    const int n = FULL ? QMM_SG : ng;
     const uint2 sA4 = lds64(st + QMM_STAGE_CODES + g * 8), sB4 = lds64(st + QMM_STAGE_CODES + (g + 8) * 8);
     const uint2 bA4 = lds64(st + QMM_STAGE_CODES + 128 + g * 8), bB4 = lds64(st + QMM_STAGE_CODES + 128 + (g + 8) * 8);
     // The C token's group sums of the stage's groups, one read per stage.
@@ -420,7 +417,7 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
         for (int k = 0; k < QMM_SG; ++k) cs4[nt][k] = 0.f;
         if (!CSUM_MMA && csoff[nt] >= 0) {
             const float* cp = csum + csoff[nt] + G0;
-            if ((ks.G & 3) == 0 && ng == QMM_SG) {
+            if ((ks.G & 3) == 0 && n == QMM_SG) {
                 const uint4 v = ldg128(cp);
                 cs4[nt][0] = __uint_as_float(v.x);
                 cs4[nt][1] = __uint_as_float(v.y);
@@ -429,21 +426,36 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
             } else {
 #pragma unroll
                 for (int k = 0; k < QMM_SG; ++k)
-                    if (k < ng) cs4[nt][k] = ldg_f32(cp + k);
+                    if (k < n) cs4[nt][k] = ldg_f32(cp + k);
             }
         }
     }
+    // The lane's x of this stage's first group, per n-tile.
+    const u16* xs[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xs[nt] = x + (xoff[nt] >= 0 ? xoff[nt] : 0) + G0 * GROUP_SIZE + 16 * c;
     uint4 b01[NT], b23[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) load_b(x, xoff[nt], G0 * GROUP_SIZE + 16 * c, b01[nt], b23[nt]);
+    for (int nt = 0; nt < NT; ++nt) {
+        b01[nt] = ldg128(xs[nt]);
+        b23[nt] = ldg128(xs[nt] + 8);
+    }
 #pragma unroll
     for (int grp = 0; grp < QMM_SG; ++grp) {
-        if (grp >= ng) break;
+        if (!FULL && grp >= n) break;
         // The next group's x is requested before this group's math.
         uint4 n01[NT], n23[NT];
+        const bool more = FULL ? grp + 1 < QMM_SG : grp + 1 < n;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            load_b(x, grp + 1 < ng ? xoff[nt] : -1, (G0 + grp + 1) * GROUP_SIZE + 16 * c, n01[nt], n23[nt]);
+        for (int nt = 0; nt < NT; ++nt) {
+            if (more) {
+                n01[nt] = ldg128(xs[nt] + (grp + 1) * GROUP_SIZE);
+                n23[nt] = ldg128(xs[nt] + (grp + 1) * GROUP_SIZE + 8);
+            } else {
+                n01[nt] = b01[nt];
+                n23[nt] = b23[nt];
+            }
+        }
         const uint2 wr = lds64(st + code_off(g, grp) + c * 8);
         const uint2 wh = lds64(st + code_off(g + 8, grp) + c * 8);
         const u32 sAw = grp < 2 ? sA4.x : sA4.y, sBw = grp < 2 ? sB4.x : sB4.y;
@@ -457,7 +469,7 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
         deq_word(wh.y, ph1);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            if (nt * 4 >= cnt) break;
+            if (nt > 0 && nt * 4 >= cnt) break;
             // Two independent mma chains (codes 0..7 and 8..15 of the lane).
             float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
             mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].y);
@@ -487,6 +499,16 @@ __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x
             b23[nt] = n23[nt];
         }
     }
+}
+
+template <int NT, bool CSUM_MMA>
+__device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
+                                           int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
+                                           float (&acc)[NT][2]) {
+    const int G0 = q * ks.GQ + QMM_SG * s;
+    const int ng = min(QMM_SG, min((q + 1) * ks.GQ, ks.G) - G0);
+    if (ng == QMM_SG) stage_math_groups<NT, CSUM_MMA, true>(st, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc, ng);
+    else stage_math_groups<NT, CSUM_MMA, false>(st, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc, ng);
 }
 
 // Producer side of the ring: the warp's next stage z (block iteration
@@ -776,7 +798,7 @@ __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
 }
 
 #define QMM_DENSE(NT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) { \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 16 / QMM_WARPS) qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) { \
         qmm_dense_body<NT>(p);                                                                       \
     }
 QMM_DENSE(1)
