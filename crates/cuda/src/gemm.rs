@@ -259,7 +259,7 @@ pub struct GemmPlan {
 ///   (a taller tile would multiply empty rows; a shorter one re-reads and
 ///   re-dequantises W once more per extra M tile);
 /// - splits: none when the launch has a block for every SM
-///   (`GEMM_FILL_SMS`); else enough to reach two blocks per SM, with at
+///   (`GEMM_FILL_SMS`); else as many as two blocks per SM hold (rounded down), with at
 ///   least `SPLITK_MIN_KT` k-tiles per split and the partials within
 ///   `SPLITK_FLOATS`, and no empty split. A block that walks K alone on its
 ///   SM is latency-bound (one k-tile in flight), so short prompts gain
@@ -272,7 +272,10 @@ pub fn plan_dense(m: usize, n_tiles: usize, k: usize, ncols: usize) -> GemmPlan 
     let nk = k / GEMM_BK;
     let mut splits = 1;
     if blocks > 0 && blocks < GEMM_FILL_SMS {
-        let want = (2 * GEMM_FILL_SMS).div_ceil(blocks);
+        // Rounded down: one more split than fits two blocks an SM leaves a
+        // nearly empty second wave (grid (98, 1, 3) = 294 blocks against
+        // 264 slots for the in-projection of a 64-token decode step).
+        let want = (2 * GEMM_FILL_SMS) / blocks;
         let by_k = nk / SPLITK_MIN_KT;
         let by_mem = SPLITK_FLOATS / (m * ncols).max(1);
         splits = want.min(by_k).min(by_mem).max(1);
@@ -541,6 +544,10 @@ mod tests {
         assert_eq!(plan_dense(256, 3, 2048, 257), GemmPlan { bm: 128, splits: 16 });
         // out_proj at 256 rows: 32 blocks of 64 k-tiles -> 8 splits of 8.
         assert_eq!(plan_dense(256, 16, 4096, 2048), GemmPlan { bm: 128, splits: 8 });
+        // No more blocks than two an SM: 98 tiles (a 64-token decode
+        // step's in-projection) split in 2, not 3.
+        assert_eq!(plan_dense(64, 98, 2048, 98 * 128), GemmPlan { bm: 64, splits: 2 });
+        assert_eq!(plan_dense(64, 72, 2048, 72 * 128), GemmPlan { bm: 64, splits: 3 });
         // K of one k-tile cannot split.
         assert_eq!(plan_dense(256, 1, 64, 1).splits, 1);
     }

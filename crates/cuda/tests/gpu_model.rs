@@ -697,17 +697,23 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     // alone: five prompts of different lengths, sequence i joining the
     // batch at step i and leaving after 12 tokens.
     let prompts: Vec<Vec<u32>> = (0..5).map(|i| tokens(10 + 37 * i, vocab, 100 + i as u64)).collect();
-    let greedy_alone = |be: &mut CudaBackend, p: &[u32]| -> Vec<u32> {
+    // Each sequence alone, with the margin of every greedy decision (top-1
+    // minus top-2 logit; the first token's, from the prefill, is taken as
+    // clear: the GEMM path checks it separately).
+    let greedy_alone = |be: &mut CudaBackend, p: &[u32]| -> (Vec<u32>, Vec<f32>) {
         let s = be.alloc().expect("alloc");
         let mut ids = vec![be.prefill_greedy(s, p).expect("prefill")];
+        let mut margins = vec![f32::INFINITY];
         for _ in 0..12 {
             let last = *ids.last().expect("one id");
-            ids.push(argmax(&be.decode(&[(s, last)]).expect("decode")[0]) as u32);
+            let l = be.decode(&[(s, last)]).expect("decode").remove(0);
+            ids.push(argmax(&l) as u32);
+            margins.push(top2_margin(&l));
         }
         be.free(s);
-        ids
+        (ids, margins)
     };
-    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy_alone(&mut be, p)).collect();
+    let (alone, alone_margins): (Vec<Vec<u32>>, Vec<Vec<f32>>) = prompts.iter().map(|p| greedy_alone(&mut be, p)).unzip();
     let together = greedy_in_a_changing_batch(&mut be, &prompts, 13);
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
         checks.check(a[..] == b[..], format!("sequence {i}: greedy tokens in a changing batch {b:?} equal alone {a:?}"));
@@ -742,9 +748,19 @@ fn full_width_four_layer_model_matches_lily_cpu() {
         bg.free(g);
         be.free(q);
     }
+    // The GEMM path is not exact (fp16 activations), so a sequence may leave
+    // its alone run at a near-tie (a flipped router choice moves the logits
+    // by up to the gate's 3e-1): its tokens must equal alone up to the first
+    // difference, and that decision must have been close alone.
     let together = greedy_in_a_changing_batch(&mut bg, &prompts, 13);
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
-        checks.check(a == b, format!("{label}, sequence {i}: greedy tokens in a changing batch {b:?} equal alone on qmm {a:?}"));
+        checks.check(
+            same_until_a_near_tie(a, &alone_margins[i], b, GEMM_TIE_MARGIN),
+            format!(
+                "{label}, sequence {i}: greedy tokens in a changing batch {b:?} equal alone on qmm {a:?} up to a near-tie (margins {:?})",
+                alone_margins[i]
+            ),
+        );
     }
     let firsts: Vec<(SeqId, u32)> = prompts[..4]
         .iter()
@@ -755,7 +771,10 @@ fn full_width_four_layer_model_matches_lily_cpu() {
         .collect();
     let ids = bg.model_mut().decode_greedy_batch(&firsts, 12).expect("greedy batch on the GEMM path");
     for (i, (a, b)) in alone.iter().zip(&ids).enumerate() {
-        checks.check(a[1..] == b[..], format!("{label}, sequence {i}: on-device greedy batch {b:?} equals alone on qmm {:?}", &a[1..]));
+        checks.check(
+            same_until_a_near_tie(&a[1..], &alone_margins[i][1..], b, GEMM_TIE_MARGIN),
+            format!("{label}, sequence {i}: on-device greedy batch {b:?} equals alone on qmm {:?} up to a near-tie", &a[1..]),
+        );
     }
 
     // 64 greedy tokens identical across runs.
@@ -777,6 +796,37 @@ fn full_width_four_layer_model_matches_lily_cpu() {
 /// Greedy ids (the prefill's first, then `len - 1` decoded) of each prompt
 /// decoded in one changing batch: sequence i joins at step i and leaves
 /// once it has `len` ids.
+/// Logit gap below which a greedy decision counts as a near-tie for a
+/// path that is only within tolerance of the exact one (the batch-of-5
+/// gate's largest |dlogprob|).
+const GEMM_TIE_MARGIN: f32 = 0.3;
+
+/// Top-1 minus top-2 logit.
+fn top2_margin(l: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in l {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+/// `got` equals `want` token for token, or up to a first difference at a
+/// step whose decision had a margin below `tie` in the `want` run.
+fn same_until_a_near_tie(want: &[u32], margins: &[f32], got: &[u32], tie: f32) -> bool {
+    if got.len() != want.len() {
+        return false;
+    }
+    match want.iter().zip(got).position(|(a, b)| a != b) {
+        None => true,
+        Some(d) => margins.get(d).is_some_and(|m| *m < tie),
+    }
+}
+
 fn greedy_in_a_changing_batch(be: &mut CudaBackend, prompts: &[Vec<u32>], len: usize) -> Vec<Vec<u32>> {
     let mut together: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let mut live: Vec<(usize, SeqId)> = Vec::new();
@@ -865,4 +915,20 @@ fn a_cpu_only_machine_gets_a_clean_error() {
             assert!(msg.contains("no CUDA device") || msg.contains("compute capability"), "{msg}");
         }
     }
+}
+
+/// The near-tie rule of the GEMM path's greedy checks (no GPU needed).
+#[test]
+fn greedy_runs_may_part_only_at_a_near_tie() {
+    let want = [5u32, 6, 7, 8];
+    let margins = [f32::INFINITY, 2.0, 0.1, 3.0];
+    assert!(same_until_a_near_tie(&want, &margins, &[5, 6, 7, 8], 0.3));
+    // Parting at step 2, where the alone run's decision was 0.1 apart.
+    assert!(same_until_a_near_tie(&want, &margins, &[5, 6, 9, 1], 0.3));
+    // Parting where the decision was clear (2.0), or at the first token.
+    assert!(!same_until_a_near_tie(&want, &margins, &[5, 9, 7, 8], 0.3));
+    assert!(!same_until_a_near_tie(&want, &margins, &[4, 6, 7, 8], 0.3));
+    assert!(!same_until_a_near_tie(&want, &margins, &[5, 6, 7], 0.3));
+    assert_eq!(top2_margin(&[1.0, 4.0, 2.5, 4.0]), 0.0);
+    assert_eq!(top2_margin(&[1.0, 4.0, 2.5]), 1.5);
 }
