@@ -793,9 +793,6 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     checks.finish();
 }
 
-/// Greedy ids (the prefill's first, then `len - 1` decoded) of each prompt
-/// decoded in one changing batch: sequence i joins at step i and leaves
-/// once it has `len` ids.
 /// Logit gap below which a greedy decision counts as a near-tie for a
 /// path that is only within tolerance of the exact one (the batch-of-5
 /// gate's largest |dlogprob|).
@@ -827,6 +824,9 @@ fn same_until_a_near_tie(want: &[u32], margins: &[f32], got: &[u32], tie: f32) -
     }
 }
 
+/// Greedy ids (the prefill's first, then `len - 1` decoded) of each prompt
+/// decoded in one changing batch: sequence i joins at step i and leaves
+/// once it has `len` ids.
 fn greedy_in_a_changing_batch(be: &mut CudaBackend, prompts: &[Vec<u32>], len: usize) -> Vec<Vec<u32>> {
     let mut together: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let mut live: Vec<(usize, SeqId)> = Vec::new();
