@@ -460,11 +460,7 @@ impl Model {
             for i in 0..d.layers {
                 self.layer_decode(i, n, i > 0)?;
             }
-            if self.mem.opts.decode_matrices.head_on_gemm(n) {
-                self.head_decode_gemm(n, d.layers > 0)?;
-            } else {
-                self.head_decode(n, d.layers > 0)?;
-            }
+            self.head_decode(n, d.layers > 0)?;
         }
         self.mark("lm_head")?;
         if head == Head::Greedy {

@@ -61,10 +61,6 @@ pub struct Options {
 /// crossover on the H200, where qmm still wins at 8 and the GEMM at 16.
 pub const DECODE_GEMM_FROM: usize = 16;
 
-/// Decode steps of at least this many sequences run the lm_head on the GEMM
-/// by default (at most `DECODE_GEMM_FROM`).
-pub const DECODE_HEAD_GEMM_FROM: usize = 16;
-
 /// Which kernels carry the matrices of a decode step of `n` sequences.
 ///
 /// qmm.cu reads every weight once for the whole batch with exact packed
@@ -87,62 +83,34 @@ pub struct DecodeMatrices {
     /// the lm_head on the GEMM; `usize::MAX`: every step on qmm
     /// (batch-invariant decode).
     pub gemm_from: usize,
-    /// Steps of at least this many sequences (and fewer than `gemm_from`)
-    /// run only the final norm and the lm_head on the GEMM: the 286 MB
-    /// lm_head is the one matrix whose qmm time grows fastest with the batch
-    /// (its x chunks re-read per slice). At most `gemm_from`.
-    pub head_from: usize,
 }
 
 impl DecodeMatrices {
     /// Every step on qmm: a sequence's logits do not depend on its batch.
-    pub const BATCH_INVARIANT: DecodeMatrices = DecodeMatrices { gemm_from: usize::MAX, head_from: usize::MAX };
+    pub const BATCH_INVARIANT: DecodeMatrices = DecodeMatrices { gemm_from: usize::MAX };
 
     /// The default: the GEMM from `DECODE_GEMM_FROM` sequences on, where it
     /// overtakes qmm on the H200 (docs/perf/2026-12-01-h200-s14.md).
-    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM, head_from: DECODE_HEAD_GEMM_FROM };
+    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM };
 
-    /// Parses `off` (batch-invariant), `FROM` (the GEMM path from FROM
-    /// sequences on) or `FROM:HEAD` (and the lm_head alone on the GEMM from
-    /// HEAD sequences on): the form of the `LILY_DECODE_GEMM` tuning
-    /// variable and the probes' flag.
+    /// Parses `off` (batch-invariant) or `FROM` (the GEMM path from FROM
+    /// sequences on): the form of the `LILY_DECODE_GEMM` tuning variable
+    /// and the probes' flag.
     pub fn parse(s: &str) -> Result<DecodeMatrices, String> {
         let s = s.trim();
         if s == "off" {
             return Ok(DecodeMatrices::BATCH_INVARIANT);
         }
-        let count = |v: &str| match v.trim().parse::<usize>() {
-            Ok(0) => Err(format!("decode GEMM threshold 0 in {s:?} (the smallest step has one sequence)")),
-            Ok(n) => Ok(n),
-            Err(e) => Err(format!("decode GEMM threshold {s:?}: {e} (want off, FROM or FROM:HEAD, in sequences)")),
-        };
-        let (gemm_from, head_from) = match s.split_once(':') {
-            None => {
-                let n = count(s)?;
-                (n, n)
-            }
-            Some((a, b)) => (count(a)?, count(b)?),
-        };
-        if head_from > gemm_from {
-            return Err(format!("decode GEMM threshold {s:?}: the lm_head's ({head_from}) is above the dense matrices' ({gemm_from})"));
+        match s.parse::<usize>() {
+            Ok(0) => Err("decode GEMM threshold 0 (the smallest step has one sequence)".into()),
+            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from }),
+            Err(e) => Err(format!("decode GEMM threshold {s:?}: {e} (want off or a number of sequences)")),
         }
-        Ok(DecodeMatrices { gemm_from, head_from })
     }
 
-    /// Whether a step of `n` sequences runs its dense matrices on the GEMM.
+    /// Whether a step of `n` sequences runs on the GEMM path.
     pub fn on_gemm(&self, n: usize) -> bool {
         n >= self.gemm_from
-    }
-
-    /// Whether a step of `n` sequences runs its lm_head on the GEMM.
-    pub fn head_on_gemm(&self, n: usize) -> bool {
-        n >= self.head_from.min(self.gemm_from)
-    }
-
-    /// Steps of fewer sequences than this are batch-invariant: a
-    /// sequence's logits are bit-identical to it decoded alone.
-    pub fn invariant_below(&self) -> usize {
-        self.head_from.min(self.gemm_from)
     }
 }
 
@@ -812,23 +780,14 @@ mod tests {
     #[test]
     fn decode_matrices_parse_and_choose_the_path_by_batch_size() {
         assert_eq!(DecodeMatrices::parse("off"), Ok(DecodeMatrices::BATCH_INVARIANT));
-        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12, head_from: 12 }));
-        assert_eq!(DecodeMatrices::parse("16:5"), Ok(DecodeMatrices { gemm_from: 16, head_from: 5 }));
-        for bad in ["0", "-3", "twelve", "12,moe", "", "16:0", "5:16", "16:", ":5", "16:5:2"] {
+        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12 }));
+        for bad in ["0", "-3", "twelve", "12,moe", ""] {
             assert!(DecodeMatrices::parse(bad).is_err(), "{bad:?} is refused");
         }
-        let m = DecodeMatrices { gemm_from: 16, head_from: 16 };
+        let m = DecodeMatrices { gemm_from: 16 };
         assert!(!m.on_gemm(15) && m.on_gemm(16) && m.on_gemm(128));
-        assert!(!m.head_on_gemm(15) && m.head_on_gemm(16));
-        let h = DecodeMatrices::parse("16:5").unwrap();
-        assert!(!h.head_on_gemm(4) && h.head_on_gemm(5) && !h.on_gemm(5) && h.on_gemm(16));
-        assert_eq!(h.invariant_below(), 5);
-        for n in 1..=128 {
-            assert!(!DecodeMatrices::BATCH_INVARIANT.on_gemm(n), "batch-invariant decode never takes the GEMM");
-            assert!(!DecodeMatrices::BATCH_INVARIANT.head_on_gemm(n), "nor for the lm_head");
-        }
+        assert!(!(1..=128).any(|n| DecodeMatrices::BATCH_INVARIANT.on_gemm(n)), "batch-invariant decode never takes the GEMM");
         assert_eq!(Options::default().decode_matrices, DecodeMatrices::FASTEST);
-        assert!(DecodeMatrices::FASTEST.head_from <= DecodeMatrices::FASTEST.gemm_from);
         assert_eq!(DecodeMatrices::FASTEST.gemm_from, DECODE_GEMM_FROM);
     }
 }

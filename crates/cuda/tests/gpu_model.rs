@@ -345,7 +345,7 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
                 want.extend(bw.decode(&[(*b, *t)]).expect("solo"));
             }
             let same = got.iter().zip(&want).all(|(g, w)| g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()));
-            if invariant || n < lily_cuda::DecodeMatrices::FASTEST.invariant_below() {
+            if invariant || n < lily_cuda::state::DECODE_GEMM_FROM {
                 let how = if invariant { "batch-invariant" } else { "default, below the GEMM threshold" };
                 checks.check(same, format!("batch of {n} ({how}): logits bit-identical to each sequence decoded alone"));
             } else {
@@ -726,7 +726,7 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     // and the on-device greedy loop (graphs, argmax_rows) of 4 sequences.
     let label = "GEMM decode path";
     let mut opts = small_opts(4096);
-    opts.decode_matrices = lily_cuda::DecodeMatrices { gemm_from: 3, head_from: 3 };
+    opts.decode_matrices = lily_cuda::DecodeMatrices { gemm_from: 3 };
     let mut bg = CudaBackend::from_weights(&gpu, &w, opts, &mut |_, _| {}).expect("GEMM-path backend");
     let seqs: Vec<(SeqId, SeqId)> = prompts.iter().map(|_| (bg.alloc().expect("alloc"), be.alloc().expect("alloc"))).collect();
     let mut next = Vec::new();
