@@ -98,12 +98,6 @@ fn open_cuda(
         // fit as well.
         kv_tokens: kv_tokens.unwrap_or(max_seq_len + (defaults.kv_tokens - defaults.max_seq_len)),
         decode_matrices: decode_matrices(batch_invariant, defaults.decode_matrices)?,
-        l2_prefetch: match std::env::var("LILY_L2_PREFETCH") {
-            // A tuning knob like LILY_DECODE_GEMM: which weights a decode
-            // step's routers request into L2 ahead of use.
-            Ok(v) => lily_cuda::L2Prefetch::parse(&v).map_err(|e| anyhow::anyhow!("LILY_L2_PREFETCH: {e}"))?,
-            Err(_) => defaults.l2_prefetch,
-        },
         ..defaults
     };
     let backend = lily_cuda::CudaBackend::open(dir, opts, progress).with_context(|| format!("loading {} on the GPU", dir.display()))?;
