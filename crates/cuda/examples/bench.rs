@@ -15,7 +15,6 @@
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
 //!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
-//!         [--l2-prefetch experts,next] (the router requests the chosen experts' / the next layer's weights into L2)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
@@ -48,7 +47,6 @@ struct Args {
     knockouts: Vec<(String, lily_cuda::model::Knockout)>,
     /// `--fused-moe`: steps of up to 8 tokens run the MoE as one launch.
     fused_moe: bool,
-    l2_prefetch: lily_cuda::L2Prefetch,
     /// `--moe-trace`: with `--fused-moe`, one traced step at each batch size
     /// (the fused MoE's phases by %globaltimer, per layer).
     moe_trace: bool,
@@ -68,7 +66,6 @@ fn parse() -> Result<Args, String> {
         decode_matrices: None,
         knockouts: Vec::new(),
         fused_moe: false,
-        l2_prefetch: lily_cuda::L2Prefetch::default(),
         moe_trace: false,
     };
     let mut it = std::env::args().skip(1);
@@ -87,7 +84,6 @@ fn parse() -> Result<Args, String> {
             "--served" => a.served = true,
             "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
             "--fused-moe" => a.fused_moe = true,
-            "--l2-prefetch" => a.l2_prefetch = lily_cuda::L2Prefetch::parse(&val()?)?,
             "--moe-trace" => a.moe_trace = true,
             "--knockout" => {
                 for name in val()?.split(',') {
@@ -124,7 +120,6 @@ fn run() -> Result<(), String> {
         opts.decode_matrices = m;
     }
     opts.fused_moe = args.fused_moe;
-    opts.l2_prefetch = args.l2_prefetch;
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {

@@ -40,4 +40,4 @@ pub use backend::CudaBackend;
 pub use device::{driver_present, Gpu};
 pub use dims::Dims;
 pub use error::{CudaError, CudaResult};
-pub use state::{DecodeMatrices, L2Prefetch, Options};
+pub use state::{DecodeMatrices, Options};

@@ -314,13 +314,7 @@ impl Model {
             return self.mark("moe (fused)");
         }
         if !ko.skips(Knockout::ROUTER) {
-            let pf = self.mem.opts.l2_prefetch;
-            let next: Vec<QMat> = match self.weights.layers.get(i + 1) {
-                Some(nl) if pf.next_layer => self.in_projections(nl).into_iter().map(|(m, _)| m).chain([Self::out_projection(nl)]).collect(),
-                _ => Vec::new(),
-            };
-            let next: Vec<&QMat> = next.iter().collect();
-            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n, pf.experts, &next)?;
+            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
         }
         self.mark("moe router")?;
         if !ko.skips(Knockout::GATE_UP) {

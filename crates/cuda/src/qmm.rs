@@ -161,20 +161,10 @@ struct RouterParamsC {
     max_items: i32,
     eps: f32,
     tok_chunk: i32,
-    prefetch: i32,
-    pf: [u64; 9],
-    pf_sh: [u64; 9],
-    pf_bytes: [u32; 3],
-    pf_next_n: i32,
-    pf_next: [u64; ROUTER_PF_NEXT],
-    pf_next_bytes: [u32; ROUTER_PF_NEXT],
+    pad_: i32,
 }
 // SAFETY: plain-old-data mirroring `RouterParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for RouterParamsC {}
-
-/// Matrix parts (codes, scales or biases) `router` can request into L2
-/// for the next layer (`ROUTER_PF_NEXT` in qmm.cu).
-pub const ROUTER_PF_NEXT: usize = 16;
 
 /// Tokens one router block stages and routes at a step of `ntok` tokens.
 /// A warp takes its row against its chunk's tokens one after another, so
@@ -264,7 +254,6 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DQMM_MOE_PARAMS_SIZE={}", size_of::<QmmMoeParamsC>()),
         format!("-DXNORM_PARAMS_SIZE={}", size_of::<XnormParamsC>()),
         format!("-DROUTER_PARAMS_SIZE={}", size_of::<RouterParamsC>()),
-        format!("-DROUTER_PF_NEXT={ROUTER_PF_NEXT}"),
         format!("-DROUTER_SMEM={}", router_smem(dims)),
         format!("-DMOE_FUSED_TOK={MOE_FUSED_TOK}"),
         format!("-DMOE_FUSED_WARPS={MOE_FUSED_WARPS}"),
@@ -490,48 +479,10 @@ pub struct MoeBufs {
 /// Router logits, shared-expert gate, top-k and the step's expert plan for
 /// `ntok` tokens whose residual stream is `h`; also packs RMSNorm(h) for the
 /// experts.
-///
-/// `prefetch`: also request the chosen experts' weights (and the shared
-/// expert's) into L2 as soon as each token's top-k is known
-/// (`Options::l2_prefetch`); a hint that changes no result.
-///
-/// `next`: matrices the router also requests into L2 at its start (the next
-/// layer's dense projections), at most `ROUTER_PF_NEXT` (more are refused);
-/// those not at 16-byte aligned addresses are skipped.
 #[allow(clippy::too_many_arguments)]
-pub fn router(
-    gpu: &Gpu,
-    k: &Kernels,
-    dims: &Dims,
-    m: &MoeDev,
-    post_norm: u64,
-    h: DevSlice<f32>,
-    b: &MoeBufs,
-    ntok: usize,
-    prefetch: bool,
-    next: &[&QMat],
-) -> CudaResult<()> {
+pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
     const NAME: &str = "moe_router";
-    let mut p = router_params(k, dims, m, post_norm, h, b, ntok)?;
-    if prefetch {
-        expert_prefetch(m, &mut p);
-    }
-    let ranges: Vec<(u64, usize)> = next
-        .iter()
-        .flat_map(|x| {
-            let (words, groups) = (x.experts * x.expert_words() * 4, x.experts * x.expert_groups() * 2);
-            [(x.codes, words), (x.scales, groups), (x.biases, groups)]
-        })
-        .filter(|(a, n)| a % 16 == 0 && n % 16 == 0 && *n > 0 && u32::try_from(*n).is_ok())
-        .collect();
-    if ranges.len() > ROUTER_PF_NEXT {
-        return Err(CudaError::shape(NAME, format!("{} ranges to prefetch, at most {ROUTER_PF_NEXT}", ranges.len())));
-    }
-    p.pf_next_n = ranges.len() as i32;
-    for (i, (a, n)) in ranges.into_iter().enumerate() {
-        p.pf_next[i] = a;
-        p.pf_next_bytes[i] = n as u32;
-    }
+    let p = router_params(k, dims, m, post_norm, h, b, ntok)?;
     let smem = router_smem(dims);
     let blocks = (dims.n_experts + 1).div_ceil(ROUTER_ROWS) as u32;
     let chunks = ntok.div_ceil(p.tok_chunk as usize);
@@ -588,49 +539,9 @@ fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSli
         max_items: b.max_items as i32,
         eps: dims.rms_eps,
         tok_chunk: router_tok_chunk(ntok) as i32,
-        prefetch: 0,
-        pf: [0; 9],
-        pf_sh: [0; 9],
-        pf_bytes: [0; 3],
-        pf_next_n: 0,
-        pf_next: [0; ROUTER_PF_NEXT],
-        pf_next_bytes: [0; ROUTER_PF_NEXT],
+        pad_: 0,
     };
     Ok(p)
-}
-
-/// Whether `router` can prefetch these experts: every routed and shared
-/// expert matrix of one size (codes, scales, biases), each part a whole
-/// number of 16-byte units at a 16-byte aligned address.
-pub fn router_can_prefetch(m: &MoeDev) -> bool {
-    let (code_bytes, sb_bytes) = (m.gate.expert_words() * 4, m.gate.expert_groups() * 2);
-    let all = [&m.gate, &m.up, &m.down, &m.sh_gate, &m.sh_up, &m.sh_down];
-    all.iter().all(|x| {
-        x.expert_words() * 4 == code_bytes && x.expert_groups() * 2 == sb_bytes && [x.codes, x.scales, x.biases].iter().all(|a| a % 16 == 0)
-    }) && code_bytes % 16 == 0
-        && sb_bytes % 16 == 0
-        && u32::try_from(code_bytes).is_ok()
-}
-
-/// Turns on the router's L2 prefetch of the experts' weights when every
-/// part of an expert is a whole number of 16-byte units at 16-byte aligned
-/// addresses (what `cp.async.bulk.prefetch` takes); otherwise leaves it off
-/// (a hint: the results are the same either way).
-fn expert_prefetch(m: &MoeDev, p: &mut RouterParamsC) {
-    if !router_can_prefetch(m) {
-        return;
-    }
-    let (code_bytes, sb_bytes) = (m.gate.expert_words() * 4, m.gate.expert_groups() * 2);
-    let parts = |x: &QMat| [x.codes, x.scales, x.biases];
-    let (mats, shared) = ([&m.gate, &m.up, &m.down], [&m.sh_gate, &m.sh_up, &m.sh_down]);
-    for (i, x) in mats.iter().enumerate() {
-        p.pf[3 * i..3 * i + 3].copy_from_slice(&parts(x));
-    }
-    for (i, x) in shared.iter().enumerate() {
-        p.pf_sh[3 * i..3 * i + 3].copy_from_slice(&parts(x));
-    }
-    p.pf_bytes = [code_bytes as u32, sb_bytes as u32, sb_bytes as u32];
-    p.prefetch = 1;
 }
 
 /// Dynamic shared memory of `moe_router` (qmm.cu): the staged tokens (padded

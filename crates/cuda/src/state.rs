@@ -54,36 +54,6 @@ pub struct Options {
     /// three launches it replaces). Off by default: measured slower on the
     /// H200 (crates/cuda/NOTES.md, history 36).
     pub fused_moe: bool,
-    /// What a decode step's router requests into L2 ahead of use
-    /// (`qmm::router`; hints that change no result).
-    pub l2_prefetch: L2Prefetch,
-}
-
-/// L2 prefetches of a decode step on the qmm path, issued by each layer's
-/// router (`qmm::router`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct L2Prefetch {
-    /// Each token's chosen experts' weights as soon as its top-k is known,
-    /// and the shared expert's at the router's start.
-    pub experts: bool,
-    /// The next layer's in- and out-projections at the router's start.
-    pub next_layer: bool,
-}
-
-impl L2Prefetch {
-    /// Parses a comma-separated list of `experts`, `next` (or `none`).
-    pub fn parse(s: &str) -> Result<L2Prefetch, String> {
-        let mut p = L2Prefetch::default();
-        for w in s.split(',').map(str::trim) {
-            match w {
-                "experts" => p.experts = true,
-                "next" => p.next_layer = true,
-                "none" => {}
-                _ => return Err(format!("L2 prefetch {w:?}: want experts, next or none")),
-            }
-        }
-        Ok(p)
-    }
 }
 
 /// Decode steps of at least this many sequences run their dense matrices on
@@ -156,7 +126,6 @@ impl Default for Options {
             max_greedy_steps: 1024,
             decode_matrices: DecodeMatrices::FASTEST,
             fused_moe: false,
-            l2_prefetch: L2Prefetch::default(),
         }
     }
 }
@@ -819,10 +788,6 @@ mod tests {
         assert!(!m.on_gemm(15) && m.on_gemm(16) && m.on_gemm(128));
         assert!(!(1..=128).any(|n| DecodeMatrices::BATCH_INVARIANT.on_gemm(n)), "batch-invariant decode never takes the GEMM");
         assert_eq!(Options::default().decode_matrices, DecodeMatrices::FASTEST);
-        assert_eq!(L2Prefetch::parse("experts, next"), Ok(L2Prefetch { experts: true, next_layer: true }));
-        assert_eq!(L2Prefetch::parse("next"), Ok(L2Prefetch { experts: false, next_layer: true }));
-        assert_eq!(L2Prefetch::parse("none"), Ok(L2Prefetch::default()));
-        assert!(L2Prefetch::parse("expert").is_err() && L2Prefetch::parse("").is_err());
         assert_eq!(DecodeMatrices::FASTEST.gemm_from, DECODE_GEMM_FROM);
     }
 }

@@ -246,24 +246,13 @@ fn moe_router_plan_and_experts_match_the_reference() {
     let mut rng = Rng::new(17);
     let mut first_token: Option<Vec<f32>> = None;
     let h_first = rng.vec(d.hidden, -2.0, 2.0);
-    check(qmm::router_can_prefetch(&l.moe), "the router prefetches this model's experts (so the bit check below tests it)".to_string());
     for &n in &[1usize, 4, 8, 9, 33, 64, 128] {
         let mut h = h_first.clone();
         h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
         write_device(g, dec.h.ptr(), &h).expect("h");
-        // With and without the L2 prefetch of the experts (a hint): the
-        // same plan and expert outputs, bit for bit.
-        let mut runs: Vec<(Vec<i32>, Vec<u32>)> = Vec::new();
-        let next_layer = &m.weights.layers[1].moe;
-        for (prefetch, next) in [(true, vec![&next_layer.gate, &next_layer.down, &next_layer.sh_up]), (false, vec![])] {
-            qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, prefetch, &next).expect("router");
-            qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
-            qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
-            let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items + n * slots).expect("plan");
-            let y: Vec<f32> = read_device(g, dec.moe.y.ptr(), n * slots * d.hidden).expect("y");
-            runs.push((plan, y.iter().map(|v| v.to_bits()).collect()));
-        }
-        check(runs[0] == runs[1], format!("batch {n}: the router's L2 prefetch changes neither the plan nor a bit of the expert outputs"));
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("router");
+        qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
+        qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
         // The plan: shared expert first, then experts ascending, each
         // expert's pairs in token order, every (token, slot) exactly once.
         let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items + n * slots).expect("plan");
@@ -345,7 +334,7 @@ fn moe_fused_equals_the_three_launches() {
         let l = &m.weights.layers[i % d.layers];
         let h = rng.vec(n * d.hidden, -2.0, 2.0);
         write_device(g, dec.h.ptr(), &h).expect("h");
-        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, false, &[]).expect("router");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("router");
         qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
         qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
         let (y3, w3, idx3, px3, cs3) = read(n);

@@ -975,44 +975,9 @@ struct RouterParams {
     int max_items;
     float eps;
     int tok_chunk;           // tokens a block stages and routes (1..ROUTER_TOK): grid.y = ceil(ntok / tok_chunk)
-    int prefetch;            // 1: request the chosen experts' weights into L2 (router_prefetch)
-    // The experts' matrices for the L2 prefetch: gate, up, down x codes,
-    // scales, biases, each expert's slice at e * pf_bytes[part % 3]; then
-    // the shared expert's nine (one slice each).
-    const unsigned char* pf[9];
-    const unsigned char* pf_sh[9];
-    unsigned pf_bytes[3];    // an expert's codes, scales and biases bytes (multiples of 16)
-    int pf_next_n;           // ranges of pf_next (the next layer's dense matrices), 0..ROUTER_PF_NEXT
-    const unsigned char* pf_next[ROUTER_PF_NEXT];
-    unsigned pf_next_bytes[ROUTER_PF_NEXT];  // multiples of 16
+    int pad_;
 };
 LAYOUT_CHECK(RouterParams, ROUTER_PARAMS_SIZE)
-
-// ---- L2 prefetch of the experts' weights -----------------------------------------
-//
-// The gate/up and down kernels can request an expert's weights only after
-// the plan exists, and each warp keeps just QMM_RING - 1 stages in flight.
-// As soon as a token's top-k is known, its warp asks the L2 for all of its
-// experts' weights at once (cp.async.bulk.prefetch: a hint, no registers,
-// no completion to wait for), so the DRAM round trips overlap the plan,
-// the next launch and the gate/up math; the down weights land in L2 while
-// gate/up runs. The shared expert's are requested at the router's start.
-// Each matrix part is split in ROUTER_PF_PIECES pieces of at most
-// pf_bytes / ROUTER_PF_PIECES (16-byte multiples).
-#define ROUTER_PF_PIECES 8
-__device__ __forceinline__ void l2_prefetch_bulk(const void* ptr, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
-}
-// Piece j (0 .. 9 * ROUTER_PF_PIECES - 1) of one expert's weights: part
-// j / ROUTER_PF_PIECES (gate, up, down x codes, scales, biases).
-__device__ __forceinline__ void router_prefetch_piece(const unsigned char* const (&base)[9], const unsigned (&bytes)[3], int e, int j) {
-    const int part = j / ROUTER_PF_PIECES, piece = j % ROUTER_PF_PIECES;
-    const unsigned total = bytes[part % 3];
-    const unsigned step = ((total + ROUTER_PF_PIECES - 1) / ROUTER_PF_PIECES + 15) & ~15u;
-    const unsigned off = piece * step;
-    if (off >= total) return;
-    l2_prefetch_bulk(base[part] + (size_t)e * total + off, min(step, total - off));
-}
 
 __device__ __forceinline__ float ldcg_f32(const float* p) {
     float r;
@@ -1261,10 +1226,6 @@ __device__ __forceinline__ void router_topk(const RouterParams& p, float* rsm, i
         __syncwarp();
         warp_topk(l, sel, selw);
         __syncwarp();
-        if (p.prefetch) {
-            for (int j = lane; j < TOPK * 9 * ROUTER_PF_PIECES; j += 32)
-                router_prefetch_piece(p.pf, p.pf_bytes, sel[j / (9 * ROUTER_PF_PIECES)], j % (9 * ROUTER_PF_PIECES));
-        }
         if (publish) {
             if (lane < TOPK) {
                 p.topk_idx[t * TOPK + lane] = sel[lane];
@@ -1375,15 +1336,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     RouterRow rr;
     router_row_load(p, blockIdx.x * ROUTER_ROWS + warp, rr);
     router_gain_copy(p, rsm);
-    if (blockIdx.x == gridDim.x - 1 && blockIdx.y == 0) {
-        if (p.prefetch)
-            for (int j = threadIdx.x; j < 9 * ROUTER_PF_PIECES; j += blockDim.x) router_prefetch_piece(p.pf_sh, p.pf_bytes, 0, j);
-        // The next layer's dense matrices, in 64 KiB pieces: needed after
-        // this MoE and the next norm, so they can come from L2.
-        for (int r = 0; r < p.pf_next_n; ++r)
-            for (unsigned off = threadIdx.x * 65536u; off < p.pf_next_bytes[r]; off += blockDim.x * 65536u)
-                l2_prefetch_bulk(p.pf_next[r] + off, min(65536u, p.pf_next_bytes[r] - off));
-    }
     pdl_trigger();
     pdl_wait();
     const int t0 = blockIdx.y * p.tok_chunk;
