@@ -88,6 +88,24 @@ impl Gpu {
     pub fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
         self.stream.cu_stream()
     }
+
+    /// The same device on a second stream, for work that overlaps the main
+    /// stream's (the prefill's shared expert): launchers take it like this
+    /// Gpu. Ordering with the main stream is the caller's (events); it
+    /// allocates nothing (device memory comes from the main Gpu).
+    pub fn side_stream(&self) -> CudaResult<Gpu> {
+        let stream = self.ctx.new_stream().ctx("cuStreamCreate (side stream)")?;
+        Ok(Gpu {
+            ctx: self.ctx.clone(),
+            stream,
+            name: self.name.clone(),
+            sm_count: self.sm_count,
+            max_smem_optin: self.max_smem_optin,
+            total_mem: self.total_mem,
+            allocated: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        })
+    }
 }
 
 /// A device allocation freed on drop. Zeroed at creation, so that memory no

@@ -68,6 +68,12 @@ struct Piece {
 /// The model resident on one GPU.
 pub struct Model {
     pub gpu: Arc<Gpu>,
+    /// A second stream: a prefill's shared expert runs there while the main
+    /// stream routes and runs the routed experts (`moe_gemm`), forked and
+    /// joined through the two events.
+    side: Gpu,
+    fork: CudaEvent,
+    join: CudaEvent,
     pub kernels: Kernels,
     pub dims: Dims,
     pub weights: DeviceWeights,
@@ -142,8 +148,12 @@ impl Model {
     /// The model around its loaded parts: the memory plan, no graphs yet.
     fn assemble(gpu: &Arc<Gpu>, kernels: Kernels, dims: Dims, weights: DeviceWeights, opts: Options) -> CudaResult<Self> {
         let mem = Memory::new(gpu, &dims, opts)?;
+        let event = || gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).ctx("cuEventCreate");
         Ok(Model {
             gpu: gpu.clone(),
+            side: gpu.side_stream()?,
+            fork: event()?,
+            join: event()?,
             kernels,
             dims,
             weights,
@@ -399,7 +409,12 @@ impl Model {
     /// Dense GEMMs of `n` rows of one input: one launch per bit width (up
     /// to `GEMM_MAX_SEGS` matrices each), split over K when short.
     fn dense_gemms(&self, a: u64, lda: usize, n: usize, segs: &[Seg]) -> CudaResult<()> {
-        let (g, k, s) = (&*self.gpu, &self.kernels, &self.mem.scratch);
+        self.dense_gemms_on(&self.gpu, a, lda, n, segs)
+    }
+
+    /// `dense_gemms` on `g`'s stream (the main one or `side`).
+    fn dense_gemms_on(&self, g: &Gpu, a: u64, lda: usize, n: usize, segs: &[Seg]) -> CudaResult<()> {
+        let (k, s) = (&self.kernels, &self.mem.scratch);
         let mut widths: Vec<u32> = segs.iter().map(|x| x.w.bits).collect();
         widths.sort_unstable();
         widths.dedup();
@@ -423,6 +438,15 @@ impl Model {
         ];
         self.dense_gemms(s.xn, d.hidden, n, &router)?;
         self.mark("gemm moe norm+router")?;
+        // The shared expert needs only xn: it runs on the side stream while
+        // this one routes and runs the routed experts. Its split-K partials
+        // cannot meet another GEMM's: the grouped expert GEMMs split
+        // nothing, and the next dense GEMM comes after the join.
+        self.fork.record(&self.gpu.stream).ctx("cuEventRecord (fork)")?;
+        self.side.stream.wait(&self.fork).ctx("cuStreamWaitEvent (fork)")?;
+        self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[Seg { w: &m.sh_gate, up: Some(&m.sh_up), out: GemmOut::SwiGlu(s.act_sh), ldc: d.moe_inter }])?;
+        self.dense_gemms_on(&self.side, s.act_sh, d.moe_inter, n, &[Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden }])?;
+        self.join.record(&self.side.stream).ctx("cuEventRecord (join)")?;
         let rb = s.route();
         let bm = moe::tile_rows(d, n);
         moe::route(g, k, d, &rb, n, bm)?;
@@ -432,10 +456,9 @@ impl Model {
         let sorted = Grouping { a_rows: 0, ..gather };
         gemm::gemm(g, k, s.xn, d.hidden, n * d.topk, &m.gate, Some(&m.up), GemmOut::SwiGlu(s.act_sorted), d.moe_inter, Some(&gather))?;
         gemm::gemm(g, k, s.act_sorted, d.moe_inter, n * d.topk, &m.down, None, GemmOut::Store(s.y_sorted), d.hidden, Some(&sorted))?;
-        self.mark("gemm moe experts")?;
-        self.dense_gemms(s.xn, d.hidden, n, &[Seg { w: &m.sh_gate, up: Some(&m.sh_up), out: GemmOut::SwiGlu(s.act_sh), ldc: d.moe_inter }])?;
-        self.dense_gemms(s.act_sh, d.moe_inter, n, &[Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden }])?;
-        self.mark("gemm moe shared")?;
+        self.mark("gemm moe experts (shared beside)")?;
+        self.gpu.stream.wait(&self.join).ctx("cuStreamWaitEvent (join)")?;
+        self.mark("gemm moe shared (after the experts)")?;
         moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n)?;
         self.mark("moe combine")
     }

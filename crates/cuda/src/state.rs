@@ -57,9 +57,11 @@ pub struct Options {
 }
 
 /// Decode steps of at least this many sequences run their dense matrices on
-/// the tensor-core GEMM by default (`DecodeMatrices::FASTEST`): measured
-/// crossover on the H200, where qmm still wins at 8 and the GEMM at 16.
-pub const DECODE_GEMM_FROM: usize = 16;
+/// the tensor-core GEMM by default (`DecodeMatrices::FASTEST`): the
+/// crossover measured on the H200 at 5dd0a2c, where qmm wins at 8 sequences
+/// (one 8-token chunk) and the GEMM from the second chunk on (10: 5.11
+/// against 5.79 ms a step; 12: 5.49 against 6.30).
+pub const DECODE_GEMM_FROM: usize = 9;
 
 /// Which kernels carry the matrices of a decode step of `n` sequences.
 ///

@@ -356,7 +356,7 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
             }
         }
     }
-    fastest.gate(&mut checks, "tiny preset: batches of 17, 33 and 70 on the GEMM path vs each sequence alone", 1.0, 3e-2, 3e-1);
+    fastest.gate(&mut checks, "tiny preset: batches from DECODE_GEMM_FROM on (9, 17, 33, 70) on the GEMM path vs each sequence alone", 1.0, 3e-2, 3e-1);
 
     // A fork continues exactly like its parent.
     let parent = be.alloc().expect("alloc");
