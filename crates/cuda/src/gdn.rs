@@ -5,11 +5,11 @@
 //! the kernels check with static_asserts. Layouts are described in the
 //! kernel's header; the memory plan (state.rs) owns the buffers.
 
-use cudarc::driver::{CudaEvent, DeviceRepr};
+use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
 use crate::dims::{Dims, GDN_CHUNK};
-use crate::error::{CudaError, CudaResult, DriverContext};
+use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
 use crate::launch::{launch, launch_pdl};
 use crate::weights::DeltaNetDev;
@@ -324,8 +324,6 @@ pub struct GdnCapture {
 /// position `p0`: reads the in-projection rows `proj`, updates the conv ring
 /// `conv` and recurrent state `state` of that sequence (this layer), writes
 /// the gated-norm output; with `capture`, also the state after `at` tokens.
-/// `z_ready`: the z rows of `proj` are written on another stream, done when
-/// this event is (waited for just before the gated norm, their one reader).
 #[allow(clippy::too_many_arguments)]
 pub fn prefill(
     gpu: &Gpu,
@@ -341,7 +339,6 @@ pub fn prefill(
     s: &GdnScratch,
     mix: MixOut,
     capture: Option<GdnCapture>,
-    z_ready: Option<&CudaEvent>,
 ) -> CudaResult<()> {
     if t == 0 {
         return Ok(());
@@ -412,10 +409,5 @@ pub fn prefill(
         return Err(CudaError::shape("gdn_gated_norm", "the prefill writes f32 or fp16 rows, not packed activations"));
     }
     let n = GdnGatedNormParams { o: s.o, proj, norm_w: w.norm, mix_f32, mix_f16, proj_stride: proj_stride as i32, eps: dims.rms_eps };
-    // Only the gated norm reads the z rows of proj: when another stream
-    // computes them, this is where the step waits for it.
-    if let Some(ev) = z_ready {
-        gpu.stream.wait(ev).ctx("cuStreamWaitEvent (z rows)")?;
-    }
     launch(gpu, k, "gdn_gated_norm", (t as u32, dims.gv_heads.div_ceil(8) as u32, 1), 256, 0, &n)
 }

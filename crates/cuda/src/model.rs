@@ -68,15 +68,12 @@ struct Piece {
 /// The model resident on one GPU.
 pub struct Model {
     pub gpu: Arc<Gpu>,
-    /// A second stream: in a prefill, a DeltaNet layer's z projection runs
-    /// there beside the chunked DeltaNet (`in_proj_prefill`), and the shared
-    /// expert while the main stream routes and runs the routed experts
-    /// (`moe_gemm`), forked and joined through these events.
+    /// A second stream: a prefill's shared expert runs there while the main
+    /// stream routes and runs the routed experts (`moe_gemm`), forked and
+    /// joined through the two events.
     side: Gpu,
     fork: CudaEvent,
     join: CudaEvent,
-    /// Recorded on `side` after a DeltaNet layer's z projection (prefill).
-    z_join: CudaEvent,
     pub kernels: Kernels,
     pub dims: Dims,
     pub weights: DeviceWeights,
@@ -157,7 +154,6 @@ impl Model {
             side: gpu.side_stream()?,
             fork: event()?,
             join: event()?,
-            z_join: event()?,
             kernels,
             dims,
             weights,
@@ -410,37 +406,6 @@ impl Model {
         self.mark("gemm norm+in_proj")
     }
 
-    /// The prefill's in-projections of `t` rows: as `in_proj_gemm`, except
-    /// that a DeltaNet layer's z projection (a third of the rows, read only
-    /// by the gated norm at the end of the chunked DeltaNet) runs on the
-    /// side stream, beside the DeltaNet's chunk kernels, which leave most of
-    /// the GPU idle. Returns the event the gated norm waits for, if any. The
-    /// z GEMM's split-K partials cannot meet another GEMM's: the main stream
-    /// runs no GEMM until that wait.
-    fn in_proj_prefill(&self, l: &LayerDev, t: usize) -> CudaResult<Option<&CudaEvent>> {
-        let MixerDev::DeltaNet(w) = &l.mixer else {
-            self.in_proj_gemm(l, t)?;
-            return Ok(None);
-        };
-        let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
-        gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, t, d.hidden, d.rms_eps)?;
-        let out = |off: usize| GemmOut::Store(s.proj + (off * 4) as u64);
-        let ps = d.proj_stride();
-        let (z_off, a_off) = (d.conv_dim, d.conv_dim + d.gdn_val_dim());
-        let main = [
-            Seg { w: &w.in_qkv, up: None, out: out(0), ldc: ps },
-            Seg { w: &w.in_a, up: None, out: out(a_off), ldc: ps },
-            Seg { w: &w.in_b, up: None, out: out(a_off + d.gv_heads), ldc: ps },
-        ];
-        self.dense_gemms(s.xn, d.hidden, t, &main)?;
-        self.fork.record(&self.gpu.stream).ctx("cuEventRecord (fork z)")?;
-        self.side.stream.wait(&self.fork).ctx("cuStreamWaitEvent (fork z)")?;
-        self.dense_gemms_on(&self.side, s.xn, d.hidden, t, &[Seg { w: &w.in_z, up: None, out: out(z_off), ldc: ps }])?;
-        self.z_join.record(&self.side.stream).ctx("cuEventRecord (z)")?;
-        self.mark("gemm norm+in_proj (z beside)")?;
-        Ok(Some(&self.z_join))
-    }
-
     /// Dense GEMMs of `n` rows of one input: one launch per bit width (up
     /// to `GEMM_MAX_SEGS` matrices each), split over K when short.
     fn dense_gemms(&self, a: u64, lda: usize, n: usize, segs: &[Seg]) -> CudaResult<()> {
@@ -559,22 +524,19 @@ impl Model {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
-        let z_ready = self.in_proj_prefill(l, t)?;
+        self.in_proj_gemm(l, t)?;
         // Row r of proj and of the mixer output, as the kernels lay them out.
         let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
         match &l.mixer {
             MixerDev::DeltaNet(w) => {
-                for (j, p) in pieces.iter().enumerate() {
+                for p in pieces {
                     let (conv, state) = self.mem.gdn_layer_slot(i, p.slot);
                     let mix = MixOut::F16(s.mix_f16 + (p.row0 * d.gdn_val_dim() * 2) as u64);
                     let capture = p.capture.map(|(cslot, at)| {
                         let (conv, state) = self.mem.gdn_layer_slot(i, cslot);
                         gdn::GdnCapture { conv, state, at }
                     });
-                    // The first piece's gated norm waits for the z rows (all
-                    // pieces' rows come from one GEMM).
-                    let z = if j == 0 { z_ready } else { None };
-                    gdn::prefill(g, k, d, w, conv, state, proj_row(p.row0), ps, p.len, p.p0, &s.gdn_scratch(), mix, capture, z)?;
+                    gdn::prefill(g, k, d, w, conv, state, proj_row(p.row0), ps, p.len, p.p0, &s.gdn_scratch(), mix, capture)?;
                 }
                 self.mark("prefill gdn (chunked)")?;
             }

@@ -207,7 +207,7 @@ impl DevSeq {
         let proj = gdn_proj_rows(rng, d, t);
         let pb = upload(gpu, &proj);
         let mix = upload(gpu, &vec![NAN; t * d.gdn_val_dim()]);
-        gdn::prefill(gpu, k, d, dev, self.conv.ptr(), self.state.ptr(), pb.ptr(), ps, t, self.pos, s, MixOut::F32(mix.ptr()), None, None).expect("launch");
+        gdn::prefill(gpu, k, d, dev, self.conv.ptr(), self.state.ptr(), pb.ptr(), ps, t, self.pos, s, MixOut::F32(mix.ptr()), None).expect("launch");
         let got: Vec<f32> = download(gpu, mix.ptr(), t * d.gdn_val_dim());
         let want = self.r.run(d, w, &proj, t);
         assert_close(&format!("gdn prefill {label}: {t} tokens at {}", self.pos), &got, &want, PREFILL_TOL);
@@ -330,7 +330,7 @@ fn chunked_deltanet_prefill_of_4096_tokens_at_the_real_shape() {
     let mix = zeros(&gpu, n * d.gdn_val_dim() * 4);
     let ps = d.proj_stride();
     let run =
-        || gdn::prefill(&gpu, &k, &d, &dev, seq.conv.ptr(), seq.state.ptr(), proj.ptr(), ps, n, seq.pos, &s, MixOut::F32(mix.ptr()), None, None).expect("launch");
+        || gdn::prefill(&gpu, &k, &d, &dev, seq.conv.ptr(), seq.state.ptr(), proj.ptr(), ps, n, seq.pos, &s, MixOut::F32(mix.ptr()), None).expect("launch");
     run();
     gpu.synchronize().expect("warm-up");
     let reps = 10;
