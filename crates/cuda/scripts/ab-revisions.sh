@@ -11,13 +11,16 @@
 #
 #   bash DEST/ab-revisions.sh run DEST [OUT]
 #
-# runs every revision's tests (LILY_REQUIRE_GPU=1: a skip fails) and then
-# $ROUNDS (default 2) interleaved rounds of
-# `bench --random-layers 40 --lengths "" --batch $BATCH` per revision, so
-# drifts in clocks and temperature fall on all of them alike; writes each
-# run's JSON lines and logs under OUT (default DEST/out) and prints ms a
-# step by batch size and revision, with each revision's seq0 digests (equal
-# digests across revisions = the same greedy tokens).
+# runs every revision's tests (LILY_REQUIRE_GPU=1: a skip fails; all of a
+# revision's suites at once, the revisions one after another; RUN_TESTS=0
+# skips them) and then $ROUNDS (default 2) interleaved rounds of
+# `bench --random-layers 40 --lengths "$PREFILL" --batch $BATCH` per
+# revision (PREFILL: prompt lengths whose prefill is timed too, default
+# none), so drifts in clocks and temperature fall on all of them alike;
+# writes each run's JSON lines and logs under OUT (default DEST/out) and
+# prints ms a step by batch size and revision, with each revision's seq0
+# digests (equal digests across revisions = the same greedy tokens), then
+# prefill tok/s by prompt length.
 set -euo pipefail
 
 usage() {
@@ -72,25 +75,30 @@ run() {
     [ -x "$d/bench" ] && names+=("$(basename "$d")")
   done
   [ ${#names[@]} -ge 1 ] || { echo "no revisions under $dest" >&2; exit 1; }
-  for n in "${names[@]}"; do
-    for t in "$dest/$n"/gpu_*; do
-      [ -x "$t" ] || continue
-      local log
-      log="$out/$n-$(basename "$t").log"
-      if timeout 300 "$t" --test-threads=2 >"$log" 2>&1; then rc=0; else rc=$?; fi
-      echo "$n $(basename "$t") rc $rc: $(grep -h 'test result' "$log" | tail -1)"
+  local prefill=${PREFILL:-}
+  if [ "${RUN_TESTS:-1}" != 0 ]; then
+    for n in "${names[@]}"; do
+      for t in "$dest/$n"/gpu_*; do
+        [ -x "$t" ] || continue
+        (
+          log="$out/$n-$(basename "$t").log"
+          if timeout 300 "$t" --test-threads=2 >"$log" 2>&1; then rc=0; else rc=$?; fi
+          echo "$n $(basename "$t") rc $rc: $(grep -h 'test result' "$log" | tail -1)"
+        ) &
+      done
+      wait
     done
-  done
+  fi
   for r in $(seq 1 "$rounds"); do
     for n in "${names[@]}"; do
-      timeout 120 "$dest/$n/bench" --random-layers 40 --lengths "" --batch "$batch" >"$out/$n-round$r.json" 2>"$out/$n-round$r.err" ||
+      timeout 120 "$dest/$n/bench" --random-layers 40 --lengths "$prefill" --batch "$batch" >"$out/$n-round$r.json" 2>"$out/$n-round$r.err" ||
         echo "$n round $r: bench failed (see $out/$n-round$r.err)"
     done
   done
   python3 - "$out" "$rounds" "${names[@]}" <<'PY'
 import json, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-rows = {}
+rows, pre = {}, {}
 for n in names:
     for r in range(1, rounds + 1):
         try:
@@ -101,7 +109,10 @@ for n in names:
             if not l.startswith("{"):
                 continue
             j = json.loads(l)
-            rows.setdefault((n, j["batch"]), []).append((j["step_ms"], j["seq0_digest"]))
+            if "batch" in j:
+                rows.setdefault((n, j["batch"]), []).append((j["step_ms"], j["seq0_digest"]))
+            elif "prefill_tok_s" in j:
+                pre.setdefault((n, j["prompt_tokens"]), []).append((j["prefill_tok_s"], j["digest"]))
 batches = sorted({b for (_, b) in rows})
 print("ms a step (rounds), seq0 digest")
 print("revision".ljust(24) + "".join(f"{b:>22}" for b in batches))
@@ -111,6 +122,16 @@ for n in names:
         v = rows.get((n, b), [])
         cells.append(" / ".join(f"{ms:.3f}" for ms, _ in v) + (f" {v[0][1][:6]}" if v else ""))
     print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
+lengths = sorted({t for (_, t) in pre})
+if lengths:
+    print("prefill tok/s (rounds), digest")
+    print("revision".ljust(24) + "".join(f"{t:>22}" for t in lengths))
+    for n in names:
+        cells = []
+        for t in lengths:
+            v = pre.get((n, t), [])
+            cells.append(" / ".join(f"{x:.0f}" for x, _ in v) + (f" {v[0][1][:6]}" if v else ""))
+        print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
 PY
 }
 
