@@ -13,7 +13,7 @@
 #
 # runs every revision's tests (LILY_REQUIRE_GPU=1: a skip fails; all of a
 # revision's suites at once, the revisions one after another; RUN_TESTS=0
-# skips them) and then $ROUNDS (default 2) interleaved rounds of
+# skips them, TEST_ONLY="name ..." runs only those revisions' suites) and then $ROUNDS (default 2) interleaved rounds of
 # `bench --random-layers 40 --lengths "$PREFILL" --batch $BATCH` per
 # revision (PREFILL: prompt lengths whose prefill is timed too, default
 # none), so drifts in clocks and temperature fall on all of them alike;
@@ -78,6 +78,7 @@ run() {
   local prefill=${PREFILL:-}
   if [ "${RUN_TESTS:-1}" != 0 ]; then
     for n in "${names[@]}"; do
+      case " ${TEST_ONLY:-$n} " in *" $n "*) ;; *) continue ;; esac
       for t in "$dest/$n"/gpu_*; do
         [ -x "$t" ] || continue
         (
