@@ -114,25 +114,20 @@ for n in names:
                 rows.setdefault((n, j["batch"]), []).append((j["step_ms"], j["seq0_digest"]))
             elif "prefill_tok_s" in j:
                 pre.setdefault((n, j["prompt_tokens"]), []).append((j["prefill_tok_s"], j["digest"]))
-batches = sorted({b for (_, b) in rows})
-print("ms a step (rounds), seq0 digest")
-print("revision".ljust(24) + "".join(f"{b:>22}" for b in batches))
-for n in names:
-    cells = []
-    for b in batches:
-        v = rows.get((n, b), [])
-        cells.append(" / ".join(f"{ms:.3f}" for ms, _ in v) + (f" {v[0][1][:6]}" if v else ""))
-    print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
-lengths = sorted({t for (_, t) in pre})
-if lengths:
-    print("prefill tok/s (rounds), digest")
-    print("revision".ljust(24) + "".join(f"{t:>22}" for t in lengths))
+def table(title, data, fmt):
+    keys = sorted({k for (_, k) in data})
+    if not keys:
+        return
+    print(title)
+    print("revision".ljust(24) + "".join(f"{k:>22}" for k in keys))
     for n in names:
         cells = []
-        for t in lengths:
-            v = pre.get((n, t), [])
-            cells.append(" / ".join(f"{x:.0f}" for x, _ in v) + (f" {v[0][1][:6]}" if v else ""))
+        for k in keys:
+            v = data.get((n, k), [])
+            cells.append(" / ".join(fmt(x) for x, _ in v) + (f" {v[0][1][:6]}" if v else ""))
         print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
+table("ms a step (rounds), seq0 digest", rows, lambda ms: f"{ms:.3f}")
+table("prefill tok/s (rounds), digest", pre, lambda x: f"{x:.0f}")
 PY
 }
 
