@@ -31,7 +31,7 @@ pub const COMMON: &str = include_str!("kernels/common.cuh");
 pub const FAMILIES: &[Family] = &[
     Family { name: "embed", source: include_str!("kernels/embed.cu"), kernels: &["embed_q4"] },
     Family { name: "qmm", source: include_str!("kernels/qmm.cu"), kernels: crate::qmm::KERNELS },
-    Family { name: "moe", source: include_str!("kernels/moe.cu"), kernels: &["moe_route", "moe_plan", "moe_scatter", "moe_combine"] },
+    Family { name: "moe", source: include_str!("kernels/moe.cu"), kernels: &["moe_route_plan", "moe_scatter", "moe_combine"] },
     Family {
         name: "gdn",
         source: include_str!("kernels/gdn.cu"),
@@ -64,6 +64,7 @@ pub fn compile_family(f: &Family, dims: &Dims, extra: &[String]) -> CudaResult<n
 pub fn compile_family_shaped(f: &Family, dims: &Dims, qmm: &QmmShape, extra: &[String]) -> CudaResult<nvrtc::Compiled> {
     let mut opts = dims.defines();
     opts.extend(qmm.defines());
+    opts.extend(crate::moe::defines());
     opts.extend(extra.iter().cloned());
     nvrtc::compile(&format!("{}.cu", f.name), &full_source(f), &opts)
 }

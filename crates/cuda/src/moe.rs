@@ -9,32 +9,31 @@ use crate::dims::Dims;
 use crate::error::{CudaError, CudaResult};
 use crate::gemm::TILE_ROWS;
 use crate::kernels::Kernels;
-use crate::launch::launch;
+use crate::launch::{launch, launch_pdl};
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct MoeRouteParams {
+struct MoeRoutePlanParams {
     logits: u64,
     topk_idx: u64,
     topk_w: u64,
     counts: u64,
     rank: u64,
-    ntok: i32,
-}
-// SAFETY: plain-old-data mirroring `MoeRouteParams` in moe.cu.
-unsafe impl DeviceRepr for MoeRouteParams {}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct MoePlanParams {
-    counts: u64,
     offsets: u64,
     tiles: u64,
     ntiles: u64,
+    ticket: u64,
+    ntok: i32,
     bm: i32,
 }
-// SAFETY: plain-old-data mirroring `MoePlanParams` in moe.cu.
-unsafe impl DeviceRepr for MoePlanParams {}
+// SAFETY: plain-old-data mirroring `MoeRoutePlanParams` in moe.cu (size
+// checked there against `defines`).
+unsafe impl DeviceRepr for MoeRoutePlanParams {}
+
+/// The layout sizes moe.cu checks its parameter structs against.
+pub fn defines() -> Vec<String> {
+    vec![format!("-DMOE_ROUTE_PLAN_PARAMS_SIZE={}", std::mem::size_of::<MoeRoutePlanParams>())]
+}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -68,7 +67,8 @@ pub struct RouteBufs {
     pub logits: u64,
     pub topk_idx: u64,
     pub topk_w: u64,
-    /// i32 [experts]; zeroed by `route`.
+    /// i32 [experts]; 0 between launches (zeroed once with the memory plan,
+    /// set back to 0 by `route`'s last block).
     pub counts: u64,
     pub rank: u64,
     /// i32 [experts + 1].
@@ -79,6 +79,8 @@ pub struct RouteBufs {
     /// i32 [ntok * topk].
     pub perm: u64,
     pub inv: u64,
+    /// i32, 0 between launches: `route`'s blocks count themselves out on it.
+    pub ticket: u64,
 }
 
 /// Upper bound of the grouped-GEMM tiles of `bm` rows for `ntok` tokens.
@@ -119,13 +121,22 @@ pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, ntok: usize, bm
     if ntok == 0 {
         return Ok(());
     }
-    crate::device::zero_device(gpu, b.counts, dims.n_experts * 4)?;
-    let r = MoeRouteParams { logits: b.logits, topk_idx: b.topk_idx, topk_w: b.topk_w, counts: b.counts, rank: b.rank, ntok: ntok as i32 };
-    launch(gpu, k, "moe_route", (ntok.div_ceil(8) as u32, 1, 1), 256, 0, &r)?;
-    let pl = MoePlanParams { counts: b.counts, offsets: b.offsets, tiles: b.tiles, ntiles: b.ntiles, bm: bm as i32 };
-    launch(gpu, k, "moe_plan", (1, 1, 1), 256, 0, &pl)?;
+    let r = MoeRoutePlanParams {
+        logits: b.logits,
+        topk_idx: b.topk_idx,
+        topk_w: b.topk_w,
+        counts: b.counts,
+        rank: b.rank,
+        offsets: b.offsets,
+        tiles: b.tiles,
+        ntiles: b.ntiles,
+        ticket: b.ticket,
+        ntok: ntok as i32,
+        bm: bm as i32,
+    };
+    launch_pdl(gpu, k, "moe_route_plan", (ntok.div_ceil(8) as u32, 1, 1), 256, 0, &r)?;
     let s = MoeScatterParams { topk_idx: b.topk_idx, rank: b.rank, offsets: b.offsets, perm: b.perm, inv: b.inv, ntok: ntok as i32 };
-    launch(gpu, k, "moe_scatter", ((ntok * dims.topk).div_ceil(256) as u32, 1, 1), 256, 0, &s)
+    launch_pdl(gpu, k, "moe_scatter", ((ntok * dims.topk).div_ceil(256) as u32, 1, 1), 256, 0, &s)
 }
 
 /// h[t] += sum_k w[t][k] y[inv[t][k]] + sigmoid(sg[t]) ys[t].

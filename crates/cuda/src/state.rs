@@ -235,6 +235,8 @@ pub struct Scratch {
     pub max_tiles: usize,
     pub perm: u64,
     pub inv: u64,
+    /// The prefill routing's ticket (i32, 0 between launches).
+    pub route_ticket: u64,
     pub act_sorted: u64,
     pub y_sorted: u64,
     pub act_sh: u64,
@@ -272,6 +274,7 @@ impl Scratch {
             ntiles: self.ntiles,
             perm: self.perm,
             inv: self.inv,
+            ticket: self.route_ticket,
         }
     }
     pub fn split_k(&self) -> SplitScratch {
@@ -426,6 +429,7 @@ impl Memory {
             max_tiles: max_tiles_any(dims, rows),
             perm: get("perm")?,
             inv: get("inv")?,
+            route_ticket: get("route_ticket")?,
             act_sorted: get("act_sorted")?,
             y_sorted: get("y_sorted")?,
             act_sh: get("act_sh")?,
@@ -763,6 +767,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("ntiles", 16);
     l.add("perm", rows * dims.topk * 4);
     l.add("inv", rows * dims.topk * 4);
+    l.add("route_ticket", 16);
     l.add("act_sorted", rows * dims.topk * dims.moe_inter * 2);
     l.add("y_sorted", rows * dims.topk * h * f);
     l.add("act_sh", rows * dims.moe_inter * 2);

@@ -590,7 +590,7 @@ fn grouped_moe_gemm_path_matches_reference() {
             let xn = zeros(&gpu, n * d.hidden * 2);
             let mt = moe::max_tiles(&d, n, bm);
             let z = |bytes: usize| zeros(&gpu, bytes);
-            let (ti, tw, counts, rank, offs, tiles, ntiles, perm, inv) = (
+            let (ti, tw, counts, rank, offs, tiles, ntiles, perm, inv, ticket) = (
                 z(n * d.topk * 4),
                 z(n * d.topk * 4),
                 z(d.n_experts * 4),
@@ -600,6 +600,7 @@ fn grouped_moe_gemm_path_matches_reference() {
                 z(16),
                 z(n * d.topk * 4),
                 z(n * d.topk * 4),
+                z(16),
             );
             let rb = moe::RouteBufs {
                 logits: lb.ptr(),
@@ -612,13 +613,18 @@ fn grouped_moe_gemm_path_matches_reference() {
                 ntiles: ntiles.ptr(),
                 perm: perm.ptr(),
                 inv: inv.ptr(),
+                ticket: ticket.ptr(),
             };
             let act_sorted = z(n * d.topk * d.moe_inter * 2);
             let y_sorted = upload(&gpu, &vec![NAN; n * d.topk * d.hidden]);
             let act_sh = z(n * d.moe_inter * 2);
             let ys = upload(&gpu, &vec![NAN; n * d.hidden]);
             gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), gb.ptr(), xn.ptr(), n, d.hidden, d.rms_eps).expect("norm");
+            // Twice on the same buffers: the first run must leave the counts
+            // and the ticket at 0 for the second, which plans the same tiles.
             moe::route(&gpu, &k, &d, &rb, n, bm).expect("route");
+            let first_plan: (Vec<i32>, Vec<i32>) = (download(&gpu, offs.ptr(), d.n_experts + 1), download(&gpu, tiles.ptr(), mt * 3));
+            moe::route(&gpu, &k, &d, &rb, n, bm).expect("route again");
             let gather = Grouping { tiles: tiles.ptr(), ntiles: ntiles.ptr(), max_tiles: mt, a_rows: perm.ptr(), bm };
             let sorted = Grouping { a_rows: 0, ..gather };
             gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n * d.topk, &dev.gate, Some(&dev.up), GemmOut::SwiGlu(act_sorted.ptr()), d.moe_inter, Some(&gather))
@@ -631,9 +637,22 @@ fn grouped_moe_gemm_path_matches_reference() {
             moe::combine(&gpu, &k, hb.ptr(), y_sorted.ptr(), ys.ptr(), sb.ptr(), &rb, n).expect("combine");
             let got: Vec<f32> = download(&gpu, hb.ptr(), n * d.hidden);
 
-            // The plan: every pair placed once, counts consistent.
-            let c: Vec<i32> = download(&gpu, counts.ptr(), d.n_experts);
-            check(c.iter().sum::<i32>() as usize == n * d.topk, format!("{label}: counts add up"));
+            // The plan: every pair placed once, offsets and tiles consistent,
+            // the counts and the ticket left at 0.
+            check(download::<i32>(&gpu, counts.ptr(), d.n_experts).iter().all(|c| *c == 0), format!("{label}: counts left at 0"));
+            check(download::<i32>(&gpu, ticket.ptr(), 1) == vec![0], format!("{label}: ticket left at 0"));
+            let o: Vec<i32> = download(&gpu, offs.ptr(), d.n_experts + 1);
+            check(o[d.n_experts] as usize == n * d.topk && o.windows(2).all(|w| w[0] <= w[1]), format!("{label}: offsets ascend to every pair"));
+            let nt = download::<i32>(&gpu, ntiles.ptr(), 1)[0] as usize;
+            let tl: Vec<i32> = download(&gpu, tiles.ptr(), mt * 3);
+            let mut next = 0;
+            for t in tl[..3 * nt].chunks_exact(3) {
+                let (e, a, b) = (t[0] as usize, t[1], t[2]);
+                check(a == next && b > a && b - a <= bm as i32 && a >= o[e] && b <= o[e + 1], format!("{label}: tile {t:?} in order inside expert {e}"));
+                next = b;
+            }
+            check(next as usize == n * d.topk, format!("{label}: the tiles cover every pair"));
+            check(first_plan == (o, tl), format!("{label}: a second route plans the same offsets and tiles"));
             let p: Vec<i32> = download(&gpu, perm.ptr(), n * d.topk);
             let mut seen = vec![0usize; n];
             for t in &p {

@@ -7,9 +7,10 @@
 // (The decode step's MoE is in qmm.cu.)
 //
 // Prefill (many tokens; grouped GEMMs in gemm.cu do the matrix work):
-//   moe_route:   top-k per token, per-expert counts and ranks (atomics),
-//   moe_plan:    exclusive scan of the counts and the tile list of the
-//                grouped GEMM (one block),
+//   moe_route_plan: top-k per token, per-expert counts and ranks (atomics);
+//                the last block (a ticket) scans the counts into offsets
+//                and the tile list of the grouped GEMM, and leaves the
+//                counts and the ticket at 0 for the next launch,
 //   moe_scatter: sorted position of every (token, slot) pair,
 //   moe_combine: h[t] += sum_k w[t][k] * y[pos(t, k)] + sigmoid(sg[t]) * ys[t].
 
@@ -17,82 +18,81 @@
 // ---- prefill routing ----------------------------------------------------
 
 // grid (ceil(ntok / 8)), block 256: warp w handles token blockIdx.x * 8 + w.
-// Writes topk_idx/topk_w [ntok][TOPK], counts[e] (+= via atomics, zeroed by
-// the host) and rank[t][k] = the pair's index among its expert's pairs.
-struct MoeRouteParams {
+// Writes topk_idx/topk_w [ntok][TOPK], counts[e] (+= via atomics) and
+// rank[t][k] = the pair's index among its expert's pairs (the order of
+// the atomics: any order gives the same results, each row of the grouped
+// GEMM being computed on its own). The last block to finish (ticket) then
+// writes offsets[e] = sum_{e' < e} counts[e'] (N_EXPERTS + 1 entries),
+// tiles[i] = (expert, row start, row end) of each BM-row tile of each
+// expert in expert order and *ntiles = their count, and sets the counts
+// and the ticket back to 0 (the memory plan zeroes them once).
+struct MoeRoutePlanParams {
     const float* logits;   // [ntok][N_EXPERTS]
     int* topk_idx;         // [ntok][TOPK]
     float* topk_w;         // [ntok][TOPK]
-    int* counts;           // [N_EXPERTS], zeroed before
+    int* counts;           // [N_EXPERTS], 0 on entry, left 0
     int* rank;             // [ntok][TOPK]
-    int ntok;
-};
-
-extern "C" __global__ void __launch_bounds__(256)
-moe_route(const __grid_constant__ MoeRouteParams p) {
-    const float* logits = p.logits;
-    int* topk_idx = p.topk_idx;
-    float* topk_w = p.topk_w;
-    int* counts = p.counts;
-    int* rank = p.rank;
-    const int ntok = p.ntok;
-    __shared__ int s_idx[8][TOPK];
-    __shared__ float s_w[8][TOPK];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * 8 + warp;
-    if (t >= ntok) return;
-    warp_topk(logits + (size_t)t * N_EXPERTS, s_idx[warp], s_w[warp]);
-    __syncwarp();
-    if (lane < TOPK) {
-        const int e = s_idx[warp][lane];
-        topk_idx[t * TOPK + lane] = e;
-        topk_w[t * TOPK + lane] = s_w[warp][lane];
-        rank[t * TOPK + lane] = atomicAdd(counts + e, 1);
-    }
-}
-
-// One block of 256 threads. offsets[e] = sum_{e' < e} counts[e'] (offsets
-// has N_EXPERTS + 1 entries); tiles[i] = (expert, row start, row end) of
-// each BM-row tile of each expert, in expert order; *ntiles = their count.
-struct MoePlanParams {
-    const int* counts;
     int* offsets;          // [N_EXPERTS + 1]
     int* tiles;            // [max_tiles][3]
     int* ntiles;
+    int* ticket;           // 0 on entry, left 0
+    int ntok;
     int bm;
 };
+LAYOUT_CHECK(MoeRoutePlanParams, MOE_ROUTE_PLAN_PARAMS_SIZE)
 
 extern "C" __global__ void __launch_bounds__(256)
-moe_plan(const __grid_constant__ MoePlanParams p) {
-    const int* counts = p.counts;
-    int* offsets = p.offsets;
-    int* tiles = p.tiles;
-    int* ntiles = p.ntiles;
-    const int bm = p.bm;
-    __shared__ int s_off[N_EXPERTS + 1];
-    __shared__ int s_toff[N_EXPERTS + 1];
-    if (threadIdx.x == 0) {
-        int o = 0, to = 0;
-        for (int e = 0; e < N_EXPERTS; ++e) {
-            s_off[e] = o;
-            s_toff[e] = to;
-            o += counts[e];
-            to += (counts[e] + bm - 1) / bm;
+moe_route_plan(const __grid_constant__ MoeRoutePlanParams p) {
+    __shared__ int s_idx[8][TOPK];
+    __shared__ float s_w[8][TOPK];
+    __shared__ int scan_tmp[8];
+    __shared__ int s_last;
+    pdl_trigger();
+    pdl_wait();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * 8 + warp;
+    if (t < p.ntok) {
+        warp_topk(p.logits + (size_t)t * N_EXPERTS, s_idx[warp], s_w[warp]);
+        __syncwarp();
+        if (lane < TOPK) {
+            const int e = s_idx[warp][lane];
+            p.topk_idx[t * TOPK + lane] = e;
+            p.topk_w[t * TOPK + lane] = s_w[warp][lane];
+            p.rank[t * TOPK + lane] = atomicAdd(p.counts + e, 1);
         }
-        s_off[N_EXPERTS] = o;
-        s_toff[N_EXPERTS] = to;
-        *ntiles = to;
     }
+    __threadfence();
     __syncthreads();
-    for (int e = threadIdx.x; e <= N_EXPERTS; e += blockDim.x) offsets[e] = s_off[e];
-    for (int e = threadIdx.x; e < N_EXPERTS; e += blockDim.x) {
-        const int n = counts[e];
-        for (int j = 0; j * bm < n; ++j) {
-            int* tl = tiles + 3 * (s_toff[e] + j);
-            tl[0] = e;
-            tl[1] = s_off[e] + j * bm;
-            tl[2] = min(s_off[e] + (j + 1) * bm, s_off[e] + n);
+    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const int bm = p.bm;
+    int base = 0, tbase = 0;
+    for (int e0 = 0; e0 < N_EXPERTS; e0 += 256) {
+        const int e = e0 + threadIdx.x;
+        const int c = e < N_EXPERTS ? ldcg_i32(p.counts + e) : 0;
+        const int nt = (c + bm - 1) / bm;
+        int tot_rows, tot_tiles;
+        const int off = base + block_scan_excl(c, scan_tmp, tot_rows);
+        const int toff = tbase + block_scan_excl(nt, scan_tmp, tot_tiles);
+        if (e < N_EXPERTS) {
+            p.offsets[e] = off;
+            for (int j = 0; j < nt; ++j) {
+                int* tl = p.tiles + 3 * (toff + j);
+                tl[0] = e;
+                tl[1] = off + j * bm;
+                tl[2] = min(off + (j + 1) * bm, off + c);
+            }
+            p.counts[e] = 0;
         }
+        base += tot_rows;
+        tbase += tot_tiles;
+    }
+    if (threadIdx.x == 0) {
+        p.offsets[N_EXPERTS] = base;
+        *p.ntiles = tbase;
+        *p.ticket = 0;
     }
 }
 
@@ -107,6 +107,8 @@ struct MoeScatterParams {
 };
 
 extern "C" __global__ void moe_scatter(const __grid_constant__ MoeScatterParams p) {
+    pdl_trigger();
+    pdl_wait();
     const int* topk_idx = p.topk_idx;
     const int* rank = p.rank;
     const int* offsets = p.offsets;

@@ -979,38 +979,6 @@ struct RouterParams {
 };
 LAYOUT_CHECK(RouterParams, ROUTER_PARAMS_SIZE)
 
-__device__ __forceinline__ float ldcg_f32(const float* p) {
-    float r;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ int ldcg_i32(const int* p) {
-    int r;
-    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(r) : "l"(p));
-    return r;
-}
-
-// Exclusive scan of v over the block (blockDim.x == 256); returns the total.
-__device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += n;
-    }
-    if (lane == 31) tmp[warp] = incl;
-    __syncthreads();
-    int before = 0, tot = 0;
-    for (int w = 0; w < 8; ++w) {
-        if (w < warp) before += tmp[w];
-        tot += tmp[w];
-    }
-    __syncthreads();
-    total = tot;
-    return before + incl - v;
-}
-
 // Shared memory of the plan (floats from the start of the dynamic smem): the
 // top-k tables of a chunk's last block ([ROUTER_ROWS][N_EXPERTS] logits,
 // [ROUTER_ROWS][TOPK] ids and weights), then the selection bitmap
