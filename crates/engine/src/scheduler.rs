@@ -745,7 +745,10 @@ impl Scheduler {
         let running = &self.running;
         let parts: Vec<(SeqId, &[u32], Option<usize>)> =
             plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
+        let t0 = Instant::now();
         let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_capture(&parts)));
+        let tokens: usize = parts.iter().map(|p| p.1.len()).sum();
+        tracing::debug!(parts = parts.len(), tokens, ms = t0.elapsed().as_secs_f64() * 1e3, "prefill pass");
         let err = match result {
             Ok((rows, snaps)) if rows.len() == plan.len() && snaps.len() == plan.len() => {
                 self.file_captures(&plan, snaps);
@@ -809,11 +812,13 @@ impl Scheduler {
             self.room_for_captures(&mut planned);
             let [PlannedChunk { capture, .. }] = planned;
             let chunk = &self.running[i].tokens[start..end];
+            let t0 = Instant::now();
             let result = timed(
                 &self.shared,
                 |t| &mut t.prefill_s,
                 || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_capture(&[(seq, chunk, capture.map(|at| at - start))])),
             );
+            tracing::debug!(parts = 1, tokens = chunk.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "prefill pass");
             let result = result.map(|(rows, snaps)| {
                 self.file_captures(&planned, snaps);
                 rows
@@ -871,8 +876,9 @@ impl Scheduler {
             Some(logits) => {
                 // The first token, on the host with the same math as every
                 // later one.
+                let t0 = Instant::now();
                 let picked = sample_host(&logits, &mut self.running[i].sampling);
-                tracing::debug!(request = self.running[i].id, "first token drawn");
+                tracing::debug!(request = self.running[i].id, draw_ms = t0.elapsed().as_secs_f64() * 1e3, "first token drawn");
                 self.emit(i, picked)
             }
             None => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
