@@ -114,8 +114,16 @@ pub fn decode(
         proj_stride: proj_stride as i32,
         eps: dims.rms_eps,
     };
-    launch_pdl(gpu, k, "gdn_decode", (dims.gv_heads as u32, ntok as u32, 1), (4 * dims.gv_dim) as u32, 0, &p)
+    let blocks = dims.gv_heads * (dims.gv_dim / DECODE_VCOLS);
+    launch_pdl(gpu, k, "gdn_decode", (blocks as u32, ntok as u32, 1), DECODE_THREADS as u32, 0, &p)
 }
+
+/// Value columns of a head one `gdn_decode` block owns (a warp's width);
+/// a head's blocks form one cluster of `gv_dim / DECODE_VCOLS`.
+pub const DECODE_VCOLS: usize = 32;
+/// Threads of a `gdn_decode` block: 16 warps, each holding a sixteenth of
+/// the keys of the block's columns.
+pub const DECODE_THREADS: usize = 512;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -294,6 +302,8 @@ pub fn defines(dims: &Dims) -> Vec<String> {
     use std::mem::size_of;
     vec![
         format!("-DGDN_CHUNK={GDN_CHUNK}"),
+        format!("-DGDN_VCOLS={DECODE_VCOLS}"),
+        format!("-DGDN_DEC_THREADS={DECODE_THREADS}"),
         format!("-DGDN_STATE_WARPS={}", state_warps(dims)),
         format!("-DGDN_STATE_KSPLIT={}", state_key_split(dims)),
         format!("-DGDN_WU_SMEM={}", wu_smem(dims)),

@@ -87,9 +87,6 @@
 #define GDN_KEY (GK_HEADS * GK_DIM)
 #define GDN_VAL (GV_HEADS * GV_DIM)
 #define GDN_RATIO (GV_HEADS / GK_HEADS)
-#define GDN_KSPLIT 4
-#define GDN_THREADS (GDN_D * GDN_KSPLIT)
-#define GDN_KPT (GK_DIM / GDN_KSPLIT)
 
 #if GK_DIM != GV_DIM
 #error "GK_DIM must equal GV_DIM"
@@ -97,6 +94,43 @@
 #if CONV_K != 4
 #error "the conv ring assumes a kernel of 4"
 #endif
+
+// ---- Decode: one step, each head's value columns over a cluster -----------
+//
+// grid (GV_HEADS * GDN_VSPLIT, ntok), clusters of GDN_VSPLIT blocks along x
+// (one cluster = one value head of one token), GDN_DEC_THREADS threads.
+// Block rank vp of its cluster owns the value columns vp * GDN_VCOLS ..
+// + GDN_VCOLS of the head: the delta rule is independent per value column
+// (u_v = beta (v_v - decay sum_k S[k][v] k_k), S[:, v] += k u_v, o_v =
+// sum_k S[k][v] q_k), so a column's state never leaves its block. Warp w
+// holds keys w * GDN_DEC_KPT .. + GDN_DEC_KPT of every column (lane = column)
+// in registers; the sums over keys meet in shared memory, added in warp
+// order. At batch 1 this spreads a layer's 2 MB of state over GV_HEADS *
+// GDN_VSPLIT = 128 multiprocessors instead of 32.
+//
+// Every block of a head computes the same q, k, gates (the same code on the
+// same inputs, so the same bits); only the gated RMSNorm needs the whole
+// head: each block publishes its 32 outputs and their sum of squares in
+// shared memory, and after one cluster barrier every block adds the
+// GDN_VSPLIT partial sums in rank order (distributed shared memory), so
+// all agree on the norm. A packed output's 64-column group spans the
+// blocks of ranks 2j and 2j + 1: the even block also forms its neighbour's
+// packed values (the same formula on the same inputs as the neighbour's
+// own stores) to write the group's sum. The state is read right after the
+// dependency wait, before the conv and the norms, so its DRAM round trip
+// overlaps theirs. Blocks arrive at a second cluster barrier after their
+// remote reads and wait on it before exiting, so no block's shared memory
+// is released while a neighbour still reads it.
+
+#if !defined(GDN_VCOLS) || !defined(GDN_DEC_THREADS)
+#error "GDN_VCOLS and GDN_DEC_THREADS must be defined by the host (gdn.rs)"
+#endif
+#define GDN_VSPLIT (GV_DIM / GDN_VCOLS)
+#define GDN_DEC_WARPS (GDN_DEC_THREADS / 32)
+#define GDN_DEC_KPT (GK_DIM / GDN_DEC_WARPS)
+static_assert(GDN_VCOLS == 32 && GV_DIM % GDN_VCOLS == 0, "a block owns one warp-width of value columns");
+static_assert(GK_DIM % GDN_DEC_WARPS == 0, "every warp holds the same number of keys");
+static_assert(2 * GK_DIM + 3 * GDN_VCOLS <= GDN_DEC_THREADS, "the prep gives one thread per q, k, v and z channel");
 
 struct GdnDecodeParams {
     const float* proj;
@@ -118,24 +152,54 @@ struct GdnDecodeParams {
     float eps;
 };
 
-// grid (GV_HEADS, ntok), block GDN_THREADS = 4 * GV_DIM. Thread (kq, v)
-// holds S[kq * GDN_KPT .. +GDN_KPT][v] in registers; the S^T k and S^T q
-// sums over k are finished through shared memory.
-extern "C" __global__ void __launch_bounds__(GDN_THREADS)
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// A float of the shared memory of block `rank` of this cluster, at the
+// offset `p` has in this block's.
+__device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) {
+    u32 a;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __cluster_dims__(GDN_VSPLIT, 1, 1) __launch_bounds__(GDN_DEC_THREADS, 1)
 gdn_decode(const __grid_constant__ GdnDecodeParams p) {
-    __shared__ float sq[GK_DIM], sk[GK_DIM], sv[GV_DIM], sz[GV_DIM];
-    __shared__ float part[GDN_KSPLIT][GV_DIM];
+    __shared__ float sq[GK_DIM], sk[GK_DIM], sv[GDN_VCOLS], sz[2 * GDN_VCOLS];
+    __shared__ float part[GDN_DEC_WARPS][GDN_VCOLS];
     __shared__ float red[32];
+    // Published to the cluster: this block's outputs (before the norm) and
+    // their sum of squares.
+    __shared__ float pub_o[GDN_VCOLS];
+    __shared__ float pub_ss;
     pdl_trigger();
     pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
+    const int vp = (int)cluster_rank(), h = blockIdx.x / GDN_VSPLIT, t = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int c0 = vp * GDN_VCOLS;  // first value column of this block within the head
     const int ps = p.pos[t], sl = p.slot[t];
     const float* pr = p.proj + (size_t)t * p.proj_stride;
     float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
 
-    if (tid < 3 * GDN_D) {
-        const int which = tid / GDN_D, i = tid - which * GDN_D;
-        const int ch = which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + i;
+    // The state first: its loads are in flight during the conv and norms.
+    const int k0 = warp * GDN_DEC_KPT, v = lane;
+    float* S = p.state + (size_t)sl * p.state_slot_stride + (size_t)h * GK_DIM * GV_DIM + c0;
+    float s[GDN_DEC_KPT];
+#pragma unroll
+    for (int j = 0; j < GDN_DEC_KPT; ++j) s[j] = S[(size_t)(k0 + j) * GV_DIM + v];
+
+    // Conv + SiLU of the head's q and k channels and this block's v
+    // channels; z of this block's columns and (even ranks) the next block's.
+    if (tid < 2 * GK_DIM + GDN_VCOLS) {
+        const int which = tid < GK_DIM ? 0 : tid < 2 * GK_DIM ? 1 : 2;
+        const int i = tid - which * GK_DIM;
+        const int ch = which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i;
         const float raw = pr[ch];
         const float* w = p.conv_w + ch * 4;
         float y = w[3] * raw;
@@ -146,11 +210,12 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
         if (which == 0) sq[i] = y;
         else if (which == 1) sk[i] = y;
         else sv[i] = y;
-        // q/k channels are shared by GDN_RATIO value heads: the first writes.
-        if (which == 2 || (h % GDN_RATIO) == 0) cs[(ps & 3) * CONV_DIM + ch] = raw;
-    } else {
-        const int i = tid - 3 * GDN_D;
-        sz[i] = pr[CONV_DIM + h * GV_DIM + i];
+        // q/k channels are shared by GDN_RATIO value heads and read by
+        // every block of a head: rank 0 of the first head writes them.
+        if (which == 2 || ((h % GDN_RATIO) == 0 && vp == 0)) cs[(ps & 3) * CONV_DIM + ch] = raw;
+    } else if (tid < 2 * GK_DIM + 3 * GDN_VCOLS) {
+        const int i = tid - 2 * GK_DIM - GDN_VCOLS;
+        if (c0 + i < GV_DIM) sz[i] = pr[CONV_DIM + h * GV_DIM + c0 + i];
     }
     __syncthreads();
     const float qq = tid < GK_DIM ? sq[tid] * sq[tid] : 0.f;
@@ -164,66 +229,77 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
     const float beta = sigmoidf_(b);
     const float decay = expf(g);
 
-    const int v = tid % GV_DIM, kq = tid / GV_DIM, k0 = kq * GDN_KPT;
-    float* S = p.state + (size_t)sl * p.state_slot_stride + (size_t)h * GK_DIM * GV_DIM;
-    float s[GDN_KPT];
-#pragma unroll
-    for (int j = 0; j < GDN_KPT; ++j) s[j] = S[(size_t)(k0 + j) * GV_DIM + v];
     float kv = 0.f;
 #pragma unroll
-    for (int j = 0; j < GDN_KPT; ++j) kv = fmaf(s[j], sk[k0 + j], kv);
-    part[kq][v] = kv * rk;
+    for (int j = 0; j < GDN_DEC_KPT; ++j) kv = fmaf(s[j], sk[k0 + j], kv);
+    part[warp][v] = kv * rk;
     __syncthreads();
     float kvm = 0.f;
 #pragma unroll
-    for (int q = 0; q < GDN_KSPLIT; ++q) kvm += part[q][v];
+    for (int q = 0; q < GDN_DEC_WARPS; ++q) kvm += part[q][v];
     const float u = beta * (sv[v] - decay * kvm);
     float o = 0.f;
 #pragma unroll
-    for (int j = 0; j < GDN_KPT; ++j) {
+    for (int j = 0; j < GDN_DEC_KPT; ++j) {
         s[j] = fmaf(decay, s[j], sk[k0 + j] * rk * u);
         o = fmaf(s[j], sq[k0 + j], o);
         S[(size_t)(k0 + j) * GV_DIM + v] = s[j];
     }
     __syncthreads();
-    part[kq][v] = o * rq;
+    part[warp][v] = o * rq;
     __syncthreads();
-    float ov = 0.f;
-    if (tid < GV_DIM) {
+    if (warp == 0) {
+        float ov = 0.f;
 #pragma unroll
-        for (int q = 0; q < GDN_KSPLIT; ++q) ov += part[q][tid];
+        for (int q = 0; q < GDN_DEC_WARPS; ++q) ov += part[q][lane];
+        pub_o[lane] = ov;
+        const float ss = warp_sum(ov * ov);
+        if (lane == 0) pub_ss = ss;
     }
-    const float ss = block_sum(tid < GV_DIM ? ov * ov : 0.f, red);
-    float packed = 0.f;
-    if (tid < GV_DIM) {
-        const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * p.norm_w[tid] * siluf_(sz[tid]);
-        const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + tid;
-        if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
-        if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+    cluster_arrive();
+    cluster_wait();
+    // Warp 0: this block's columns; warp 1 of an even rank with a
+    // neighbour: the neighbour's, for the packed group sum only.
+    const bool pair = p.mix_px != nullptr && (vp & 1) == 0 && vp + 1 < GDN_VSPLIT;
+    float ov = 0.f, ss = 0.f;
+    if (warp == 0 || (warp == 1 && pair)) {
+        for (int r = 0; r < GDN_VSPLIT; ++r) ss += ld_cluster_f32(&pub_ss, (u32)r);
+        ov = warp == 0 ? pub_o[lane] : ld_cluster_f32(&pub_o[lane], (u32)(vp + 1));
+    }
+    // Remote reads done: the neighbours may exit once everyone arrives.
+    cluster_arrive();
+    if (warp == 0 || (warp == 1 && pair)) {
+        const int col = c0 + warp * GDN_VCOLS + lane;  // column within the head
+        const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * p.norm_w[col] * siluf_(sz[warp * GDN_VCOLS + lane]);
+        const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + col;
+        float packed = 0.f;
+        if (warp == 0) {
+            if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
+            if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+        }
         if (p.mix_px != nullptr) {
             // hi/lo halves at the packed position (px_perm in qmm.cu).
-            const int col = h * GV_DIM + tid;
             const f16 hi = f32_to_f16(y), lo = f32_to_f16(y - f16_to_f32(hi));
-            u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (col & ~7) + (((col & 3) << 1) | ((col & 7) >> 2));
-            r[0] = hi;
-            r[GDN_VAL] = lo;
+            if (warp == 0) {
+                const int pc = h * GV_DIM + col;
+                u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (pc & ~7) + (((pc & 3) << 1) | ((pc & 7) >> 2));
+                r[0] = hi;
+                r[GDN_VAL] = lo;
+            }
             packed = f16_to_f32(hi) + f16_to_f32(lo);
         }
-    }
-    if (p.mix_px != nullptr) {
-        // Group sums of the packed values (64 columns = 2 warps, added in
-        // warp order); head dims are multiples of 32, groups of 64 columns
-        // may span two heads' blocks only if GV_DIM % 64 != 0 (refused by
-        // the host).
-        const float ws = warp_sum(tid < GV_DIM ? packed : 0.f);
-        __syncthreads();  // block_sum above may still be reading red
-        if ((tid & 31) == 0) red[tid >> 5] = ws;
-        __syncthreads();
-        if (tid < GV_DIM / 64) {
-            const float gs = red[2 * tid] + red[2 * tid + 1];
-            p.mix_csum[(size_t)t * (GDN_VAL / 64) + h * (GV_DIM / 64) + tid] = gs;
+        if (pair) {
+            // Group sums of the packed values (64 columns: this block's
+            // warp sum, then the neighbour's).
+            const float ws = warp_sum(packed);
+            if (lane == 0) red[warp] = ws;
         }
     }
+    if (pair) {
+        __syncthreads();
+        if (tid == 0) p.mix_csum[(size_t)t * (GDN_VAL / 64) + (h * GV_DIM + c0) / 64] = red[0] + red[1];
+    }
+    cluster_wait();
 }
 
 // ---- chunked prefill ------------------------------------------------------
