@@ -258,6 +258,12 @@ fn deltanet_decode_step_matches_recurrence() {
         let conv2 = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
         let state2 = zeros(&gpu, slots * d.gdn_state_floats() * 4);
         let st2 = state_of(&conv2, &state2);
+        // A third copy stepped one sequence at a time: one token takes the
+        // split kernel (a head over a cluster of blocks), two the
+        // whole-head one; both must give the same bits.
+        let conv3 = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
+        let state3 = zeros(&gpu, slots * d.gdn_state_floats() * 4);
+        let st3 = state_of(&conv3, &state3);
         let mut refs = [RefSeq::new(&d), RefSeq::new(&d)];
         let mut rng = Rng::new(901);
         let ps = d.proj_stride();
@@ -274,6 +280,15 @@ fn deltanet_decode_step_matches_recurrence() {
             let mut want = refs[0].run(&d, &w, &proj[..ps], 1);
             want.extend(refs[1].run(&d, &w, &proj[ps..], 1));
             assert_close(&format!("gdn decode {label} step {step}"), &got, &want, DECODE_TOL);
+            for r in 0..2 {
+                let one = upload(&gpu, &vec![NAN; val]);
+                let (p1, s1) = (upload(&gpu, &[step]), upload(&gpu, &[[2i32, 0][r]]));
+                let row = pb.ptr() + (r * ps * 4) as u64;
+                gdn::decode(&gpu, &k, &d, &dev, &st3, row, ps, p1.ptr(), s1.ptr(), MixOut::F32(one.ptr()), 1).expect("launch alone");
+                let alone: Vec<f32> = download(&gpu, one.ptr(), val);
+                let same = alone.iter().zip(&got[r * val..(r + 1) * val]).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "gdn decode {label} step {step}: sequence {r} alone differs from the batch of two");
+            }
             if packed {
                 let px = upload(&gpu, &vec![0xFFFFu16; 2 * 2 * val]);
                 let csum = upload(&gpu, &vec![NAN; 2 * val / 64]);
@@ -285,6 +300,9 @@ fn deltanet_decode_step_matches_recurrence() {
         let s2: Vec<f32> = download(&gpu, state.ptr() + (2 * d.gdn_state_floats() * 4) as u64, d.gdn_state_floats());
         let want: Vec<f64> = refs[0].state.iter().map(|v| *v as f64).collect();
         assert_close(&format!("gdn decode {label} final state"), &s2, &want, DECODE_TOL);
+        let n = slots * d.gdn_state_floats();
+        let (a, b): (Vec<f32>, Vec<f32>) = (download(&gpu, state.ptr(), n), download(&gpu, state3.ptr(), n));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "gdn decode {label}: the states stepped alone differ from the batch's");
         if packed {
             // The packed run computed the same state, bit for bit.
             let n = slots * d.gdn_state_floats();
