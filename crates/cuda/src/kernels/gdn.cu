@@ -101,22 +101,23 @@
 // same order, so a token's outputs and state are the same bits whichever
 // runs it (and so whatever the batch):
 //   gdn_decode        grid (GV_HEADS, ntok): a block holds a whole head,
-//                     GDN_DEC_GROUPS * GV_DIM threads.
+//                     GDN_DEC_GROUPS (4) threads a value column.
 //   gdn_decode_split  grid (GV_HEADS * GDN_VSPLIT, ntok), clusters of
 //                     GDN_VSPLIT blocks along x (one cluster = one value head
 //                     of one token): block rank vp owns the value columns
-//                     vp * GDN_VCOLS .. + GDN_VCOLS, GDN_DEC_GROUPS *
-//                     GDN_VCOLS threads. At batch 1 this spreads a layer's
-//                     2 MB of state over GV_HEADS * GDN_VSPLIT = 128
-//                     multiprocessors instead of 32; from 2 tokens the
-//                     whole-head blocks fill the GPU and the split would only
-//                     repeat the conv and norms in every block of a head.
+//                     vp * GDN_VCOLS .. + GDN_VCOLS, 16 threads a column. At
+//                     batch 1 this spreads a layer's 2 MB of state over
+//                     GV_HEADS * GDN_VSPLIT = 128 multiprocessors instead of
+//                     32 (measured: a step 2.09 -> 2.00 ms); from 2 tokens
+//                     the whole-head blocks are faster (the split repeats
+//                     the conv and norms in every block of a head).
 // The delta rule is independent per value column (u_v = beta (v_v - decay
 // sum_k S[k][v] k_k), S[:, v] = decay S[:, v] + k u_v, o_v = sum_k S[k][v]
-// q_k), so a column's state never leaves its block. Thread (grp, v) holds
-// S[grp * GDN_DEC_KPT .. + GDN_DEC_KPT][v] in registers; the sums over keys
-// are GDN_DEC_GROUPS fma chains (one a thread, from 0), added in key order
-// through shared memory.
+// q_k), so a column's state never leaves its block. The sums over keys are
+// GDN_DEC_PARTS (16) partial sums of GK_DIM / 16 consecutive keys each
+// (fma chains from 0), added in key order through shared memory; a block's
+// threads hold 16 / GDN_DEC_GROUPS of a column's partial key ranges (split:
+// one) in registers.
 //
 // The gated RMSNorm needs the whole head: its sum of squares is the warp
 // sums of the head's 32-column blocks added in column order; the split
@@ -130,16 +131,20 @@
 // remote reads and wait on it before exiting, so no block's shared memory
 // is released while a neighbour still reads it.
 //
-// The state is read right after the dependency wait, and every input of
-// the conv before any of it is computed, so the round trips overlap.
+// The state is read right after the dependency wait, before the conv and
+// the norms, so its DRAM round trip overlaps theirs.
 
-#if !defined(GDN_VCOLS) || !defined(GDN_DEC_GROUPS)
-#error "GDN_VCOLS and GDN_DEC_GROUPS must be defined by the host (gdn.rs)"
+#if !defined(GDN_VCOLS) || !defined(GDN_DEC_THREADS) || !defined(GDN_DEC_GROUPS)
+#error "GDN_VCOLS, GDN_DEC_THREADS and GDN_DEC_GROUPS must be defined by the host (gdn.rs)"
 #endif
 #define GDN_VSPLIT (GV_DIM / GDN_VCOLS)
-#define GDN_DEC_KPT (GK_DIM / GDN_DEC_GROUPS)
+#define GDN_DEC_PARTS 16
+#define GDN_DEC_KPT (GK_DIM / GDN_DEC_PARTS)
+#define GDN_DEC_PREP (2 * GK_DIM + GV_DIM + GV_DIM)
 static_assert(GDN_VCOLS == 32 && GV_DIM % GDN_VCOLS == 0, "a split block owns one warp-width of value columns");
-static_assert(GK_DIM % GDN_DEC_GROUPS == 0 && GDN_DEC_GROUPS * GV_DIM <= 1024, "a block is GDN_DEC_GROUPS threads a value column");
+static_assert(GK_DIM % GDN_DEC_PARTS == 0, "every partial key range has the same length");
+static_assert(GDN_DEC_THREADS == GDN_DEC_PARTS * GDN_VCOLS, "gdn.rs DECODE_THREADS: a split block is one thread per (column, key range)");
+static_assert(GDN_DEC_GROUPS * GV_DIM <= 1024 && GDN_DEC_PARTS % GDN_DEC_GROUPS == 0, "a whole-head block is GDN_DEC_GROUPS threads a column");
 
 struct GdnDecodeParams {
     const float* proj;
@@ -179,18 +184,17 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) {
 }
 
 // SPLIT: a cluster's block (columns vp * 32 ..), else a whole head. CPB:
-// columns a block; NT = GDN_DEC_GROUPS * CPB threads, thread (grp, v)
-// holding keys grp * GDN_DEC_KPT .. of column v.
+// columns a block; threads: CPB * (16 / PPT), thread (grp, v) holding the
+// partial key ranges grp * PPT .. + PPT of column v.
 template <bool SPLIT>
 __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     constexpr int CPB = SPLIT ? GDN_VCOLS : GV_DIM;
-    constexpr int NT = GDN_DEC_GROUPS * CPB;
+    constexpr int PPT = SPLIT ? 1 : GDN_DEC_PARTS / GDN_DEC_GROUPS;
+    constexpr int NT = CPB * (GDN_DEC_PARTS / PPT);
     // z of this block's columns and (split, even ranks) the next block's.
     constexpr int NZ = SPLIT ? 2 * GDN_VCOLS : GV_DIM;
-    // Conv inputs (q and k of the head, this block's v) and z: entries a thread.
-    constexpr int NPREP = 2 * GK_DIM + CPB + NZ, PER = (NPREP + NT - 1) / NT;
     __shared__ float sq[GK_DIM], sk[GK_DIM], sv[CPB], sz[NZ];
-    __shared__ float part[GDN_DEC_GROUPS][CPB];
+    __shared__ float part[GDN_DEC_PARTS][CPB];
     __shared__ float red[32];
     // Split: published to the cluster, this block's outputs (before the
     // norm) and their sum of squares.
@@ -207,87 +211,46 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
 
     // The state first: its loads are in flight during the conv and norms.
-    const int v = tid % CPB, grp = tid / CPB, k0 = grp * GDN_DEC_KPT;
+    const int v = tid % CPB, grp = tid / CPB;
     float* S = p.state + (size_t)sl * p.state_slot_stride + (size_t)h * GK_DIM * GV_DIM + c0;
-    float s[GDN_DEC_KPT];
+    float s[PPT][GDN_DEC_KPT];
 #pragma unroll
-    for (int j = 0; j < GDN_DEC_KPT; ++j) s[j] = S[(size_t)(k0 + j) * GV_DIM + v];
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < GDN_DEC_KPT; ++j) s[i][j] = S[(size_t)((grp * PPT + i) * GDN_DEC_KPT + j) * GV_DIM + v];
 
     // Conv + SiLU of the head's q and k channels and this block's v
-    // channels; z. Every load first, then the math and the stores.
-    float raw[PER], hist[PER][3];
-    float cw[PER][4];
-    int chan[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = tid + i * NT;
-        chan[i] = -1;
+    // channels; z.
+    for (int e = tid; e < 2 * GK_DIM + CPB + NZ; e += NT) {
         if (e < 2 * GK_DIM + CPB) {
             const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
-            const int c = e - which * GK_DIM;
-            const int ch = which == 0 ? kh * GK_DIM + c : which == 1 ? GDN_KEY + kh * GK_DIM + c : 2 * GDN_KEY + h * GV_DIM + c0 + c;
-            chan[i] = ch;
-            raw[i] = pr[ch];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) cw[i][j] = p.conv_w[ch * 4 + j];
-            hist[i][0] = cs[((ps - 1) & 3) * CONV_DIM + ch];
-            hist[i][1] = cs[((ps - 2) & 3) * CONV_DIM + ch];
-            hist[i][2] = cs[((ps - 3) & 3) * CONV_DIM + ch];
-        } else if (e < NPREP) {
-            const int c = e - 2 * GK_DIM - CPB;
-            raw[i] = c0 + c < GV_DIM ? pr[CONV_DIM + h * GV_DIM + c0 + c] : 0.f;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = tid + i * NT;
-        if (e < 2 * GK_DIM + CPB) {
-            const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
-            const int c = e - which * GK_DIM;
-            float y = cw[i][3] * raw[i];
-            y = fmaf(cw[i][2], hist[i][0], y);
-            y = fmaf(cw[i][1], hist[i][1], y);
-            y = fmaf(cw[i][0], hist[i][2], y);
+            const int i = e - which * GK_DIM;
+            const int ch = which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i;
+            const float raw = pr[ch];
+            const float* w = p.conv_w + ch * 4;
+            float y = w[3] * raw;
+            y = fmaf(w[2], cs[((ps - 1) & 3) * CONV_DIM + ch], y);
+            y = fmaf(w[1], cs[((ps - 2) & 3) * CONV_DIM + ch], y);
+            y = fmaf(w[0], cs[((ps - 3) & 3) * CONV_DIM + ch], y);
             y = siluf_(y);
-            if (which == 0) sq[c] = y;
-            else if (which == 1) sk[c] = y;
-            else sv[c] = y;
+            if (which == 0) sq[i] = y;
+            else if (which == 1) sk[i] = y;
+            else sv[i] = y;
             // q/k channels are shared by GDN_RATIO value heads and read by
             // every block of a head: rank 0 of the first head writes them.
-            if (which == 2 || ((h % GDN_RATIO) == 0 && vp == 0)) cs[(ps & 3) * CONV_DIM + chan[i]] = raw[i];
-        } else if (e < NPREP) {
-            sz[e - 2 * GK_DIM - CPB] = raw[i];
+            if (which == 2 || ((h % GDN_RATIO) == 0 && vp == 0)) cs[(ps & 3) * CONV_DIM + ch] = raw;
+        } else {
+            const int i = e - 2 * GK_DIM - CPB;
+            if (c0 + i < GV_DIM) sz[i] = pr[CONV_DIM + h * GV_DIM + c0 + i];
         }
     }
     __syncthreads();
     const float qq = tid < GK_DIM ? sq[tid] * sq[tid] : 0.f;
     const float kk = (tid >= GK_DIM && tid < 2 * GK_DIM) ? sk[tid - GK_DIM] * sk[tid - GK_DIM] : 0.f;
-    // The sums over q and k: the warp sums of their channels in order (a
-    // block of fewer threads than 2 * GK_DIM adds them in a loop; warps
-    // past the channels add zeros, so the bits do not depend on the block).
-    float sum_q, sum_k;
-    if (NT >= 2 * GK_DIM) {
-        sum_q = block_sum(qq, red);
-        sum_k = block_sum(kk, red);
-    } else {
-        float aq = 0.f, ak = 0.f;
-        for (int e = tid; e < GK_DIM; e += NT) {
-            aq = sq[e] * sq[e];
-            ak = sk[e] * sk[e];
-            aq = warp_sum(aq);
-            ak = warp_sum(ak);
-            if (lane == 0) {
-                red[e >> 5] = aq;
-                red[(GK_DIM + e) >> 5] = ak;
-            }
-        }
-        __syncthreads();
-        sum_q = 0.f;
-        sum_k = 0.f;
-        for (int i = 0; i < GK_DIM / 32; ++i) sum_q += red[i];
-        for (int i = 0; i < GK_DIM / 32; ++i) sum_k += red[GK_DIM / 32 + i];
-        __syncthreads();
-    }
+    // (Warps past the q and k channels add zeros: the same sums at any
+    // block size.)
+    const float sum_q = block_sum(qq, red);
+    const float sum_k = block_sum(kk, red);
     const float rq = rsqrtf(sum_q + 1e-6f) * rsqrtf((float)GK_DIM);
     const float rk = rsqrtf(sum_k + 1e-6f);
     const float a = pr[CONV_DIM + GDN_VAL + h], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + h];
@@ -295,31 +258,41 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     const float beta = sigmoidf_(b);
     const float decay = expf(g);
 
-    float kv = 0.f;
 #pragma unroll
-    for (int j = 0; j < GDN_DEC_KPT; ++j) kv = fmaf(s[j], sk[k0 + j], kv);
-    part[grp][v] = kv * rk;
+    for (int i = 0; i < PPT; ++i) {
+        const int k0 = (grp * PPT + i) * GDN_DEC_KPT;
+        float kv = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_DEC_KPT; ++j) kv = fmaf(s[i][j], sk[k0 + j], kv);
+        part[grp * PPT + i][v] = kv * rk;
+    }
     __syncthreads();
     float kvm = 0.f;
 #pragma unroll
-    for (int q = 0; q < GDN_DEC_GROUPS; ++q) kvm += part[q][v];
+    for (int q = 0; q < GDN_DEC_PARTS; ++q) kvm += part[q][v];
     const float u = beta * (sv[v] - decay * kvm);
-    float o = 0.f;
+    float o[PPT];
 #pragma unroll
-    for (int j = 0; j < GDN_DEC_KPT; ++j) {
-        s[j] = fmaf(decay, s[j], sk[k0 + j] * rk * u);
-        o = fmaf(s[j], sq[k0 + j], o);
-        S[(size_t)(k0 + j) * GV_DIM + v] = s[j];
+    for (int i = 0; i < PPT; ++i) {
+        const int k0 = (grp * PPT + i) * GDN_DEC_KPT;
+        o[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_DEC_KPT; ++j) {
+            s[i][j] = fmaf(decay, s[i][j], sk[k0 + j] * rk * u);
+            o[i] = fmaf(s[i][j], sq[k0 + j], o[i]);
+            S[(size_t)(k0 + j) * GV_DIM + v] = s[i][j];
+        }
     }
     __syncthreads();
-    part[grp][v] = o * rq;
+#pragma unroll
+    for (int i = 0; i < PPT; ++i) part[grp * PPT + i][v] = o[i] * rq;
     __syncthreads();
     // The head's outputs before the norm (thread c < CPB: column c0 + c)
     // and the warp sums of their squares.
     float ov = 0.f;
     if (tid < CPB) {
 #pragma unroll
-        for (int q = 0; q < GDN_DEC_GROUPS; ++q) ov += part[q][tid];
+        for (int q = 0; q < GDN_DEC_PARTS; ++q) ov += part[q][tid];
     }
     const float wss = warp_sum(tid < CPB ? ov * ov : 0.f);
     // Warp 0 (split: also warp 1 of an even rank with a neighbour, for the
@@ -384,11 +357,11 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     if (SPLIT) cluster_wait();
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_DEC_GROUPS * GV_DIM) gdn_decode(const __grid_constant__ GdnDecodeParams p) {
+extern "C" __global__ void __launch_bounds__(GDN_DEC_GROUPS * GV_DIM, 2) gdn_decode(const __grid_constant__ GdnDecodeParams p) {
     gdn_decode_body<false>(p);
 }
 
-extern "C" __global__ void __cluster_dims__(GDN_VSPLIT, 1, 1) __launch_bounds__(GDN_DEC_GROUPS * GDN_VCOLS)
+extern "C" __global__ void __cluster_dims__(GDN_VSPLIT, 1, 1) __launch_bounds__(GDN_DEC_THREADS, 1)
 gdn_decode_split(const __grid_constant__ GdnDecodeParams p) {
     gdn_decode_body<true>(p);
 }
