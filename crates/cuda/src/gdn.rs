@@ -114,8 +114,26 @@ pub fn decode(
         proj_stride: proj_stride as i32,
         eps: dims.rms_eps,
     };
-    launch_pdl(gpu, k, "gdn_decode", (dims.gv_heads as u32, ntok as u32, 1), (4 * dims.gv_dim) as u32, 0, &p)
+    // One token: a head's columns over a cluster of blocks (more
+    // multiprocessors streaming the state); more: a block a head. The same
+    // bits either way (gdn.cu).
+    let split = dims.gv_dim / DECODE_VCOLS;
+    if ntok == 1 && split > 1 {
+        launch_pdl(gpu, k, "gdn_decode_split", ((dims.gv_heads * split) as u32, 1, 1), DECODE_THREADS as u32, 0, &p)
+    } else {
+        launch_pdl(gpu, k, "gdn_decode", (dims.gv_heads as u32, ntok as u32, 1), (DECODE_GROUPS * dims.gv_dim) as u32, 0, &p)
+    }
 }
+
+/// Value columns of a head one `gdn_decode_split` block owns (a warp's
+/// width); a head's blocks form one cluster of `gv_dim / DECODE_VCOLS`.
+pub const DECODE_VCOLS: usize = 32;
+/// Threads of a `gdn_decode_split` block: one per (column, sixteenth of the
+/// keys).
+pub const DECODE_THREADS: usize = 16 * DECODE_VCOLS;
+/// Threads a value column in a `gdn_decode` (whole-head) block; must match
+/// GDN_DEC_GROUPS in gdn.cu.
+pub const DECODE_GROUPS: usize = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -294,6 +312,9 @@ pub fn defines(dims: &Dims) -> Vec<String> {
     use std::mem::size_of;
     vec![
         format!("-DGDN_CHUNK={GDN_CHUNK}"),
+        format!("-DGDN_VCOLS={DECODE_VCOLS}"),
+        format!("-DGDN_DEC_THREADS={DECODE_THREADS}"),
+        format!("-DGDN_DEC_GROUPS={DECODE_GROUPS}"),
         format!("-DGDN_STATE_WARPS={}", state_warps(dims)),
         format!("-DGDN_STATE_KSPLIT={}", state_key_split(dims)),
         format!("-DGDN_WU_SMEM={}", wu_smem(dims)),

@@ -35,7 +35,16 @@ pub const FAMILIES: &[Family] = &[
     Family {
         name: "gdn",
         source: include_str!("kernels/gdn.cu"),
-        kernels: &["gdn_decode", "gdn_prefill_prep", "gdn_conv_store", "gdn_chunk_wu", "gdn_chunk_state", "gdn_chunk_out", "gdn_gated_norm"],
+        kernels: &[
+            "gdn_decode",
+            "gdn_decode_split",
+            "gdn_prefill_prep",
+            "gdn_conv_store",
+            "gdn_chunk_wu",
+            "gdn_chunk_state",
+            "gdn_chunk_out",
+            "gdn_gated_norm",
+        ],
     },
     Family { name: "attention", source: include_str!("kernels/attention.cu"), kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"] },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: crate::gemm::KERNELS },

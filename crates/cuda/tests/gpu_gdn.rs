@@ -238,34 +238,105 @@ fn deltanet_decode_step_matches_recurrence() {
     let Some(gpu) = gpu("deltanet_decode_step_matches_recurrence") else {
         return;
     };
-    for (label, d) in both() {
+    // Head dims 32, 64 and 128: clusters of 1, 2 and 4 blocks a head.
+    for (label, d) in three() {
         let k = Kernels::load(&gpu, &d).expect("kernels");
         let (w, _wb, dev) = gdn_setup(&gpu, &d, 900, Decay::Mild);
         let slots = 3;
+        let state_of = |conv: &DeviceBuffer, state: &DeviceBuffer| GdnState {
+            conv: conv.ptr(),
+            conv_slot_stride: d.gdn_conv_floats(),
+            state: state.ptr(),
+            state_slot_stride: d.gdn_state_floats(),
+        };
         let conv = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
         let state = zeros(&gpu, slots * d.gdn_state_floats() * 4);
-        let st = GdnState { conv: conv.ptr(), conv_slot_stride: d.gdn_conv_floats(), state: state.ptr(), state_slot_stride: d.gdn_state_floats() };
+        let st = state_of(&conv, &state);
+        // A second copy stepped with packed output (the decode step's qmm
+        // input), where a head's 64-column groups exist.
+        let packed = d.gv_dim.is_multiple_of(64);
+        let conv2 = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
+        let state2 = zeros(&gpu, slots * d.gdn_state_floats() * 4);
+        let st2 = state_of(&conv2, &state2);
+        // A third copy stepped one sequence at a time: one token takes the
+        // split kernel (a head over a cluster of blocks), two the
+        // whole-head one; both must give the same bits.
+        let conv3 = zeros(&gpu, slots * d.gdn_conv_floats() * 4);
+        let state3 = zeros(&gpu, slots * d.gdn_state_floats() * 4);
+        let st3 = state_of(&conv3, &state3);
         let mut refs = [RefSeq::new(&d), RefSeq::new(&d)];
         let mut rng = Rng::new(901);
         let ps = d.proj_stride();
+        let val = d.gdn_val_dim();
         // Two sequences in slots 2 and 0, stepped together for 6 positions.
         for step in 0..6i32 {
             let proj = gdn_proj_rows(&mut rng, &d, 2);
             let pb = upload(&gpu, &proj);
             let pos = upload(&gpu, &[step, step]);
             let slot = upload(&gpu, &[2i32, 0]);
-            let mix = upload(&gpu, &vec![NAN; 2 * d.gdn_val_dim()]);
+            let mix = upload(&gpu, &vec![NAN; 2 * val]);
             gdn::decode(&gpu, &k, &d, &dev, &st, pb.ptr(), ps, pos.ptr(), slot.ptr(), MixOut::F32(mix.ptr()), 2).expect("launch");
-            let got: Vec<f32> = download(&gpu, mix.ptr(), 2 * d.gdn_val_dim());
+            let got: Vec<f32> = download(&gpu, mix.ptr(), 2 * val);
             let mut want = refs[0].run(&d, &w, &proj[..ps], 1);
             want.extend(refs[1].run(&d, &w, &proj[ps..], 1));
             assert_close(&format!("gdn decode {label} step {step}"), &got, &want, DECODE_TOL);
+            for r in 0..2 {
+                let one = upload(&gpu, &vec![NAN; val]);
+                let (p1, s1) = (upload(&gpu, &[step]), upload(&gpu, &[[2i32, 0][r]]));
+                let row = pb.ptr() + (r * ps * 4) as u64;
+                gdn::decode(&gpu, &k, &d, &dev, &st3, row, ps, p1.ptr(), s1.ptr(), MixOut::F32(one.ptr()), 1).expect("launch alone");
+                let alone: Vec<f32> = download(&gpu, one.ptr(), val);
+                let same = alone.iter().zip(&got[r * val..(r + 1) * val]).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "gdn decode {label} step {step}: sequence {r} alone differs from the batch of two");
+            }
+            if packed {
+                let px = upload(&gpu, &vec![0xFFFFu16; 2 * 2 * val]);
+                let csum = upload(&gpu, &vec![NAN; 2 * val / 64]);
+                let out = MixOut::Packed { px: px.ptr(), csum: csum.ptr() };
+                gdn::decode(&gpu, &k, &d, &dev, &st2, pb.ptr(), ps, pos.ptr(), slot.ptr(), out, 2).expect("launch packed");
+                check_packed(&format!("gdn decode {label} step {step}"), &gpu, &got, &px, &csum, val);
+            }
         }
         let s2: Vec<f32> = download(&gpu, state.ptr() + (2 * d.gdn_state_floats() * 4) as u64, d.gdn_state_floats());
         let want: Vec<f64> = refs[0].state.iter().map(|v| *v as f64).collect();
         assert_close(&format!("gdn decode {label} final state"), &s2, &want, DECODE_TOL);
+        let n = slots * d.gdn_state_floats();
+        let (a, b): (Vec<f32>, Vec<f32>) = (download(&gpu, state.ptr(), n), download(&gpu, state3.ptr(), n));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "gdn decode {label}: the states stepped alone differ from the batch's");
+        if packed {
+            // The packed run computed the same state, bit for bit.
+            let n = slots * d.gdn_state_floats();
+            let (a, b): (Vec<f32>, Vec<f32>) = (download(&gpu, state.ptr(), n), download(&gpu, state2.ptr(), n));
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "gdn decode {label}: the packed run's state differs from the f32 run's");
+        }
     }
     finish();
+}
+
+/// The packed output of a decode step against its f32 output (`want`, the
+/// same step): hi + lo through qmm's column permutation equals y to fp16
+/// hi/lo precision, and each 64-column group sum is the sum of the stored
+/// hi + lo.
+fn check_packed(what: &str, gpu: &Arc<Gpu>, want: &[f32], px: &DeviceBuffer, csum: &DeviceBuffer, val: usize) {
+    let ntok = want.len() / val;
+    let px: Vec<u16> = download(gpu, px.ptr(), ntok * 2 * val);
+    let cs: Vec<f32> = download(gpu, csum.ptr(), ntok * val / 64);
+    for t in 0..ntok {
+        let row = &px[t * 2 * val..(t + 1) * 2 * val];
+        let unpacked: Vec<f32> = (0..val)
+            .map(|c| {
+                let pos = (c & !7) + (((c & 3) << 1) | ((c & 7) >> 2));
+                half::f16::from_bits(row[pos]).to_f32() + half::f16::from_bits(row[val + pos]).to_f32()
+            })
+            .collect();
+        let y: Vec<f64> = want[t * val..(t + 1) * val].iter().map(|v| *v as f64).collect();
+        assert_close(&format!("{what}: packed hi + lo of token {t}"), &unpacked, &y, 1e-6);
+        for (gi, got) in cs[t * val / 64..(t + 1) * val / 64].iter().enumerate() {
+            let sum: f64 = unpacked[gi * 64..(gi + 1) * 64].iter().map(|v| *v as f64).sum();
+            assert!(((*got as f64) - sum).abs() <= 1e-5 * sum.abs().max(1.0), "{what}: group sum {gi} of token {t}: {got} vs {sum}");
+        }
+    }
 }
 
 #[test]

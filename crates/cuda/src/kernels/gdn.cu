@@ -87,9 +87,6 @@
 #define GDN_KEY (GK_HEADS * GK_DIM)
 #define GDN_VAL (GV_HEADS * GV_DIM)
 #define GDN_RATIO (GV_HEADS / GK_HEADS)
-#define GDN_KSPLIT 4
-#define GDN_THREADS (GDN_D * GDN_KSPLIT)
-#define GDN_KPT (GK_DIM / GDN_KSPLIT)
 
 #if GK_DIM != GV_DIM
 #error "GK_DIM must equal GV_DIM"
@@ -97,6 +94,57 @@
 #if CONV_K != 4
 #error "the conv ring assumes a kernel of 4"
 #endif
+
+// ---- Decode: one step ------------------------------------------------------
+//
+// Two entry points, one body (gdn_decode_body), the same arithmetic in the
+// same order, so a token's outputs and state are the same bits whichever
+// runs it (and so whatever the batch):
+//   gdn_decode        grid (GV_HEADS, ntok): a block holds a whole head,
+//                     GDN_DEC_GROUPS (4) threads a value column.
+//   gdn_decode_split  grid (GV_HEADS * GDN_VSPLIT, ntok), clusters of
+//                     GDN_VSPLIT blocks along x (one cluster = one value head
+//                     of one token): block rank vp owns the value columns
+//                     vp * GDN_VCOLS .. + GDN_VCOLS, 16 threads a column. At
+//                     batch 1 this spreads a layer's 2 MB of state over
+//                     GV_HEADS * GDN_VSPLIT = 128 multiprocessors instead of
+//                     32 (measured: a step 2.09 -> 2.00 ms); from 2 tokens
+//                     the whole-head blocks are faster (the split repeats
+//                     the conv and norms in every block of a head).
+// The delta rule is independent per value column (u_v = beta (v_v - decay
+// sum_k S[k][v] k_k), S[:, v] = decay S[:, v] + k u_v, o_v = sum_k S[k][v]
+// q_k), so a column's state never leaves its block. The sums over keys are
+// GDN_DEC_PARTS (16) partial sums of GK_DIM / 16 consecutive keys each
+// (fma chains from 0), added in key order through shared memory; a block's
+// threads hold 16 / GDN_DEC_GROUPS of a column's partial key ranges (split:
+// one) in registers.
+//
+// The gated RMSNorm needs the whole head: its sum of squares is the warp
+// sums of the head's 32-column blocks added in column order; the split
+// blocks publish theirs (and their 32 outputs) in shared memory and, after
+// one cluster barrier, each reads all of them through distributed shared
+// memory. A packed output's 64-column group sum is its two 32-column warp
+// sums added in order; in the split kernel the group spans ranks 2j and
+// 2j + 1, and the even block also forms its neighbour's packed values (the
+// same formula on the same inputs as the neighbour's own stores) to write
+// the group's sum. Blocks arrive at a second cluster barrier after their
+// remote reads and wait on it before exiting, so no block's shared memory
+// is released while a neighbour still reads it.
+//
+// The state is read right after the dependency wait, before the conv and
+// the norms, so its DRAM round trip overlaps theirs.
+
+#if !defined(GDN_VCOLS) || !defined(GDN_DEC_THREADS) || !defined(GDN_DEC_GROUPS)
+#error "GDN_VCOLS, GDN_DEC_THREADS and GDN_DEC_GROUPS must be defined by the host (gdn.rs)"
+#endif
+#define GDN_VSPLIT (GV_DIM / GDN_VCOLS)
+#define GDN_DEC_PARTS 16
+#define GDN_DEC_KPT (GK_DIM / GDN_DEC_PARTS)
+#define GDN_DEC_PREP (2 * GK_DIM + GV_DIM + GV_DIM)
+static_assert(GDN_VCOLS == 32 && GV_DIM % GDN_VCOLS == 0, "a split block owns one warp-width of value columns");
+static_assert(GK_DIM % GDN_DEC_PARTS == 0, "every partial key range has the same length");
+static_assert(GDN_DEC_THREADS == GDN_DEC_PARTS * GDN_VCOLS, "gdn.rs DECODE_THREADS: a split block is one thread per (column, key range)");
+static_assert(GDN_DEC_GROUPS * GV_DIM <= 1024 && GDN_DEC_PARTS % GDN_DEC_GROUPS == 0, "a whole-head block is GDN_DEC_GROUPS threads a column");
 
 struct GdnDecodeParams {
     const float* proj;
@@ -118,43 +166,89 @@ struct GdnDecodeParams {
     float eps;
 };
 
-// grid (GV_HEADS, ntok), block GDN_THREADS = 4 * GV_DIM. Thread (kq, v)
-// holds S[kq * GDN_KPT .. +GDN_KPT][v] in registers; the S^T k and S^T q
-// sums over k are finished through shared memory.
-extern "C" __global__ void __launch_bounds__(GDN_THREADS)
-gdn_decode(const __grid_constant__ GdnDecodeParams p) {
-    __shared__ float sq[GK_DIM], sk[GK_DIM], sv[GV_DIM], sz[GV_DIM];
-    __shared__ float part[GDN_KSPLIT][GV_DIM];
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// A float of the shared memory of block `rank` of this cluster, at the
+// offset `p` has in this block's.
+__device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) {
+    u32 a;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+
+// SPLIT: a cluster's block (columns vp * 32 ..), else a whole head. CPB:
+// columns a block; threads: CPB * (16 / PPT), thread (grp, v) holding the
+// partial key ranges grp * PPT .. + PPT of column v.
+template <bool SPLIT>
+__device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
+    constexpr int CPB = SPLIT ? GDN_VCOLS : GV_DIM;
+    constexpr int PPT = SPLIT ? 1 : GDN_DEC_PARTS / GDN_DEC_GROUPS;
+    constexpr int NT = CPB * (GDN_DEC_PARTS / PPT);
+    // z of this block's columns and (split, even ranks) the next block's.
+    constexpr int NZ = SPLIT ? 2 * GDN_VCOLS : GV_DIM;
+    __shared__ float sq[GK_DIM], sk[GK_DIM], sv[CPB], sz[NZ];
+    __shared__ float part[GDN_DEC_PARTS][CPB];
     __shared__ float red[32];
+    // Split: published to the cluster, this block's outputs (before the
+    // norm) and their sum of squares.
+    __shared__ float pub_o[SPLIT ? GDN_VCOLS : 1];
+    __shared__ float pub_ss;
     pdl_trigger();
     pdl_wait();
-    const int h = blockIdx.x, t = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
+    const int vp = SPLIT ? (int)cluster_rank() : 0;
+    const int h = SPLIT ? blockIdx.x / GDN_VSPLIT : blockIdx.x, t = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int c0 = vp * CPB;  // first value column of this block within the head
     const int ps = p.pos[t], sl = p.slot[t];
     const float* pr = p.proj + (size_t)t * p.proj_stride;
     float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
 
-    if (tid < 3 * GDN_D) {
-        const int which = tid / GDN_D, i = tid - which * GDN_D;
-        const int ch = which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + i;
-        const float raw = pr[ch];
-        const float* w = p.conv_w + ch * 4;
-        float y = w[3] * raw;
-        y = fmaf(w[2], cs[((ps - 1) & 3) * CONV_DIM + ch], y);
-        y = fmaf(w[1], cs[((ps - 2) & 3) * CONV_DIM + ch], y);
-        y = fmaf(w[0], cs[((ps - 3) & 3) * CONV_DIM + ch], y);
-        y = siluf_(y);
-        if (which == 0) sq[i] = y;
-        else if (which == 1) sk[i] = y;
-        else sv[i] = y;
-        // q/k channels are shared by GDN_RATIO value heads: the first writes.
-        if (which == 2 || (h % GDN_RATIO) == 0) cs[(ps & 3) * CONV_DIM + ch] = raw;
-    } else {
-        const int i = tid - 3 * GDN_D;
-        sz[i] = pr[CONV_DIM + h * GV_DIM + i];
+    // The state first: its loads are in flight during the conv and norms.
+    const int v = tid % CPB, grp = tid / CPB;
+    float* S = p.state + (size_t)sl * p.state_slot_stride + (size_t)h * GK_DIM * GV_DIM + c0;
+    float s[PPT][GDN_DEC_KPT];
+#pragma unroll
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < GDN_DEC_KPT; ++j) s[i][j] = S[(size_t)((grp * PPT + i) * GDN_DEC_KPT + j) * GV_DIM + v];
+
+    // Conv + SiLU of the head's q and k channels and this block's v
+    // channels; z.
+    for (int e = tid; e < 2 * GK_DIM + CPB + NZ; e += NT) {
+        if (e < 2 * GK_DIM + CPB) {
+            const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
+            const int i = e - which * GK_DIM;
+            const int ch = which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i;
+            const float raw = pr[ch];
+            const float* w = p.conv_w + ch * 4;
+            float y = w[3] * raw;
+            y = fmaf(w[2], cs[((ps - 1) & 3) * CONV_DIM + ch], y);
+            y = fmaf(w[1], cs[((ps - 2) & 3) * CONV_DIM + ch], y);
+            y = fmaf(w[0], cs[((ps - 3) & 3) * CONV_DIM + ch], y);
+            y = siluf_(y);
+            if (which == 0) sq[i] = y;
+            else if (which == 1) sk[i] = y;
+            else sv[i] = y;
+            // q/k channels are shared by GDN_RATIO value heads and read by
+            // every block of a head: rank 0 of the first head writes them.
+            if (which == 2 || ((h % GDN_RATIO) == 0 && vp == 0)) cs[(ps & 3) * CONV_DIM + ch] = raw;
+        } else {
+            const int i = e - 2 * GK_DIM - CPB;
+            if (c0 + i < GV_DIM) sz[i] = pr[CONV_DIM + h * GV_DIM + c0 + i];
+        }
     }
     __syncthreads();
     const float qq = tid < GK_DIM ? sq[tid] * sq[tid] : 0.f;
     const float kk = (tid >= GK_DIM && tid < 2 * GK_DIM) ? sk[tid - GK_DIM] * sk[tid - GK_DIM] : 0.f;
+    // (Warps past the q and k channels add zeros: the same sums at any
+    // block size.)
     const float sum_q = block_sum(qq, red);
     const float sum_k = block_sum(kk, red);
     const float rq = rsqrtf(sum_q + 1e-6f) * rsqrtf((float)GK_DIM);
@@ -164,66 +258,112 @@ gdn_decode(const __grid_constant__ GdnDecodeParams p) {
     const float beta = sigmoidf_(b);
     const float decay = expf(g);
 
-    const int v = tid % GV_DIM, kq = tid / GV_DIM, k0 = kq * GDN_KPT;
-    float* S = p.state + (size_t)sl * p.state_slot_stride + (size_t)h * GK_DIM * GV_DIM;
-    float s[GDN_KPT];
 #pragma unroll
-    for (int j = 0; j < GDN_KPT; ++j) s[j] = S[(size_t)(k0 + j) * GV_DIM + v];
-    float kv = 0.f;
+    for (int i = 0; i < PPT; ++i) {
+        const int k0 = (grp * PPT + i) * GDN_DEC_KPT;
+        float kv = 0.f;
 #pragma unroll
-    for (int j = 0; j < GDN_KPT; ++j) kv = fmaf(s[j], sk[k0 + j], kv);
-    part[kq][v] = kv * rk;
+        for (int j = 0; j < GDN_DEC_KPT; ++j) kv = fmaf(s[i][j], sk[k0 + j], kv);
+        part[grp * PPT + i][v] = kv * rk;
+    }
     __syncthreads();
     float kvm = 0.f;
 #pragma unroll
-    for (int q = 0; q < GDN_KSPLIT; ++q) kvm += part[q][v];
+    for (int q = 0; q < GDN_DEC_PARTS; ++q) kvm += part[q][v];
     const float u = beta * (sv[v] - decay * kvm);
-    float o = 0.f;
+    float o[PPT];
 #pragma unroll
-    for (int j = 0; j < GDN_KPT; ++j) {
-        s[j] = fmaf(decay, s[j], sk[k0 + j] * rk * u);
-        o = fmaf(s[j], sq[k0 + j], o);
-        S[(size_t)(k0 + j) * GV_DIM + v] = s[j];
+    for (int i = 0; i < PPT; ++i) {
+        const int k0 = (grp * PPT + i) * GDN_DEC_KPT;
+        o[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < GDN_DEC_KPT; ++j) {
+            s[i][j] = fmaf(decay, s[i][j], sk[k0 + j] * rk * u);
+            o[i] = fmaf(s[i][j], sq[k0 + j], o[i]);
+            S[(size_t)(k0 + j) * GV_DIM + v] = s[i][j];
+        }
     }
     __syncthreads();
-    part[kq][v] = o * rq;
+#pragma unroll
+    for (int i = 0; i < PPT; ++i) part[grp * PPT + i][v] = o[i] * rq;
     __syncthreads();
+    // The head's outputs before the norm (thread c < CPB: column c0 + c)
+    // and the warp sums of their squares.
     float ov = 0.f;
-    if (tid < GV_DIM) {
+    if (tid < CPB) {
 #pragma unroll
-        for (int q = 0; q < GDN_KSPLIT; ++q) ov += part[q][tid];
+        for (int q = 0; q < GDN_DEC_PARTS; ++q) ov += part[q][tid];
     }
-    const float ss = block_sum(tid < GV_DIM ? ov * ov : 0.f, red);
+    const float wss = warp_sum(tid < CPB ? ov * ov : 0.f);
+    // Warp 0 (split: also warp 1 of an even rank with a neighbour, for the
+    // packed group sum) produces 32 columns each.
+    const bool pair = SPLIT && p.mix_px != nullptr && (vp & 1) == 0 && vp + 1 < GDN_VSPLIT;
+    float ss = 0.f;
+    if (SPLIT) {
+        if (warp == 0) {
+            pub_o[lane] = ov;
+            if (lane == 0) pub_ss = wss;
+        }
+        cluster_arrive();
+        cluster_wait();
+        if (warp == 0 || (warp == 1 && pair)) {
+            for (int r = 0; r < GDN_VSPLIT; ++r) ss += ld_cluster_f32(&pub_ss, (u32)r);
+            if (warp == 1) ov = ld_cluster_f32(&pub_o[lane], (u32)(vp + 1));
+        }
+        // Remote reads done: the neighbours may exit once everyone arrives.
+        cluster_arrive();
+    } else {
+        __syncthreads();  // block_sum may still be reading red
+        if (lane == 0 && warp < GV_DIM / 32) red[warp] = wss;
+        __syncthreads();
+        for (int r = 0; r < GV_DIM / 32; ++r) ss += red[r];
+    }
+    const bool active = SPLIT ? (warp == 0 || (warp == 1 && pair)) : tid < GV_DIM;
+    // Column within the head (split warp 1: the neighbour's).
+    const int col = c0 + (SPLIT ? warp * GDN_VCOLS + lane : tid);
     float packed = 0.f;
-    if (tid < GV_DIM) {
-        const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * p.norm_w[tid] * siluf_(sz[tid]);
-        const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + tid;
-        if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
-        if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+    if (active) {
+        const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * p.norm_w[col] * siluf_(sz[col - c0]);
+        const bool own = !SPLIT || warp == 0;
+        const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + col;
+        if (own && p.mix_f32 != nullptr) p.mix_f32[oi] = y;
+        if (own && p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
         if (p.mix_px != nullptr) {
             // hi/lo halves at the packed position (px_perm in qmm.cu).
-            const int col = h * GV_DIM + tid;
             const f16 hi = f32_to_f16(y), lo = f32_to_f16(y - f16_to_f32(hi));
-            u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (col & ~7) + (((col & 3) << 1) | ((col & 7) >> 2));
-            r[0] = hi;
-            r[GDN_VAL] = lo;
+            if (own) {
+                const int pc = h * GV_DIM + col;
+                u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (pc & ~7) + (((pc & 3) << 1) | ((pc & 7) >> 2));
+                r[0] = hi;
+                r[GDN_VAL] = lo;
+            }
             packed = f16_to_f32(hi) + f16_to_f32(lo);
         }
     }
-    if (p.mix_px != nullptr) {
-        // Group sums of the packed values (64 columns = 2 warps, added in
-        // warp order); head dims are multiples of 32, groups of 64 columns
-        // may span two heads' blocks only if GV_DIM % 64 != 0 (refused by
-        // the host).
-        const float ws = warp_sum(tid < GV_DIM ? packed : 0.f);
-        __syncthreads();  // block_sum above may still be reading red
-        if ((tid & 31) == 0) red[tid >> 5] = ws;
+    if (p.mix_px != nullptr && (!SPLIT || pair)) {
+        // Group sums of the packed values: 64 columns = two warps' sums,
+        // added in column order (heads are whole 64-column groups, checked
+        // by the host).
+        const float ws = warp_sum(packed);
+        __syncthreads();  // red is read above
+        if (lane == 0) red[warp] = ws;
         __syncthreads();
-        if (tid < GV_DIM / 64) {
-            const float gs = red[2 * tid] + red[2 * tid + 1];
-            p.mix_csum[(size_t)t * (GDN_VAL / 64) + h * (GV_DIM / 64) + tid] = gs;
+        if (SPLIT) {
+            if (tid == 0) p.mix_csum[(size_t)t * (GDN_VAL / 64) + (h * GV_DIM + c0) / 64] = red[0] + red[1];
+        } else if (tid < GV_DIM / 64) {
+            p.mix_csum[(size_t)t * (GDN_VAL / 64) + h * (GV_DIM / 64) + tid] = red[2 * tid] + red[2 * tid + 1];
         }
     }
+    if (SPLIT) cluster_wait();
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_DEC_GROUPS * GV_DIM, 2) gdn_decode(const __grid_constant__ GdnDecodeParams p) {
+    gdn_decode_body<false>(p);
+}
+
+extern "C" __global__ void __cluster_dims__(GDN_VSPLIT, 1, 1) __launch_bounds__(GDN_DEC_THREADS, 1)
+gdn_decode_split(const __grid_constant__ GdnDecodeParams p) {
+    gdn_decode_body<true>(p);
 }
 
 // ---- chunked prefill ------------------------------------------------------
