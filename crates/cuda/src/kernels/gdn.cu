@@ -108,9 +108,15 @@
 //                     vp * GDN_VCOLS .. + GDN_VCOLS, 16 threads a column. At
 //                     batch 1 this spreads a layer's 2 MB of state over
 //                     GV_HEADS * GDN_VSPLIT = 128 multiprocessors instead of
-//                     32 (measured: a step 2.09 -> 2.00 ms); from 2 tokens
-//                     the whole-head blocks are faster (the split repeats
-//                     the conv and norms in every block of a head).
+//                     32 (H200, 40 layers: a batch-1 step 2.099 -> 2.022
+//                     ms); from 2 tokens the whole-head blocks fill the GPU
+//                     and the split was slower (it repeats the conv and
+//                     norms in every block of a head). The 16 partial sums
+//                     are what makes the split fast (a split on 4 chains of
+//                     32 keys, 128 threads a block, gave 2.08 ms); the
+//                     whole-head kernel keeps them for the same bits,
+//                     bounded to 64 registers so two blocks share an SM
+//                     (with 72 and one block it was 8% slower at 64 tokens).
 // The delta rule is independent per value column (u_v = beta (v_v - decay
 // sum_k S[k][v] k_k), S[:, v] = decay S[:, v] + k u_v, o_v = sum_k S[k][v]
 // q_k), so a column's state never leaves its block. The sums over keys are
