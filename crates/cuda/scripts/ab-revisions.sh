@@ -16,7 +16,8 @@
 # skips them, TEST_ONLY="name ..." runs only those revisions' suites) and then $ROUNDS (default 2) interleaved rounds of
 # `bench --random-layers 40 --lengths "$PREFILL" --batch $BATCH` per
 # revision (PREFILL: prompt lengths whose prefill is timed too, default
-# none), so drifts in clocks and temperature fall on all of them alike;
+# none; PARTS=K: each of them also as K sequences of length / K in one
+# pass, `bench --parts`), so drifts in clocks and temperature fall on all of them alike;
 # writes each run's JSON lines and logs under OUT (default DEST/out) and
 # prints ms a step by batch size and revision, with each revision's seq0
 # digests (equal digests across revisions = the same greedy tokens), then
@@ -92,7 +93,7 @@ run() {
   fi
   for r in $(seq 1 "$rounds"); do
     for n in "${names[@]}"; do
-      timeout 120 "$dest/$n/bench" --random-layers 40 --lengths "$prefill" --batch "$batch" >"$out/$n-round$r.json" 2>"$out/$n-round$r.err" ||
+      timeout 120 "$dest/$n/bench" --random-layers 40 --lengths "$prefill" ${PARTS:+--parts "$PARTS"} --batch "$batch" >"$out/$n-round$r.json" 2>"$out/$n-round$r.err" ||
         echo "$n round $r: bench failed (see $out/$n-round$r.err)"
     done
   done
@@ -112,10 +113,13 @@ for n in names:
             j = json.loads(l)
             if "batch" in j:
                 rows.setdefault((n, j["batch"]), []).append((j["step_ms"], j["seq0_digest"]))
+            elif "parts" in j:
+                # K sequences in one pass: keyed "Kx<tokens each>", no digest.
+                pre.setdefault((n, f'{j["parts"]}x{j["part_tokens"]}'), []).append((j["prefill_tok_s"], ""))
             elif "prefill_tok_s" in j:
                 pre.setdefault((n, j["prompt_tokens"]), []).append((j["prefill_tok_s"], j["digest"]))
 def table(title, data, fmt):
-    keys = sorted({k for (_, k) in data})
+    keys = sorted({k for (_, k) in data}, key=lambda k: str(k).zfill(12))
     if not keys:
         return
     print(title)
