@@ -311,9 +311,17 @@ impl Distribution {
 /// engine's first token after a prefill); advances the state as a device
 /// draw does.
 pub fn sample_host(logits: &[f32], state: &mut SampleState) -> Sampled {
-    let s = Distribution::new(logits, state).draw(philox_uniform(state.params.seed, state.step));
+    let s = draw_host(logits, state);
     state.record_draw(s.token);
     s
+}
+
+/// The draw `sample_host` makes for `state`, leaving the state as it is (a
+/// pure function of the logits and the state, so the draws of several
+/// sequences may run on threads at once); `SampleState::record_draw` then
+/// advances the state as `sample_host` does.
+pub fn draw_host(logits: &[f32], state: &SampleState) -> Sampled {
+    Distribution::new(logits, state).draw(philox_uniform(state.params.seed, state.step))
 }
 
 /// Order of weight (or logprob) descending, then id ascending; NaN sorts

@@ -426,3 +426,29 @@ fn a_draw_without_a_logprob_draws_the_same_and_skips_the_log_sum_exp() {
         }
     }
 }
+
+#[test]
+fn draw_host_then_record_draw_is_sample_host() {
+    // Penalties, a seed stream several draws in: the pure draw plus
+    // record_draw must leave the same token, logprob and state as
+    // sample_host, and the draw alone must not move the state.
+    let logits = noise(5_000, 3);
+    let p = params(|p| {
+        p.temperature = 0.7;
+        p.top_p = 0.9;
+        p.top_k = 40;
+        p.repetition_penalty = 1.3;
+        p.logprob = true;
+    });
+    let mut a = SampleState::new(p, &[1, 2, 3, 1000]);
+    let mut b = SampleState::new(p, &[1, 2, 3, 1000]);
+    for _ in 0..5 {
+        let want = sample_host(&logits, &mut a);
+        let got = draw_host(&logits, &b);
+        assert_eq!(draw_host(&logits, &b).token, got.token, "a pure draw repeats");
+        b.record_draw(got.token);
+        assert_eq!((got.token, got.logprob.to_bits()), (want.token, want.logprob.to_bits()));
+        assert_eq!((a.step, a.last_draw()), (b.step, b.last_draw()));
+        assert_eq!(Distribution::new(&logits, &a).logprob(7).to_bits(), Distribution::new(&logits, &b).logprob(7).to_bits(), "the same counts");
+    }
+}
