@@ -436,6 +436,28 @@ fn same_seed_same_text_even_when_batched() {
 }
 
 #[test]
+fn first_tokens_of_prompts_prefilled_together_equal_each_alone() {
+    // Prompts admitted in the same step are prefilled in one batch, and
+    // their first tokens drawn on threads at once: each request's tokens
+    // (penalties and logprobs included) must equal its run alone.
+    let (fake, _probe) = Fake::new(Mode::Hash);
+    let h = start(fake, opts());
+    let req = |seed: u64| GenerateRequest {
+        sampling: SamplingParams { temperature: 0.9, top_k: 30, repetition_penalty: 1.2, seed: Some(seed), ..SamplingParams::default() },
+        logprobs: Some(2),
+        ..GenerateRequest::new(pseudo_prompt(12 + seed as usize, seed as u32), 6)
+    };
+    let alone: Vec<_> = (1..=8).map(|seed| collect(h.submit(req(seed)).expect("submit"))).collect();
+    let subs: Vec<_> = (1..=8).map(|seed| h.submit(req(seed)).expect("submit")).collect();
+    for (seed, (sub, want)) in subs.into_iter().zip(&alone).enumerate() {
+        let got = collect(sub);
+        assert_eq!(got.ids, want.ids, "request {} batched", seed + 1);
+        let lp = |c: &support::Collected| c.logprobs.iter().map(|l| l.as_ref().map(|l| l.logprob.to_bits())).collect::<Vec<_>>();
+        assert_eq!(lp(&got), lp(want), "request {} logprobs", seed + 1);
+    }
+}
+
+#[test]
 fn logprobs_report_chosen_and_alternatives() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());

@@ -136,8 +136,21 @@ fn selection_matches_a_full_sort_reference() {
             p.temperature = 1.3;
             p.min_p = 0.01
         }),
+        // The one-pass top-k (k <= ONE_PASS_TOP_K), whose blocks of
+        // SKIP_BLOCK entries are skipped whole below its threshold.
+        params(|p| {
+            p.temperature = 0.6;
+            p.top_k = 20;
+            p.top_p = 0.95
+        }),
+        params(|p| p.top_k = 1),
+        params(|p| {
+            p.temperature = 5.0;
+            p.top_k = ONE_PASS_TOP_K as u32;
+            p.min_p = 0.001
+        }),
     ];
-    for (n, salt) in [(50usize, 1u64), (3000, 2), (20_000, 3)] {
+    for (n, salt) in [(50usize, 1u64), (3000, 2), (20_000, 3), (SKIP_BLOCK * 7 + 5, 4)] {
         let logits = noise(n, salt);
         for p in &cases {
             let s = SampleState::new(*p, &[]);
@@ -424,5 +437,67 @@ fn a_draw_without_a_logprob_draws_the_same_and_skips_the_log_sum_exp() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn draw_host_then_record_draw_is_sample_host() {
+    // Penalties, a seed stream several draws in: the pure draw plus
+    // record_draw must leave the same token, logprob and state as
+    // sample_host, and the draw alone must not move the state.
+    let logits = noise(5_000, 3);
+    let p = params(|p| {
+        p.temperature = 0.7;
+        p.top_p = 0.9;
+        p.top_k = 40;
+        p.repetition_penalty = 1.3;
+        p.logprob = true;
+    });
+    let mut a = SampleState::new(p, &[1, 2, 3, 1000]);
+    let mut b = SampleState::new(p, &[1, 2, 3, 1000]);
+    for _ in 0..5 {
+        let want = sample_host(&logits, &mut a);
+        let got = draw_host(&logits, &b);
+        assert_eq!(draw_host(&logits, &b).token, got.token, "a pure draw repeats");
+        b.record_draw(got.token);
+        assert_eq!((got.token, got.logprob.to_bits()), (want.token, want.logprob.to_bits()));
+        assert_eq!((a.step, a.last_draw()), (b.step, b.last_draw()));
+        assert_eq!(Distribution::new(&logits, &a).logprob(7).to_bits(), Distribution::new(&logits, &b).logprob(7).to_bits(), "the same counts");
+    }
+}
+
+#[test]
+fn first_max_is_the_first_largest_non_nan_entry() {
+    let naive = |v: &[f32]| {
+        let mut best: Option<usize> = None;
+        for (i, &x) in v.iter().enumerate() {
+            if !x.is_nan() && best.is_none_or(|b| x > v[b]) {
+                best = Some(i);
+            }
+        }
+        best.unwrap_or(0) as u32
+    };
+    let mut rows: Vec<Vec<f32>> = vec![
+        vec![],
+        vec![f32::NAN; 40],
+        vec![f32::NEG_INFINITY; 33],
+        vec![f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        vec![-0.0, 0.0, -0.0],
+        vec![0.0, -0.0],
+    ];
+    for (n, salt) in [(17usize, 5u64), (1000, 6), (SKIP_BLOCK * 3 + 1, 7)] {
+        let mut v = noise(n, salt);
+        rows.push(v.clone());
+        // NaN at the front and at the maximum's place, the maximum tied later.
+        let m = naive(&v) as usize;
+        v[0] = f32::NAN;
+        let top = v[m];
+        v[n - 1] = top;
+        rows.push(v.clone());
+        v[m] = f32::NAN;
+        rows.push(v);
+    }
+    for v in &rows {
+        assert_eq!(first_max(v), naive(v), "{} entries", v.len());
     }
 }
