@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_model::sample::{draw_host, sample_host};
-use lily_model::{Backend, Feed, InFlight, ModelError, SampleParams, SampleState, Sampled, SeqId};
+use lily_model::{Backend, CapturePart, Captured, Feed, InFlight, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId};
 use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -758,10 +758,7 @@ impl Scheduler {
         let running = &self.running;
         let parts: Vec<(SeqId, &[u32], Option<usize>)> =
             plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
-        let t0 = Instant::now();
-        let result = timed(&self.shared, |t| &mut t.prefill_s, || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_capture(&parts)));
-        let tokens: usize = parts.iter().map(|p| p.1.len()).sum();
-        tracing::debug!(parts = parts.len(), tokens, ms = t0.elapsed().as_secs_f64() * 1e3, "prefill pass");
+        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts);
         let err = match result {
             Ok((rows, snaps)) if rows.len() == plan.len() && snaps.len() == plan.len() => {
                 self.file_captures(&plan, snaps);
@@ -826,13 +823,7 @@ impl Scheduler {
             self.room_for_captures(&mut planned);
             let [PlannedChunk { capture, .. }] = planned;
             let chunk = &self.running[i].tokens[start..end];
-            let t0 = Instant::now();
-            let result = timed(
-                &self.shared,
-                |t| &mut t.prefill_s,
-                || self.kv.evicting(self.backend.as_mut(), |b| b.prefill_capture(&[(seq, chunk, capture.map(|at| at - start))])),
-            );
-            tracing::debug!(parts = 1, tokens = chunk.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "prefill pass");
+            let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &[(seq, chunk, capture.map(|at| at - start))]);
             let result = result.map(|(rows, snaps)| {
                 self.file_captures(&planned, snaps);
                 rows
@@ -867,6 +858,15 @@ impl Scheduler {
         }
     }
 
+    /// Whether request `i`'s prefill chunk ending at `end` finishes a new
+    /// request's prompt, so that its logits give the first token (a request
+    /// recomputed after a preemption has drawn from them already).
+    fn ends_prompt(&self, i: usize, end: usize) -> bool {
+        let a = &self.running[i];
+        let target = self.kv.holding(a.age).map_or(end, |h| h.prefill_to);
+        end >= target && a.generated() == 0
+    }
+
     /// The first tokens of the requests whose prompts a batched prefill
     /// just finished, drawn on threads at once (each draw reads ~1 MB of
     /// logits, ~1 ms; a pass of 8 new prompts would otherwise hold the
@@ -874,12 +874,8 @@ impl Scheduler {
     /// logits pass through unread. The draws are `sample_host`'s (pure in
     /// the logits and the request's state), so the tokens are the same.
     fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>) -> Vec<FirstToken> {
-        let draws = |c: &PlannedChunk| {
-            let i = self.find(c.age)?;
-            let h = self.kv.holding(c.age)?;
-            (c.end >= h.prefill_to && self.running[i].generated() == 0).then_some(i)
-        };
-        let states: Vec<Option<&SampleState>> = plan.iter().map(|c| draws(c).map(|i| &self.running[i].sampling)).collect();
+        let states: Vec<Option<&SampleState>> =
+            plan.iter().map(|c| self.find(c.age).filter(|&i| self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling)).collect();
         if states.iter().flatten().count() < 2 {
             return rows.into_iter().map(FirstToken::Logits).collect();
         }
@@ -900,13 +896,11 @@ impl Scheduler {
     fn prefilled(&mut self, i: usize, start: usize, end: usize, first: FirstToken) -> Option<Outcome> {
         let age = self.running[i].age;
         self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
-        let mut target = end;
         if let Some(h) = self.kv.holding_mut(age) {
             h.fed = end;
-            target = h.prefill_to;
         }
         self.maybe_snapshot(i);
-        if end < target || self.running[i].generated() > 0 {
+        if !self.ends_prompt(i, end) {
             // More prompt to go, or recomputed after a preemption up to
             // its last token: it goes on decoding; these logits were
             // sampled from already.
@@ -1014,6 +1008,18 @@ fn placeholder_state() -> SampleState {
 }
 
 /// Runs `f` and adds its wall time to the engine-time counter `field` picks.
+/// One `prefill_capture` call (snapshots evicted for room), its time added
+/// to the engine's prefill time and logged with its size at debug level.
+fn prefill_pass(shared: &Shared, kv: &mut KvLedger, backend: &mut dyn Backend, parts: &[CapturePart]) -> ModelResult<Captured> {
+    let t0 = Instant::now();
+    let result = kv.evicting(backend, |b| b.prefill_capture(parts));
+    let dt = t0.elapsed().as_secs_f64();
+    shared.with_stats(|s| s.time.prefill_s += dt);
+    let tokens: usize = parts.iter().map(|p| p.1.len()).sum();
+    tracing::debug!(parts = parts.len(), tokens, ms = dt * 1e3, "prefill pass");
+    result
+}
+
 fn timed<R>(shared: &Shared, field: fn(&mut EngineTime) -> &mut f64, f: impl FnOnce() -> R) -> R {
     let t0 = Instant::now();
     let r = f();
