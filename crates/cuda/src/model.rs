@@ -519,7 +519,8 @@ impl Model {
     /// One layer over the `t` rows of a prefill pass, made of `pieces`
     /// (each one sequence's run of tokens, in row order, covering 0..t):
     /// the in-projection, out-projection and MoE over all rows at once, the
-    /// mixer per piece on its rows.
+    /// mixer over every piece's rows in one set of launches (each piece from
+    /// its own state).
     fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
