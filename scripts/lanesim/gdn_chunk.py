@@ -12,6 +12,10 @@ expression is copied from the kernel; a warp is 32 lanes in numpy arrays.
 What it does not check: timing, barriers (phases run in order, which is what
 the barriers enforce), bank conflicts.
 
+Also the layout of a pass of several sequences ("pieces"): their tokens one
+after another in the scratch, each padded to whole chunks, the state kernel
+walking each piece's chunks from its own state.
+
 Usage: python3 scripts/lanesim/gdn_chunk.py   (numpy only; ~1 minute)
 """
 import sys
@@ -287,84 +291,88 @@ def chunk_wu(D, GV, RATIO, Tp, gm, bufs):
                                 gm.f32[VU // 4 + (d + 1) * C + t] = au[j][:, 2 * r + 1]
 
 
-def chunk_state(D, GV, RATIO, Tp, SW, gm, bufs):
+def chunk_state(D, GV, RATIO, Tp, SW, gm, bufs, pieces):
+    """pieces: (first chunk, chunks, byte offset of its state) per sequence
+    (blockIdx.z of the kernel): each walks its own chunks from its own state."""
     BV, ST_LD, ST_LDU = 16 * SW, spl(D), C + 8
     BUF = 2 * C * ST_LD * 2 + BV * ST_LDU * 4 + C * 4
     nch = Tp // C
-    for h in range(GV):
-        for by in range(D // BV):
-            kh, v0 = h // RATIO, by * BV
-            sm = Mem(2 * BUF, fill_nan=True)
-            sW = lambda b: b * BUF
-            sK = lambda b: sW(b) + C * ST_LD * 2
-            sU = lambda b: sK(b) + C * ST_LD * 2
-            sG = lambda b: sU(b) + BV * ST_LDU * 4
+    for cb, npc, st_off in pieces:
+        ce = cb + npc
+        for h in range(GV):
+            for by in range(D // BV):
+                kh, v0 = h // RATIO, by * BV
+                sm = Mem(2 * BUF, fill_nan=True)
+                sW = lambda b: b * BUF
+                sK = lambda b: sW(b) + C * ST_LD * 2
+                sU = lambda b: sK(b) + C * ST_LD * 2
+                sG = lambda b: sU(b) + BV * ST_LDU * 4
 
-            def prefetch(c, b):
-                row = h * Tp + c * C
-                cp_rows(sm, sW(b), ST_LD * 2, gm, bufs['w'] + row * 2 * D * 2, 4 * D, C)
-                cp_rows(sm, sK(b), ST_LD * 2, gm, bufs['k'] + (kh * Tp + c * C) * 2 * D * 2, 4 * D, C)
-                cp_rows(sm, sU(b), ST_LDU * 4, gm, bufs['vu'] + (row * D + v0 * C) * 4, C * 4, BV)
-                cp_rows(sm, sG(b), C * 4, gm, bufs['gc'] + row * 4, C * 4, 1)
+                def prefetch(c, b):
+                    row = h * Tp + c * C
+                    cp_rows(sm, sW(b), ST_LD * 2, gm, bufs['w'] + row * 2 * D * 2, 4 * D, C)
+                    cp_rows(sm, sK(b), ST_LD * 2, gm, bufs['k'] + (kh * Tp + c * C) * 2 * D * 2, 4 * D, C)
+                    cp_rows(sm, sU(b), ST_LDU * 4, gm, bufs['vu'] + (row * D + v0 * C) * 4, C * 4, BV)
+                    cp_rows(sm, sG(b), C * 4, gm, bufs['gc'] + row * 4, C * 4, 1)
 
-            st = bufs['state'] // 4
-            S = []
-            for w in range(SW):
-                lv = 16 * w
-                Sg = st + h * D * D + 2 * TQ * D + v0 + lv + G_
-                S.append([np.stack([gm.f32[Sg + (8 * nk + (e & 1)) * D + 8 * (e >> 1)] for e in range(4)], 1) for nk in range(D // 8)])
-            prefetch(0, 0)
-            for c in range(nch):
-                b = c & 1
-                if c + 1 < nch:
-                    prefetch(c + 1, b ^ 1)
-                tw, tk = sW(b), sW(b) + C * ST_LD * 2
-                tu, G = sU(b) // 4, sG(b) // 4
+                st = st_off // 4
+                S = []
                 for w in range(SW):
-                    lv, s = 16 * w, S[w]
-                    vn = []
-                    for nt in range(C // 8):
-                        a0 = sm.f32[tu + (lv + G_) * ST_LDU + 8 * nt + 2 * TQ]; a1 = sm.f32[tu + (lv + G_) * ST_LDU + 8 * nt + 2 * TQ + 1]
-                        b0 = sm.f32[tu + (lv + G_ + 8) * ST_LDU + 8 * nt + 2 * TQ]; b1 = sm.f32[tu + (lv + G_ + 8) * ST_LDU + 8 * nt + 2 * TQ + 1]
-                        vn.append(np.stack([a0, a1, b0, b1], 1).astype(np.float32))
-                    H = bufs['hs'] // 2 + ((h * nch + c) * D + v0 + lv + G_) * 2 * D + 2 * TQ  # bf16 index
-                    for kk in range(D // 16):
-                        ah, al = c2a(s[2 * kk], s[2 * kk + 1])
-                        h0 = (H + 16 * kk) // 2
-                        h8 = (H + 8 * 2 * D + 16 * kk) // 2
-                        gm.u32[h0], gm.u32[h8], gm.u32[h0 + 4], gm.u32[h8 + 4] = ah
-                        gm.u32[h0 + D // 2], gm.u32[h8 + D // 2], gm.u32[h0 + D // 2 + 4], gm.u32[h8 + D // 2 + 4] = al
-                        ah = [x ^ np.uint32(0x80008000) for x in ah]
-                        al = [x ^ np.uint32(0x80008000) for x in al]
-                        for np_ in range(C // 16):
-                            bh, bl = ldb_split_nk(sm, tw, ST_LD, D, 16 * np_, 16 * kk)
-                            mma3x2(vn[2 * np_], vn[2 * np_ + 1], ah, al, bh, bl)
-                    VN = (bufs['vu'] + ((h * Tp + c * C) * D + (v0 + lv + G_) * C) * 4) // 2 + 2 * TQ  # bf16 index
-                    for nt in range(C // 8):
-                        hi, lo = split2(vn[nt][:, 0], vn[nt][:, 1])
-                        gm.u32[(VN + 8 * nt) // 2] = hi; gm.u32[(VN + C + 8 * nt) // 2] = lo
-                        hi, lo = split2(vn[nt][:, 2], vn[nt][:, 3])
-                        gm.u32[(VN + 8 * 2 * C + 8 * nt) // 2] = hi; gm.u32[(VN + 8 * 2 * C + C + 8 * nt) // 2] = lo
-                    gl = sm.f32[G + C - 1]
-                    el = np.float32(np.exp(gl))
+                    lv = 16 * w
+                    Sg = st + h * D * D + 2 * TQ * D + v0 + lv + G_
+                    S.append([np.stack([gm.f32[Sg + (8 * nk + (e & 1)) * D + 8 * (e >> 1)] for e in range(4)], 1) for nk in range(D // 8)])
+                prefetch(cb, 0)
+                for c in range(cb, ce):
+                    b = (c - cb) & 1
+                    if c + 1 < ce:
+                        prefetch(c + 1, b ^ 1)
+                    tw, tk = sW(b), sW(b) + C * ST_LD * 2
+                    tu, G = sU(b) // 4, sG(b) // 4
+                    for w in range(SW):
+                        lv, s = 16 * w, S[w]
+                        vn = []
+                        for nt in range(C // 8):
+                            a0 = sm.f32[tu + (lv + G_) * ST_LDU + 8 * nt + 2 * TQ]; a1 = sm.f32[tu + (lv + G_) * ST_LDU + 8 * nt + 2 * TQ + 1]
+                            b0 = sm.f32[tu + (lv + G_ + 8) * ST_LDU + 8 * nt + 2 * TQ]; b1 = sm.f32[tu + (lv + G_ + 8) * ST_LDU + 8 * nt + 2 * TQ + 1]
+                            vn.append(np.stack([a0, a1, b0, b1], 1).astype(np.float32))
+                        H = bufs['hs'] // 2 + ((h * nch + c) * D + v0 + lv + G_) * 2 * D + 2 * TQ  # bf16 index
+                        for kk in range(D // 16):
+                            ah, al = c2a(s[2 * kk], s[2 * kk + 1])
+                            h0 = (H + 16 * kk) // 2
+                            h8 = (H + 8 * 2 * D + 16 * kk) // 2
+                            gm.u32[h0], gm.u32[h8], gm.u32[h0 + 4], gm.u32[h8 + 4] = ah
+                            gm.u32[h0 + D // 2], gm.u32[h8 + D // 2], gm.u32[h0 + D // 2 + 4], gm.u32[h8 + D // 2 + 4] = al
+                            ah = [x ^ np.uint32(0x80008000) for x in ah]
+                            al = [x ^ np.uint32(0x80008000) for x in al]
+                            for np_ in range(C // 16):
+                                bh, bl = ldb_split_nk(sm, tw, ST_LD, D, 16 * np_, 16 * kk)
+                                mma3x2(vn[2 * np_], vn[2 * np_ + 1], ah, al, bh, bl)
+                        VN = (bufs['vu'] + ((h * Tp + c * C) * D + (v0 + lv + G_) * C) * 4) // 2 + 2 * TQ  # bf16 index
+                        for nt in range(C // 8):
+                            hi, lo = split2(vn[nt][:, 0], vn[nt][:, 1])
+                            gm.u32[(VN + 8 * nt) // 2] = hi; gm.u32[(VN + C + 8 * nt) // 2] = lo
+                            hi, lo = split2(vn[nt][:, 2], vn[nt][:, 3])
+                            gm.u32[(VN + 8 * 2 * C + 8 * nt) // 2] = hi; gm.u32[(VN + 8 * 2 * C + C + 8 * nt) // 2] = lo
+                        gl = sm.f32[G + C - 1]
+                        el = np.float32(np.exp(gl))
+                        for nk in range(D // 8):
+                            s[nk] *= el
+                        for kt in range(C // 16):
+                            t = 16 * kt + 2 * TQ
+                            d0, d1 = np.exp(gl - sm.f32[G + t]), np.exp(gl - sm.f32[G + t + 1])
+                            d8, d9 = np.exp(gl - sm.f32[G + t + 8]), np.exp(gl - sm.f32[G + t + 9])
+                            ah, al = [], []
+                            for x, y in [(d0 * vn[2 * kt][:, 0], d1 * vn[2 * kt][:, 1]), (d0 * vn[2 * kt][:, 2], d1 * vn[2 * kt][:, 3]),
+                                         (d8 * vn[2 * kt + 1][:, 0], d9 * vn[2 * kt + 1][:, 1]), (d8 * vn[2 * kt + 1][:, 2], d9 * vn[2 * kt + 1][:, 3])]:
+                                hh, ll = split2(x, y); ah.append(hh); al.append(ll)
+                            for nk2 in range(D // 16):
+                                bh, bl = ldb_split_kn(sm, tk, ST_LD, D, 16 * kt, 16 * nk2)
+                                mma3x2(s[2 * nk2], s[2 * nk2 + 1], ah, al, bh, bl)
+                for w in range(SW):
+                    Sg = st + h * D * D + 2 * TQ * D + v0 + 16 * w + G_
                     for nk in range(D // 8):
-                        s[nk] *= el
-                    for kt in range(C // 16):
-                        t = 16 * kt + 2 * TQ
-                        d0, d1 = np.exp(gl - sm.f32[G + t]), np.exp(gl - sm.f32[G + t + 1])
-                        d8, d9 = np.exp(gl - sm.f32[G + t + 8]), np.exp(gl - sm.f32[G + t + 9])
-                        ah, al = [], []
-                        for x, y in [(d0 * vn[2 * kt][:, 0], d1 * vn[2 * kt][:, 1]), (d0 * vn[2 * kt][:, 2], d1 * vn[2 * kt][:, 3]),
-                                     (d8 * vn[2 * kt + 1][:, 0], d9 * vn[2 * kt + 1][:, 1]), (d8 * vn[2 * kt + 1][:, 2], d9 * vn[2 * kt + 1][:, 3])]:
-                            hh, ll = split2(x, y); ah.append(hh); al.append(ll)
-                        for nk2 in range(D // 16):
-                            bh, bl = ldb_split_kn(sm, tk, ST_LD, D, 16 * kt, 16 * nk2)
-                            mma3x2(s[2 * nk2], s[2 * nk2 + 1], ah, al, bh, bl)
-            for w in range(SW):
-                Sg = st + h * D * D + 2 * TQ * D + v0 + 16 * w + G_
-                for nk in range(D // 8):
-                    for e in range(4):
-                        gm.f32[Sg + (8 * nk + (e & 1)) * D + 8 * (e >> 1)] = S[w][nk][:, e]
+                        for e in range(4):
+                            gm.f32[Sg + (8 * nk + (e & 1)) * D + 8 * (e >> 1)] = S[w][nk][:, e]
 
 
 def chunk_out(D, GV, RATIO, Tp, gm, bufs):
@@ -425,11 +433,15 @@ def chunk_out(D, GV, RATIO, Tp, gm, bufs):
 
 
 # ---- driver ---------------------------------------------------------------------
-def run(D, GK, GV, T, strong, seed):
+def run(D, GK, GV, Ts, strong, seed):
+    """Ts: the token counts of the sequences laid out one after another in
+    the scratch, each padded to whole chunks (gdn.rs prefill_pieces)."""
     rng = np.random.default_rng(seed)
     RATIO = GV // GK
     SW = next(w for w in (4, 3, 2, 1) if (D // 16) % w == 0)
-    Tp = -(-T // C) * C
+    Tps = [-(-T // C) * C for T in Ts]
+    c0s = [sum(Tps[:i]) // C for i in range(len(Ts))]
+    Tp = sum(Tps)
     nch = Tp // C
 
     def normed(n, heads, scale):
@@ -437,61 +449,74 @@ def run(D, GK, GV, T, strong, seed):
         x = 1 / (1 + np.exp(-x)) * x + 0.3
         return (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) * scale).astype(np.float32)
 
-    S0 = (rng.uniform(-0.3, 0.3, (GV, D, D))).astype(np.float32)  # a non-zero starting state
-    q, k = normed(T, GK, 1 / np.sqrt(D)), normed(T, GK, 1.0)
-    v = rng.uniform(-1, 1, (T, GV, D)).astype(np.float32)
     alog = rng.uniform(0.5, 2.5, GV) if strong else rng.uniform(-4, -1, GV)
-    a = rng.uniform(-2, 2, (T, GV))
-    g = (-np.exp(alog) * np.log1p(np.exp(a + rng.uniform(-2, 0, GV)))).astype(np.float32)
-    beta = (1 / (1 + np.exp(-rng.uniform(-2, 2, (T, GV))))).astype(np.float32)
+    seqs = []
+    for T in Ts:
+        S0 = (rng.uniform(-0.3, 0.3, (GV, D, D))).astype(np.float32)  # a non-zero starting state
+        q, k = normed(T, GK, 1 / np.sqrt(D)), normed(T, GK, 1.0)
+        v = rng.uniform(-1, 1, (T, GV, D)).astype(np.float32)
+        a = rng.uniform(-2, 2, (T, GV))
+        g = (-np.exp(alog) * np.log1p(np.exp(a + rng.uniform(-2, 0, GV)))).astype(np.float32)
+        beta = (1 / (1 + np.exp(-rng.uniform(-2, 2, (T, GV))))).astype(np.float32)
+        seqs.append((S0, q, k, v, g, beta))
 
     sizes = {'q': GK * Tp * D, 'k': GK * Tp * D, 'vu': GV * Tp * D, 'gg': GV * Tp, 'bb': GV * Tp, 'w': GV * Tp * D,
-             'gc': GV * Tp, 'hs': GV * nch * D * D, 'o': Tp * GV * D, 'state': GV * D * D}
+             'gc': GV * Tp, 'hs': GV * nch * D * D, 'o': Tp * GV * D, 'state': len(Ts) * GV * D * D}
     bufs, off = {}, 0
     for name, n in sizes.items():
         bufs[name] = off
         off += -(-n * 4 // 256) * 256
     gm = Mem(off, fill_nan=True)
-    # gdn_prefill_prep's outputs (padded tokens zero)
-    for name, x, heads in [('q', q, GK), ('k', k, GK)]:
-        for hh in range(heads):
-            for t in range(Tp):
-                base = bufs[name] // 2 + (hh * Tp + t) * 2 * D
-                val = x[t, hh] if t < T else np.zeros(D, np.float32)
-                hi = bf16(val)
-                gm.u16[base:base + D] = hi
-                gm.u16[base + D:base + 2 * D] = bf16((val - bf2f(hi)).astype(np.float32))
-    for hh in range(GV):
-        for t in range(Tp):
-            gm.f32[bufs['vu'] // 4 + (hh * Tp + t) * D:][:D] = v[t, hh] if t < T else 0
-            gm.f32[bufs['gg'] // 4 + hh * Tp + t] = g[t, hh] if t < T else 0
-            gm.f32[bufs['bb'] // 4 + hh * Tp + t] = beta[t, hh] if t < T else 0
-    gm.f32[bufs['state'] // 4:][:GV * D * D] = S0.ravel()
+    # gdn_prefill_prep's outputs (padded tokens zero), piece i at rows c0 C..
+    for i, (T, (S0, q, k, v, g, beta)) in enumerate(zip(Ts, seqs)):
+        r0 = c0s[i] * C
+        for name, x, heads in [('q', q, GK), ('k', k, GK)]:
+            for hh in range(heads):
+                for t in range(Tps[i]):
+                    base = bufs[name] // 2 + (hh * Tp + r0 + t) * 2 * D
+                    val = x[t, hh] if t < T else np.zeros(D, np.float32)
+                    hi = bf16(val)
+                    gm.u16[base:base + D] = hi
+                    gm.u16[base + D:base + 2 * D] = bf16((val - bf2f(hi)).astype(np.float32))
+        for hh in range(GV):
+            for t in range(Tps[i]):
+                gm.f32[bufs['vu'] // 4 + (hh * Tp + r0 + t) * D:][:D] = v[t, hh] if t < T else 0
+                gm.f32[bufs['gg'] // 4 + hh * Tp + r0 + t] = g[t, hh] if t < T else 0
+                gm.f32[bufs['bb'] // 4 + hh * Tp + r0 + t] = beta[t, hh] if t < T else 0
+        gm.f32[bufs['state'] // 4 + i * GV * D * D:][:GV * D * D] = S0.ravel()
 
+    pieces = [(c0s[i], Tps[i] // C, bufs['state'] + i * GV * D * D * 4) for i in range(len(Ts))]
     chunk_wu(D, GV, RATIO, Tp, gm, bufs)
-    chunk_state(D, GV, RATIO, Tp, SW, gm, bufs)
+    chunk_state(D, GV, RATIO, Tp, SW, gm, bufs, pieces)
     chunk_out(D, GV, RATIO, Tp, gm, bufs)
 
-    O = gm.f32[bufs['o'] // 4:][:Tp * GV * D].reshape(Tp, GV, D)[:T]
-    Sf = gm.f32[bufs['state'] // 4:][:GV * D * D].reshape(GV, D, D)
-    # f64 recurrence
-    S = S0.astype(np.float64).copy()
-    Or = np.zeros((T, GV, D))
-    for t in range(T):
-        for hh in range(GV):
-            kh = hh // RATIO
-            S[hh] *= np.exp(g[t, hh])
-            u = beta[t, hh] * (v[t, hh] - S[hh].T @ k[t, kh])
-            S[hh] += np.outer(k[t, kh], u)
-            Or[t, hh] = S[hh].T @ q[t, kh]
+    ok = True
     rel = lambda x, y: np.sqrt(((x - y) ** 2).sum() / (y ** 2).sum())
-    eo, es = rel(O, Or), rel(Sf, S)
-    ok = np.isfinite(O).all() and np.isfinite(Sf).all() and eo < 1e-4 and es < 1e-4
-    print(f"D={D} heads {GK}/{GV} T={T} {'strong' if strong else 'mild'} decay: O rel {eo:.2e}, state rel {es:.2e} {'ok' if ok else 'FAIL'}")
+    for i, (T, (S0, q, k, v, g, beta)) in enumerate(zip(Ts, seqs)):
+        r0 = c0s[i] * C
+        O = gm.f32[bufs['o'] // 4:][:Tp * GV * D].reshape(Tp, GV, D)[r0:r0 + T]
+        Sf = gm.f32[bufs['state'] // 4 + i * GV * D * D:][:GV * D * D].reshape(GV, D, D)
+        # f64 recurrence
+        S = S0.astype(np.float64).copy()
+        Or = np.zeros((T, GV, D))
+        for t in range(T):
+            for hh in range(GV):
+                kh = hh // RATIO
+                S[hh] *= np.exp(g[t, hh])
+                u = beta[t, hh] * (v[t, hh] - S[hh].T @ k[t, kh])
+                S[hh] += np.outer(k[t, kh], u)
+                Or[t, hh] = S[hh].T @ q[t, kh]
+        eo, es = rel(O, Or), rel(Sf, S)
+        good = np.isfinite(O).all() and np.isfinite(Sf).all() and eo < 1e-4 and es < 1e-4
+        ok = ok and good
+        where = f" piece {i} of {len(Ts)} (chunk {c0s[i]})" if len(Ts) > 1 else ""
+        print(f"D={D} heads {GK}/{GV} T={T}{where} {'strong' if strong else 'mild'} decay: O rel {eo:.2e}, state rel {es:.2e} {'ok' if good else 'FAIL'}")
     return ok
 
 
 if __name__ == '__main__':
-    cases = [(32, 2, 4, 100, False, 1), (32, 2, 4, 65, True, 2), (64, 1, 2, 130, False, 3), (128, 1, 2, 70, False, 4), (96, 1, 1, 40, True, 5)]
+    cases = [(32, 2, 4, [100], False, 1), (32, 2, 4, [65], True, 2), (64, 1, 2, [130], False, 3), (128, 1, 2, [70], False, 4), (96, 1, 1, [40], True, 5),
+             # several sequences in one pass (gdn.rs prefill_pieces)
+             (32, 2, 4, [37, 1, 64, 100], False, 6), (64, 1, 2, [70, 130], True, 7)]
     good = all([run(*c) for c in cases])
     sys.exit(0 if good else 1)

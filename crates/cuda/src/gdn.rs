@@ -135,11 +135,32 @@ pub const DECODE_THREADS: usize = 16 * DECODE_VCOLS;
 /// GDN_DEC_GROUPS in gdn.cu.
 pub const DECODE_GROUPS: usize = 4;
 
+/// Sequences a chunked-prefill launch takes at once (the piece tables of
+/// gdn.cu's parameter structs); `prefill_pieces` launches more in groups.
+pub const MAX_PIECES: usize = 16;
+
+/// One sequence's run of a prefill pass, as the kernels take it (gdn.cu
+/// `GdnPiece`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PieceDev {
+    proj: u64,
+    conv: u64,
+    state: u64,
+    cap_conv: u64,
+    cap_state: u64,
+    mix_f32: u64,
+    mix_f16: u64,
+    t: i32,
+    p0: i32,
+    c0: i32,
+    capture_chunk: i32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct GdnPrepParams {
-    proj: u64,
-    conv: u64,
+    pc: [PieceDev; MAX_PIECES],
     conv_w: u64,
     a_log: u64,
     dt_bias: u64,
@@ -149,9 +170,7 @@ struct GdnPrepParams {
     gg: u64,
     bb: u64,
     proj_stride: i32,
-    t: i32,
     tp: i32,
-    p0: i32,
 }
 // SAFETY: plain-old-data mirroring `GdnPrepParams` in gdn.cu.
 unsafe impl DeviceRepr for GdnPrepParams {}
@@ -159,11 +178,8 @@ unsafe impl DeviceRepr for GdnPrepParams {}
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct GdnConvStoreParams {
-    proj: u64,
-    conv: u64,
+    pc: [PieceDev; MAX_PIECES],
     proj_stride: i32,
-    t: i32,
-    p0: i32,
 }
 // SAFETY: plain-old-data mirroring `GdnConvStoreParams` in gdn.cu.
 unsafe impl DeviceRepr for GdnConvStoreParams {}
@@ -190,10 +206,8 @@ struct GdnStateParams {
     vu: u64,
     gc: u64,
     hs: u64,
-    state: u64,
-    capture: u64,
+    pc: [PieceDev; MAX_PIECES],
     tp: i32,
-    capture_chunk: i32,
 }
 // SAFETY: plain-old-data mirroring `GdnStateParams` in gdn.cu.
 unsafe impl DeviceRepr for GdnStateParams {}
@@ -215,11 +229,9 @@ unsafe impl DeviceRepr for GdnOutParams {}
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct GdnGatedNormParams {
+    pc: [PieceDev; MAX_PIECES],
     o: u64,
-    proj: u64,
     norm_w: u64,
-    mix_f32: u64,
-    mix_f16: u64,
     proj_stride: i32,
     eps: f32,
 }
@@ -320,6 +332,8 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DGDN_WU_SMEM={}", wu_smem(dims)),
         format!("-DGDN_STATE_SMEM={}", state_smem(dims)),
         format!("-DGDN_OUT_SMEM={}", out_smem(dims)),
+        format!("-DGDN_MAX_PIECES={MAX_PIECES}"),
+        format!("-DGDN_PIECE_BYTES={}", size_of::<PieceDev>()),
         format!("-DGDN_DECODE_PARAMS_BYTES={}", size_of::<GdnDecodeParams>()),
         format!("-DGDN_PREP_PARAMS_BYTES={}", size_of::<GdnPrepParams>()),
         format!("-DGDN_CONV_STORE_PARAMS_BYTES={}", size_of::<GdnConvStoreParams>()),
@@ -361,10 +375,60 @@ pub fn prefill(
     mix: MixOut,
     capture: Option<GdnCapture>,
 ) -> CudaResult<()> {
-    if t == 0 {
-        return Ok(());
+    prefill_pieces(gpu, k, dims, w, &[PrefillPiece { conv, state, proj, t, p0, mix, capture }], proj_stride, s)
+}
+
+/// One sequence's run of rows in a prefill pass: its conv ring and
+/// recurrent state (this layer, its slot), its first in-projection row, its
+/// tokens and the position of the first, where its output rows go, and a
+/// prefix snapshot to take inside it.
+#[derive(Clone, Copy)]
+pub struct PrefillPiece {
+    pub conv: u64,
+    pub state: u64,
+    pub proj: u64,
+    pub t: usize,
+    pub p0: usize,
+    pub mix: MixOut,
+    pub capture: Option<GdnCapture>,
+}
+
+/// The chunked prefill of several sequences' pieces (distinct sequences)
+/// in one set of launches: their tokens one after another in the scratch,
+/// each padded to whole chunks, the chunk kernels over all of them and the
+/// state recurrence of every piece side by side. Each piece's results are
+/// the bits `prefill` gives it alone. Pieces beyond `MAX_PIECES` or the
+/// scratch's rows go in further groups.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_pieces(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, pieces: &[PrefillPiece], proj_stride: usize, s: &GdnScratch) -> CudaResult<()> {
+    if proj_stride < dims.gdn_proj() {
+        return Err(CudaError::shape("gdn_prefill", format!("proj stride {proj_stride} < {}", dims.gdn_proj())));
     }
-    if let Some(c) = capture {
+    let mut group: Vec<PieceDev> = Vec::with_capacity(MAX_PIECES);
+    let mut rows = 0;
+    for p in pieces.iter().filter(|p| p.t > 0) {
+        let dev = piece_dev(p)?;
+        let tp = p.t.div_ceil(GDN_CHUNK) * GDN_CHUNK;
+        if tp > s.max_tokens {
+            return Err(CudaError::shape("gdn_prefill", format!("{} tokens, scratch holds {}", p.t, s.max_tokens)));
+        }
+        if group.len() == MAX_PIECES || rows + tp > s.max_tokens {
+            prefill_group(gpu, k, dims, w, &mut group, rows, proj_stride, s)?;
+            rows = 0;
+        }
+        group.push(PieceDev { c0: (rows / GDN_CHUNK) as i32, ..dev });
+        rows += tp;
+    }
+    if !group.is_empty() {
+        prefill_group(gpu, k, dims, w, &mut group, rows, proj_stride, s)?;
+    }
+    Ok(())
+}
+
+/// A piece's kernel entry (c0 set by the caller), after its checks.
+fn piece_dev(p: &PrefillPiece) -> CudaResult<PieceDev> {
+    let t = p.t;
+    if let Some(c) = p.capture {
         if c.at == 0 || c.at >= t || !c.at.is_multiple_of(GDN_CHUNK) {
             return Err(CudaError::shape(
                 "gdn_prefill",
@@ -372,16 +436,48 @@ pub fn prefill(
             ));
         }
     }
-    if proj_stride < dims.gdn_proj() {
-        return Err(CudaError::shape("gdn_prefill", format!("proj stride {proj_stride} < {}", dims.gdn_proj())));
+    let (mix_f32, mix_f16, mix_px, _) = p.mix.split();
+    if mix_px != 0 {
+        return Err(CudaError::shape("gdn_gated_norm", "the prefill writes f32 or fp16 rows, not packed activations"));
     }
-    let tp = t.div_ceil(GDN_CHUNK) * GDN_CHUNK;
-    if tp > s.max_tokens {
-        return Err(CudaError::shape("gdn_prefill", format!("{t} tokens, scratch holds {}", s.max_tokens)));
+    if i32::try_from(t + p.p0).is_err() {
+        return Err(CudaError::shape("gdn_prefill", format!("{t} tokens from position {}", p.p0)));
     }
+    Ok(PieceDev {
+        proj: p.proj,
+        conv: p.conv,
+        state: p.state,
+        cap_conv: p.capture.map_or(0, |c| c.conv),
+        cap_state: p.capture.map_or(0, |c| c.state),
+        mix_f32,
+        mix_f16,
+        t: t as i32,
+        p0: p.p0 as i32,
+        c0: 0,
+        capture_chunk: p.capture.map_or(-1, |c| (c.at / GDN_CHUNK) as i32),
+    })
+}
+
+/// The six launches for one group of pieces laid out over `tp` scratch rows.
+#[allow(clippy::too_many_arguments)]
+fn prefill_group(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    w: &DeltaNetDev,
+    group: &mut Vec<PieceDev>,
+    tp: usize,
+    proj_stride: usize,
+    s: &GdnScratch,
+) -> CudaResult<()> {
+    let n = group.len() as u32;
+    let mut pc = [PieceDev::default(); MAX_PIECES];
+    pc[..group.len()].copy_from_slice(group);
+    let max_t = group.iter().map(|p| p.t as usize).max().unwrap_or(0);
+    let max_tp = max_t.div_ceil(GDN_CHUNK) * GDN_CHUNK;
+    group.clear();
     let prep = GdnPrepParams {
-        proj,
-        conv,
+        pc,
         conv_w: w.conv_w,
         a_log: w.a_log,
         dt_bias: w.dt_bias,
@@ -391,44 +487,25 @@ pub fn prefill(
         gg: s.gg,
         bb: s.bb,
         proj_stride: proj_stride as i32,
-        t: t as i32,
         tp: tp as i32,
-        p0: p0 as i32,
     };
-    launch(gpu, k, "gdn_prefill_prep", (tp as u32, 3, 1), (32 * dims.gk_heads) as u32, 0, &prep)?;
-    let cs = GdnConvStoreParams { proj, conv, proj_stride: proj_stride as i32, t: t as i32, p0: p0 as i32 };
-    launch(gpu, k, "gdn_conv_store", (dims.conv_dim.div_ceil(256) as u32, 1, 1), 256, 0, &cs)?;
-    if let Some(c) = capture {
-        // The captured conv ring: the inputs before position p0 + at, as a
-        // pass of `at` tokens leaves them (at >= one chunk, so all three
-        // come from this pass's rows).
-        let cc = GdnConvStoreParams { proj, conv: c.conv, proj_stride: proj_stride as i32, t: c.at as i32, p0: p0 as i32 };
-        launch(gpu, k, "gdn_conv_store", (dims.conv_dim.div_ceil(256) as u32, 1, 1), 256, 0, &cc)?;
-    }
+    launch(gpu, k, "gdn_prefill_prep", (max_tp as u32, 3, n), (32 * dims.gk_heads) as u32, 0, &prep)?;
+    // z = 1: the captured conv rings (the inputs before each capture
+    // point, as a pass of that many tokens leaves them); pieces without a
+    // capture return at once.
+    let any_capture = pc.iter().any(|p| p.cap_conv != 0);
+    let cs = GdnConvStoreParams { pc, proj_stride: proj_stride as i32 };
+    launch(gpu, k, "gdn_conv_store", (dims.conv_dim.div_ceil(256) as u32, n, if any_capture { 2 } else { 1 }), 256, 0, &cs)?;
     let nchunks = (tp / GDN_CHUNK) as u32;
     let heads = dims.gv_heads as u32;
     let wu = GdnWuParams { k: s.k, gg: s.gg, bb: s.bb, vu: s.vu, w: s.w, gc: s.gc, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_wu", (nchunks, heads, 1), 128, wu_smem(dims), &wu)?;
     let sw = state_warps(dims);
-    let st = GdnStateParams {
-        k: s.k,
-        w: s.w,
-        vu: s.vu,
-        gc: s.gc,
-        hs: s.hs,
-        state,
-        capture: capture.map_or(0, |c| c.state),
-        tp: tp as i32,
-        capture_chunk: capture.map_or(-1, |c| (c.at / GDN_CHUNK) as i32),
-    };
+    let st = GdnStateParams { k: s.k, w: s.w, vu: s.vu, gc: s.gc, hs: s.hs, pc, tp: tp as i32 };
     let col_blocks = (dims.gv_dim / (16 * sw)) as u32;
-    launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, 1), (32 * sw * state_key_split(dims)) as u32, state_smem(dims), &st)?;
+    launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, n), (32 * sw * state_key_split(dims)) as u32, state_smem(dims), &st)?;
     let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), 256, out_smem(dims), &out)?;
-    let (mix_f32, mix_f16, mix_px, _) = mix.split();
-    if mix_px != 0 {
-        return Err(CudaError::shape("gdn_gated_norm", "the prefill writes f32 or fp16 rows, not packed activations"));
-    }
-    let n = GdnGatedNormParams { o: s.o, proj, norm_w: w.norm, mix_f32, mix_f16, proj_stride: proj_stride as i32, eps: dims.rms_eps };
-    launch(gpu, k, "gdn_gated_norm", (t as u32, dims.gv_heads.div_ceil(8) as u32, 1), 256, 0, &n)
+    let gn = GdnGatedNormParams { pc, o: s.o, norm_w: w.norm, proj_stride: proj_stride as i32, eps: dims.rms_eps };
+    launch(gpu, k, "gdn_gated_norm", (max_t as u32, dims.gv_heads.div_ceil(8) as u32, n), 256, 0, &gn)
 }

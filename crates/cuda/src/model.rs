@@ -519,7 +519,8 @@ impl Model {
     /// One layer over the `t` rows of a prefill pass, made of `pieces`
     /// (each one sequence's run of tokens, in row order, covering 0..t):
     /// the in-projection, out-projection and MoE over all rows at once, the
-    /// mixer per piece on its rows.
+    /// mixer over every piece's rows in one set of launches (each piece from
+    /// its own state).
     fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
@@ -529,15 +530,21 @@ impl Model {
         let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
         match &l.mixer {
             MixerDev::DeltaNet(w) => {
-                for p in pieces {
-                    let (conv, state) = self.mem.gdn_layer_slot(i, p.slot);
-                    let mix = MixOut::F16(s.mix_f16 + (p.row0 * d.gdn_val_dim() * 2) as u64);
-                    let capture = p.capture.map(|(cslot, at)| {
-                        let (conv, state) = self.mem.gdn_layer_slot(i, cslot);
-                        gdn::GdnCapture { conv, state, at }
-                    });
-                    gdn::prefill(g, k, d, w, conv, state, proj_row(p.row0), ps, p.len, p.p0, &s.gdn_scratch(), mix, capture)?;
-                }
+                // Every piece in one set of launches: the recurrences of
+                // many short prompts run side by side.
+                let runs: Vec<gdn::PrefillPiece> = pieces
+                    .iter()
+                    .map(|p| {
+                        let (conv, state) = self.mem.gdn_layer_slot(i, p.slot);
+                        let capture = p.capture.map(|(cslot, at)| {
+                            let (conv, state) = self.mem.gdn_layer_slot(i, cslot);
+                            gdn::GdnCapture { conv, state, at }
+                        });
+                        let mix = MixOut::F16(s.mix_f16 + (p.row0 * d.gdn_val_dim() * 2) as u64);
+                        gdn::PrefillPiece { conv, state, proj: proj_row(p.row0), t: p.len, p0: p.p0, mix, capture }
+                    })
+                    .collect();
+                gdn::prefill_pieces(g, k, d, w, &runs, ps, &s.gdn_scratch())?;
                 self.mark("prefill gdn (chunked)")?;
             }
             MixerDev::Attention(w) => {

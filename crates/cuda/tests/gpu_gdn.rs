@@ -7,7 +7,10 @@
 //! (partial last chunks, one token, exactly one chunk, one past a chunk, each
 //! call starting from the state the previous ones left), gates with strong
 //! decay, 4,096 tokens in one call at the real shape after an earlier
-//! prefill, and a decode step continuing from a prefill. Scratch buffers start
+//! prefill, a decode step continuing from a prefill, and 19 sequences' pieces
+//! in one `prefill_pieces` call (launch groups by piece count and by
+//! scratch rows, a snapshot inside one piece) against each alone, bit for
+//! bit. Scratch buffers start
 //! as NaN, so a kernel reading something no kernel wrote fails the check.
 //!
 //! Tolerance: relative L2 error 1e-4 for the prefill outputs and states (the
@@ -358,6 +361,76 @@ fn chunked_deltanet_prefill_matches_recurrence() {
         seq.decode_and_check(&gpu, &k, &d, &w, &dev, &mut rng, label);
         // And a prefill after that decode step.
         seq.prefill_and_check(&gpu, &k, &d, &w, &dev, &s, &mut rng, 100, label);
+    }
+    finish();
+}
+
+#[test]
+fn pieces_of_many_sequences_in_one_call_equal_each_alone() {
+    let Some(gpu) = gpu("pieces_of_many_sequences_in_one_call_equal_each_alone") else {
+        return;
+    };
+    for (label, d) in three() {
+        let k = Kernels::load(&gpu, &d).expect("kernels");
+        let (_w, _wb, dev) = gdn_setup(&gpu, &d, 960, Decay::Mild);
+        // Lengths with partial chunks, a single token, whole chunks; 19
+        // pieces: more than one launch group (gdn::MAX_PIECES), and the
+        // 256-row scratch forces groups by rows too. Piece 2 takes a
+        // prefix snapshot after its first chunk. Each sequence starts from
+        // its own earlier state (a first prefill of a few tokens).
+        let lens: Vec<usize> = (0..19).map(|i| [37usize, 150, 130, 1, 64, 65][i % 6]).collect();
+        let n = lens.len();
+        let (cf, sf) = (d.gdn_conv_floats(), d.gdn_state_floats());
+        let val = d.gdn_val_dim();
+        let ps = d.proj_stride();
+        let mut rng = Rng::new(961);
+        let warm: Vec<Vec<f32>> = (0..n).map(|i| gdn_proj_rows(&mut rng, &d, 3 + i % 4)).collect();
+        let rows: Vec<Vec<f32>> = lens.iter().map(|&t| gdn_proj_rows(&mut rng, &d, t)).collect();
+        let (_sb, scratch) = nan_scratch(&gpu, &d, 256);
+        // Two copies of every sequence's state, slots 0..n (and n for the
+        // snapshot): `a` stepped alone, `b` in one call.
+        let run = |together: bool| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+            let conv = zeros(&gpu, (n + 1) * cf * 4);
+            let state = zeros(&gpu, (n + 1) * sf * 4);
+            let slot = |i: usize| (conv.ptr() + (i * cf * 4) as u64, state.ptr() + (i * sf * 4) as u64);
+            for (i, wr) in warm.iter().enumerate() {
+                let pb = upload(&gpu, wr);
+                let mix = upload(&gpu, &vec![NAN; wr.len() / ps * val]);
+                let (c, st) = slot(i);
+                gdn::prefill(&gpu, &k, &d, &dev, c, st, pb.ptr(), ps, wr.len() / ps, 0, &scratch, MixOut::F32(mix.ptr()), None).expect("warm-up");
+            }
+            let total: usize = lens.iter().sum();
+            let all: Vec<f32> = rows.concat();
+            let pb = upload(&gpu, &all);
+            let out = upload(&gpu, &vec![NAN; total * val]);
+            let mut pieces = Vec::new();
+            let mut row0 = 0;
+            for (i, &t) in lens.iter().enumerate() {
+                let (c, st) = slot(i);
+                let (cc, cst) = slot(n);
+                let capture = (i == 2).then_some(gdn::GdnCapture { conv: cc, state: cst, at: 64 });
+                let p0 = warm[i].len() / ps;
+                let mix = MixOut::F32(out.ptr() + (row0 * val * 4) as u64);
+                pieces.push(gdn::PrefillPiece { conv: c, state: st, proj: pb.ptr() + (row0 * ps * 4) as u64, t, p0, mix, capture });
+                row0 += t;
+            }
+            if together {
+                gdn::prefill_pieces(&gpu, &k, &d, &dev, &pieces, ps, &scratch).expect("pieces");
+            } else {
+                for p in &pieces {
+                    gdn::prefill_pieces(&gpu, &k, &d, &dev, std::slice::from_ref(p), ps, &scratch).expect("alone");
+                }
+            }
+            (download(&gpu, out.ptr(), total * val), download(&gpu, state.ptr(), (n + 1) * sf), download(&gpu, conv.ptr(), (n + 1) * cf))
+        };
+        let (oa, sa, ca) = run(false);
+        let (ob, sb, cb) = run(true);
+        let same = |x: &[f32], y: &[f32]| x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(oa.iter().all(|v| v.is_finite()), "gdn pieces {label}: an output row was not written");
+        assert!(same(&oa, &ob), "gdn pieces {label}: outputs of the pieces in one call differ from each alone");
+        assert!(same(&sa, &sb), "gdn pieces {label}: states (and the snapshot's) differ");
+        assert!(same(&ca, &cb), "gdn pieces {label}: conv rings (and the snapshot's) differ");
+        println!("gdn pieces {label}: {n} sequences of {} tokens in one call equal each alone, bit for bit", lens.iter().sum::<usize>());
     }
     finish();
 }

@@ -59,7 +59,14 @@
 // shared memory such a row is padded by 8 bf16 (GDN_SPL(n)), so the 8 rows of
 // an ldmatrix fall in 8 distinct 4-bank groups.
 //
-// Scratch (gdn.rs `GdnScratch`; Tp = T rounded up to C, nc = Tp / C):
+// A pass may hold several sequences ("pieces", gdn.rs `prefill_pieces`):
+// their tokens lie one after another in the scratch, each padded to whole
+// chunks, so a chunk never spans two sequences; wu and out run over all
+// chunks at once, prep, conv_store, state and gated_norm take a piece table
+// (blockIdx.z = the piece), and state walks each piece's chunks from its
+// own recurrent state, the pieces side by side.
+// Scratch (gdn.rs `GdnScratch`; Tp = the pieces' T, each rounded up to C,
+// summed; nc = Tp / C):
 //   q, k  [GK_HEADS][Tp] split rows of GK_DIM (q scaled)          prep
 //   vu    [GV_HEADS][Tp][GV_DIM] f32 v                            prep
 //         -> per (head, chunk) tile: U^T [GV_DIM][C] f32          wu
@@ -393,9 +400,31 @@ GDN_LAYOUT(GdnDecodeParams, GDN_DECODE_PARAMS_BYTES);
 // bf16 row stride (elements) of a shared-memory split tile of n columns.
 #define GDN_SPL(n) (2 * (n) + 8)
 
+// One sequence's run of rows in a prefill pass (gdn.rs `PieceDev`). A pass
+// of several sequences lays their tokens out in the scratch one after
+// another, each padded to whole chunks (piece i from chunk c0); the chunk
+// kernels (wu, out) work per chunk and need no piece, the others take the
+// piece table and blockIdx.z = the piece.
+#ifndef GDN_MAX_PIECES
+#error "GDN_MAX_PIECES must be defined by the host (gdn.rs)"
+#endif
+struct GdnPiece {
+    const float* proj;     // its first in-projection row
+    float* conv;           // its conv ring (this layer's, its slot)
+    float* state;          // its recurrent state (this layer's, its slot)
+    float* cap_conv;       // a prefix snapshot's conv ring and state, after
+    float* cap_state;      // its first capture_chunk chunks; or null
+    float* mix_f32;        // its first output row (f32 or fp16), or null
+    f16* mix_f16;
+    int T;                 // tokens
+    int p0;                // position of its first token
+    int c0;                // its first chunk in the scratch
+    int capture_chunk;     // 1 .. chunks - 1, or -1
+};
+GDN_LAYOUT(GdnPiece, GDN_PIECE_BYTES);
+
 struct GdnPrepParams {
-    const float* proj;      // [T][proj_stride]
-    const float* conv;      // conv ring of this layer and sequence (slot base)
+    GdnPiece pc[GDN_MAX_PIECES];
     const float* conv_w;
     const float* a_log;
     const float* dt_bias;
@@ -405,9 +434,7 @@ struct GdnPrepParams {
     float* gg;              // [GV_HEADS][Tp]
     float* bb;              // [GV_HEADS][Tp]
     int proj_stride;
-    int T;                  // real tokens
-    int Tp;                 // padded to GDN_CHUNK
-    int p0;                 // position of token 0
+    int Tp;                 // scratch rows of the pass (every piece padded to GDN_CHUNK)
 };
 GDN_LAYOUT(GdnPrepParams, GDN_PREP_PARAMS_BYTES);
 
@@ -415,30 +442,35 @@ GDN_LAYOUT(GdnPrepParams, GDN_PREP_PARAMS_BYTES);
 
 // Raw qkv input of relative token `t` (may be negative: then it comes from
 // the conv ring, which holds the inputs before this call).
-__device__ __forceinline__ float gdn_raw(const GdnPrepParams& p, int t, int ch) {
-    if (t >= 0) return p.proj[(size_t)t * p.proj_stride + ch];
-    return p.conv[((p.p0 + t) & 3) * CONV_DIM + ch];
+__device__ __forceinline__ float gdn_raw(const GdnPrepParams& p, const GdnPiece& pc, int t, int ch) {
+    if (t >= 0) return pc.proj[(size_t)t * p.proj_stride + ch];
+    return pc.conv[((pc.p0 + t) & 3) * CONV_DIM + ch];
 }
 
-__device__ __forceinline__ float gdn_conv_at(const GdnPrepParams& p, int t, int ch) {
+__device__ __forceinline__ float gdn_conv_at(const GdnPrepParams& p, const GdnPiece& pc, int t, int ch) {
     const float* w = p.conv_w + ch * 4;
-    float y = w[3] * gdn_raw(p, t, ch);
-    y = fmaf(w[2], gdn_raw(p, t - 1, ch), y);
-    y = fmaf(w[1], gdn_raw(p, t - 2, ch), y);
-    y = fmaf(w[0], gdn_raw(p, t - 3, ch), y);
+    float y = w[3] * gdn_raw(p, pc, t, ch);
+    y = fmaf(w[2], gdn_raw(p, pc, t - 1, ch), y);
+    y = fmaf(w[1], gdn_raw(p, pc, t - 2, ch), y);
+    y = fmaf(w[0], gdn_raw(p, pc, t - 3, ch), y);
     return siluf_(y);
 }
 
-// grid (Tp, 3), block 32 * GK_HEADS. blockIdx.y: 0 = q, 1 = k (warp = key
-// head, with its l2 norm; written as split rows for the tensor cores), 2 = v
-// (warps stride over value heads) plus the gates. Padded tokens (t >= T) get
-// zeros, which add nothing to the state.
+// grid (the longest piece's padded tokens, 3, pieces), block 32 *
+// GK_HEADS. Block (t, part, i): token t of piece i, scratch row r = c0 * C +
+// t. blockIdx.y: 0 = q, 1 = k (warp = key head, with its l2 norm; written as
+// split rows for the tensor cores), 2 = v (warps stride over value heads)
+// plus the gates. Padded tokens (T <= t < its chunks' end) get zeros, which
+// add nothing to the state.
 extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParams p) {
+    const GdnPiece& pc = p.pc[blockIdx.z];
     const int t = blockIdx.x, part = blockIdx.y;
+    if (t >= (pc.T + GDN_CHUNK - 1) / GDN_CHUNK * GDN_CHUNK) return;
+    const int r = pc.c0 * GDN_CHUNK + t;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (part < 2) {
-        bf16* out = (part == 0 ? p.q : p.k) + ((size_t)warp * p.Tp + t) * 2 * GK_DIM;
-        if (t >= p.T) {
+        bf16* out = (part == 0 ? p.q : p.k) + ((size_t)warp * p.Tp + r) * 2 * GK_DIM;
+        if (t >= pc.T) {
 #pragma unroll
             for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = out[GK_DIM + lane + 32 * j] = 0;
             return;
@@ -448,7 +480,7 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
 #pragma unroll
         for (int j = 0; j < PREP_PER_LANE; ++j) {
             const int ch = part * GDN_KEY + warp * GK_DIM + lane + 32 * j;
-            y[j] = gdn_conv_at(p, t, ch);
+            y[j] = gdn_conv_at(p, pc, t, ch);
             ss += y[j] * y[j];
         }
         ss = warp_sum(ss);
@@ -463,43 +495,44 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
         }
     } else {
         for (int hh = warp; hh < GV_HEADS; hh += nw) {
-            float* out = p.vv + ((size_t)hh * p.Tp + t) * GV_DIM;
+            float* out = p.vv + ((size_t)hh * p.Tp + r) * GV_DIM;
 #pragma unroll
             for (int j = 0; j < PREP_PER_LANE; ++j) {
                 const int ch = 2 * GDN_KEY + hh * GV_DIM + lane + 32 * j;
-                out[lane + 32 * j] = t < p.T ? gdn_conv_at(p, t, ch) : 0.f;
+                out[lane + 32 * j] = t < pc.T ? gdn_conv_at(p, pc, t, ch) : 0.f;
             }
             if (lane == 0) {
                 float g = 0.f, beta = 0.f;
-                if (t < p.T) {
-                    const float* pr = p.proj + (size_t)t * p.proj_stride;
+                if (t < pc.T) {
+                    const float* pr = pc.proj + (size_t)t * p.proj_stride;
                     const float a = pr[CONV_DIM + GDN_VAL + hh], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + hh];
                     g = -expf(p.a_log[hh]) * softplusf_(a + p.dt_bias[hh]);
                     beta = sigmoidf_(b);
                 }
-                p.gg[(size_t)hh * p.Tp + t] = g;
-                p.bb[(size_t)hh * p.Tp + t] = beta;
+                p.gg[(size_t)hh * p.Tp + r] = g;
+                p.bb[(size_t)hh * p.Tp + r] = beta;
             }
         }
     }
 }
 
-// grid (ceil(CONV_DIM / 256)), block 256: the raw inputs of the last three
-// positions of this call go into the conv ring (after gdn_prefill_prep has
-// read the old entries).
+// grid (ceil(CONV_DIM / 256), pieces, 2), block 256: the raw inputs of the
+// last three positions of each piece go into its conv ring (z = 0, after
+// gdn_prefill_prep has read the old entries) and, for a piece with a
+// capture, those before its capture point into the snapshot's ring (z = 1).
 struct GdnConvStoreParams {
-    const float* proj;
-    float* conv;           // conv ring of this layer and sequence
+    GdnPiece pc[GDN_MAX_PIECES];
     int proj_stride;
-    int T;
-    int p0;
 };
 GDN_LAYOUT(GdnConvStoreParams, GDN_CONV_STORE_PARAMS_BYTES);
 
 extern "C" __global__ void gdn_conv_store(const __grid_constant__ GdnConvStoreParams p) {
-    const float* proj = p.proj;
-    float* conv = p.conv;
-    const int proj_stride = p.proj_stride, T = p.T, p0 = p.p0;
+    const GdnPiece& pc = p.pc[blockIdx.y];
+    const bool cap = blockIdx.z == 1;
+    if (cap && pc.cap_conv == nullptr) return;
+    const float* proj = pc.proj;
+    float* conv = cap ? pc.cap_conv : pc.conv;
+    const int proj_stride = p.proj_stride, T = cap ? pc.capture_chunk * GDN_CHUNK : pc.T, p0 = pc.p0;
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= CONV_DIM) return;
     for (int d = 1; d <= 3; ++d) {
@@ -845,10 +878,11 @@ struct GdnStateParams {
     float* vu;         // per (head, chunk) tile: in U^T [GV_DIM][C] f32, out Vn^T split rows [GV_DIM][2C] bf16
     const float* gc;   // [GV_HEADS][Tp]
     bf16* hs;          // [GV_HEADS][Tp / C] x S0^T: split rows [GV_DIM][2 GK_DIM]
-    float* state;      // [GV_HEADS][GK_DIM][GV_DIM] of this layer and sequence (in and out)
-    float* capture;    // like state: S at the start of chunk capture_chunk (a prefix snapshot), or null
+    // Per piece: state [GV_HEADS][GK_DIM][GV_DIM] of this layer and sequence
+    // (in and out), cap_state like it (S at the start of chunk
+    // capture_chunk of the piece, a prefix snapshot) or null.
+    GdnPiece pc[GDN_MAX_PIECES];
     int Tp;
-    int capture_chunk; // 1 .. Tp / C - 1 when capture is set
 };
 GDN_LAYOUT(GdnStateParams, GDN_STATE_PARAMS_BYTES);
 
@@ -866,7 +900,8 @@ static_assert(ST_KH % 16 == 0, "a warp's keys are whole k16 steps");
 static_assert(2 * ST_BUF_BYTES + (ST_KS > 1 ? ST_W * ST_KS * ST_X_FLOATS * 4 : 0) == GDN_STATE_SMEM,
               "gdn_chunk_state shared memory differs from gdn.rs state_smem");
 
-// grid (GV_HEADS, GV_DIM / ST_BV), block 32 * ST_W * ST_KS. Warp (w, kh) =
+// grid (GV_HEADS, GV_DIM / ST_BV, pieces), block 32 * ST_W * ST_KS; a
+// piece's chunks in sequence, the pieces side by side. Warp (w, kh) =
 // (warp % ST_W, warp / ST_W) owns the value columns v0 + 16w .. +16 and the
 // keys kh ST_KH .. +ST_KH of S for the whole call, as S^T (16 v rows x ST_KH
 // key columns) in mma accumulators (ST_KH/2 floats a thread), so S^T is the
@@ -894,7 +929,9 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
     const int wv = warp % ST_W, ks = warp / ST_W;   // value group, key slice
     const int lv = 16 * wv;     // this warp's first row of S^T within the block
     const int k0 = ks * ST_KH;  // its first key
-    const int nch = p.Tp / GDN_CHUNK;
+    const GdnPiece& pc = p.pc[blockIdx.z];
+    const int nch = p.Tp / GDN_CHUNK;                               // chunks of the pass (hs rows)
+    const int cb = pc.c0, ce = pc.c0 + (pc.T + GDN_CHUNK - 1) / GDN_CHUNK;  // this piece's
     auto sW = [&](int b) { return reinterpret_cast<bf16*>(gdn_smem + b * ST_BUF_BYTES); };
     auto sK = [&](int b) { return sW(b) + GDN_CHUNK * ST_LD; };
     auto sU = [&](int b) { return reinterpret_cast<float*>(sK(b) + GDN_CHUNK * ST_LD); };
@@ -910,18 +947,18 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
 
     // S^T accumulators: s[nk][e] = S[8 nk + 2 tq + (e & 1)][v0 + lv + g + 8 (e >> 1)]
     // (offsets from Sg are constants, so no per-element address stays live).
-    float* Sg = p.state + (size_t)h * GDN_D * GDN_D + (size_t)(k0 + 2 * tq) * GDN_D + v0 + lv + g;
+    float* Sg = pc.state + (size_t)h * GDN_D * GDN_D + (size_t)(k0 + 2 * tq) * GDN_D + v0 + lv + g;
     float s[ST_KH / 8][4];
 #pragma unroll
     for (int nk = 0; nk < ST_KH / 8; ++nk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nk][e] = Sg[(8 * nk + (e & 1)) * GDN_D + 8 * (e >> 1)];
 
-    prefetch(0, 0);
+    prefetch(cb, 0);
     cp_async_commit();
-    for (int c = 0; c < nch; ++c) {
-        const int b = c & 1;
-        if (c + 1 < nch) prefetch(c + 1, b ^ 1);
+    for (int c = cb; c < ce; ++c) {
+        const int b = (c - cb) & 1;
+        if (c + 1 < ce) prefetch(c + 1, b ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -944,10 +981,11 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
             vn[nt][2] = bb.x;
             vn[nt][3] = bb.y;
         }
-        if (p.capture != nullptr && c == p.capture_chunk) {
-            // The state after the first c chunks, in fp32 as a pass ending
-            // there would leave it (a prefix snapshot inside the prompt).
-            float* Cg = p.capture + (Sg - p.state);
+        if (pc.cap_state != nullptr && c - cb == pc.capture_chunk) {
+            // The state after the piece's first c - cb chunks, in fp32 as a
+            // pass ending there would leave it (a prefix snapshot inside the
+            // prompt).
+            float* Cg = pc.cap_state + (Sg - pc.state);
 #pragma unroll
             for (int nk = 0; nk < ST_KH / 8; ++nk)
 #pragma unroll
@@ -1174,14 +1212,13 @@ gdn_chunk_out(const __grid_constant__ GdnOutParams p) {
     }
 }
 
-// grid (T, ceil(GV_HEADS / 8)), block 256: warp = one (token, head).
+// grid (the longest piece's tokens, ceil(GV_HEADS / 8), pieces), block 256:
+// warp = one (token, head) of a piece, O row c0 * C + t.
 // mix[t][h * D + i] = w[i] * O * rsqrt(mean(O^2) + eps) * silu(z).
 struct GdnGatedNormParams {
-    const float* O;        // [T][GDN_VAL]
-    const float* proj;     // for z
+    GdnPiece pc[GDN_MAX_PIECES];   // proj (for z) and the output rows
+    const float* O;        // [Tp][GDN_VAL]
     const float* norm_w;
-    float* mix_f32;
-    f16* mix_f16;
     int proj_stride;
     float eps;
 };
@@ -1189,16 +1226,17 @@ GDN_LAYOUT(GdnGatedNormParams, GDN_GATED_NORM_PARAMS_BYTES);
 
 extern "C" __global__ void __launch_bounds__(256)
 gdn_gated_norm(const __grid_constant__ GdnGatedNormParams p) {
+    const GdnPiece& pc = p.pc[blockIdx.z];
     const float* O = p.O;
-    const float* proj = p.proj;
+    const float* proj = pc.proj;
     const float* norm_w = p.norm_w;
-    float* mix_f32 = p.mix_f32;
-    f16* mix_f16 = p.mix_f16;
+    float* mix_f32 = pc.mix_f32;
+    f16* mix_f16 = pc.mix_f16;
     const int proj_stride = p.proj_stride;
     const float eps = p.eps;
     const int t = blockIdx.x, h = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (h >= GV_HEADS) return;
-    const float* o = O + (size_t)t * GDN_VAL + h * GV_DIM;
+    if (h >= GV_HEADS || t >= pc.T) return;
+    const float* o = O + ((size_t)pc.c0 * GDN_CHUNK + t) * GDN_VAL + h * GV_DIM;
     const float* z = proj + (size_t)t * proj_stride + CONV_DIM + h * GV_DIM;
     float v[PREP_PER_LANE];
     float ss = 0.f;
