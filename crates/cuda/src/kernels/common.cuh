@@ -435,6 +435,26 @@ __device__ __forceinline__ int ldcg_i32(const int* p) {
     return r;
 }
 
+// Whether this block is the last of `of` blocks to take a ticket from
+// `*ticket` (called once by every thread of each of those blocks). Every
+// block's global writes before the call are fenced before it takes its
+// ticket, and the last block fences again, so it may then read them all
+// (through L2: ldcg). When `reset` is given, thread 0 zeroes it before
+// taking the ticket (a counter of an earlier round, for the next launch).
+__device__ __forceinline__ bool last_block_arrives(int* ticket, int of, int* reset = nullptr) {
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (reset != nullptr) *reset = 0;
+        s_last = atomicAdd(ticket, 1) == of - 1;
+    }
+    __syncthreads();
+    const bool last = s_last != 0;
+    if (last) __threadfence();
+    return last;
+}
+
 // Exclusive scan of v over the block (blockDim.x == 256); returns the total.
 __device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -361,11 +361,9 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
         __syncthreads();  // red is read above
         if (lane == 0) red[warp] = ws;
         __syncthreads();
-        if (SPLIT) {
-            if (tid == 0) p.mix_csum[(size_t)t * (GDN_VAL / 64) + (h * GV_DIM + c0) / 64] = red[0] + red[1];
-        } else if (tid < GV_DIM / 64) {
-            p.mix_csum[(size_t)t * (GDN_VAL / 64) + h * (GV_DIM / 64) + tid] = red[2 * tid] + red[2 * tid + 1];
-        }
+        // A split block holds one group (at column c0), a whole head
+        // GV_DIM / 64 of them (c0 = 0).
+        if (tid < (SPLIT ? 1 : GV_DIM / 64)) p.mix_csum[(size_t)t * (GDN_VAL / 64) + (h * GV_DIM + c0) / 64 + tid] = red[2 * tid] + red[2 * tid + 1];
     }
     if (SPLIT) cluster_wait();
 }

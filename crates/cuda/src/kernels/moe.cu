@@ -46,7 +46,6 @@ moe_route_plan(const __grid_constant__ MoeRoutePlanParams p) {
     __shared__ int s_idx[8][TOPK];
     __shared__ float s_w[8][TOPK];
     __shared__ int scan_tmp[8];
-    __shared__ int s_last;
     pdl_trigger();
     pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -61,12 +60,7 @@ moe_route_plan(const __grid_constant__ MoeRoutePlanParams p) {
             p.rank[t * TOPK + lane] = atomicAdd(p.counts + e, 1);
         }
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    if (!last_block_arrives(p.ticket, (int)gridDim.x)) return;
     const int bm = p.bm;
     int base = 0, tbase = 0;
     for (int e0 = 0; e0 < N_EXPERTS; e0 += 256) {

@@ -1299,7 +1299,6 @@ __device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns,
 // floats (staging), the plan's tables and selection bitmap).
 extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
     extern __shared__ __align__(16) float rsm[];
-    __shared__ int s_last;
     const int warp = threadIdx.x >> 5;
     RouterRow rr;
     router_row_load(p, blockIdx.x * ROUTER_ROWS + warp, rr);
@@ -1313,12 +1312,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
     router_dot(p, rsm, rr, t0, nt);
 
     // The last row block of this token chunk routes its tokens.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.ticket + 1 + blockIdx.y, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    if (!last_block_arrives(p.ticket + 1 + blockIdx.y, (int)gridDim.x)) return;
     router_topk(p, rsm, t0, nt, true);
     // The last chunk to be routed writes the plan. Thread j gathers the
     // expert ids of selections j, j + 256, ... (token * TOPK + slot).
@@ -1332,15 +1326,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         if (threadIdx.x == 0) p.ticket[1] = 0;
         router_sel_from_tables(rsm, ns, sid);
     } else {
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            p.ticket[1 + blockIdx.y] = 0;
-            s_last = atomicAdd(p.ticket, 1) == (int)gridDim.y - 1;
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
+        if (!last_block_arrives(p.ticket, (int)gridDim.y, p.ticket + 1 + blockIdx.y)) return;
         // All of a thread's loads in flight at once (one round trip).
 #pragma unroll
         for (int k = 0; k < ROUTER_SELS; ++k) {
