@@ -131,8 +131,8 @@ pub const DECODE_VCOLS: usize = 32;
 /// Threads of a `gdn_decode_split` block: one per (column, sixteenth of the
 /// keys).
 pub const DECODE_THREADS: usize = 16 * DECODE_VCOLS;
-/// Threads a value column in a `gdn_decode` (whole-head) block; must match
-/// GDN_DEC_GROUPS in gdn.cu.
+/// Threads a value column in a `gdn_decode` (whole-head) block (gdn.cu's
+/// GDN_DEC_GROUPS, defined from this).
 pub const DECODE_GROUPS: usize = 4;
 
 /// Sequences a chunked-prefill launch takes at once (the piece tables of
@@ -413,14 +413,15 @@ pub fn prefill_pieces(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, piec
             return Err(CudaError::shape("gdn_prefill", format!("{} tokens, scratch holds {}", p.t, s.max_tokens)));
         }
         if group.len() == MAX_PIECES || rows + tp > s.max_tokens {
-            prefill_group(gpu, k, dims, w, &mut group, rows, proj_stride, s)?;
+            prefill_group(gpu, k, dims, w, &group, rows, proj_stride, s)?;
+            group.clear();
             rows = 0;
         }
         group.push(PieceDev { c0: (rows / GDN_CHUNK) as i32, ..dev });
         rows += tp;
     }
     if !group.is_empty() {
-        prefill_group(gpu, k, dims, w, &mut group, rows, proj_stride, s)?;
+        prefill_group(gpu, k, dims, w, &group, rows, proj_stride, s)?;
     }
     Ok(())
 }
@@ -460,22 +461,12 @@ fn piece_dev(p: &PrefillPiece) -> CudaResult<PieceDev> {
 
 /// The six launches for one group of pieces laid out over `tp` scratch rows.
 #[allow(clippy::too_many_arguments)]
-fn prefill_group(
-    gpu: &Gpu,
-    k: &Kernels,
-    dims: &Dims,
-    w: &DeltaNetDev,
-    group: &mut Vec<PieceDev>,
-    tp: usize,
-    proj_stride: usize,
-    s: &GdnScratch,
-) -> CudaResult<()> {
+fn prefill_group(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, group: &[PieceDev], tp: usize, proj_stride: usize, s: &GdnScratch) -> CudaResult<()> {
     let n = group.len() as u32;
     let mut pc = [PieceDev::default(); MAX_PIECES];
     pc[..group.len()].copy_from_slice(group);
     let max_t = group.iter().map(|p| p.t as usize).max().unwrap_or(0);
     let max_tp = max_t.div_ceil(GDN_CHUNK) * GDN_CHUNK;
-    group.clear();
     let prep = GdnPrepParams {
         pc,
         conv_w: w.conv_w,

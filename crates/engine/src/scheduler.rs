@@ -1007,7 +1007,6 @@ fn placeholder_state() -> SampleState {
     SampleState::new(SampleParams::default(), &[])
 }
 
-/// Runs `f` and adds its wall time to the engine-time counter `field` picks.
 /// One `prefill_capture` call (snapshots evicted for room), its time added
 /// to the engine's prefill time and logged with its size at debug level.
 fn prefill_pass(shared: &Shared, kv: &mut KvLedger, backend: &mut dyn Backend, parts: &[CapturePart]) -> ModelResult<Captured> {
@@ -1020,6 +1019,7 @@ fn prefill_pass(shared: &Shared, kv: &mut KvLedger, backend: &mut dyn Backend, p
     result
 }
 
+/// Runs `f` and adds its wall time to the engine-time counter `field` picks.
 fn timed<R>(shared: &Shared, field: fn(&mut EngineTime) -> &mut f64, f: impl FnOnce() -> R) -> R {
     let t0 = Instant::now();
     let r = f();
