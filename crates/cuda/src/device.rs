@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr};
-use cudarc::driver::{result, CudaContext, CudaStream};
+use cudarc::driver::{result, CudaContext, CudaStream, PinnedHostSlice};
 
 use crate::error::{CudaError, CudaResult, DriverContext};
 
@@ -204,6 +204,52 @@ fn read_into<T: Copy>(gpu: &Gpu, ptr: u64, out: &mut [T]) -> CudaResult<()> {
     // returning.
     unsafe { result::memcpy_dtoh_async(out, ptr, gpu.cu_stream()) }.ctx("cuMemcpyDtoHAsync")?;
     gpu.synchronize()
+}
+
+/// Page-locked host memory through which rows of f32 results are read
+/// back in chunks: a pageable destination makes the driver stage every
+/// copy through its own small pinned buffers, several times slower for
+/// the megabytes of logits a prefill pass hands back.
+pub struct HostStage {
+    buf: PinnedHostSlice<f32>,
+}
+
+impl HostStage {
+    /// A stage of `floats` f32 (at least one).
+    pub fn new(gpu: &Gpu, floats: usize) -> CudaResult<Self> {
+        gpu.bind()?;
+        // SAFETY: every float is written by a copy before it is read
+        // (`read_rows` reads only what its copy filled).
+        let buf = unsafe { gpu.ctx.alloc_pinned::<f32>(floats.max(1)) }
+            .map_err(|e| CudaError::Capacity(format!("allocating {floats} floats of page-locked host memory: {e}")))?;
+        Ok(HostStage { buf })
+    }
+
+    /// Reads `rows` rows of `row_len` f32 at device address `ptr` (row
+    /// after row) after the work queued on `gpu`'s stream, as many rows a
+    /// copy as the stage holds.
+    pub fn read_rows(&mut self, gpu: &Gpu, ptr: u64, rows: usize, row_len: usize) -> CudaResult<Vec<Vec<f32>>> {
+        gpu.bind()?;
+        let stage = self.buf.as_mut_slice().ctx("pinned host buffer")?;
+        if row_len == 0 || row_len > stage.len() {
+            return Err(CudaError::Invalid(format!("rows of {row_len} floats through a stage of {}", stage.len())));
+        }
+        let per = stage.len() / row_len;
+        let mut out = Vec::with_capacity(rows);
+        let mut r = 0;
+        while r < rows {
+            let n = per.min(rows - r);
+            let dst = &mut stage[..n * row_len];
+            // SAFETY: the caller names `rows` rows of `row_len` f32 at `ptr`
+            // that it owns; the destination is this stage's page-locked
+            // memory, read only after the stream is synchronised below.
+            unsafe { result::memcpy_dtoh_async(dst, ptr + (r * row_len * 4) as u64, gpu.cu_stream()) }.ctx("cuMemcpyDtoHAsync (staged)")?;
+            gpu.synchronize()?;
+            out.extend(dst.chunks_exact(row_len).map(|c| c.to_vec()));
+            r += n;
+        }
+        Ok(out)
+    }
 }
 
 /// Reads `n` elements of type `T` at device address `ptr` after the work

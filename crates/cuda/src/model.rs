@@ -24,7 +24,7 @@ use lily_core::weights::Weights;
 use lily_model::SeqId;
 
 use crate::attention::{self, KvView, QOut};
-use crate::device::{copy_device, read_device, write_device, zero_device, DevSlice, Gpu};
+use crate::device::{copy_device, read_device, write_device, zero_device, DevSlice, Gpu, HostStage};
 use crate::dims::{Dims, GDN_CHUNK, KV_BLOCK};
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
@@ -65,6 +65,10 @@ struct Piece {
     capture: Option<(usize, usize)>,
 }
 
+/// Rows of logits read back per copy through `Model::logits_stage` (the
+/// first tokens of a pass of several new prompts: one row each).
+const LOGITS_STAGE_ROWS: usize = 8;
+
 /// The model resident on one GPU.
 pub struct Model {
     pub gpu: Arc<Gpu>,
@@ -74,6 +78,9 @@ pub struct Model {
     side: Gpu,
     fork: CudaEvent,
     join: CudaEvent,
+    /// Page-locked memory the prefill's logits are read back through,
+    /// `LOGITS_STAGE_ROWS` rows at a time.
+    logits_stage: HostStage,
     pub kernels: Kernels,
     pub dims: Dims,
     pub weights: DeviceWeights,
@@ -149,6 +156,7 @@ impl Model {
     fn assemble(gpu: &Arc<Gpu>, kernels: Kernels, dims: Dims, weights: DeviceWeights, opts: Options) -> CudaResult<Self> {
         let mem = Memory::new(gpu, &dims, opts)?;
         let event = || gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).ctx("cuEventCreate");
+        let logits_stage = HostStage::new(gpu, LOGITS_STAGE_ROWS * dims.vocab)?;
         Ok(Model {
             gpu: gpu.clone(),
             side: gpu.side_stream()?,
@@ -162,6 +170,7 @@ impl Model {
             marks: Mutex::new(None),
             knockout: Knockout::default(),
             moe_trace: None,
+            logits_stage,
         })
     }
 
@@ -625,7 +634,7 @@ impl Model {
                 let key: Vec<u64> = read_device(&self.gpu, s.argmax, 1)?;
                 last_id = sampling::key_index(key[0]);
                 if want_last_logits {
-                    last_logits = read_device(&self.gpu, s.logits, d.vocab)?;
+                    last_logits = self.logits_stage.read_rows(&self.gpu, s.logits, 1, d.vocab)?.swap_remove(0);
                 }
             }
             p0 += t;
@@ -822,17 +831,16 @@ impl Model {
 
     /// Logits of the first `t` rows of h (final norm + lm_head), in groups
     /// of the decode batch size.
-    fn logits_rows(&self, t: usize) -> CudaResult<Vec<Vec<f32>>> {
-        let d = &self.dims;
-        let s = &self.mem.scratch;
+    fn logits_rows(&mut self, t: usize) -> CudaResult<Vec<Vec<f32>>> {
+        let vocab = self.dims.vocab;
+        let s = self.mem.scratch;
         let mut out = Vec::with_capacity(t);
         let mut r = 0;
         while r < t {
             let n = (t - r).min(self.mem.opts.max_batch);
             zero_device(&self.gpu, s.argmax, n * 8)?;
             self.logits_of_rows(r, n)?;
-            let flat: Vec<f32> = read_device(&self.gpu, s.logits, n * d.vocab)?;
-            out.extend(flat.chunks_exact(d.vocab).map(|c| c.to_vec()));
+            out.extend(self.logits_stage.read_rows(&self.gpu, s.logits, n, vocab)?);
             r += n;
         }
         Ok(out)
