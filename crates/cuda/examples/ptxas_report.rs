@@ -7,6 +7,9 @@
 //!
 //! `--cubin DIR` also writes each family's cubin to DIR/NAME.cubin, for
 //! `nvdisasm -c` (instruction counts of an inner loop without a GPU).
+//! ptxas's performance advisories are printed too (e.g. C7513: wgmma groups
+//! serialised because registers they read are written while one is in
+//! flight), so a kernel change that costs the overlap shows here.
 
 use lily_core::config::production;
 use lily_cuda::dims::Dims;
@@ -42,7 +45,11 @@ fn main() {
     for f in FAMILIES.iter().filter(|f| wanted.is_empty() || wanted.iter().any(|w| w == f.name)) {
         match compile_family(f, &dims, &["--ptxas-options=-v".to_string()]) {
             Ok(c) => {
-                for line in c.log.lines().filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill")) {
+                for line in c
+                    .log
+                    .lines()
+                    .filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill") || l.contains("Performance") || l.contains("wgmma"))
+                {
                     println!("{}.cu {}", f.name, line.trim());
                 }
                 if let Some(dir) = &cubin_dir {
