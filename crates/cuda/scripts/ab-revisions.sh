@@ -22,6 +22,15 @@
 # prints ms a step by batch size and revision, with each revision's seq0
 # digests (equal digests across revisions = the same greedy tokens), then
 # prefill tok/s by prompt length.
+#
+# Serving too: LILY=1 at collect also builds each revision's `lily`; then
+# SERVE_CLIENTS="8,64" at run serves a full-shape synthetic checkpoint
+# (`lily synth --preset full` into $SYNTH_DIR, default /tmp/lily-full,
+# written on the CPU while the tests and benches run) with each revision
+# in turn, $SERVE_ROUNDS (default 2) rounds, through scripts/bench-serve.sh
+# (run from the repository root; $SERVE_PER_CLIENT requests of
+# $SERVE_MAX_TOKENS tokens, default 2 and 128), JSON into OUT, and prints
+# aggregate tok/s and TTFT p50 by revision and client count.
 set -euo pipefail
 
 usage() {
@@ -48,6 +57,7 @@ collect() {
       cd "$wt"
       CARGO_TARGET_DIR=$target cargo build --release -p lily-cuda --example bench
       CARGO_TARGET_DIR=$target cargo test --release -p lily-cuda --no-run
+      if [ "${LILY:-0}" = 1 ]; then CARGO_TARGET_DIR=$target cargo build --release -p lily; fi
     )
     mkdir -p "$dest/$name"
     cp "$target/release/examples/bench" "$dest/$name/"
@@ -56,6 +66,7 @@ collect() {
       f=$(ls -t "$target"/release/deps/"$t"-* | grep -v '\.d$' | head -1)
       cp "$f" "$dest/$name/$t"
     done
+    if [ "${LILY:-0}" = 1 ]; then cp "$target/release/lily" "$dest/$name/lily"; fi
     strip "$dest/$name"/*
     git -C "$wt" rev-parse HEAD >"$dest/$name/REVISION"
     git -C "$root" worktree remove --force "$wt"
@@ -77,6 +88,12 @@ run() {
   done
   [ ${#names[@]} -ge 1 ] || { echo "no revisions under $dest" >&2; exit 1; }
   local prefill=${PREFILL:-}
+  local synth_dir=${SYNTH_DIR:-/tmp/lily-full} synth_pid=
+  if [ -n "${SERVE_CLIENTS:-}" ] && [ ! -f "$synth_dir/config.json" ]; then
+    # Written on the CPU (a few threads, lowest priority) while the GPU runs the tests and benches.
+    RAYON_NUM_THREADS=4 nice -n 19 "$dest/${names[0]}/lily" synth --preset full --out "$synth_dir" >"$out/synth.log" 2>&1 &
+    synth_pid=$!
+  fi
   if [ "${RUN_TESTS:-1}" != 0 ]; then
     for n in "${names[@]}"; do
       case " ${TEST_ONLY:-$n} " in *" $n "*) ;; *) continue ;; esac
@@ -97,6 +114,17 @@ run() {
         echo "$n round $r: bench failed (see $out/$n-round$r.err)"
     done
   done
+  if [ -n "${SERVE_CLIENTS:-}" ]; then
+    if [ -n "$synth_pid" ]; then wait "$synth_pid" || echo "lily synth failed (see $out/synth.log)"; fi
+    for r in $(seq 1 "${SERVE_ROUNDS:-2}"); do
+      for n in "${names[@]}"; do
+        [ -x "$dest/$n/lily" ] || { echo "$n: no lily binary (collect with LILY=1)"; continue; }
+        LILY_BIN="$dest/$n/lily" BENCH_JSON="$out/$n-serve$r.json" timeout 300 \
+          bash scripts/bench-serve.sh "$synth_dir" "$SERVE_CLIENTS" "${SERVE_PER_CLIENT:-2}" "${SERVE_MAX_TOKENS:-128}" >"$out/$n-serve$r.txt" 2>&1 ||
+          echo "$n serve round $r failed (see $out/$n-serve$r.txt)"
+      done
+    done
+  fi
   python3 - "$out" "$rounds" "${names[@]}" <<'PY'
 import json, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -132,6 +160,14 @@ def table(title, data, fmt):
         print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
 table("ms a step (rounds), seq0 digest", rows, lambda ms: f"{ms:.3f}")
 table("prefill tok/s (rounds), digest", pre, lambda x: f"{x:.0f}")
+import glob, os
+serve = {}
+for n in names:
+    for f in sorted(glob.glob(f"{out}/{n}-serve*.json")):
+        for ph in json.load(open(f)).get("phases", []):
+            serve.setdefault((n, f'{ph["clients"]} clients'), []).append((ph["agg_output_tok_s"], ""))
+            serve.setdefault((n, f'{ph["clients"]} TTFT p50'), []).append((ph["ttft_s"]["p50"] * 1e3, ""))
+table("served: aggregate tok/s and TTFT p50 ms (rounds)", serve, lambda x: f"{x:.0f}")
 PY
 }
 
