@@ -160,7 +160,7 @@ def table(title, data, fmt):
         print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
 table("ms a step (rounds), seq0 digest", rows, lambda ms: f"{ms:.3f}")
 table("prefill tok/s (rounds), digest", pre, lambda x: f"{x:.0f}")
-import glob, os
+import glob
 serve = {}
 for n in names:
     for f in sorted(glob.glob(f"{out}/{n}-serve*.json")):
