@@ -562,13 +562,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // finish().
 // `prefetch_before_wait`: the job's tasks are known before the previous
 // kernel completes (dense weights), so the first stages are requested early.
+// `trigger_after_wait`: the next kernel may launch only once this one's
+// dependency is complete (the MoE gate/up, so that the down kernel after
+// it may read the plan the router wrote before its own wait).
 // WARPS: warps of the block (the fused MoE kernel runs 8); the K split
 // (KSplit) does not depend on it, so neither do the results. PDL: false
 // inside a kernel that already waited for its dependency.
 // smem_off: where the rings start in the dynamic shared memory (16-byte
 // aligned).
 template <int NT, bool CSUM_MMA, class Job, int WARPS = QMM_WARPS, bool PDL = true>
-__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait, int smem_off = 0) {
+__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait, int smem_off = 0,
+                                        bool trigger_after_wait = false) {
     extern __shared__ __align__(16) unsigned char qsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const KSplit ks(K);
@@ -579,8 +583,13 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     const int SQ = ks.SQ;
 
     if (PDL) {
-        pdl_trigger();
-        if (!prefetch_before_wait) pdl_wait();
+        if (trigger_after_wait) {
+            pdl_wait();
+            pdl_trigger();
+        } else {
+            pdl_trigger();
+            if (!prefetch_before_wait) pdl_wait();
+        }
     }
     job.prepare();
     const int ntasks = job.ntasks();
@@ -854,7 +863,10 @@ struct MoeJob {
     // memory were dependent L2 round trips in the middle of the stream.
     // The whole capacity is copied, not plan[0] items, so the copy does
     // not wait for the count (one round trip, not two); entries past the
-    // count are never read.
+    // count are never read. The down kernel runs this before its
+    // dependency wait (the plan is the router's, two kernels back: the
+    // gate/up kernel lets it launch only after its own wait), so the plan
+    // is read through L2, never from a line an earlier kernel left in L1.
     __device__ void prepare() {
         if (preset >= 0) {
             nitems = preset;
@@ -866,14 +878,17 @@ struct MoeJob {
         const int* gp = gi + 3 * p.max_items;
         int* si = smem_plan;
         int* sp = si + 3 * p.smem_items;
-        for (int i = threadIdx.x; i < 3 * p.smem_items; i += blockDim.x) si[i] = gi[i];
-        for (int i = threadIdx.x; i < p.npairs; i += blockDim.x) sp[i] = gp[i];
-        nitems = p.plan[0];
+        for (int i = threadIdx.x; i < 3 * p.smem_items; i += blockDim.x) si[i] = ldcg_i32(gi + i);
+        for (int i = threadIdx.x; i < p.npairs; i += blockDim.x) sp[i] = ldcg_i32(gp + i);
+        nitems = ldcg_i32(p.plan);
         __syncthreads();
         if (nitems <= p.smem_items) {
             items = si;
             pairs = sp;
         } else {
+            // Read from global memory by plain loads later: only after the
+            // dependency wait (a second wait is a no-op).
+            pdl_wait();
             items = gi;
             pairs = gp;
         }
@@ -945,8 +960,8 @@ struct MoeJob {
     extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
         MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
-        if (p.up) qmm_run<NT, false>(job, p.x, p.csum, HIDDEN, false);                                \
-        else qmm_run<NT, true>(job, p.x, nullptr, MOE_INTER, false);                                  \
+        if (p.up) qmm_run<NT, false>(job, p.x, p.csum, HIDDEN, false, 0, true);                       \
+        else qmm_run<NT, true>(job, p.x, nullptr, MOE_INTER, true);                                   \
     }
 QMM_MOE(qmm_moe_1, 1)
 QMM_MOE(qmm_moe_2, 2)
