@@ -214,16 +214,15 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     __shared__ float pub_o[SPLIT ? GDN_VCOLS : 1];
     __shared__ float pub_ss;
     pdl_trigger();
-    pdl_wait();
     const int vp = SPLIT ? (int)cluster_rank() : 0;
     const int h = SPLIT ? blockIdx.x / GDN_VSPLIT : blockIdx.x, t = blockIdx.y, kh = h / GDN_RATIO, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int c0 = vp * CPB;  // first value column of this block within the head
+    // Before the dependency wait: the step's positions and slots (written
+    // before the step's first, fully serialised launches) and the state,
+    // last written by this layer's previous step, so its loads are in
+    // flight during the in-projection's tail as well as the conv and norms.
     const int ps = p.pos[t], sl = p.slot[t];
-    const float* pr = p.proj + (size_t)t * p.proj_stride;
-    float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
-
-    // The state first: its loads are in flight during the conv and norms.
     const int v = tid % CPB, grp = tid / CPB;
     float* S = p.state + (size_t)sl * p.state_slot_stride + (size_t)h * GK_DIM * GV_DIM + c0;
     float s[PPT][GDN_DEC_KPT];
@@ -231,6 +230,9 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     for (int i = 0; i < PPT; ++i)
 #pragma unroll
         for (int j = 0; j < GDN_DEC_KPT; ++j) s[i][j] = S[(size_t)((grp * PPT + i) * GDN_DEC_KPT + j) * GV_DIM + v];
+    pdl_wait();
+    const float* pr = p.proj + (size_t)t * p.proj_stride;
+    float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
 
     // Conv + SiLU of the head's q and k channels and this block's v
     // channels; z.
