@@ -22,8 +22,15 @@ use crate::weights::{MoeDev, QMat};
 
 /// Most tokens one decode step takes (the largest decode batch).
 pub const MAX_DECODE_BATCH: usize = 128;
-/// Weight stages a warp's ring holds (default).
+/// Weight stages a warp's ring holds (default; the expert kernels).
 pub const QMM_RING: usize = 4;
+/// Weight stages a warp's ring holds in the dense kernels (default): their
+/// weights are known before the previous kernel ends, so `QMM_DENSE_RING - 1`
+/// stages a warp are requested before the dependency wait (at batch 1 the
+/// in-projection's warps each take one task of 4 stages: all of it). The
+/// expert kernels keep 4 (rings of 5 everywhere made batches of 2 to 128
+/// tokens 1-4% slower, session 21).
+pub const QMM_DENSE_RING: usize = 5;
 /// Quantisation groups (64 columns) of 16 rows in one stage.
 pub const QMM_SG: usize = 4;
 /// Bytes of one stage: 16 rows x 4 groups x 32 bytes of codes, then the
@@ -205,6 +212,8 @@ unsafe impl DeviceRepr for MoeFusedParamsC {}
 pub struct QmmShape {
     pub warps: usize,
     pub ring: usize,
+    /// The dense kernels' ring (`QMM_DENSE_RING`).
+    pub dense_ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
     pub slice_cols: usize,
     /// Tokens from which an MoE plan item holds up to 8 pairs (qmm_moe_2)
@@ -214,7 +223,7 @@ pub struct QmmShape {
 
 impl Default for QmmShape {
     fn default() -> Self {
-        QmmShape { warps: QMM_WARPS, ring: QMM_RING, slice_cols: QMM_SLICE_COLS, moe_pairs8_from: MOE_PAIRS8_FROM }
+        QmmShape { warps: QMM_WARPS, ring: QMM_RING, dense_ring: QMM_DENSE_RING, slice_cols: QMM_SLICE_COLS, moe_pairs8_from: MOE_PAIRS8_FROM }
     }
 }
 
@@ -222,6 +231,7 @@ impl QmmShape {
     pub fn defines(&self) -> Vec<String> {
         vec![
             format!("-DQMM_RING={}", self.ring),
+            format!("-DQMM_DENSE_RING={}", self.dense_ring),
             format!("-DQMM_WARPS={}", self.warps),
             format!("-DQMM_SG={QMM_SG}"),
             format!("-DQMM_SLICE_COLS={}", self.slice_cols),
@@ -240,6 +250,10 @@ impl QmmShape {
     /// `smem_bytes` for a block of `warps` warps (qmm_moe_fused runs 8).
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
         warps * self.ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
+    }
+    /// `smem_bytes` of a dense block (rings of `dense_ring` stages).
+    fn dense_smem_bytes(&self, nt: usize) -> usize {
+        self.warps * self.dense_ring * QMM_STAGE_BYTES + self.warps * nt * 64 * 4
     }
 }
 
@@ -447,7 +461,7 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
     let threads = (k.qmm.warps * 32) as u32;
-    let smem = k.qmm.smem_bytes(nt);
+    let smem = k.qmm.dense_smem_bytes(nt);
     let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(k.qmm.warps / k.qmm.warps_per_task(kdim)))?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }

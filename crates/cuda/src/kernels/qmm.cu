@@ -52,9 +52,10 @@
 // warp of the SM reads the same rows), the next group's before the current
 // group's math; the group sums come with x, written by the packing kernels.
 //
-// Weight streaming: each warp owns a ring of QMM_RING stages in shared memory,
+// Weight streaming: each warp owns a ring of RING stages in shared memory
+// (QMM_RING for the experts, QMM_DENSE_RING for the dense matrices),
 // filled by 16-byte cp.async copies that bypass L1 (swizzled so the 8-byte
-// fragment reads are conflict-free); it keeps QMM_RING - 1 stages in flight
+// fragment reads are conflict-free); it keeps RING - 1 stages in flight
 // across task boundaries, its copy sources computed once per task. Dense
 // matrices are known before the previous kernel ends: their first stages
 // are requested before griddepcontrol.wait (programmatic dependent launch),
@@ -73,8 +74,8 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
-#error "QMM_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
+#error "QMM_RING, QMM_DENSE_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
 #endif
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
@@ -521,7 +522,7 @@ struct ProdCursor {
     StageSrc src;
 };
 
-template <class Job>
+template <int RING, class Job>
 __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring, const KSplit& ks, int zmax, int tpb, int mt, int q,
                                             int lane, int ntasks, const u16* any, ProdCursor& pc) {
     if (pc.z < zmax) {
@@ -534,7 +535,7 @@ __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring,
                 pc.src = stage_src(tk, v && tz < ntasks, ks, q, lane);
             }
         }
-        stage_load(ring + (pc.z % QMM_RING) * QMM_STAGE_BYTES, pc.src, ks, q, pc.s, lane, any);
+        stage_load(ring + (pc.z % RING) * QMM_STAGE_BYTES, pc.src, ks, q, pc.s, lane, any);
         if (++pc.s == ks.SQ) {
             pc.s = 0;
             ++pc.it;
@@ -570,7 +571,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // inside a kernel that already waited for its dependency.
 // smem_off: where the rings start in the dynamic shared memory (16-byte
 // aligned).
-template <int NT, bool CSUM_MMA, class Job, int WARPS = QMM_WARPS, bool PDL = true>
+template <int NT, bool CSUM_MMA, class Job, int WARPS = QMM_WARPS, bool PDL = true, int RING = QMM_RING>
 __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait, int smem_off = 0,
                                         bool trigger_after_wait = false) {
     extern __shared__ __align__(16) unsigned char qsm[];
@@ -578,8 +579,8 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     const KSplit ks(K);
     const int tpb = WARPS / ks.KQ;
     const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
-    unsigned char* ring = qsm + smem_off + warp * (QMM_RING * QMM_STAGE_BYTES);
-    float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * QMM_RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
+    unsigned char* ring = qsm + smem_off + warp * (RING * QMM_STAGE_BYTES);
+    float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
     const int SQ = ks.SQ;
 
     if (PDL) {
@@ -603,7 +604,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     pc.z = pc.it = pc.s = 0;
     pc.ti = -1;
 #pragma unroll 1
-    for (int z = 0; z < QMM_RING - 1; ++z) qmm_produce(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
+    for (int z = 0; z < RING - 1; ++z) qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
     if (PDL && prefetch_before_wait) pdl_wait();
 
     float acc[NT][2];
@@ -628,13 +629,13 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
                 csoff[nt] = (!CSUM_MMA && jc < cnt) ? job.xrow(tp, jc) * G : -1;
             }
         }
-        cp_async_wait<QMM_RING - 2>();
+        cp_async_wait<RING - 2>();
         __syncwarp();
 #ifndef QMM_PROBE_NO_MATH
-        if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % QMM_RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
+        if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
 #endif
         __syncwarp();
-        qmm_produce(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
+        qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
         if (s == SQ - 1) {
             if (ks.KQ == 1) {
                 // One warp holds the whole K: its sums are final.
@@ -803,7 +804,7 @@ template <int NT>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, false>(job, p.x, p.csum, p.K, true);
+    qmm_run<NT, false, DenseJob, QMM_WARPS, true, QMM_DENSE_RING>(job, p.x, p.csum, p.K, true);
 }
 
 #define QMM_DENSE(NT)                                                                                \
