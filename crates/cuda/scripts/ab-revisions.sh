@@ -97,6 +97,7 @@ run() {
   if [ "${RUN_TESTS:-1}" != 0 ]; then
     for n in "${names[@]}"; do
       case " ${TEST_ONLY:-$n} " in *" $n "*) ;; *) continue ;; esac
+      local pids=()
       for t in "$dest/$n"/gpu_*; do
         [ -x "$t" ] || continue
         (
@@ -104,8 +105,11 @@ run() {
           if timeout 300 "$t" --test-threads=2 >"$log" 2>&1; then rc=0; else rc=$?; fi
           echo "$n $(basename "$t") rc $rc: $(grep -h 'test result' "$log" | tail -1)"
         ) &
+        pids+=($!)
       done
-      wait
+      # Only the suites: a bare `wait` would also wait for (and reap) the
+      # synthetic checkpoint being written in the background.
+      if [ ${#pids[@]} -gt 0 ]; then wait "${pids[@]}"; fi
     done
   fi
   for r in $(seq 1 "$rounds"); do
