@@ -249,11 +249,14 @@ impl QmmShape {
     }
     /// `smem_bytes` for a block of `warps` warps (qmm_moe_fused runs 8).
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
-        warps * self.ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
+        Self::rings_and_partials(warps, self.ring, nt)
     }
     /// `smem_bytes` of a dense block (rings of `dense_ring` stages).
     fn dense_smem_bytes(&self, nt: usize) -> usize {
-        self.warps * self.dense_ring * QMM_STAGE_BYTES + self.warps * nt * 64 * 4
+        Self::rings_and_partials(self.warps, self.dense_ring, nt)
+    }
+    fn rings_and_partials(warps: usize, ring: usize, nt: usize) -> usize {
+        warps * ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
     }
 }
 
