@@ -130,7 +130,7 @@ run() {
     done
   fi
   python3 - "$out" "$rounds" "${names[@]}" <<'PY'
-import json, sys
+import glob, json, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows, pre = {}, {}
 for n in names:
@@ -164,7 +164,6 @@ def table(title, data, fmt):
         print(n.ljust(24) + "".join(f"{c:>22}" for c in cells))
 table("ms a step (rounds), seq0 digest", rows, lambda ms: f"{ms:.3f}")
 table("prefill tok/s (rounds), digest", pre, lambda x: f"{x:.0f}")
-import glob
 serve = {}
 for n in names:
     for f in sorted(glob.glob(f"{out}/{n}-serve*.json")):

@@ -552,6 +552,20 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Where a matrix kernel waits for its dependency (programmatic dependent
+// launch) relative to its first weight stages and to letting the next
+// kernel launch:
+//   StagesBeforeWait  trigger, plan the tasks and request the ring's first
+//                     stages, then wait: the weights are known before the
+//                     previous kernel ends (dense matrices; the experts'
+//                     down projections, whose plan the router wrote two
+//                     kernels back);
+//   WaitThenTrigger   wait, then trigger: the next kernel launches only
+//                     once this one's dependency is complete (the experts'
+//                     gate/up, so the down kernel may read the plan early);
+//   None              inside a kernel that already waited (qmm_moe_fused).
+enum class QmmPdl { StagesBeforeWait, WaitThenTrigger, None };
+
 // The driver loop shared by every matrix kernel, QMM_WARPS warps a block.
 // `Job` provides: prepare() (after the dependency wait when the tasks need
 // it), ntasks(), pos(i) -> Job::Pos (task i decoded once, so the divisions
@@ -561,19 +575,13 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // v0, v1, count): called by every lane of the slice-0 warp for each n-tile
 // with the finished sums of rows g and g + 8 for token 4 nt + c, and
 // finish().
-// `prefetch_before_wait`: the job's tasks are known before the previous
-// kernel completes (dense weights), so the first stages are requested early.
-// `trigger_after_wait`: the next kernel may launch only once this one's
-// dependency is complete (the MoE gate/up, so that the down kernel after
-// it may read the plan the router wrote before its own wait).
+// PDL: where the dependency wait goes (QmmPdl).
 // WARPS: warps of the block (the fused MoE kernel runs 8); the K split
-// (KSplit) does not depend on it, so neither do the results. PDL: false
-// inside a kernel that already waited for its dependency.
+// (KSplit) does not depend on it, so neither do the results.
 // smem_off: where the rings start in the dynamic shared memory (16-byte
 // aligned).
-template <int NT, bool CSUM_MMA, class Job, int WARPS = QMM_WARPS, bool PDL = true, int RING = QMM_RING>
-__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, bool prefetch_before_wait, int smem_off = 0,
-                                        bool trigger_after_wait = false) {
+template <int NT, bool CSUM_MMA, class Job, int WARPS, QmmPdl PDL, int RING = QMM_RING>
+__device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, int smem_off = 0) {
     extern __shared__ __align__(16) unsigned char qsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const KSplit ks(K);
@@ -583,14 +591,11 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
     const int SQ = ks.SQ;
 
-    if (PDL) {
-        if (trigger_after_wait) {
-            pdl_wait();
-            pdl_trigger();
-        } else {
-            pdl_trigger();
-            if (!prefetch_before_wait) pdl_wait();
-        }
+    if (PDL == QmmPdl::WaitThenTrigger) {
+        pdl_wait();
+        pdl_trigger();
+    } else if (PDL == QmmPdl::StagesBeforeWait) {
+        pdl_trigger();
     }
     job.prepare();
     const int ntasks = job.ntasks();
@@ -605,7 +610,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     pc.ti = -1;
 #pragma unroll 1
     for (int z = 0; z < RING - 1; ++z) qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
-    if (PDL && prefetch_before_wait) pdl_wait();
+    if (PDL == QmmPdl::StagesBeforeWait) pdl_wait();
 
     float acc[NT][2];
     int xoff[NT], csoff[NT];
@@ -804,7 +809,7 @@ template <int NT>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, false, DenseJob, QMM_WARPS, true, QMM_DENSE_RING>(job, p.x, p.csum, p.K, true);
+    qmm_run<NT, false, DenseJob, QMM_WARPS, QmmPdl::StagesBeforeWait, QMM_DENSE_RING>(job, p.x, p.csum, p.K);
 }
 
 #define QMM_DENSE(NT)                                                                                \
@@ -961,8 +966,8 @@ struct MoeJob {
     extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
         MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
-        if (p.up) qmm_run<NT, false>(job, p.x, p.csum, HIDDEN, false, 0, true);                       \
-        else qmm_run<NT, true>(job, p.x, nullptr, MOE_INTER, true);                                   \
+        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger>(job, p.x, p.csum, HIDDEN); \
+        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait>(job, p.x, nullptr, MOE_INTER); \
     }
 QMM_MOE(qmm_moe_1, 1)
 QMM_MOE(qmm_moe_2, 2)
@@ -1478,14 +1483,14 @@ extern "C" __global__ void __launch_bounds__(MOE_FUSED_WARPS * 32, 2) qmm_moe_fu
     moe_stamp(p.trace, 4);
     {
         MoeJob job(p.up, plan, nitems);
-        qmm_run<1, false, MoeJob, MOE_FUSED_WARPS, false>(job, p.up.x, p.up.csum, HIDDEN, false, MOE_FUSED_PLAN_BYTES);
+        qmm_run<1, false, MoeJob, MOE_FUSED_WARPS, QmmPdl::None>(job, p.up.x, p.up.csum, HIDDEN, MOE_FUSED_PLAN_BYTES);
     }
     moe_stamp(p.trace, 5);
     grid_sync(p.barrier);
     moe_stamp(p.trace, 6);
     {
         MoeJob job(p.down, plan, nitems);
-        qmm_run<1, true, MoeJob, MOE_FUSED_WARPS, false>(job, p.down.x, nullptr, MOE_INTER, false, MOE_FUSED_PLAN_BYTES);
+        qmm_run<1, true, MoeJob, MOE_FUSED_WARPS, QmmPdl::None>(job, p.down.x, nullptr, MOE_INTER, MOE_FUSED_PLAN_BYTES);
     }
     moe_stamp(p.trace, 7);
 }
