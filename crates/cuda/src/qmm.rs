@@ -55,6 +55,12 @@ pub const QMM_SLICE_COLS: usize = 1024;
 /// (the second time mostly from L2), but a block of qmm_moe_1 fits one more
 /// block an SM.
 pub const MOE_PAIRS8_FROM: usize = 65;
+/// Tokens up to which a step's experts run `qmm_moe_1_occ3` (the same
+/// kernel bounded to 3 blocks an SM, so ptxas may take 142 registers instead
+/// of 128) rather than `qmm_moe_1`. Measured on the H200 (session 22, greedy
+/// step, two rounds): batch 1 1.908 -> 1.870 ms, but batch 2 / 4 / 8 / 16 /
+/// 32 / 64 +2.8 / +3.2 / +2.7 / +4.0 / +4.4 / +3.2%.
+pub const MOE_OCC3_UPTO: usize = 1;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
 /// Ints before the item list in the MoE plan.
@@ -309,7 +315,7 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_2", "moe_router", "qmm_moe_fused"];
+pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_1_occ3", "qmm_moe_2", "moe_router", "qmm_moe_fused"];
 
 /// The dense variant for `ntok` tokens and its n-tiles (4 tokens each) a
 /// warp keeps; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
@@ -579,7 +585,11 @@ pub fn router_smem(dims: &Dims) -> usize {
 /// (into `y`). The shared expert runs as one more expert taking every token.
 pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
     let (p, nt) = moe_params(k, dims, m, up, b, ntok)?;
-    let name = if nt == 1 { "qmm_moe_1" } else { "qmm_moe_2" };
+    let name = match nt {
+        1 if ntok <= MOE_OCC3_UPTO => "qmm_moe_1_occ3",
+        1 => "qmm_moe_1",
+        _ => "qmm_moe_2",
+    };
     let threads = (k.qmm.warps * 32) as u32;
     let smem = k.qmm.smem_bytes(nt) + (3 * p.smem_items as usize + p.npairs as usize) * 4;
     let g = grid(gpu, k, name, threads, smem, 0)?;

@@ -962,15 +962,21 @@ struct MoeJob {
     __device__ void finish() {}
 };
 
-#define QMM_MOE(NAME, NT)                                                                           \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32) NAME(const __grid_constant__ QmmMoeParams p) { \
+// BOUNDS: the kernel's __launch_bounds__. Left to ptxas (128 registers, 4
+// blocks an SM) for every batch but one token, which runs qmm_moe_1_occ3:
+// at most 3 blocks an SM (ptxas takes 142 registers), 1.908 -> 1.870 ms a
+// step at batch 1 but 2-4% slower from 2 to 64 tokens (session 22, qmm.rs
+// MOE_OCC3_UPTO). The arithmetic is the same, so are the bits.
+#define QMM_MOE(NAME, NT, BOUNDS)                                                                   \
+    extern "C" __global__ void BOUNDS NAME(const __grid_constant__ QmmMoeParams p) {               \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
         MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
         if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger>(job, p.x, p.csum, HIDDEN); \
         else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait>(job, p.x, nullptr, MOE_INTER); \
     }
-QMM_MOE(qmm_moe_1, 1)
-QMM_MOE(qmm_moe_2, 2)
+QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32))
+QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3))
+QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32))
 
 // ---- router, top-k and the decode plan ------------------------------------------
 
