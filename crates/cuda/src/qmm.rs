@@ -58,8 +58,9 @@ pub const MOE_PAIRS8_FROM: usize = 65;
 /// Tokens up to which a step's experts run `qmm_moe_1_occ3` (the same
 /// kernel bounded to 3 blocks an SM, so ptxas may take 142 registers instead
 /// of 128) rather than `qmm_moe_1`. Measured on the H200 (session 22, greedy
-/// step, two rounds): batch 1 1.908 -> 1.870 ms, but batch 2 / 4 / 8 / 16 /
-/// 32 / 64 +2.8 / +3.2 / +2.7 / +4.0 / +4.4 / +3.2%.
+/// step, two rounds): every expert launch bounded so, batch 1 1.908 -> 1.870
+/// ms but batch 2 / 4 / 8 / 16 / 32 / 64 +2.8 / +3.2 / +2.7 / +4.0 / +4.4 /
+/// +3.2%; one token only, 1.911 -> 1.883 ms, the same bits.
 pub const MOE_OCC3_UPTO: usize = 1;
 /// Matrices one dense launch may compute from the same input.
 pub const QMM_MAX_SEGS: usize = 4;
@@ -225,11 +226,21 @@ pub struct QmmShape {
     /// Tokens from which an MoE plan item holds up to 8 pairs (qmm_moe_2)
     /// instead of 4 (`MOE_PAIRS8_FROM`). A launcher choice, not compiled in.
     pub moe_pairs8_from: usize,
+    /// Tokens up to which the experts run `qmm_moe_1_occ3`
+    /// (`MOE_OCC3_UPTO`). A launcher choice, not compiled in.
+    pub moe_occ3_upto: usize,
 }
 
 impl Default for QmmShape {
     fn default() -> Self {
-        QmmShape { warps: QMM_WARPS, ring: QMM_RING, dense_ring: QMM_DENSE_RING, slice_cols: QMM_SLICE_COLS, moe_pairs8_from: MOE_PAIRS8_FROM }
+        QmmShape {
+            warps: QMM_WARPS,
+            ring: QMM_RING,
+            dense_ring: QMM_DENSE_RING,
+            slice_cols: QMM_SLICE_COLS,
+            moe_pairs8_from: MOE_PAIRS8_FROM,
+            moe_occ3_upto: MOE_OCC3_UPTO,
+        }
     }
 }
 
@@ -336,6 +347,15 @@ fn moe_nt(shape: &QmmShape, ntok: usize) -> usize {
         1
     } else {
         2
+    }
+}
+
+/// The MoE kernel of a step of `ntok` tokens (its n-tiles: `moe_nt`).
+fn moe_kernel(shape: &QmmShape, ntok: usize) -> &'static str {
+    match moe_nt(shape, ntok) {
+        1 if ntok <= shape.moe_occ3_upto => "qmm_moe_1_occ3",
+        1 => "qmm_moe_1",
+        _ => "qmm_moe_2",
     }
 }
 
@@ -585,11 +605,7 @@ pub fn router_smem(dims: &Dims) -> usize {
 /// (into `y`). The shared expert runs as one more expert taking every token.
 pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
     let (p, nt) = moe_params(k, dims, m, up, b, ntok)?;
-    let name = match nt {
-        1 if ntok <= MOE_OCC3_UPTO => "qmm_moe_1_occ3",
-        1 => "qmm_moe_1",
-        _ => "qmm_moe_2",
-    };
+    let name = moe_kernel(&k.qmm, ntok);
     let threads = (k.qmm.warps * 32) as u32;
     let smem = k.qmm.smem_bytes(nt) + (3 * p.smem_items as usize + p.npairs as usize) * 4;
     let g = grid(gpu, k, name, threads, smem, 0)?;
@@ -737,6 +753,17 @@ pub fn xnorm(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_kernels_follow_the_shape() {
+        let s = QmmShape::default();
+        assert_eq!(moe_kernel(&s, 1), "qmm_moe_1_occ3");
+        assert_eq!(moe_kernel(&s, 2), "qmm_moe_1");
+        assert_eq!(moe_kernel(&s, s.moe_pairs8_from), "qmm_moe_2");
+        for n in 1..=MAX_DECODE_BATCH {
+            assert!(KERNELS.contains(&moe_kernel(&s, n)), "{n} tokens: {} is not an entry point", moe_kernel(&s, n));
+        }
+    }
 
     #[test]
     fn router_chunks_fit_the_tickets_and_the_staging() {

@@ -963,10 +963,9 @@ struct MoeJob {
 };
 
 // BOUNDS: the kernel's __launch_bounds__. Left to ptxas (128 registers, 4
-// blocks an SM) for every batch but one token, which runs qmm_moe_1_occ3:
-// at most 3 blocks an SM (ptxas takes 142 registers), 1.908 -> 1.870 ms a
-// step at batch 1 but 2-4% slower from 2 to 64 tokens (session 22, qmm.rs
-// MOE_OCC3_UPTO). The arithmetic is the same, so are the bits.
+// blocks an SM), except qmm_moe_1_occ3: at most 3 blocks an SM, for the
+// step sizes qmm.rs MOE_OCC3_UPTO names (and measures). The arithmetic is
+// the same, so are the bits.
 #define QMM_MOE(NAME, NT, BOUNDS)                                                                   \
     extern "C" __global__ void BOUNDS NAME(const __grid_constant__ QmmMoeParams p) {               \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
