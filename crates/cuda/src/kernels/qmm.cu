@@ -74,8 +74,8 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
-#error "QMM_RING, QMM_DENSE_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
+#error "QMM_RING, QMM_DENSE_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
 #endif
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
@@ -966,16 +966,20 @@ struct MoeJob {
 // blocks an SM), except qmm_moe_1_occ3: at most 3 blocks an SM, for the
 // step sizes qmm.rs MOE_OCC3_UPTO names (and measures). The arithmetic is
 // the same, so are the bits.
-#define QMM_MOE(NAME, NT, BOUNDS)                                                                   \
+// RING: the warps' ring; the one-token kernel's holds QMM_ONE_TOKEN_RING
+// stages, so a warp requests all 4 stages of its task at once (at one token
+// a warp has about one task: a 4-stage ring requested the last stage only
+// after the first was consumed, a second DRAM round trip on its timeline).
+#define QMM_MOE(NAME, NT, BOUNDS, RING)                                                             \
     extern "C" __global__ void BOUNDS NAME(const __grid_constant__ QmmMoeParams p) {               \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
-        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
-        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger>(job, p.x, p.csum, HIDDEN); \
-        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait>(job, p.x, nullptr, MOE_INTER); \
+        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
+        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger, RING>(job, p.x, p.csum, HIDDEN); \
+        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, nullptr, MOE_INTER); \
     }
-QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32))
-QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3))
-QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32))
+QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
+QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3), QMM_ONE_TOKEN_RING)
+QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
 
 // ---- router, top-k and the decode plan ------------------------------------------
 
