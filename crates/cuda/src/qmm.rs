@@ -267,19 +267,17 @@ impl QmmShape {
     fn warps_per_task(&self, k: usize) -> usize {
         (k / self.slice_cols).clamp(1, self.warps)
     }
-    /// Dynamic shared memory of a matrix block: per warp the weight ring,
-    /// then the partial sums of every warp (qmm.cu `qmm_run`).
-    fn smem_bytes(&self, nt: usize) -> usize {
-        self.smem_bytes_for(self.warps, nt)
-    }
-    /// `smem_bytes` for a block of `warps` warps (qmm_moe_fused runs 8).
+    /// `rings_and_partials` of a block of `warps` warps (qmm_moe_fused runs
+    /// 8) with the experts' ring.
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
         Self::rings_and_partials(warps, self.ring, nt)
     }
-    /// `smem_bytes` of a dense block (rings of `dense_ring` stages).
+    /// `rings_and_partials` of a dense block (rings of `dense_ring` stages).
     fn dense_smem_bytes(&self, nt: usize) -> usize {
         Self::rings_and_partials(self.warps, self.dense_ring, nt)
     }
+    /// Dynamic shared memory of a matrix block: per warp its weight ring of
+    /// `ring` stages, then the partial sums of every warp (qmm.cu `qmm_run`).
     fn rings_and_partials(warps: usize, ring: usize, nt: usize) -> usize {
         warps * ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
     }
