@@ -1305,6 +1305,53 @@ __device__ __forceinline__ int router_plan(float* rsm, const int (&sid)[ROUTER_S
     return item_base;
 }
 
+// The plan of a one-token step, written by warp 0 alone from its top-k
+// table when the token's TOPK ids are valid and distinct (always, unless
+// its logits are not finite): the plan router_plan builds (the shared
+// expert's item, then one item of one pair a selected expert in ascending
+// id, the pair being the token's slot), without its block-wide bitmap,
+// scans and barriers on the batch-1 critical path. Returns whether it
+// wrote the plan (the same answer in every thread); otherwise the caller
+// runs router_plan. Ends with a block barrier.
+static_assert(TOPK < 32, "router_plan_one_token: a lane a selection and one more for the shared expert");
+__device__ __forceinline__ bool router_plan_one_token(const RouterParams& p, const float* rsm) {
+    __shared__ int s_fast;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp == 0) {
+        const int* sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);  // token 0 = warp 0's table
+        const int e = lane < TOPK ? sel[lane] : -1;
+        int rank = 0;
+        bool dup = false;
+#pragma unroll
+        for (int j = 0; j < TOPK; ++j) {
+            const int ej = __shfl_sync(FULL_MASK, e, j);
+            rank += ej < e ? 1 : 0;
+            dup |= j != lane && ej == e;
+        }
+        const bool fast = __all_sync(FULL_MASK, lane >= TOPK || ((unsigned)e < (unsigned)N_EXPERTS && !dup));
+        if (fast) {
+            int* items = p.plan + PLAN_HEAD;
+            int* pairs = items + 3 * p.max_items;
+            if (lane < TOPK) {
+                items[3 * (1 + rank)] = e;
+                items[3 * (1 + rank) + 1] = rank;
+                items[3 * (1 + rank) + 2] = 1;
+                pairs[rank] = lane;  // token 0, slot lane
+            } else if (lane == TOPK) {
+                items[0] = N_EXPERTS;
+                items[1] = TOPK;
+                items[2] = 1;
+                pairs[TOPK] = TOPK;  // token 0, the shared expert's slot
+                p.plan[0] = 1 + TOPK;
+                *p.ticket = 0;
+            }
+        }
+        if (lane == 0) s_fast = fast ? 1 : 0;
+    }
+    __syncthreads();
+    return s_fast != 0;
+}
+
 // The selections of one token chunk's block from its top-k tables (thread
 // j: selection j = token j / TOPK, slot j % TOPK, up to ROUTER_TOK tokens).
 __device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns, int (&sid)[ROUTER_SELS]) {
@@ -1354,6 +1401,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         // with token = warp: no second ticket, no reload from global memory
         // (two dependent round trips less on the batch-1 critical path).
         if (threadIdx.x == 0) p.ticket[1] = 0;
+        if (n == 1 && router_plan_one_token(p, rsm)) return;
         router_sel_from_tables(rsm, ns, sid);
     } else {
         if (!last_block_arrives(p.ticket, (int)gridDim.y, p.ticket + 1 + blockIdx.y)) return;
