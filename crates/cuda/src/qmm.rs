@@ -31,6 +31,10 @@ pub const QMM_RING: usize = 4;
 /// expert kernels keep 4 (rings of 5 everywhere made batches of 2 to 128
 /// tokens 1-4% slower, session 21).
 pub const QMM_DENSE_RING: usize = 5;
+/// Weight stages a warp's ring holds in the one-token expert kernel
+/// (`qmm_moe_1_occ3`): at one token a warp has about one task of 4 stages,
+/// all requested at once with a ring of 5.
+pub const QMM_ONE_TOKEN_RING: usize = 5;
 /// Quantisation groups (64 columns) of 16 rows in one stage.
 pub const QMM_SG: usize = 4;
 /// Bytes of one stage: 16 rows x 4 groups x 32 bytes of codes, then the
@@ -221,6 +225,8 @@ pub struct QmmShape {
     pub ring: usize,
     /// The dense kernels' ring (`QMM_DENSE_RING`).
     pub dense_ring: usize,
+    /// The one-token expert kernel's ring (`QMM_ONE_TOKEN_RING`).
+    pub one_token_ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
     pub slice_cols: usize,
     /// Tokens from which an MoE plan item holds up to 8 pairs (qmm_moe_2)
@@ -237,6 +243,7 @@ impl Default for QmmShape {
             warps: QMM_WARPS,
             ring: QMM_RING,
             dense_ring: QMM_DENSE_RING,
+            one_token_ring: QMM_ONE_TOKEN_RING,
             slice_cols: QMM_SLICE_COLS,
             moe_pairs8_from: MOE_PAIRS8_FROM,
             moe_occ3_upto: MOE_OCC3_UPTO,
@@ -249,6 +256,7 @@ impl QmmShape {
         vec![
             format!("-DQMM_RING={}", self.ring),
             format!("-DQMM_DENSE_RING={}", self.dense_ring),
+            format!("-DQMM_ONE_TOKEN_RING={}", self.one_token_ring),
             format!("-DQMM_WARPS={}", self.warps),
             format!("-DQMM_SG={QMM_SG}"),
             format!("-DQMM_SLICE_COLS={}", self.slice_cols),
@@ -259,19 +267,17 @@ impl QmmShape {
     fn warps_per_task(&self, k: usize) -> usize {
         (k / self.slice_cols).clamp(1, self.warps)
     }
-    /// Dynamic shared memory of a matrix block: per warp the weight ring,
-    /// then the partial sums of every warp (qmm.cu `qmm_run`).
-    fn smem_bytes(&self, nt: usize) -> usize {
-        self.smem_bytes_for(self.warps, nt)
-    }
-    /// `smem_bytes` for a block of `warps` warps (qmm_moe_fused runs 8).
+    /// `rings_and_partials` of a block of `warps` warps (qmm_moe_fused runs
+    /// 8) with the experts' ring.
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
         Self::rings_and_partials(warps, self.ring, nt)
     }
-    /// `smem_bytes` of a dense block (rings of `dense_ring` stages).
+    /// `rings_and_partials` of a dense block (rings of `dense_ring` stages).
     fn dense_smem_bytes(&self, nt: usize) -> usize {
         Self::rings_and_partials(self.warps, self.dense_ring, nt)
     }
+    /// Dynamic shared memory of a matrix block: per warp its weight ring of
+    /// `ring` stages, then the partial sums of every warp (qmm.cu `qmm_run`).
     fn rings_and_partials(warps: usize, ring: usize, nt: usize) -> usize {
         warps * ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
     }
@@ -350,12 +356,13 @@ fn moe_nt(shape: &QmmShape, ntok: usize) -> usize {
     }
 }
 
-/// The MoE kernel of a step of `ntok` tokens (its n-tiles: `moe_nt`).
-fn moe_kernel(shape: &QmmShape, ntok: usize) -> &'static str {
+/// The MoE kernel of a step of `ntok` tokens (its n-tiles: `moe_nt`) and
+/// the stages of its warps' rings.
+fn moe_kernel(shape: &QmmShape, ntok: usize) -> (&'static str, usize) {
     match moe_nt(shape, ntok) {
-        1 if ntok <= shape.moe_occ3_upto => "qmm_moe_1_occ3",
-        1 => "qmm_moe_1",
-        _ => "qmm_moe_2",
+        1 if ntok <= shape.moe_occ3_upto => ("qmm_moe_1_occ3", shape.one_token_ring),
+        1 => ("qmm_moe_1", shape.ring),
+        _ => ("qmm_moe_2", shape.ring),
     }
 }
 
@@ -605,9 +612,10 @@ pub fn router_smem(dims: &Dims) -> usize {
 /// (into `y`). The shared expert runs as one more expert taking every token.
 pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
     let (p, nt) = moe_params(k, dims, m, up, b, ntok)?;
-    let name = moe_kernel(&k.qmm, ntok);
+    let (name, ring) = moe_kernel(&k.qmm, ntok);
+    let rings = QmmShape::rings_and_partials(k.qmm.warps, ring, nt);
     let threads = (k.qmm.warps * 32) as u32;
-    let smem = k.qmm.smem_bytes(nt) + (3 * p.smem_items as usize + p.npairs as usize) * 4;
+    let smem = rings + (3 * p.smem_items as usize + p.npairs as usize) * 4;
     let g = grid(gpu, k, name, threads, smem, 0)?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
@@ -757,11 +765,12 @@ mod tests {
     #[test]
     fn moe_kernels_follow_the_shape() {
         let s = QmmShape::default();
-        assert_eq!(moe_kernel(&s, 1), "qmm_moe_1_occ3");
-        assert_eq!(moe_kernel(&s, 2), "qmm_moe_1");
-        assert_eq!(moe_kernel(&s, s.moe_pairs8_from), "qmm_moe_2");
+        assert_eq!(moe_kernel(&s, 1), ("qmm_moe_1_occ3", s.one_token_ring));
+        assert_eq!(moe_kernel(&s, 2), ("qmm_moe_1", s.ring));
+        assert_eq!(moe_kernel(&s, s.moe_pairs8_from), ("qmm_moe_2", s.ring));
         for n in 1..=MAX_DECODE_BATCH {
-            assert!(KERNELS.contains(&moe_kernel(&s, n)), "{n} tokens: {} is not an entry point", moe_kernel(&s, n));
+            let (name, _) = moe_kernel(&s, n);
+            assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
         }
     }
 

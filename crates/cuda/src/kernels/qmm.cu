@@ -74,8 +74,8 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
-#error "QMM_RING, QMM_DENSE_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
+#error "QMM_RING, QMM_DENSE_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
 #endif
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
@@ -966,16 +966,20 @@ struct MoeJob {
 // blocks an SM), except qmm_moe_1_occ3: at most 3 blocks an SM, for the
 // step sizes qmm.rs MOE_OCC3_UPTO names (and measures). The arithmetic is
 // the same, so are the bits.
-#define QMM_MOE(NAME, NT, BOUNDS)                                                                   \
+// RING: the warps' ring; the one-token kernel's holds QMM_ONE_TOKEN_RING
+// stages, so a warp requests all 4 stages of its task at once (at one token
+// a warp has about one task: a 4-stage ring requested the last stage only
+// after the first was consumed, a second DRAM round trip on its timeline).
+#define QMM_MOE(NAME, NT, BOUNDS, RING)                                                             \
     extern "C" __global__ void BOUNDS NAME(const __grid_constant__ QmmMoeParams p) {               \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
-        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * QMM_RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
-        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger>(job, p.x, p.csum, HIDDEN); \
-        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait>(job, p.x, nullptr, MOE_INTER); \
+        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
+        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger, RING>(job, p.x, p.csum, HIDDEN); \
+        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, nullptr, MOE_INTER); \
     }
-QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32))
-QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3))
-QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32))
+QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
+QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3), QMM_ONE_TOKEN_RING)
+QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
 
 // ---- router, top-k and the decode plan ------------------------------------------
 
@@ -1301,6 +1305,53 @@ __device__ __forceinline__ int router_plan(float* rsm, const int (&sid)[ROUTER_S
     return item_base;
 }
 
+// The plan of a one-token step, written by warp 0 alone from its top-k
+// table when the token's TOPK ids are valid and distinct (always, unless
+// its logits are not finite): the plan router_plan builds (the shared
+// expert's item, then one item of one pair a selected expert in ascending
+// id, the pair being the token's slot), without its block-wide bitmap,
+// scans and barriers on the batch-1 critical path. Returns whether it
+// wrote the plan (the same answer in every thread); otherwise the caller
+// runs router_plan. Ends with a block barrier.
+static_assert(TOPK < 32, "router_plan_one_token: a lane a selection and one more for the shared expert");
+__device__ __forceinline__ bool router_plan_one_token(const RouterParams& p, const float* rsm) {
+    __shared__ int s_fast;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp == 0) {
+        const int* sel = reinterpret_cast<const int*>(rsm + ROUTER_ROWS * N_EXPERTS);  // token 0 = warp 0's table
+        const int e = lane < TOPK ? sel[lane] : -1;
+        int rank = 0;
+        bool dup = false;
+#pragma unroll
+        for (int j = 0; j < TOPK; ++j) {
+            const int ej = __shfl_sync(FULL_MASK, e, j);
+            rank += ej < e ? 1 : 0;
+            dup |= j != lane && ej == e;
+        }
+        const bool fast = __all_sync(FULL_MASK, lane >= TOPK || ((unsigned)e < (unsigned)N_EXPERTS && !dup));
+        if (fast) {
+            int* items = p.plan + PLAN_HEAD;
+            int* pairs = items + 3 * p.max_items;
+            if (lane < TOPK) {
+                items[3 * (1 + rank)] = e;
+                items[3 * (1 + rank) + 1] = rank;
+                items[3 * (1 + rank) + 2] = 1;
+                pairs[rank] = lane;  // token 0, slot lane
+            } else if (lane == TOPK) {
+                items[0] = N_EXPERTS;
+                items[1] = TOPK;
+                items[2] = 1;
+                pairs[TOPK] = TOPK;  // token 0, the shared expert's slot
+                p.plan[0] = 1 + TOPK;
+                *p.ticket = 0;
+            }
+        }
+        if (lane == 0) s_fast = fast ? 1 : 0;
+    }
+    __syncthreads();
+    return s_fast != 0;
+}
+
 // The selections of one token chunk's block from its top-k tables (thread
 // j: selection j = token j / TOPK, slot j % TOPK, up to ROUTER_TOK tokens).
 __device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns, int (&sid)[ROUTER_SELS]) {
@@ -1350,6 +1401,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_consta
         // with token = warp: no second ticket, no reload from global memory
         // (two dependent round trips less on the batch-1 critical path).
         if (threadIdx.x == 0) p.ticket[1] = 0;
+        if (n == 1 && router_plan_one_token(p, rsm)) return;
         router_sel_from_tables(rsm, ns, sid);
     } else {
         if (!last_block_arrives(p.ticket, (int)gridDim.y, p.ticket + 1 + blockIdx.y)) return;
