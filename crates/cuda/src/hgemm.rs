@@ -217,7 +217,10 @@ pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, o
         ldc: ldc as i32,
         mode,
     };
-    let grid = (m.div_ceil(HG_BM) as u32, w.rows.div_ceil(HG_BN) as u32, 1);
+    // Persistent: one block an SM (its shared memory allows no second),
+    // or one a tile when there are fewer tiles.
+    let tiles = m.div_ceil(HG_BM) * w.rows.div_ceil(HG_BN);
+    let grid = (tiles.min(gpu.sm_count as usize).max(1) as u32, 1, 1);
     launch(gpu, k, name, grid, HG_THREADS as u32, smem_bytes(), &p)
 }
 

@@ -62,9 +62,10 @@ pub struct Options {
 }
 
 /// Default of `Options::f16_gemm_from`: the pass length from which the
-/// dequantise-then-multiply path is the faster one (measured on the H200,
-/// crates/cuda/NOTES.md).
-pub const F16_GEMM_FROM: usize = 1024;
+/// dequantise-then-multiply path is the faster one (session 23, H100, the
+/// first non-persistent hgemm: 1,024 tokens -3%, 2,048 +3%, 4,096 +4%
+/// prefill tok/s; crates/cuda/NOTES.md history 67).
+pub const F16_GEMM_FROM: usize = 2048;
 
 /// Decode steps of at least this many sequences run their dense matrices on
 /// the tensor-core GEMM by default (`DecodeMatrices::FASTEST`): the

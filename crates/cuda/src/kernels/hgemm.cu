@@ -31,10 +31,12 @@
 //     flight while the previous one retires, then releases the previous
 //     k-tile's stage (every consumer thread arrives on `empty`).
 // No block-wide barrier after the set-up, so the producer's idle threads
-// may leave. Grid (ceil(M / HG_BM), ceil(N / HG_BN)): the M tiles of one W
-// tile run side by side, so W is read from DRAM about once (A, a few MB,
-// stays in L2). Rows past M or N are zero-filled by the copies and not
-// stored.
+// may leave. Persistent: a block per SM (at most one fits) walks tiles
+// blockIdx.x, + gridDim.x, ..., M tile fastest, so the blocks at work at
+// any time share a few W tiles (W read from DRAM about once; A, a few MB,
+// stays in L2), and the producer fills the next tile's stages while the
+// consumers store the last one. Rows past M or N are zero-filled by the
+// copies and not stored.
 // Epilogue: each consumer thread writes its accumulators straight from
 // registers, a float2 per (row, column pair): acc[4j + e] is row
 // 16 (warp % 4) + lane / 4 + 8 (e / 2) of the warpgroup's 64, column
@@ -144,8 +146,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1) hgemm_f16(const __gr
     const u32 base = (smem_u32(hg_smem) + 1023u) & ~1023u;
     const u32 bars = base + HG_STAGES * HG_STAGE_BYTES;   // full[s] at bars + 8 s, empty[s] at bars + 8 (HG_STAGES + s)
     const int wgi = threadIdx.x >> 7;
-    const int m0 = blockIdx.x * HG_BM, n0 = blockIdx.y * HG_BN;
     const int nk = p.K / HG_BK;
+    const int tm = (p.M + HG_BM - 1) / HG_BM, ntiles = tm * ((p.N + HG_BN - 1) / HG_BN);
     if (threadIdx.x == 0) {
 #pragma unroll 1
         for (int s = 0; s < HG_STAGES; ++s) {
@@ -156,17 +158,26 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1) hgemm_f16(const __gr
     }
     __syncthreads();
 
+    // Tiles t = blockIdx.x, + gridDim.x, ...: M tile t % tm, N tile t / tm.
+    // Producer and consumers count k-tiles across the block's tiles (`it`),
+    // so a stage's use number and its barriers' parities run on, and the
+    // producer fills the next tile's stages while the consumers store.
     if (wgi == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0) {
+            int it = 0;
 #pragma unroll 1
-            for (int kt = 0; kt < nk; ++kt) {
-                const int s = kt % HG_STAGES, use = kt / HG_STAGES;
-                if (use > 0) mbar_wait(bars + 8 * (HG_STAGES + s), (use - 1) & 1);
-                const u32 full = bars + 8 * s, a = base + s * HG_STAGE_BYTES;
-                mbar_expect_tx(full, HG_STAGE_BYTES);
-                tma_load_2d(a, &p.a, kt * HG_BK, m0, full);
-                tma_load_2d(a + HG_A_BYTES, &p.w, kt * HG_BK, n0, full);
+            for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+                const int m0 = (t % tm) * HG_BM, n0 = (t / tm) * HG_BN;
+#pragma unroll 1
+                for (int kt = 0; kt < nk; ++kt, ++it) {
+                    const int s = it % HG_STAGES, use = it / HG_STAGES;
+                    if (use > 0) mbar_wait(bars + 8 * (HG_STAGES + s), (use - 1) & 1);
+                    const u32 full = bars + 8 * s, a = base + s * HG_STAGE_BYTES;
+                    mbar_expect_tx(full, HG_STAGE_BYTES);
+                    tma_load_2d(a, &p.a, kt * HG_BK, m0, full);
+                    tma_load_2d(a + HG_A_BYTES, &p.w, kt * HG_BK, n0, full);
+                }
             }
         }
         return;
@@ -174,46 +185,53 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1) hgemm_f16(const __gr
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wgi - 1;   // consumer warpgroup: token rows 64 cw .. + 64 of the tile
-    float acc[HG_BN / 2];
-#pragma unroll
-    for (int i = 0; i < HG_BN / 2; ++i) acc[i] = 0.f;
-#pragma unroll 1
-    for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % HG_STAGES;
-        mbar_wait(bars + 8 * s, (kt / HG_STAGES) & 1);
-        const u32 a = base + s * HG_STAGE_BYTES + cw * (64 * HG_BK * 2), w = base + s * HG_STAGE_BYTES + HG_A_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HG_BK / 16; ++ks) wgmma_ss_m64n256(acc, wg_desc_sw128(a + ks * 32), wg_desc_sw128(w + ks * 32));
-        wgmma_commit();
-        // The group of k-tile kt - 1 has retired (this thread's part of it):
-        // its stage may be refilled once every consumer thread says so.
-        wgmma_wait<1>();
-        if (kt > 0) mbar_arrive(bars + 8 * (HG_STAGES + (kt - 1) % HG_STAGES));
-    }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < HG_BN / 2; ++i) wg_reg_fence(acc[i]);
-
     const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
-    const int r0 = m0 + 64 * cw + 16 * wq + (lane >> 2);
-    const int cl = n0 + 2 * (lane & 3);
+    float acc[HG_BN / 2];
+    int it = 0;
+#pragma unroll 1
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        const int m0 = (t % tm) * HG_BM, n0 = (t / tm) * HG_BN;
 #pragma unroll
-    for (int j = 0; j < HG_BN / 8; ++j) {
-        const int col = cl + 8 * j;
-        if (col >= p.N) continue;   // N is even (hgemm.rs), so col + 1 < N too
+        for (int i = 0; i < HG_BN / 2; ++i) acc[i] = 0.f;
+#pragma unroll 1
+        for (int kt = 0; kt < nk; ++kt, ++it) {
+            const int s = it % HG_STAGES;
+            mbar_wait(bars + 8 * s, (it / HG_STAGES) & 1);
+            const u32 a = base + s * HG_STAGE_BYTES + cw * (64 * HG_BK * 2), w = base + s * HG_STAGE_BYTES + HG_A_BYTES;
+            wgmma_fence();
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = r0 + 8 * half;
-            if (row >= p.M) continue;
-            float2* o = reinterpret_cast<float2*>(p.out + (size_t)row * p.ldc + col);
-            float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-            if (p.mode == HG_ADD) {
-                const float2 old = *o;
-                v.x += old.x;
-                v.y += old.y;
+            for (int ks = 0; ks < HG_BK / 16; ++ks) wgmma_ss_m64n256(acc, wg_desc_sw128(a + ks * 32), wg_desc_sw128(w + ks * 32));
+            wgmma_commit();
+            // The group of k-tile it - 1 has retired (this thread's part of
+            // it): its stage may be refilled once every consumer thread says so.
+            wgmma_wait<1>();
+            if (kt > 0) mbar_arrive(bars + 8 * (HG_STAGES + (it - 1) % HG_STAGES));
+        }
+        wgmma_wait<0>();
+        // The tile's last stage, for the producer's next tile.
+        mbar_arrive(bars + 8 * (HG_STAGES + (it - 1) % HG_STAGES));
+#pragma unroll
+        for (int i = 0; i < HG_BN / 2; ++i) wg_reg_fence(acc[i]);
+
+        const int r0 = m0 + 64 * cw + 16 * wq + (lane >> 2);
+        const int cl = n0 + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < HG_BN / 8; ++j) {
+            const int col = cl + 8 * j;
+            if (col >= p.N) continue;   // N is even (hgemm.rs), so col + 1 < N too
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = r0 + 8 * half;
+                if (row >= p.M) continue;
+                float2* o = reinterpret_cast<float2*>(p.out + (size_t)row * p.ldc + col);
+                float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+                if (p.mode == HG_ADD) {
+                    const float2 old = *o;
+                    v.x += old.x;
+                    v.y += old.y;
+                }
+                *o = v;
             }
-            *o = v;
         }
     }
 }
