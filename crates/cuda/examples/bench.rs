@@ -50,6 +50,9 @@ struct Args {
     /// `--moe-trace`: with `--fused-moe`, one traced step at each batch size
     /// (the fused MoE's phases by %globaltimer, per layer).
     moe_trace: bool,
+    /// `--f16-gemm-from N|off`: prefill passes of N tokens and more run
+    /// their dense projections on hgemm (Options::f16_gemm_from).
+    f16_gemm_from: Option<Option<usize>>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -67,6 +70,7 @@ fn parse() -> Result<Args, String> {
         knockouts: Vec::new(),
         fused_moe: false,
         moe_trace: false,
+        f16_gemm_from: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -89,6 +93,13 @@ fn parse() -> Result<Args, String> {
                 for name in val()?.split(',') {
                     a.knockouts.push((name.to_string(), lily_cuda::model::Knockout::parse(name)?));
                 }
+            }
+            "--f16-gemm-from" => {
+                let v = val()?;
+                a.f16_gemm_from = Some(match v.as_str() {
+                    "off" => None,
+                    n => Some(n.parse().map_err(|e| format!("--f16-gemm-from: {e}"))?),
+                });
             }
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
@@ -120,6 +131,9 @@ fn run() -> Result<(), String> {
         opts.decode_matrices = m;
     }
     opts.fused_moe = args.fused_moe;
+    if let Some(f) = args.f16_gemm_from {
+        opts.f16_gemm_from = f;
+    }
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {

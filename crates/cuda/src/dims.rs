@@ -209,6 +209,7 @@ impl Dims {
         v.extend(crate::feed::defines());
         v.extend(crate::gdn::defines(self));
         v.extend(crate::gemm::defines());
+        v.extend(crate::hgemm::defines());
         v
     }
 }

@@ -48,6 +48,7 @@ pub const FAMILIES: &[Family] = &[
     },
     Family { name: "attention", source: include_str!("kernels/attention.cu"), kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"] },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: crate::gemm::KERNELS },
+    Family { name: "hgemm", source: include_str!("kernels/hgemm.cu"), kernels: crate::hgemm::KERNELS },
     Family {
         name: "sampling",
         source: include_str!("kernels/sampling.cu"),

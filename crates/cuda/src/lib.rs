@@ -24,6 +24,7 @@ pub mod error;
 pub mod feed;
 pub mod gdn;
 pub mod gemm;
+pub mod hgemm;
 pub mod kernels;
 pub mod launch;
 pub mod model;

@@ -30,6 +30,7 @@ use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
 use crate::gemm::{self, GemmOut, Grouping, Seg};
+use crate::hgemm::{self, HgOut};
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
@@ -424,6 +425,10 @@ impl Model {
     /// `dense_gemms` on `g`'s stream (the main one or `side`).
     fn dense_gemms_on(&self, g: &Gpu, a: u64, lda: usize, n: usize, segs: &[Seg]) -> CudaResult<()> {
         let (k, s) = (&self.kernels, &self.mem.scratch);
+        if let Some(out) = self.f16_gemm_output(n, segs) {
+            let mats: Vec<&QMat> = segs.iter().map(|x| x.w).collect();
+            return hgemm::dequant_and_multiply(g, k, a, lda, n, &mats, s.w16, out, segs[0].ldc);
+        }
         let mut widths: Vec<u32> = segs.iter().map(|x| x.w.bits).collect();
         widths.sort_unstable();
         widths.dedup();
@@ -434,6 +439,44 @@ impl Model {
             }
         }
         Ok(())
+    }
+
+    /// Where `hgemm` writes, when the matrices `segs` of an `n`-row pass go
+    /// there: passes of at least `Options::f16_gemm_from` rows whose
+    /// matrices store or add plain f32 outputs lying one after another in
+    /// the output row (a mixer's in-projections, an out-projection), with
+    /// an even total width and K of at least `hgemm::MIN_K`. Anything else
+    /// (SwiGLU, the router and its separate shared gate, the shared
+    /// expert's down projection beside the routed experts) stays on
+    /// gemm.cu.
+    fn f16_gemm_output(&self, n: usize, segs: &[Seg]) -> Option<HgOut> {
+        let from = self.mem.opts.f16_gemm_from?;
+        let first = segs.first()?;
+        if n < from || first.ldc % 2 != 0 || segs.iter().any(|x| x.up.is_some() || x.ldc != first.ldc || x.w.cols < hgemm::MIN_K) {
+            return None;
+        }
+        let (base, add) = match first.out {
+            GemmOut::Store(p) => (p, false),
+            GemmOut::Add(p) => (p, true),
+            GemmOut::SwiGlu(_) => return None,
+        };
+        let mut next = base;
+        for x in segs {
+            let (p, a) = match x.out {
+                GemmOut::Store(p) => (p, false),
+                GemmOut::Add(p) => (p, true),
+                GemmOut::SwiGlu(_) => return None,
+            };
+            if p != next || a != add {
+                return None;
+            }
+            next = p + (x.w.rows * 4) as u64;
+        }
+        let rows: usize = segs.iter().map(|x| x.w.rows).sum();
+        if rows % 2 != 0 {
+            return None;
+        }
+        Some(if add { HgOut::Add(base) } else { HgOut::Store(base) })
     }
 
     /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM.

@@ -54,7 +54,18 @@ pub struct Options {
     /// three launches it replaces). Off by default: measured slower on the
     /// H200 (crates/cuda/NOTES.md, history 36).
     pub fused_moe: bool,
+    /// Prefill passes of at least this many tokens run their dense
+    /// projections (in- and out-projections) on `hgemm`: each matrix
+    /// dequantised once per pass into fp16 and multiplied by the TMA-fed
+    /// fp16 GEMM. `None`: always gemm.cu's 4-bit tiles.
+    pub f16_gemm_from: Option<usize>,
 }
+
+/// Default of `Options::f16_gemm_from`: the pass length from which the
+/// dequantise-then-multiply path is the faster one (session 23, H100, the
+/// first non-persistent hgemm: 1,024 tokens -3%, 2,048 +3%, 4,096 +4%
+/// prefill tok/s; crates/cuda/NOTES.md history 67).
+pub const F16_GEMM_FROM: usize = 2048;
 
 /// Decode steps of at least this many sequences run their dense matrices on
 /// the tensor-core GEMM by default (`DecodeMatrices::FASTEST`): the
@@ -128,6 +139,7 @@ impl Default for Options {
             max_greedy_steps: 1024,
             decode_matrices: DecodeMatrices::FASTEST,
             fused_moe: false,
+            f16_gemm_from: Some(F16_GEMM_FROM),
         }
     }
 }
@@ -243,6 +255,9 @@ pub struct Scratch {
     pub ys: u64,
     /// f32 [SPLITK_FLOATS]: the split-K partials of a dense GEMM.
     pub gemm_partial: u64,
+    /// fp16 rows of the dense matrices `hgemm` multiplies (the largest
+    /// mixer projection, dequantised once per prefill pass).
+    pub w16: crate::hgemm::F16Scratch,
     // deltanet prefill
     pub gdn: GdnScratchAddrs,
 }
@@ -435,6 +450,7 @@ impl Memory {
             act_sh: get("act_sh")?,
             ys: get("ys")?,
             gemm_partial: get("gemm_partial")?,
+            w16: crate::hgemm::F16Scratch { ptr: get("w16")?, elems: w16_elems(dims) },
             gdn: GdnScratchAddrs {
                 q: get("gdn_q")?,
                 k: get("gdn_k")?,
@@ -722,6 +738,16 @@ fn logit_rows(opts: &Options) -> usize {
     opts.max_batch.max(64)
 }
 
+/// fp16 values of the `w16` scratch: room for the largest dense matrix (or
+/// concatenation of a mixer's in-projections) a prefill pass multiplies on
+/// `hgemm`: the in-projections fill at most a `proj` row (proj_stride
+/// outputs of K = hidden), an out-projection hidden rows of K = mix_dim or
+/// attn_out_dim.
+fn w16_elems(dims: &Dims) -> usize {
+    let k_out = dims.mix_dim().max(dims.attn_out_dim());
+    (dims.proj_stride() * dims.hidden).max(dims.hidden * k_out)
+}
+
 fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     let rows = opts.max_batch.max(opts.prefill_chunk);
     let b = opts.max_batch;
@@ -773,6 +799,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("act_sh", rows * dims.moe_inter * 2);
     l.add("ys", rows * h * f);
     l.add("gemm_partial", SPLITK_FLOATS * f);
+    l.add("w16", w16_elems(dims) * 2);
     let sizes = GdnScratch::sizes(dims, tp);
     for (name, n) in ["gdn_q", "gdn_k", "gdn_vu", "gdn_gg", "gdn_bb", "gdn_w", "gdn_gc", "gdn_hs", "gdn_o"].iter().zip(sizes) {
         l.add(name, n * f);

@@ -21,6 +21,7 @@ use common::*;
 use lily_cuda::device::{DeviceBuffer, Gpu};
 use lily_cuda::dims::Dims;
 use lily_cuda::gemm::{self, GemmOut, GemmPlan, Grouping, Seg, SplitScratch, TILE_ROWS};
+use lily_cuda::hgemm::{self, F16Rows, F16Scratch, HgOut};
 use lily_cuda::kernels::Kernels;
 use lily_cuda::weights::{MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
@@ -500,6 +501,92 @@ fn rmsnorm_f16_matches_reference() {
     let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), rows * cols).into_iter().map(f16_val).collect();
     let want: Vec<f64> = (0..rows).flat_map(|r| rmsnorm(&x[r * cols..(r + 1) * cols], &g, 1e-6)).map(|v| v as f64).collect();
     assert_close("rmsnorm_f16", &got, &want, 1e-3);
+    finish();
+}
+
+// ---- hgemm (the dense projections of long prefill passes) -------------------------
+
+#[test]
+fn hgemm_dequantises_exactly_and_multiplies_like_the_reference() {
+    let Some(gpu) = gpu("hgemm_dequantises_exactly_and_multiplies_like_the_reference") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(700);
+    // dq_f16: bit for bit the fp16 rounding of fmaf(scale, q, bias).
+    for bits in [4u32, 8] {
+        let (rows, kk) = (96usize, 2048usize);
+        let w = HostQ::random(rng.seed(), 1, rows, kk, bits, 0.1);
+        let (_wb, wm) = w.upload(&gpu);
+        let out = upload(&gpu, &vec![0xffffu16; rows * kk]);
+        hgemm::dequant(&gpu, &k, &wm, F16Rows { ptr: out.ptr(), rows, cols: kk }).expect("dq_f16");
+        let got: Vec<u16> = download(&gpu, out.ptr(), rows * kk);
+        let want: Vec<u16> = (0..rows).flat_map(|r| w.row(0, r)).map(|v| f16_bits(f16_round(v))).collect();
+        let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        check(bad == 0, format!("dq_f16 {bits}-bit: {bad} of {} values differ from fp16(fmaf(s, q, b))", want.len()));
+    }
+    // The GEMM over one matrix and over a mixer's four concatenated
+    // in-projections (outputs side by side in a wider row, as `proj`):
+    // tails of M and N, K of 16 to 64 k-tiles, both modes. Rows checked: the
+    // tile edges and a random few (the reference is f64 on the CPU).
+    for (m, rows, kk) in [(200usize, vec![1000usize], 2048usize), (4096, vec![8192, 4096, 32, 32], 2048), (130, vec![2048], 4096), (64, vec![256], 1024)] {
+        let n: usize = rows.iter().sum();
+        let ldc = n + 6;
+        let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
+        let abuf = upload(&gpu, &ab);
+        let mats: Vec<HostQ> = rows.iter().map(|r| HostQ::random(rng.seed(), 1, *r, kk, 4, 0.1)).collect();
+        let dev: Vec<(DeviceBuffer, QMat)> = mats.iter().map(|w| w.upload(&gpu)).collect();
+        let qm: Vec<&QMat> = dev.iter().map(|(_, q)| q).collect();
+        let scratch = zeros(&gpu, n * kk * 2);
+        let sc = F16Scratch { ptr: scratch.ptr(), elems: n * kk };
+        let mut check_rows: Vec<usize> = vec![0, 1, m - 1, 63.min(m - 1), 64.min(m - 1), 127.min(m - 1), 128.min(m - 1)];
+        check_rows.extend((0..6).map(|_| rng.below(m)));
+        check_rows.sort_unstable();
+        check_rows.dedup();
+        for add in [false, true] {
+            let prev = if add { rng.vec(m * ldc, -1.0, 1.0) } else { vec![NAN; m * ldc] };
+            let out = upload(&gpu, &prev);
+            let mode = if add { HgOut::Add(out.ptr()) } else { HgOut::Store(out.ptr()) };
+            hgemm::dequant_and_multiply(&gpu, &k, abuf.ptr(), kk, m, &qm, sc, mode, ldc).expect("launch");
+            let got: Vec<f32> = download(&gpu, out.ptr(), m * ldc);
+            let what = format!("hgemm {m}x{rows:?}x{kk} add {add}");
+            let (mut g16, mut w16, mut wex) = (Vec::new(), Vec::new(), Vec::new());
+            for &r in &check_rows {
+                let ar = &a[r * kk..(r + 1) * kk];
+                let mut c0 = 0;
+                for w in &mats {
+                    let (y16, y) = (w.matvec_f16w(0, ar), w.matvec(0, ar));
+                    for c in 0..w.rows {
+                        let base = if add { prev[r * ldc + c0 + c] as f64 } else { 0.0 };
+                        g16.push(got[r * ldc + c0 + c]);
+                        w16.push(y16[c] + base);
+                        wex.push(y[c] + base);
+                    }
+                    c0 += w.rows;
+                }
+                // The columns past the matrices are left alone.
+                let tail_ok = (n..ldc).all(|c| got[r * ldc + c].to_bits() == prev[r * ldc + c].to_bits());
+                check(tail_ok, format!("{what}: row {r} columns past {n} untouched"));
+            }
+            assert_close(&format!("{what} (fp16 operands)"), &g16, &w16, 1e-5);
+            assert_close(&format!("{what} (exact weights)"), &g16, &wex, 3e-3);
+            // Deterministic: the same launch gives the same bits.
+            let again = upload(&gpu, &prev);
+            let mode2 = if add { HgOut::Add(again.ptr()) } else { HgOut::Store(again.ptr()) };
+            hgemm::dequant_and_multiply(&gpu, &k, abuf.ptr(), kk, m, &qm, sc, mode2, ldc).expect("launch");
+            let got2: Vec<f32> = download(&gpu, again.ptr(), m * ldc);
+            check(got.iter().zip(&got2).all(|(x, y)| x.to_bits() == y.to_bits()), format!("{what}: repeats bit for bit"));
+        }
+    }
+    // Shapes it cannot run are refused with the kernel's name.
+    let w = HostQ::random(1, 1, 64, 96, 4, 0.1);
+    let (_wb, wm) = w.upload(&gpu);
+    let a = zeros(&gpu, 64 * 96 * 2);
+    let out = zeros(&gpu, 64 * 64 * 4);
+    let scratch = zeros(&gpu, 64 * 96 * 2);
+    let e = hgemm::dequant_and_multiply(&gpu, &k, a.ptr(), 96, 64, &[&wm], F16Scratch { ptr: scratch.ptr(), elems: 64 * 96 }, HgOut::Store(out.ptr()), 64);
+    check(matches!(&e, Err(err) if err.to_string().contains("dq_f16") || err.to_string().contains("hgemm")), format!("K = 96 refused: {e:?}"));
+    let e = hgemm::dequant_and_multiply(&gpu, &k, a.ptr(), 96, 64, &[&wm], F16Scratch { ptr: scratch.ptr(), elems: 10 }, HgOut::Store(out.ptr()), 64);
+    check(matches!(&e, Err(err) if err.to_string().contains("scratch")), format!("a scratch too small refused: {e:?}"));
     finish();
 }
 

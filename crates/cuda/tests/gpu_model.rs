@@ -692,6 +692,21 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     }
     st_pre.gate(&mut checks, "full width, 4 layers: GPU prefill vs lily-cpu", 1.0, 3e-2, 3e-1);
     st_dec.gate(&mut checks, "full width, 4 layers: GPU decode vs lily-cpu", 0.75, 3e-2, 3e-1);
+    {
+        // The dense projections of a pass on hgemm (dequantised once, the
+        // fp16 TMA GEMM: long prompts' path), here from 64 tokens on: the
+        // same prompt against lily-cpu under the same gate, the logits of
+        // every position.
+        let mut ho = small_opts(4096);
+        ho.f16_gemm_from = Some(64);
+        let mut bh = CudaBackend::from_weights(&gpu, &w, ho, &mut |_, _| {}).expect("hgemm-path backend");
+        let (sh, c2) = (bh.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
+        let mut st_h = Stats::default();
+        st_h.add("prefill on hgemm", &bh.prefill(sh, &prompt, LogitsWanted::All).expect("prefill"), &cpu.prefill(c2, &prompt, LogitsWanted::All).expect("cpu prefill"));
+        st_h.gate(&mut checks, "full width, 4 layers: GPU prefill with the projections on hgemm vs lily-cpu", 1.0, 3e-2, 3e-1);
+        bh.free(sh);
+        cpu.free(c2);
+    }
 
     // Greedy tokens of sequences decoded together equal each one decoded
     // alone: five prompts of different lengths, sequence i joining the

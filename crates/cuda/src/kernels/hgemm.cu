@@ -1,0 +1,274 @@
+// hgemm.cu: the fp16 tensor-core GEMM of long prefill passes, fed by the
+// bulk tensor copy engine (TMA), and the dequantisation that feeds it.
+//
+//   out[m][n] (=, or +=) sum_k A[m][k] W[n][k]        m < M tokens, n < N rows
+//
+// A: the pass's fp16 activations, [M][lda]. W: fp16 [N][K], a 4- or 8-bit
+// matrix (or the concatenated matrices of one launch) dequantised once per
+// pass by dq_f16 into the `w16` scratch as fp16(fmaf(scale, q, bias)), the
+// value gemm.cu's tiles form in registers. out: f32, [M][ldc].
+//
+// Why a second GEMM (hgemm.rs): the 4-bit tiles of gemm.cu spend most of
+// their issue slots on the dequantisation and on per-thread copy addresses
+// (NOTES: ~277 instructions a warp a k-tile, 4 of them HGMMA; the tensor
+// pipe 48% busy). At thousands of tokens a matrix is multiplied by so many
+// rows that dequantising it once per pass costs a few percent of the
+// multiply, and what is left is a plain fp16 GEMM.
+//
+// Tiles: HG_BM tokens x HG_BN W rows, k-tiles of HG_BK = 64 columns (128
+// bytes, one 128-byte swizzle row), a ring of HG_STAGES stages in shared
+// memory, each { A tile [HG_BM][64], W tile [HG_BN][64] } as the tensor
+// maps write them (128-byte swizzle: 16-byte chunk j of row r at chunk
+// j ^ (r & 7)), which is the K-major layout wgmma reads through a
+// descriptor. Block: 3 warpgroups (HG_THREADS = 384).
+//   warpgroup 0, the producer: gives up registers (setmaxnreg 40); one
+//     thread waits for a stage's `empty` barrier, arms its `full` barrier
+//     with the stage's bytes and issues the two bulk tensor copies;
+//   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 of
+//     the tile's token rows x HG_BN columns (128 f32 accumulators a
+//     thread), waits for `full`, issues the k-tile's 4 wgmma.m64n256k16
+//     (both operands from shared memory) as one group, keeps that group in
+//     flight while the previous one retires, then releases the previous
+//     k-tile's stage (every consumer thread arrives on `empty`).
+// No block-wide barrier after the set-up, so the producer's idle threads
+// may leave. Persistent: a block per SM (at most one fits) walks tiles
+// blockIdx.x, + gridDim.x, ..., M tile fastest, so the blocks at work at
+// any time share a few W tiles (W read from DRAM about once; A, a few MB,
+// stays in L2), and the producer fills the next tile's stages while the
+// consumers store the last one. Rows past M or N are zero-filled by the
+// copies and not stored.
+// Epilogue: each consumer thread writes its accumulators straight from
+// registers, a float2 per (row, column pair): acc[4j + e] is row
+// 16 (warp % 4) + lane / 4 + 8 (e / 2) of the warpgroup's 64, column
+// 8 j + 2 (lane % 4) + (e % 2).
+
+#if !defined(HG_BM) || !defined(HG_BN) || !defined(HG_BK) || !defined(HG_STAGES) || !defined(HG_THREADS)
+#error "HG_BM, HG_BN, HG_BK, HG_STAGES and HG_THREADS must be defined by the host (hgemm.rs)"
+#endif
+static_assert(HG_BK == 64, "a k-tile is one 128-byte swizzle row of fp16");
+static_assert(HG_BM == 128 && HG_BN == 256 && HG_THREADS == 384, "two consumer warpgroups of m64n256");
+#define HG_A_BYTES (HG_BM * HG_BK * 2)
+#define HG_B_BYTES (HG_BN * HG_BK * 2)
+#define HG_STAGE_BYTES (HG_A_BYTES + HG_B_BYTES)
+static_assert(HG_STAGE_BYTES % 1024 == 0, "stages start on 1024-byte swizzle atoms");
+// Dynamic shared memory: up to 1023 bytes to align the ring to 1024, the
+// ring, then 2 x HG_STAGES mbarriers (8 bytes each).
+static_assert(HG_SMEM == 1024 + HG_STAGES * HG_STAGE_BYTES + 2 * HG_STAGES * 8, "hgemm shared memory differs from hgemm.rs");
+
+#define HG_STORE 0
+#define HG_ADD 1
+
+// A CUtensorMap, filled on the host by cuTensorMapEncodeTiled (opaque).
+struct __align__(64) TmaMap {
+    u64 opaque[16];
+};
+
+struct HgemmParams {
+    TmaMap a;       // A: fp16, dims {K, M}, box {HG_BK, HG_BM}, 128-byte swizzle
+    TmaMap w;       // W: fp16, dims {K, N}, box {HG_BK, HG_BN}, 128-byte swizzle
+    float* out;     // out[m * ldc + n]
+    int M, N, K;
+    int ldc;
+    int mode;       // HG_STORE / HG_ADD
+};
+LAYOUT_CHECK(HgemmParams, HGEMM_PARAMS_BYTES)
+
+// ---- mbarriers and bulk tensor copies ------------------------------------
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival that also tells the barrier how many bytes of copies to wait for.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done = 0;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// Box (c0, c1) of `map` (c0 the contiguous coordinate) into shared memory at
+// `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int c0, int c1, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+// D (64 x 256, f32) += A (64 x 16) B^T (B: 256 x 16), both K-major from
+// shared-memory descriptors.
+__device__ __forceinline__ void wgmma_ss_m64n256(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %130, 0;\n\t"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n\t}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+// ---- hgemm_f16 ------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(HG_THREADS, 1) hgemm_f16(const __grid_constant__ HgemmParams p) {
+    extern __shared__ __align__(16) unsigned char hg_smem[];
+    const u32 base = (smem_u32(hg_smem) + 1023u) & ~1023u;
+    const u32 bars = base + HG_STAGES * HG_STAGE_BYTES;   // full[s] at bars + 8 s, empty[s] at bars + 8 (HG_STAGES + s)
+    const int wgi = threadIdx.x >> 7;
+    const int nk = p.K / HG_BK;
+    const int tm = (p.M + HG_BM - 1) / HG_BM, ntiles = tm * ((p.N + HG_BN - 1) / HG_BN);
+    if (threadIdx.x == 0) {
+#pragma unroll 1
+        for (int s = 0; s < HG_STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);                      // the producer's arrival (+ the copies' bytes)
+            mbar_init(bars + 8 * (HG_STAGES + s), HG_THREADS - 128);   // every consumer thread arrives
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    // Tiles t = blockIdx.x, + gridDim.x, ...: M tile t % tm, N tile t / tm.
+    // Producer and consumers count k-tiles across the block's tiles (`it`),
+    // so a stage's use number and its barriers' parities run on, and the
+    // producer fills the next tile's stages while the consumers store.
+    if (wgi == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0) {
+            int it = 0;
+#pragma unroll 1
+            for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+                const int m0 = (t % tm) * HG_BM, n0 = (t / tm) * HG_BN;
+#pragma unroll 1
+                for (int kt = 0; kt < nk; ++kt, ++it) {
+                    const int s = it % HG_STAGES, use = it / HG_STAGES;
+                    if (use > 0) mbar_wait(bars + 8 * (HG_STAGES + s), (use - 1) & 1);
+                    const u32 full = bars + 8 * s, a = base + s * HG_STAGE_BYTES;
+                    mbar_expect_tx(full, HG_STAGE_BYTES);
+                    tma_load_2d(a, &p.a, kt * HG_BK, m0, full);
+                    tma_load_2d(a + HG_A_BYTES, &p.w, kt * HG_BK, n0, full);
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wgi - 1;   // consumer warpgroup: token rows 64 cw .. + 64 of the tile
+    const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
+    float acc[HG_BN / 2];
+    int it = 0;
+#pragma unroll 1
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        const int m0 = (t % tm) * HG_BM, n0 = (t / tm) * HG_BN;
+#pragma unroll
+        for (int i = 0; i < HG_BN / 2; ++i) acc[i] = 0.f;
+#pragma unroll 1
+        for (int kt = 0; kt < nk; ++kt, ++it) {
+            const int s = it % HG_STAGES;
+            mbar_wait(bars + 8 * s, (it / HG_STAGES) & 1);
+            const u32 a = base + s * HG_STAGE_BYTES + cw * (64 * HG_BK * 2), w = base + s * HG_STAGE_BYTES + HG_A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < HG_BK / 16; ++ks) wgmma_ss_m64n256(acc, wg_desc_sw128(a + ks * 32), wg_desc_sw128(w + ks * 32));
+            wgmma_commit();
+            // The group of k-tile it - 1 has retired (this thread's part of
+            // it): its stage may be refilled once every consumer thread says so.
+            wgmma_wait<1>();
+            if (kt > 0) mbar_arrive(bars + 8 * (HG_STAGES + (it - 1) % HG_STAGES));
+        }
+        wgmma_wait<0>();
+        // The tile's last stage, for the producer's next tile.
+        mbar_arrive(bars + 8 * (HG_STAGES + (it - 1) % HG_STAGES));
+#pragma unroll
+        for (int i = 0; i < HG_BN / 2; ++i) wg_reg_fence(acc[i]);
+
+        const int r0 = m0 + 64 * cw + 16 * wq + (lane >> 2);
+        const int cl = n0 + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < HG_BN / 8; ++j) {
+            const int col = cl + 8 * j;
+            if (col >= p.N) continue;   // N is even (hgemm.rs), so col + 1 < N too
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = r0 + 8 * half;
+                if (row >= p.M) continue;
+                float2* o = reinterpret_cast<float2*>(p.out + (size_t)row * p.ldc + col);
+                float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+                if (p.mode == HG_ADD) {
+                    const float2 old = *o;
+                    v.x += old.x;
+                    v.y += old.y;
+                }
+                *o = v;
+            }
+        }
+    }
+}
+
+// ---- dq_f16: a quantised matrix into fp16 rows ----------------------------
+
+struct DqParams {
+    const u32* codes;     // [rows][K * bits / 32]
+    const bf16* scales;   // [rows][K / GROUP_SIZE]
+    const bf16* biases;
+    f16* out;             // [rows][K], this matrix's first row
+    long long words;      // rows * K * bits / 32
+    int K;
+    int bits;             // 4 or 8
+};
+LAYOUT_CHECK(DqParams, DQ_PARAMS_BYTES)
+
+// One thread a code word: w = fp16(fmaf(scale, q, bias)), saturated.
+extern "C" __global__ void __launch_bounds__(256) dq_f16(const __grid_constant__ DqParams p) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= p.words) return;
+    const u32 w = p.codes[i];
+    const int per = 32 / p.bits;                   // codes a word
+    const long long first = i * per;               // flat index of the word's first weight
+    const long long grp = first / GROUP_SIZE;      // a word never straddles a group (64 % per == 0)
+    const float s = bf16_to_f32(p.scales[grp]), b = bf16_to_f32(p.biases[grp]);
+    if (p.bits == 4) {
+        uint4 v;
+        v.x = pack_f16x2(fmaf(s, (float)(w & 15u), b), fmaf(s, (float)((w >> 4) & 15u), b));
+        v.y = pack_f16x2(fmaf(s, (float)((w >> 8) & 15u), b), fmaf(s, (float)((w >> 12) & 15u), b));
+        v.z = pack_f16x2(fmaf(s, (float)((w >> 16) & 15u), b), fmaf(s, (float)((w >> 20) & 15u), b));
+        v.w = pack_f16x2(fmaf(s, (float)((w >> 24) & 15u), b), fmaf(s, (float)(w >> 28), b));
+        *reinterpret_cast<uint4*>(p.out + first) = v;
+    } else {
+        uint2 v;
+        v.x = pack_f16x2(fmaf(s, (float)(w & 255u), b), fmaf(s, (float)((w >> 8) & 255u), b));
+        v.y = pack_f16x2(fmaf(s, (float)((w >> 16) & 255u), b), fmaf(s, (float)(w >> 24), b));
+        *reinterpret_cast<uint2*>(p.out + first) = v;
+    }
+}
