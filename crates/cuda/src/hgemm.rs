@@ -230,7 +230,17 @@ pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, o
 /// outputs must be consecutive in the output row (the in-projections of a
 /// mixer are).
 #[allow(clippy::too_many_arguments)]
-pub fn dequant_and_multiply(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, mats: &[&QMat], scratch: F16Scratch, out: HgOut, ldc: usize) -> CudaResult<()> {
+pub fn dequant_and_multiply(
+    gpu: &Gpu,
+    k: &Kernels,
+    a: u64,
+    lda: usize,
+    m: usize,
+    mats: &[&QMat],
+    scratch: F16Scratch,
+    out: HgOut,
+    ldc: usize,
+) -> CudaResult<()> {
     let kk = mats.first().map(|w| w.cols).ok_or_else(|| CudaError::shape("hgemm_f16", "no matrices"))?;
     let rows: usize = mats.iter().map(|w| w.rows).sum();
     if mats.iter().any(|w| w.cols != kk) || rows * kk > scratch.elems {

@@ -702,7 +702,11 @@ fn full_width_four_layer_model_matches_lily_cpu() {
         let mut bh = CudaBackend::from_weights(&gpu, &w, ho, &mut |_, _| {}).expect("hgemm-path backend");
         let (sh, c2) = (bh.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
         let mut st_h = Stats::default();
-        st_h.add("prefill on hgemm", &bh.prefill(sh, &prompt, LogitsWanted::All).expect("prefill"), &cpu.prefill(c2, &prompt, LogitsWanted::All).expect("cpu prefill"));
+        st_h.add(
+            "prefill on hgemm",
+            &bh.prefill(sh, &prompt, LogitsWanted::All).expect("prefill"),
+            &cpu.prefill(c2, &prompt, LogitsWanted::All).expect("cpu prefill"),
+        );
         st_h.gate(&mut checks, "full width, 4 layers: GPU prefill with the projections on hgemm vs lily-cpu", 1.0, 3e-2, 3e-1);
         bh.free(sh);
         cpu.free(c2);
