@@ -140,10 +140,10 @@ pub fn dequant(gpu: &Gpu, k: &Kernels, w: &QMat, dst: F16Rows) -> CudaResult<()>
     if w.bits != 4 && w.bits != 8 {
         return Err(CudaError::shape("dq_f16", format!("{}-bit weights (4 or 8)", w.bits)));
     }
-    if w.cols % 64 != 0 || w.cols != dst.cols || w.rows > dst.rows {
+    if !w.cols.is_multiple_of(64) || w.cols != dst.cols || w.rows > dst.rows {
         return Err(CudaError::shape("dq_f16", format!("a {}x{} matrix into fp16 rows {}x{}", w.rows, w.cols, dst.rows, dst.cols)));
     }
-    if dst.ptr % 16 != 0 {
+    if !dst.ptr.is_multiple_of(16) {
         return Err(CudaError::shape("dq_f16", "destination not 16-byte aligned"));
     }
     let words = w.rows * w.cols * w.bits as usize / 32;
@@ -154,7 +154,7 @@ pub fn dequant(gpu: &Gpu, k: &Kernels, w: &QMat, dst: F16Rows) -> CudaResult<()>
 /// A 2-D fp16 tensor map: `rows` rows of `cols` values, `row_bytes` apart,
 /// read in boxes of `box_rows` x HG_BK with the 128-byte swizzle.
 fn tensor_map(what: &'static str, ptr: u64, rows: usize, cols: usize, row_bytes: usize, box_rows: usize) -> CudaResult<TmaMap> {
-    if ptr % 16 != 0 || row_bytes % 16 != 0 {
+    if !ptr.is_multiple_of(16) || !row_bytes.is_multiple_of(16) {
         return Err(CudaError::shape(what, format!("tensor map of {rows}x{cols} at {ptr:#x}, rows {row_bytes} bytes apart: not 16-byte aligned")));
     }
     let dims: [u64; 2] = [cols as u64, rows as u64];
@@ -188,13 +188,14 @@ fn tensor_map(what: &'static str, ptr: u64, rows: usize, cols: usize, row_bytes:
 
 /// out (f32 [m][ldc]) (=, +=) A W^T for `m` rows of `a` (fp16, `lda` values
 /// apart) and the fp16 rows `w` (K = w.cols).
+#[allow(clippy::too_many_arguments)]
 pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, out: HgOut, ldc: usize) -> CudaResult<()> {
     let name = "hgemm_f16";
     let kk = w.cols;
     if m == 0 || w.rows == 0 {
         return Err(CudaError::shape(name, format!("{m} rows x {} columns", w.rows)));
     }
-    if kk % HG_BK != 0 || lda < kk || w.rows % 2 != 0 || ldc < w.rows || ldc % 2 != 0 {
+    if !kk.is_multiple_of(HG_BK) || lda < kk || !w.rows.is_multiple_of(2) || ldc < w.rows || !ldc.is_multiple_of(2) {
         return Err(CudaError::shape(name, format!("A [{m}][{lda}], W [{}][{kk}], out ldc {ldc}: K must be a multiple of {HG_BK}, N and ldc even", w.rows)));
     }
     if m > i32::MAX as usize || w.rows > i32::MAX as usize || kk > i32::MAX as usize || ldc > i32::MAX as usize {
@@ -204,7 +205,7 @@ pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, o
         HgOut::Store(p) => (p, 0),
         HgOut::Add(p) => (p, 1),
     };
-    if ptr % 8 != 0 {
+    if !ptr.is_multiple_of(8) {
         return Err(CudaError::shape(name, "output not 8-byte aligned"));
     }
     let p = HgemmParams {

@@ -452,7 +452,7 @@ impl Model {
     fn f16_gemm_output(&self, n: usize, segs: &[Seg]) -> Option<HgOut> {
         let from = self.mem.opts.f16_gemm_from?;
         let first = segs.first()?;
-        if n < from || first.ldc % 2 != 0 || segs.iter().any(|x| x.up.is_some() || x.ldc != first.ldc || x.w.cols < hgemm::MIN_K) {
+        if n < from || !first.ldc.is_multiple_of(2) || segs.iter().any(|x| x.up.is_some() || x.ldc != first.ldc || x.w.cols < hgemm::MIN_K) {
             return None;
         }
         let (base, add) = match first.out {
@@ -473,7 +473,7 @@ impl Model {
             next = p + (x.w.rows * 4) as u64;
         }
         let rows: usize = segs.iter().map(|x| x.w.rows).sum();
-        if rows % 2 != 0 {
+        if !rows.is_multiple_of(2) {
             return None;
         }
         Some(if add { HgOut::Add(base) } else { HgOut::Store(base) })
