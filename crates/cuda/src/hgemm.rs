@@ -23,6 +23,7 @@ use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
 use crate::error::{CudaError, CudaResult};
+use crate::gemm::GemmOut;
 use crate::kernels::Kernels;
 use crate::launch::launch;
 use crate::weights::QMat;
@@ -122,15 +123,6 @@ pub struct F16Scratch {
     pub elems: usize,
 }
 
-/// How the GEMM writes its f32 output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HgOut {
-    /// out[m][n] = C.
-    Store(u64),
-    /// out[m][n] += C (the residual add of an out-projection).
-    Add(u64),
-}
-
 /// Writes the fp16 values of the quantised matrix `w` (one expert: `w`
 /// must be dense) into `dst`, which must have room for its rows.
 pub fn dequant(gpu: &Gpu, k: &Kernels, w: &QMat, dst: F16Rows) -> CudaResult<()> {
@@ -187,9 +179,10 @@ fn tensor_map(what: &'static str, ptr: u64, rows: usize, cols: usize, row_bytes:
 }
 
 /// out (f32 [m][ldc]) (=, +=) A W^T for `m` rows of `a` (fp16, `lda` values
-/// apart) and the fp16 rows `w` (K = w.cols).
+/// apart) and the fp16 rows `w` (K = w.cols): `GemmOut::Store` or
+/// `GemmOut::Add` (no SwiGLU epilogue here).
 #[allow(clippy::too_many_arguments)]
-pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, out: HgOut, ldc: usize) -> CudaResult<()> {
+pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, out: GemmOut, ldc: usize) -> CudaResult<()> {
     let name = "hgemm_f16";
     let kk = w.cols;
     if m == 0 || w.rows == 0 {
@@ -202,8 +195,9 @@ pub fn hgemm(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, w: F16Rows, o
         return Err(CudaError::shape(name, "dimensions past i32"));
     }
     let (ptr, mode) = match out {
-        HgOut::Store(p) => (p, 0),
-        HgOut::Add(p) => (p, 1),
+        GemmOut::Store(p) => (p, 0),
+        GemmOut::Add(p) => (p, 1),
+        GemmOut::SwiGlu(_) => return Err(CudaError::shape(name, "a SwiGLU epilogue (store or add only)")),
     };
     if !ptr.is_multiple_of(8) {
         return Err(CudaError::shape(name, "output not 8-byte aligned"));
@@ -239,7 +233,7 @@ pub fn dequant_and_multiply(
     m: usize,
     mats: &[&QMat],
     scratch: F16Scratch,
-    out: HgOut,
+    out: GemmOut,
     ldc: usize,
 ) -> CudaResult<()> {
     let kk = mats.first().map(|w| w.cols).ok_or_else(|| CudaError::shape("hgemm_f16", "no matrices"))?;

@@ -30,7 +30,7 @@ use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
 use crate::gemm::{self, GemmOut, Grouping, Seg};
-use crate::hgemm::{self, HgOut};
+use crate::hgemm;
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
@@ -449,34 +449,29 @@ impl Model {
     /// (SwiGLU, the router and its separate shared gate, the shared
     /// expert's down projection beside the routed experts) stays on
     /// gemm.cu.
-    fn f16_gemm_output(&self, n: usize, segs: &[Seg]) -> Option<HgOut> {
+    fn f16_gemm_output(&self, n: usize, segs: &[Seg]) -> Option<GemmOut> {
         let from = self.mem.opts.f16_gemm_from?;
         let first = segs.first()?;
         if n < from || !first.ldc.is_multiple_of(2) || segs.iter().any(|x| x.up.is_some() || x.ldc != first.ldc || x.w.cols < hgemm::MIN_K) {
             return None;
         }
-        let (base, add) = match first.out {
-            GemmOut::Store(p) => (p, false),
-            GemmOut::Add(p) => (p, true),
-            GemmOut::SwiGlu(_) => return None,
+        // (address, adds): plain f32 outputs only, all of one kind, each
+        // matrix's columns right after the previous one's.
+        let plain = |o: GemmOut| match o {
+            GemmOut::Store(p) => Some((p, false)),
+            GemmOut::Add(p) => Some((p, true)),
+            GemmOut::SwiGlu(_) => None,
         };
+        let (base, add) = plain(first.out)?;
         let mut next = base;
         for x in segs {
-            let (p, a) = match x.out {
-                GemmOut::Store(p) => (p, false),
-                GemmOut::Add(p) => (p, true),
-                GemmOut::SwiGlu(_) => return None,
-            };
-            if p != next || a != add {
+            if plain(x.out)? != (next, add) {
                 return None;
             }
-            next = p + (x.w.rows * 4) as u64;
+            next += (x.w.rows * 4) as u64;
         }
-        let rows: usize = segs.iter().map(|x| x.w.rows).sum();
-        if !rows.is_multiple_of(2) {
-            return None;
-        }
-        Some(if add { HgOut::Add(base) } else { HgOut::Store(base) })
+        // The epilogue writes column pairs: an even total width.
+        ((next - base) / 4).is_multiple_of(2).then_some(first.out)
     }
 
     /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM.

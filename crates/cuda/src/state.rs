@@ -450,7 +450,7 @@ impl Memory {
             act_sh: get("act_sh")?,
             ys: get("ys")?,
             gemm_partial: get("gemm_partial")?,
-            w16: crate::hgemm::F16Scratch { ptr: get("w16")?, elems: w16_elems(dims) },
+            w16: crate::hgemm::F16Scratch { ptr: get("w16")?, elems: w16_elems(dims, &opts) },
             gdn: GdnScratchAddrs {
                 q: get("gdn_q")?,
                 k: get("gdn_k")?,
@@ -742,8 +742,13 @@ fn logit_rows(opts: &Options) -> usize {
 /// concatenation of a mixer's in-projections) a prefill pass multiplies on
 /// `hgemm`: the in-projections fill at most a `proj` row (proj_stride
 /// outputs of K = hidden), an out-projection hidden rows of K = mix_dim or
-/// attn_out_dim.
-fn w16_elems(dims: &Dims) -> usize {
+/// attn_out_dim. 0 when no pass can be that long (`f16_gemm_from` off
+/// or above the scratch's rows), so the path never runs.
+fn w16_elems(dims: &Dims, opts: &Options) -> usize {
+    let rows = opts.max_batch.max(opts.prefill_chunk);
+    if opts.f16_gemm_from.is_none_or(|from| from > rows) {
+        return 0;
+    }
     let k_out = dims.mix_dim().max(dims.attn_out_dim());
     (dims.proj_stride() * dims.hidden).max(dims.hidden * k_out)
 }
@@ -799,7 +804,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("act_sh", rows * dims.moe_inter * 2);
     l.add("ys", rows * h * f);
     l.add("gemm_partial", SPLITK_FLOATS * f);
-    l.add("w16", w16_elems(dims) * 2);
+    l.add("w16", w16_elems(dims, opts) * 2);
     let sizes = GdnScratch::sizes(dims, tp);
     for (name, n) in ["gdn_q", "gdn_k", "gdn_vu", "gdn_gg", "gdn_bb", "gdn_w", "gdn_gc", "gdn_hs", "gdn_o"].iter().zip(sizes) {
         l.add(name, n * f);
@@ -810,6 +815,15 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fp16_weight_scratch_is_planned_only_where_hgemm_can_run() {
+        let d = Dims::from_config(&lily_core::config::production()).expect("dims");
+        let o = Options::default();
+        assert!(w16_elems(&d, &o) >= d.proj_stride() * d.hidden, "the in-projections fit");
+        assert_eq!(w16_elems(&d, &Options { f16_gemm_from: None, ..Options::default() }), 0);
+        assert_eq!(w16_elems(&d, &Options { prefill_chunk: 1024, ..Options::default() }), 0, "no pass reaches 2,048 rows");
+    }
 
     #[test]
     fn decode_matrices_parse_and_choose_the_path_by_batch_size() {

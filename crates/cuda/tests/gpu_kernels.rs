@@ -21,7 +21,7 @@ use common::*;
 use lily_cuda::device::{DeviceBuffer, Gpu};
 use lily_cuda::dims::Dims;
 use lily_cuda::gemm::{self, GemmOut, GemmPlan, Grouping, Seg, SplitScratch, TILE_ROWS};
-use lily_cuda::hgemm::{self, F16Rows, F16Scratch, HgOut};
+use lily_cuda::hgemm::{self, F16Rows, F16Scratch};
 use lily_cuda::kernels::Kernels;
 use lily_cuda::weights::{MoeDev, QMat};
 use lily_cuda::{embed, moe, sampling};
@@ -545,7 +545,7 @@ fn hgemm_dequantises_exactly_and_multiplies_like_the_reference() {
         for add in [false, true] {
             let prev = if add { rng.vec(m * ldc, -1.0, 1.0) } else { vec![NAN; m * ldc] };
             let out = upload(&gpu, &prev);
-            let mode = if add { HgOut::Add(out.ptr()) } else { HgOut::Store(out.ptr()) };
+            let mode = if add { GemmOut::Add(out.ptr()) } else { GemmOut::Store(out.ptr()) };
             hgemm::dequant_and_multiply(&gpu, &k, abuf.ptr(), kk, m, &qm, sc, mode, ldc).expect("launch");
             let got: Vec<f32> = download(&gpu, out.ptr(), m * ldc);
             let what = format!("hgemm {m}x{rows:?}x{kk} add {add}");
@@ -571,7 +571,7 @@ fn hgemm_dequantises_exactly_and_multiplies_like_the_reference() {
             assert_close(&format!("{what} (exact weights)"), &g16, &wex, 3e-3);
             // Deterministic: the same launch gives the same bits.
             let again = upload(&gpu, &prev);
-            let mode2 = if add { HgOut::Add(again.ptr()) } else { HgOut::Store(again.ptr()) };
+            let mode2 = if add { GemmOut::Add(again.ptr()) } else { GemmOut::Store(again.ptr()) };
             hgemm::dequant_and_multiply(&gpu, &k, abuf.ptr(), kk, m, &qm, sc, mode2, ldc).expect("launch");
             let got2: Vec<f32> = download(&gpu, again.ptr(), m * ldc);
             check(got.iter().zip(&got2).all(|(x, y)| x.to_bits() == y.to_bits()), format!("{what}: repeats bit for bit"));
@@ -583,9 +583,9 @@ fn hgemm_dequantises_exactly_and_multiplies_like_the_reference() {
     let a = zeros(&gpu, 64 * 96 * 2);
     let out = zeros(&gpu, 64 * 64 * 4);
     let scratch = zeros(&gpu, 64 * 96 * 2);
-    let e = hgemm::dequant_and_multiply(&gpu, &k, a.ptr(), 96, 64, &[&wm], F16Scratch { ptr: scratch.ptr(), elems: 64 * 96 }, HgOut::Store(out.ptr()), 64);
+    let e = hgemm::dequant_and_multiply(&gpu, &k, a.ptr(), 96, 64, &[&wm], F16Scratch { ptr: scratch.ptr(), elems: 64 * 96 }, GemmOut::Store(out.ptr()), 64);
     check(matches!(&e, Err(err) if err.to_string().contains("dq_f16") || err.to_string().contains("hgemm")), format!("K = 96 refused: {e:?}"));
-    let e = hgemm::dequant_and_multiply(&gpu, &k, a.ptr(), 96, 64, &[&wm], F16Scratch { ptr: scratch.ptr(), elems: 10 }, HgOut::Store(out.ptr()), 64);
+    let e = hgemm::dequant_and_multiply(&gpu, &k, a.ptr(), 96, 64, &[&wm], F16Scratch { ptr: scratch.ptr(), elems: 10 }, GemmOut::Store(out.ptr()), 64);
     check(matches!(&e, Err(err) if err.to_string().contains("scratch")), format!("a scratch too small refused: {e:?}"));
     finish();
 }
