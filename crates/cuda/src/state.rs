@@ -62,10 +62,11 @@ pub struct Options {
 }
 
 /// Default of `Options::f16_gemm_from`: the pass length from which the
-/// dequantise-then-multiply path is the faster one (session 23, H100, the
-/// first non-persistent hgemm: 1,024 tokens -3%, 2,048 +3%, 4,096 +4%
-/// prefill tok/s; crates/cuda/NOTES.md history 67).
-pub const F16_GEMM_FROM: usize = 2048;
+/// dequantise-then-multiply path is the faster one. Session 24, H200, the
+/// persistent hgemm against the 4-bit tiles (two rounds, one lease): 1,024
+/// tokens -1.2%, 1,536 +3.6%, 2,048 +3.9% prefill tok/s (crates/cuda/NOTES.md
+/// history 67, 72).
+pub const F16_GEMM_FROM: usize = 1536;
 
 /// Decode steps of at least this many sequences run their dense matrices on
 /// the tensor-core GEMM by default (`DecodeMatrices::FASTEST`): the
@@ -822,7 +823,8 @@ mod tests {
         let o = Options::default();
         assert!(w16_elems(&d, &o) >= d.proj_stride() * d.hidden, "the in-projections fit");
         assert_eq!(w16_elems(&d, &Options { f16_gemm_from: None, ..Options::default() }), 0);
-        assert_eq!(w16_elems(&d, &Options { prefill_chunk: 1024, ..Options::default() }), 0, "no pass reaches 2,048 rows");
+        assert!(F16_GEMM_FROM > 1024);
+        assert_eq!(w16_elems(&d, &Options { prefill_chunk: 1024, ..Options::default() }), 0, "no pass reaches F16_GEMM_FROM rows");
     }
 
     #[test]
