@@ -724,7 +724,15 @@ gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
     float* VU = p.vu + row0 * GDN_D;
 
     // ---- 0: G, beta, k, beta v
+    // The k tile and the raw v tile (f32, into the A and T tiles' space,
+    // free until phase 1) requested together: v read by plain loads, one
+    // float4 a thread per step, each consumed at once, was a DRAM round
+    // trip per step (Nsight Compute: a third of this kernel's stall samples
+    // on the first use of each load).
+    float* sVraw = sA;
+    static_assert(GDN_CHUNK * GDN_D <= 2 * GDN_CHUNK * WU_LDF, "the raw v tile fits in the A and T tiles");
     cp_rows(sK, WU_LD * 2, K, 4 * GDN_D, GDN_CHUNK);
+    cp_rows(sVraw, GDN_D * 4, VU, GDN_D * 4, GDN_CHUNK);
     cp_async_commit();
     if (warp == 0) {
         const float* gp = p.gg + row0;
@@ -743,14 +751,14 @@ gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
     } else if (tid < 32 + GDN_CHUNK) {
         sB[tid - 32] = p.bb[row0 + tid - 32];
     }
+    cp_async_wait<0>();
     __syncthreads();
     for (int i = tid; i < GDN_CHUNK * GDN_D / 4; i += blockDim.x) {
         const int t = i / (GDN_D / 4), d = (i - t * (GDN_D / 4)) * 4;
-        const float4 x = *reinterpret_cast<const float4*>(VU + t * GDN_D + d);
+        const float4 x = *reinterpret_cast<const float4*>(sVraw + t * GDN_D + d);
         const float b = sB[t];
         st_split4(sV + t * WU_LD + d, GDN_D, b * x.x, b * x.y, b * x.z, b * x.w);
     }
-    cp_async_wait<0>();
     __syncthreads();
 
     // ---- 1: A = beta_i (k_i . k_j) Gamma_ij, strictly lower
