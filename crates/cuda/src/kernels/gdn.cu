@@ -440,19 +440,38 @@ GDN_LAYOUT(GdnPrepParams, GDN_PREP_PARAMS_BYTES);
 
 #define PREP_PER_LANE (GK_DIM / 32)
 
-// Raw qkv input of relative token `t` (may be negative: then it comes from
-// the conv ring, which holds the inputs before this call).
-__device__ __forceinline__ float gdn_raw(const GdnPrepParams& p, const GdnPiece& pc, int t, int ch) {
-    if (t >= 0) return pc.proj[(size_t)t * p.proj_stride + ch];
-    return pc.conv[((pc.p0 + t) & 3) * CONV_DIM + ch];
+// The conv of channel `ch` at relative token `t` from its four raw inputs
+// (oldest first: t - 3 .. t; a negative token's input comes from the conv
+// ring, which holds the inputs before this call) and taps.
+struct ConvTaps {
+    float x[4];   // raw inputs of t - 3 .. t
+    float w[4];   // conv weights, oldest tap first
+};
+
+// Issues the loads of `n` channels' taps and inputs before any is used:
+// a thread's loads are all in flight at once (each was consumed at once
+// before, one DRAM round trip after another: Nsight Compute had half of
+// this kernel's stall samples on long-scoreboard waits).
+template <int N>
+__device__ __forceinline__ void conv_load(const GdnPrepParams& p, const float* proj, const float* conv, int p0, int t, const int (&ch)[N],
+                                          ConvTaps (&ct)[N]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int tt = t - 3 + k;
+            const float* src = tt >= 0 ? proj + (size_t)tt * p.proj_stride + ch[j] : conv + ((p0 + tt) & 3) * CONV_DIM + ch[j];
+            ct[j].x[k] = *src;
+            ct[j].w[k] = p.conv_w[ch[j] * 4 + k];
+        }
+    }
 }
 
-__device__ __forceinline__ float gdn_conv_at(const GdnPrepParams& p, const GdnPiece& pc, int t, int ch) {
-    const float* w = p.conv_w + ch * 4;
-    float y = w[3] * gdn_raw(p, pc, t, ch);
-    y = fmaf(w[2], gdn_raw(p, pc, t - 1, ch), y);
-    y = fmaf(w[1], gdn_raw(p, pc, t - 2, ch), y);
-    y = fmaf(w[0], gdn_raw(p, pc, t - 3, ch), y);
+__device__ __forceinline__ float conv_apply(const ConvTaps& c) {
+    float y = c.w[3] * c.x[3];
+    y = fmaf(c.w[2], c.x[2], y);
+    y = fmaf(c.w[1], c.x[1], y);
+    y = fmaf(c.w[0], c.x[0], y);
     return siluf_(y);
 }
 
@@ -465,30 +484,38 @@ __device__ __forceinline__ float gdn_conv_at(const GdnPrepParams& p, const GdnPi
 extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParams p) {
     const GdnPiece& pc = p.pc[blockIdx.z];
     const int t = blockIdx.x, part = blockIdx.y;
-    if (t >= (pc.T + GDN_CHUNK - 1) / GDN_CHUNK * GDN_CHUNK) return;
+    const int T = pc.T;
+    if (t >= (T + GDN_CHUNK - 1) / GDN_CHUNK * GDN_CHUNK) return;
+    const float* const proj = pc.proj;
+    const float* const conv = pc.conv;
+    const int p0 = pc.p0;
     const int r = pc.c0 * GDN_CHUNK + t;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (part < 2) {
         bf16* out = (part == 0 ? p.q : p.k) + ((size_t)warp * p.Tp + r) * 2 * GK_DIM;
-        if (t >= pc.T) {
+        if (t >= T) {
 #pragma unroll
             for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = out[GK_DIM + lane + 32 * j] = 0;
             return;
         }
+        int ch[PREP_PER_LANE];
+#pragma unroll
+        for (int j = 0; j < PREP_PER_LANE; ++j) ch[j] = part * GDN_KEY + warp * GK_DIM + lane + 32 * j;
+        ConvTaps ct[PREP_PER_LANE];
+        conv_load(p, proj, conv, p0, t, ch, ct);
         float y[PREP_PER_LANE];
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < PREP_PER_LANE; ++j) {
-            const int ch = part * GDN_KEY + warp * GK_DIM + lane + 32 * j;
-            y[j] = gdn_conv_at(p, pc, t, ch);
+            y[j] = conv_apply(ct[j]);
             ss += y[j] * y[j];
         }
         ss = warp_sum(ss);
-        float r = rsqrtf(ss + 1e-6f);
-        if (part == 0) r *= rsqrtf((float)GK_DIM);
+        float rn = rsqrtf(ss + 1e-6f);
+        if (part == 0) rn *= rsqrtf((float)GK_DIM);
 #pragma unroll
         for (int j = 0; j < PREP_PER_LANE; ++j) {
-            const float x = y[j] * r;
+            const float x = y[j] * rn;
             const bf16 hi = f32_to_bf16(x);
             out[lane + 32 * j] = hi;
             out[GK_DIM + lane + 32 * j] = f32_to_bf16(x - bf16_to_f32(hi));
@@ -496,15 +523,22 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
     } else {
         for (int hh = warp; hh < GV_HEADS; hh += nw) {
             float* out = p.vv + ((size_t)hh * p.Tp + r) * GV_DIM;
+            if (t < T) {
+                int ch[PREP_PER_LANE];
 #pragma unroll
-            for (int j = 0; j < PREP_PER_LANE; ++j) {
-                const int ch = 2 * GDN_KEY + hh * GV_DIM + lane + 32 * j;
-                out[lane + 32 * j] = t < pc.T ? gdn_conv_at(p, pc, t, ch) : 0.f;
+                for (int j = 0; j < PREP_PER_LANE; ++j) ch[j] = 2 * GDN_KEY + hh * GV_DIM + lane + 32 * j;
+                ConvTaps ct[PREP_PER_LANE];
+                conv_load(p, proj, conv, p0, t, ch, ct);
+#pragma unroll
+                for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = conv_apply(ct[j]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = 0.f;
             }
             if (lane == 0) {
                 float g = 0.f, beta = 0.f;
-                if (t < pc.T) {
-                    const float* pr = pc.proj + (size_t)t * p.proj_stride;
+                if (t < T) {
+                    const float* pr = proj + (size_t)t * p.proj_stride;
                     const float a = pr[CONV_DIM + GDN_VAL + hh], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + hh];
                     g = -expf(p.a_log[hh]) * softplusf_(a + p.dt_bias[hh]);
                     beta = sigmoidf_(b);
@@ -724,7 +758,15 @@ gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
     float* VU = p.vu + row0 * GDN_D;
 
     // ---- 0: G, beta, k, beta v
+    // The k tile and the raw v tile (f32, into the A and T tiles' space,
+    // free until phase 1) requested together: v read by plain loads, one
+    // float4 a thread per step, each consumed at once, was a DRAM round
+    // trip per step (Nsight Compute: a third of this kernel's stall samples
+    // on the first use of each load).
+    float* sVraw = sA;
+    static_assert(GDN_CHUNK * GDN_D <= 2 * GDN_CHUNK * WU_LDF, "the raw v tile fits in the A and T tiles");
     cp_rows(sK, WU_LD * 2, K, 4 * GDN_D, GDN_CHUNK);
+    cp_rows(sVraw, GDN_D * 4, VU, GDN_D * 4, GDN_CHUNK);
     cp_async_commit();
     if (warp == 0) {
         const float* gp = p.gg + row0;
@@ -743,14 +785,14 @@ gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
     } else if (tid < 32 + GDN_CHUNK) {
         sB[tid - 32] = p.bb[row0 + tid - 32];
     }
+    cp_async_wait<0>();
     __syncthreads();
     for (int i = tid; i < GDN_CHUNK * GDN_D / 4; i += blockDim.x) {
         const int t = i / (GDN_D / 4), d = (i - t * (GDN_D / 4)) * 4;
-        const float4 x = *reinterpret_cast<const float4*>(VU + t * GDN_D + d);
+        const float4 x = *reinterpret_cast<const float4*>(sVraw + t * GDN_D + d);
         const float b = sB[t];
         st_split4(sV + t * WU_LD + d, GDN_D, b * x.x, b * x.y, b * x.z, b * x.w);
     }
-    cp_async_wait<0>();
     __syncthreads();
 
     // ---- 1: A = beta_i (k_i . k_j) Gamma_ij, strictly lower
