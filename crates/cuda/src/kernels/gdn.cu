@@ -448,21 +448,24 @@ struct ConvTaps {
     float w[4];   // conv weights, oldest tap first
 };
 
-// Issues the loads of `n` channels' taps and inputs before any is used:
-// a thread's loads are all in flight at once (each was consumed at once
-// before, one DRAM round trip after another: Nsight Compute had half of
-// this kernel's stall samples on long-scoreboard waits).
+// Issues the loads of the taps and inputs of channels ch0 + 32 j (j < N)
+// before any is used: a thread's loads are all in flight at once (each was
+// consumed at once before, one DRAM round trip after another: Nsight
+// Compute had half of this kernel's stall samples on long-scoreboard
+// waits). A tap's row (the token's projection row, or its conv-ring entry)
+// is chosen once, so each load is that row plus a constant offset.
 template <int N>
-__device__ __forceinline__ void conv_load(const GdnPrepParams& p, const float* proj, const float* conv, int p0, int t, const int (&ch)[N],
+__device__ __forceinline__ void conv_load(const GdnPrepParams& p, const float* proj, const float* conv, int p0, int t, int ch0,
                                           ConvTaps (&ct)[N]) {
+    const float* const w = p.conv_w + ch0 * 4;
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
+    for (int k = 0; k < 4; ++k) {
+        const int tt = t - 3 + k;
+        const float* const row = (tt >= 0 ? proj + (size_t)tt * p.proj_stride : conv + ((p0 + tt) & 3) * CONV_DIM) + ch0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int tt = t - 3 + k;
-            const float* src = tt >= 0 ? proj + (size_t)tt * p.proj_stride + ch[j] : conv + ((p0 + tt) & 3) * CONV_DIM + ch[j];
-            ct[j].x[k] = *src;
-            ct[j].w[k] = p.conv_w[ch[j] * 4 + k];
+        for (int j = 0; j < N; ++j) {
+            ct[j].x[k] = row[32 * j];
+            ct[j].w[k] = w[128 * j + k];
         }
     }
 }
@@ -498,11 +501,8 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
             for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = out[GK_DIM + lane + 32 * j] = 0;
             return;
         }
-        int ch[PREP_PER_LANE];
-#pragma unroll
-        for (int j = 0; j < PREP_PER_LANE; ++j) ch[j] = part * GDN_KEY + warp * GK_DIM + lane + 32 * j;
         ConvTaps ct[PREP_PER_LANE];
-        conv_load(p, proj, conv, p0, t, ch, ct);
+        conv_load(p, proj, conv, p0, t, part * GDN_KEY + warp * GK_DIM + lane, ct);
         float y[PREP_PER_LANE];
         float ss = 0.f;
 #pragma unroll
@@ -524,11 +524,8 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
         for (int hh = warp; hh < GV_HEADS; hh += nw) {
             float* out = p.vv + ((size_t)hh * p.Tp + r) * GV_DIM;
             if (t < T) {
-                int ch[PREP_PER_LANE];
-#pragma unroll
-                for (int j = 0; j < PREP_PER_LANE; ++j) ch[j] = 2 * GDN_KEY + hh * GV_DIM + lane + 32 * j;
                 ConvTaps ct[PREP_PER_LANE];
-                conv_load(p, proj, conv, p0, t, ch, ct);
+                conv_load(p, proj, conv, p0, t, 2 * GDN_KEY + hh * GV_DIM + lane, ct);
 #pragma unroll
                 for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = conv_apply(ct[j]);
             } else {
