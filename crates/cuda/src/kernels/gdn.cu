@@ -695,11 +695,33 @@ __device__ __forceinline__ void stc_f32(float* m, int ld, int r0, int n0, const 
 
 // `rows` rows of `row_bytes` (a multiple of 16) from global memory (rows
 // contiguous) into shared rows `ld_bytes` apart, by cp.async.
-__device__ __forceinline__ void cp_rows(void* dst, int ld_bytes, const void* src, int row_bytes, int rows) {
-    const int per = row_bytes / 16;
-    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
-        const int r = i / per, q = i - r * per;
-        cp_async16(static_cast<char*>(dst) + r * ld_bytes + 16 * q, static_cast<const char*>(src) + (size_t)r * row_bytes + 16 * q, 16);
+template <int NT, int LD_BYTES, int ROW_BYTES, int ROWS>
+__device__ __forceinline__ void cp_rows(void* dst, const void* src) {
+    // NT threads (the block) copy ROWS rows of ROW_BYTES from src (rows
+    // contiguous) to dst (rows LD_BYTES apart), 16 bytes a copy. All of it
+    // known at compile time, so a thread's copies unroll into constant
+    // offsets from one source and one destination address (the loop with
+    // run-time bounds was ~10 instructions a copy, ~360 a chunk a warp of
+    // gdn_chunk_state's ~1,800).
+    constexpr int PER = ROW_BYTES / 16, TOTAL = ROWS * PER, STEPS = (TOTAL + NT - 1) / NT;
+    static_assert(ROW_BYTES % 16 == 0 && LD_BYTES % 16 == 0, "16-byte copies");
+    if constexpr (NT % PER == 0) {
+        const int r0 = (int)threadIdx.x / PER, q = (int)threadIdx.x % PER;
+        char* const d = static_cast<char*>(dst) + r0 * LD_BYTES + 16 * q;
+        const char* const s = static_cast<const char*>(src) + (size_t)r0 * ROW_BYTES + 16 * q;
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k)
+            if (TOTAL % NT == 0 || (int)threadIdx.x + k * NT < TOTAL)
+                cp_async16(d + k * (NT / PER) * LD_BYTES, s + (size_t)k * (NT / PER) * ROW_BYTES, 16);
+    } else {
+#pragma unroll
+        for (int k = 0; k < STEPS; ++k) {
+            const int i = (int)threadIdx.x + k * NT;
+            if (TOTAL % NT == 0 || i < TOTAL) {
+                const int r = i / PER, q = i - r * PER;
+                cp_async16(static_cast<char*>(dst) + r * LD_BYTES + 16 * q, static_cast<const char*>(src) + (size_t)r * ROW_BYTES + 16 * q, 16);
+            }
+        }
     }
 }
 
@@ -720,6 +742,7 @@ struct GdnWuParams {
 };
 GDN_LAYOUT(GdnWuParams, GDN_WU_PARAMS_BYTES);
 
+#define WU_THREADS 128              // gdn.rs launches gdn_chunk_wu with 128 threads
 #define WU_LD GDN_SPL(GDN_D)        // bf16 row stride of the k and v tiles
 #define WU_LDF (GDN_CHUNK + 8)      // float row stride of A and T (float2 fragment reads without conflicts)
 #define WU_SMEM_BYTES (2 * GDN_CHUNK * WU_LD * 2 + 2 * GDN_CHUNK * WU_LDF * 4 + 2 * GDN_CHUNK * 4)
@@ -739,7 +762,7 @@ static_assert(WU_SMEM_BYTES == GDN_WU_SMEM, "gdn_chunk_wu shared memory differs 
 //   3  W = T (beta e^G k), U = T (beta v): warp w takes the 16-column pairs
 //      w, w+4, ... and all 4 row blocks, k-steps up to the diagonal
 //      (T is lower); W out as split rows, U transposed into the v tile.
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(WU_THREADS)
 gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     bf16* sK = reinterpret_cast<bf16*>(gdn_smem);
@@ -762,8 +785,8 @@ gdn_chunk_wu(const __grid_constant__ GdnWuParams p) {
     // on the first use of each load).
     float* sVraw = sA;
     static_assert(GDN_CHUNK * GDN_D <= 2 * GDN_CHUNK * WU_LDF, "the raw v tile fits in the A and T tiles");
-    cp_rows(sK, WU_LD * 2, K, 4 * GDN_D, GDN_CHUNK);
-    cp_rows(sVraw, GDN_D * 4, VU, GDN_D * 4, GDN_CHUNK);
+    cp_rows<WU_THREADS, WU_LD * 2, 4 * GDN_D, GDN_CHUNK>(sK, K);
+    cp_rows<WU_THREADS, GDN_D * 4, GDN_D * 4, GDN_CHUNK>(sVraw, VU);
     cp_async_commit();
     if (warp == 0) {
         const float* gp = p.gg + row0;
@@ -929,6 +952,7 @@ GDN_LAYOUT(GdnStateParams, GDN_STATE_PARAMS_BYTES);
 #define ST_KS GDN_STATE_KSPLIT          // warps sharing a value group, each a slice of the keys
 #define ST_KH (GDN_D / ST_KS)           // keys a warp holds
 #define ST_BV (16 * ST_W)               // value columns per block
+#define ST_THREADS (32 * ST_W * ST_KS)  // the block (gdn.rs: 32 x state_warps x state_key_split)
 #define ST_LD GDN_SPL(GDN_D)            // bf16 row stride of the w and k tiles
 #define ST_LDU (GDN_CHUNK + 8)          // float row stride of the U^T rows
 #define ST_BUF_BYTES (2 * GDN_CHUNK * ST_LD * 2 + ST_BV * ST_LDU * 4 + GDN_CHUNK * 4)
@@ -960,7 +984,7 @@ static_assert(2 * ST_BUF_BYTES + (ST_KS > 1 ? ST_W * ST_KS * ST_X_FLOATS * 4 : 0
 // The block's 16 x ST_W rows of Vn^T overwrite its own U^T rows (already in
 // shared memory; warps kh = 0 write them), and S0^T is stored from the A
 // fragments (already split) before each chunk.
-extern "C" __global__ void __launch_bounds__(32 * ST_W * ST_KS, 1)
+extern "C" __global__ void __launch_bounds__(ST_THREADS, 1)
 gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     const int h = blockIdx.x, kh = h / GDN_RATIO, v0 = blockIdx.y * ST_BV;
@@ -978,10 +1002,10 @@ gdn_chunk_state(const __grid_constant__ GdnStateParams p) {
     float* sX = reinterpret_cast<float*>(gdn_smem + 2 * ST_BUF_BYTES);   // [warp][ST_X_FLOATS] Vn partials
     auto prefetch = [&](int c, int b) {
         const size_t row = (size_t)h * p.Tp + (size_t)c * GDN_CHUNK;
-        cp_rows(sW(b), ST_LD * 2, p.w + row * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
-        cp_rows(sK(b), ST_LD * 2, p.k + ((size_t)kh * p.Tp + (size_t)c * GDN_CHUNK) * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
-        cp_rows(sU(b), ST_LDU * 4, p.vu + row * GDN_D + (size_t)v0 * GDN_CHUNK, GDN_CHUNK * 4, ST_BV);
-        cp_rows(sG(b), GDN_CHUNK * 4, p.gc + row, GDN_CHUNK * 4, 1);
+        cp_rows<ST_THREADS, ST_LD * 2, 4 * GDN_D, GDN_CHUNK>(sW(b), p.w + row * 2 * GDN_D);
+        cp_rows<ST_THREADS, ST_LD * 2, 4 * GDN_D, GDN_CHUNK>(sK(b), p.k + ((size_t)kh * p.Tp + (size_t)c * GDN_CHUNK) * 2 * GDN_D);
+        cp_rows<ST_THREADS, ST_LDU * 4, GDN_CHUNK * 4, ST_BV>(sU(b), p.vu + row * GDN_D + (size_t)v0 * GDN_CHUNK);
+        cp_rows<ST_THREADS, GDN_CHUNK * 4, GDN_CHUNK * 4, 1>(sG(b), p.gc + row);
     };
 
     // S^T accumulators: s[nk][e] = S[8 nk + 2 tq + (e & 1)][v0 + lv + g + 8 (e >> 1)]
@@ -1137,6 +1161,7 @@ struct GdnOutParams {
 };
 GDN_LAYOUT(GdnOutParams, GDN_OUT_PARAMS_BYTES);
 
+#define OUT_THREADS 256             // gdn.rs launches gdn_chunk_out with 256 threads
 #define OUT_LD GDN_SPL(GDN_D)        // bf16 row stride of the q, k and S0^T tiles
 #define OUT_LDC GDN_SPL(GDN_CHUNK)   // bf16 row stride of the Vn^T and P tiles
 #define OUT_SMEM_BYTES ((2 * GDN_CHUNK + GDN_D) * OUT_LD * 2 + (GDN_D + GDN_CHUNK) * OUT_LDC * 2 + GDN_CHUNK * 4)
@@ -1152,7 +1177,7 @@ static_assert(OUT_SMEM_BYTES == GDN_OUT_SMEM, "gdn_chunk_out shared memory diffe
 //      acc = diag(e^G) q S0 (D/16 k-steps x D/32 column pairs, 192 mma at
 //      D = 128)
 //   3  acc += P Vn over the k-steps up to the diagonal; acc -> o (f32).
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(OUT_THREADS, 1)
 gdn_chunk_out(const __grid_constant__ GdnOutParams p) {
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     bf16* sQ = reinterpret_cast<bf16*>(gdn_smem);
@@ -1167,13 +1192,13 @@ gdn_chunk_out(const __grid_constant__ GdnOutParams p) {
     const size_t row0 = (size_t)h * p.Tp + (size_t)c * GDN_CHUNK;
     const size_t krow0 = (size_t)kh * p.Tp + (size_t)c * GDN_CHUNK;
 
-    cp_rows(sQ, OUT_LD * 2, p.q + krow0 * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
-    cp_rows(sK, OUT_LD * 2, p.k + krow0 * 2 * GDN_D, 4 * GDN_D, GDN_CHUNK);
-    cp_rows(sG, GDN_CHUNK * 4, p.gc + row0, GDN_CHUNK * 4, 1);
+    cp_rows<OUT_THREADS, OUT_LD * 2, 4 * GDN_D, GDN_CHUNK>(sQ, p.q + krow0 * 2 * GDN_D);
+    cp_rows<OUT_THREADS, OUT_LD * 2, 4 * GDN_D, GDN_CHUNK>(sK, p.k + krow0 * 2 * GDN_D);
+    cp_rows<OUT_THREADS, GDN_CHUNK * 4, GDN_CHUNK * 4, 1>(sG, p.gc + row0);
     cp_async_commit();
-    cp_rows(sS, OUT_LD * 2, p.hs + ((size_t)h * nch + c) * GDN_D * 2 * GDN_D, 4 * GDN_D, GDN_D);
+    cp_rows<OUT_THREADS, OUT_LD * 2, 4 * GDN_D, GDN_D>(sS, p.hs + ((size_t)h * nch + c) * GDN_D * 2 * GDN_D);
     cp_async_commit();
-    cp_rows(sV, OUT_LDC * 2, p.vu + row0 * GDN_D, 4 * GDN_CHUNK, GDN_D);
+    cp_rows<OUT_THREADS, OUT_LDC * 2, 4 * GDN_CHUNK, GDN_D>(sV, p.vu + row0 * GDN_D);
     cp_async_commit();
 
     // ---- 1: P
