@@ -440,9 +440,9 @@ GDN_LAYOUT(GdnPrepParams, GDN_PREP_PARAMS_BYTES);
 
 #define PREP_PER_LANE (GK_DIM / 32)
 
-// The conv of channel `ch` at relative token `t` from its four raw inputs
-// (oldest first: t - 3 .. t; a negative token's input comes from the conv
-// ring, which holds the inputs before this call) and taps.
+// What the conv of one channel at relative token t reads: its four raw
+// inputs (oldest first: t - 3 .. t; a negative token's input comes from
+// the conv ring, which holds the inputs before this call) and taps.
 struct ConvTaps {
     float x[4];   // raw inputs of t - 3 .. t
     float w[4];   // conv weights, oldest tap first
@@ -693,16 +693,14 @@ __device__ __forceinline__ void stc_f32(float* m, int ld, int r0, int n0, const 
     }
 }
 
-// `rows` rows of `row_bytes` (a multiple of 16) from global memory (rows
-// contiguous) into shared rows `ld_bytes` apart, by cp.async.
+// ROWS rows of ROW_BYTES (a multiple of 16) from global memory (rows
+// contiguous) into shared rows LD_BYTES apart, by cp.async, NT threads (the
+// block) 16 bytes a copy. All of it known at compile time, so a thread's
+// copies unroll into constant offsets from one source and one destination
+// address (the loop with run-time bounds was ~10 instructions a copy, ~360
+// a chunk a warp of gdn_chunk_state's ~1,800).
 template <int NT, int LD_BYTES, int ROW_BYTES, int ROWS>
 __device__ __forceinline__ void cp_rows(void* dst, const void* src) {
-    // NT threads (the block) copy ROWS rows of ROW_BYTES from src (rows
-    // contiguous) to dst (rows LD_BYTES apart), 16 bytes a copy. All of it
-    // known at compile time, so a thread's copies unroll into constant
-    // offsets from one source and one destination address (the loop with
-    // run-time bounds was ~10 instructions a copy, ~360 a chunk a warp of
-    // gdn_chunk_state's ~1,800).
     constexpr int PER = ROW_BYTES / 16, TOTAL = ROWS * PER, STEPS = (TOTAL + NT - 1) / NT;
     static_assert(ROW_BYTES % 16 == 0 && LD_BYTES % 16 == 0, "16-byte copies");
     if constexpr (NT % PER == 0) {
