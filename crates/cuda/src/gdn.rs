@@ -274,6 +274,12 @@ impl GdnScratch {
     }
 }
 
+/// Threads of a `gdn_chunk_wu` block (4 warps: the 10 lower 16 x 16 blocks
+/// of A and the blocked inverse are split over them).
+const WU_THREADS: usize = 128;
+/// Threads of a `gdn_chunk_out` block.
+const OUT_THREADS: usize = 256;
+
 /// Value groups of a `gdn_chunk_state` block (16 value columns each): two
 /// when the head divides, so that the real shape (128 columns) runs 4
 /// blocks a head, 128 blocks in all, each walking the chunks in sequence.
@@ -327,6 +333,8 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DGDN_VCOLS={DECODE_VCOLS}"),
         format!("-DGDN_DEC_THREADS={DECODE_THREADS}"),
         format!("-DGDN_DEC_GROUPS={DECODE_GROUPS}"),
+        format!("-DGDN_WU_THREADS={WU_THREADS}"),
+        format!("-DGDN_OUT_THREADS={OUT_THREADS}"),
         format!("-DGDN_STATE_WARPS={}", state_warps(dims)),
         format!("-DGDN_STATE_KSPLIT={}", state_key_split(dims)),
         format!("-DGDN_WU_SMEM={}", wu_smem(dims)),
@@ -490,13 +498,13 @@ fn prefill_group(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, group: &[
     let nchunks = (tp / GDN_CHUNK) as u32;
     let heads = dims.gv_heads as u32;
     let wu = GdnWuParams { k: s.k, gg: s.gg, bb: s.bb, vu: s.vu, w: s.w, gc: s.gc, tp: tp as i32 };
-    launch(gpu, k, "gdn_chunk_wu", (nchunks, heads, 1), 128, wu_smem(dims), &wu)?;
+    launch(gpu, k, "gdn_chunk_wu", (nchunks, heads, 1), WU_THREADS as u32, wu_smem(dims), &wu)?;
     let sw = state_warps(dims);
     let st = GdnStateParams { k: s.k, w: s.w, vu: s.vu, gc: s.gc, hs: s.hs, pc, tp: tp as i32 };
     let col_blocks = (dims.gv_dim / (16 * sw)) as u32;
     launch(gpu, k, "gdn_chunk_state", (heads, col_blocks, n), (32 * sw * state_key_split(dims)) as u32, state_smem(dims), &st)?;
     let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };
-    launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), 256, out_smem(dims), &out)?;
+    launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), OUT_THREADS as u32, out_smem(dims), &out)?;
     let gn = GdnGatedNormParams { pc, o: s.o, norm_w: w.norm, proj_stride: proj_stride as i32, eps: dims.rms_eps };
     launch(gpu, k, "gdn_gated_norm", (max_t as u32, dims.gv_heads.div_ceil(8) as u32, n), 256, 0, &gn)
 }

@@ -740,7 +740,8 @@ struct GdnWuParams {
 };
 GDN_LAYOUT(GdnWuParams, GDN_WU_PARAMS_BYTES);
 
-#define WU_THREADS 128              // gdn.rs launches gdn_chunk_wu with 128 threads
+#define WU_THREADS GDN_WU_THREADS    // the block (gdn.rs WU_THREADS)
+static_assert(WU_THREADS == 128, "gdn_chunk_wu splits its phases over 4 warps");
 #define WU_LD GDN_SPL(GDN_D)        // bf16 row stride of the k and v tiles
 #define WU_LDF (GDN_CHUNK + 8)      // float row stride of A and T (float2 fragment reads without conflicts)
 #define WU_SMEM_BYTES (2 * GDN_CHUNK * WU_LD * 2 + 2 * GDN_CHUNK * WU_LDF * 4 + 2 * GDN_CHUNK * 4)
@@ -1159,7 +1160,8 @@ struct GdnOutParams {
 };
 GDN_LAYOUT(GdnOutParams, GDN_OUT_PARAMS_BYTES);
 
-#define OUT_THREADS 256             // gdn.rs launches gdn_chunk_out with 256 threads
+#define OUT_THREADS GDN_OUT_THREADS  // the block (gdn.rs OUT_THREADS)
+static_assert(OUT_THREADS == 256, "gdn_chunk_out splits its tiles over 8 warps");
 #define OUT_LD GDN_SPL(GDN_D)        // bf16 row stride of the q, k and S0^T tiles
 #define OUT_LDC GDN_SPL(GDN_CHUNK)   // bf16 row stride of the Vn^T and P tiles
 #define OUT_SMEM_BYTES ((2 * GDN_CHUNK + GDN_D) * OUT_LD * 2 + (GDN_D + GDN_CHUNK) * OUT_LDC * 2 + GDN_CHUNK * 4)

@@ -732,9 +732,33 @@ rmsnorm_f16(const __grid_constant__ RmsnormParams p) {
     const float eps = p.eps;
     __shared__ float red[32];
     const float* xr = x + (size_t)blockIdx.x * cols;
+    f16* o = out + (size_t)blockIdx.x * cols;
+    // A row of up to RN_HELD x 256 columns is read once into registers,
+    // every load issued before the first use (the loop below reads each
+    // value twice, its loads one round trip after another); the same
+    // values in the same order either way.
+    constexpr int RN_HELD = 8;
+    if (cols <= RN_HELD * 256 && blockDim.x == 256) {
+        float v[RN_HELD];
+#pragma unroll
+        for (int i = 0; i < RN_HELD; ++i) {
+            const int c = threadIdx.x + 256 * i;
+            v[i] = c < cols ? xr[c] : 0.f;
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < RN_HELD; ++i)
+            if ((int)threadIdx.x + 256 * i < cols) ss += v[i] * v[i];
+        const float r = rsqrtf(block_sum(ss, red) / (float)cols + eps);
+#pragma unroll
+        for (int i = 0; i < RN_HELD; ++i) {
+            const int c = threadIdx.x + 256 * i;
+            if (c < cols) o[c] = f32_to_f16(v[i] * r * gain[c]);
+        }
+        return;
+    }
     float ss = 0.f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
     const float r = rsqrtf(block_sum(ss, red) / (float)cols + eps);
-    f16* o = out + (size_t)blockIdx.x * cols;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = f32_to_f16(xr[c] * r * gain[c]);
 }
