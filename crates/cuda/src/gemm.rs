@@ -169,6 +169,7 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_SCHUNK={GEMM_SCHUNK}"),
         format!("-DGEMM_DIRECT_ROWS={GEMM_DIRECT_ROWS}"),
         format!("-DGEMM_WG_ROWS={GEMM_WG_ROWS}"),
+        format!("-DRMSNORM_THREADS={RMSNORM_THREADS}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];
@@ -490,20 +491,23 @@ struct RmsnormParams {
     x: u64,
     gain: u64,
     out: u64,
-    cols: i32,
     eps: f32,
 }
 // SAFETY: plain-old-data mirroring `RmsnormParams` in gemm.cu.
 unsafe impl DeviceRepr for RmsnormParams {}
 
-/// out (fp16 [rows][cols]) = RMSNorm(x (f32 [rows][cols])) * gain.
-#[allow(clippy::too_many_arguments)]
-pub fn rmsnorm_f16(gpu: &Gpu, k: &Kernels, x: u64, gain: u64, out: u64, rows: usize, cols: usize, eps: f32) -> CudaResult<()> {
+/// Threads of an `rmsnorm_f16` block (a row; each thread holds its
+/// ceil(hidden / RMSNORM_THREADS) columns in registers).
+const RMSNORM_THREADS: usize = 256;
+
+/// out (fp16 [rows][hidden]) = RMSNorm(x (f32 [rows][hidden])) * gain: rows
+/// of the model's hidden size, which the kernel is compiled for (HIDDEN).
+pub fn rmsnorm_f16(gpu: &Gpu, k: &Kernels, x: u64, gain: u64, out: u64, rows: usize, eps: f32) -> CudaResult<()> {
     if rows == 0 {
         return Ok(());
     }
-    let p = RmsnormParams { x, gain, out, cols: cols as i32, eps };
-    launch(gpu, k, "rmsnorm_f16", (rows as u32, 1, 1), 256, 0, &p)
+    let p = RmsnormParams { x, gain, out, eps };
+    launch(gpu, k, "rmsnorm_f16", (rows as u32, 1, 1), RMSNORM_THREADS as u32, 0, &p)
 }
 
 #[cfg(test)]

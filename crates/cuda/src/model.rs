@@ -399,7 +399,7 @@ impl Model {
         if combine_prev {
             self.combine_moe_now(n)?;
         }
-        gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.hidden, d.rms_eps)?;
+        gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.rms_eps)?;
         self.dense_gemms(s.xn, d.hidden, n, &[Seg { w: &self.weights.lm_head, up: None, out: GemmOut::Store(s.logits), ldc: d.vocab }])?;
         sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)
     }
@@ -408,7 +408,7 @@ impl Model {
     /// one GEMM launch (the 32-row a/b projections ride along with qkv and z).
     fn in_proj_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
-        gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.hidden, d.rms_eps)?;
+        gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.rms_eps)?;
         let projs = self.in_projections(l);
         let segs: Vec<Seg> =
             projs.iter().map(|(m, off)| Seg { w: m, up: None, out: GemmOut::Store(s.proj + (off * 4) as u64), ldc: d.proj_stride() }).collect();
@@ -478,7 +478,7 @@ impl Model {
     fn moe_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let m = &l.moe;
-        gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.hidden, d.rms_eps)?;
+        gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.rms_eps)?;
         let router = [
             Seg { w: &m.router, up: None, out: GemmOut::Store(s.router_logits), ldc: d.n_experts },
             Seg { w: &m.sh_expert_gate, up: None, out: GemmOut::Store(s.sg), ldc: 1 },

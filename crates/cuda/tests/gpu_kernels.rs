@@ -497,7 +497,7 @@ fn rmsnorm_f16_matches_reference() {
     let g = rng.vec(cols, 0.5, 1.5);
     let (xb, gb) = (upload(&gpu, &x), upload(&gpu, &g));
     let out = zeros(&gpu, rows * cols * 2);
-    gemm::rmsnorm_f16(&gpu, &k, xb.ptr(), gb.ptr(), out.ptr(), rows, cols, 1e-6).expect("launch");
+    gemm::rmsnorm_f16(&gpu, &k, xb.ptr(), gb.ptr(), out.ptr(), rows, 1e-6).expect("launch");
     let got: Vec<f32> = download::<u16>(&gpu, out.ptr(), rows * cols).into_iter().map(f16_val).collect();
     let want: Vec<f64> = (0..rows).flat_map(|r| rmsnorm(&x[r * cols..(r + 1) * cols], &g, 1e-6)).map(|v| v as f64).collect();
     assert_close("rmsnorm_f16", &got, &want, 1e-3);
@@ -706,7 +706,7 @@ fn grouped_moe_gemm_path_matches_reference() {
             let y_sorted = upload(&gpu, &vec![NAN; n * d.topk * d.hidden]);
             let act_sh = z(n * d.moe_inter * 2);
             let ys = upload(&gpu, &vec![NAN; n * d.hidden]);
-            gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), gb.ptr(), xn.ptr(), n, d.hidden, d.rms_eps).expect("norm");
+            gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), gb.ptr(), xn.ptr(), n, d.rms_eps).expect("norm");
             // Twice on the same buffers: the first run must leave the counts
             // and the ticket at 0 for the second, which plans the same tiles.
             moe::route(&gpu, &k, &d, &rb, n, bm).expect("route");

@@ -703,24 +703,14 @@ template <int NT, int LD_BYTES, int ROW_BYTES, int ROWS>
 __device__ __forceinline__ void cp_rows(void* dst, const void* src) {
     constexpr int PER = ROW_BYTES / 16, TOTAL = ROWS * PER, STEPS = (TOTAL + NT - 1) / NT;
     static_assert(ROW_BYTES % 16 == 0 && LD_BYTES % 16 == 0, "16-byte copies");
-    if constexpr (NT % PER == 0) {
-        const int r0 = (int)threadIdx.x / PER, q = (int)threadIdx.x % PER;
-        char* const d = static_cast<char*>(dst) + r0 * LD_BYTES + 16 * q;
-        const char* const s = static_cast<const char*>(src) + (size_t)r0 * ROW_BYTES + 16 * q;
+    static_assert(NT % PER == 0, "a step of the block covers whole rows");
+    const int r0 = (int)threadIdx.x / PER, q = (int)threadIdx.x % PER;
+    char* const d = static_cast<char*>(dst) + r0 * LD_BYTES + 16 * q;
+    const char* const s = static_cast<const char*>(src) + (size_t)r0 * ROW_BYTES + 16 * q;
 #pragma unroll
-        for (int k = 0; k < STEPS; ++k)
-            if (TOTAL % NT == 0 || (int)threadIdx.x + k * NT < TOTAL)
-                cp_async16(d + k * (NT / PER) * LD_BYTES, s + (size_t)k * (NT / PER) * ROW_BYTES, 16);
-    } else {
-#pragma unroll
-        for (int k = 0; k < STEPS; ++k) {
-            const int i = (int)threadIdx.x + k * NT;
-            if (TOTAL % NT == 0 || i < TOTAL) {
-                const int r = i / PER, q = i - r * PER;
-                cp_async16(static_cast<char*>(dst) + r * LD_BYTES + 16 * q, static_cast<const char*>(src) + (size_t)r * ROW_BYTES + 16 * q, 16);
-            }
-        }
-    }
+    for (int k = 0; k < STEPS; ++k)
+        if (TOTAL % NT == 0 || (int)threadIdx.x + k * NT < TOTAL)
+            cp_async16(d + k * (NT / PER) * LD_BYTES, s + (size_t)k * (NT / PER) * ROW_BYTES, 16);
 }
 
 // The 10 lower 16x16 blocks (I, J), J <= I, of a 64x64 matrix, by index.

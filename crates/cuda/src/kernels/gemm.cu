@@ -713,52 +713,39 @@ extern "C" __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __gri
     else *o = v;
 }
 
-// grid (T), block 256: out[t][c] = f16(x[t][c] * rsqrt(mean(x[t]^2) + eps) * gain[c]).
-// The normalised activations that feed the GEMMs.
+// grid (T), block RMSNORM_THREADS: out[t][c] = f16(x[t][c] * rsqrt(mean(x[t]^2)
+// + eps) * gain[c]) over rows of HIDDEN columns. The normalised activations
+// that feed the GEMMs. A row is read once into registers, thread i holding
+// columns i, i + RMSNORM_THREADS, ..., every load issued before the first
+// use.
 struct RmsnormParams {
-    const float* x;        // [rows][cols]
+    const float* x;        // [rows][HIDDEN]
     const float* gain;
-    f16* out;              // [rows][cols]
-    int cols;
+    f16* out;              // [rows][HIDDEN]
     float eps;
 };
 
-extern "C" __global__ void __launch_bounds__(256)
+#define RMSNORM_HELD ((HIDDEN + RMSNORM_THREADS - 1) / RMSNORM_THREADS)
+
+extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_f16(const __grid_constant__ RmsnormParams p) {
-    const float* x = p.x;
-    const float* gain = p.gain;
-    f16* out = p.out;
-    const int cols = p.cols;
-    const float eps = p.eps;
     __shared__ float red[32];
-    const float* xr = x + (size_t)blockIdx.x * cols;
-    f16* o = out + (size_t)blockIdx.x * cols;
-    // A row of up to RN_HELD x 256 columns is read once into registers,
-    // every load issued before the first use (the loop below reads each
-    // value twice, its loads one round trip after another); the same
-    // values in the same order either way.
-    constexpr int RN_HELD = 8;
-    if (cols <= RN_HELD * 256 && blockDim.x == 256) {
-        float v[RN_HELD];
+    const float* xr = p.x + (size_t)blockIdx.x * HIDDEN;
+    f16* o = p.out + (size_t)blockIdx.x * HIDDEN;
+    float v[RMSNORM_HELD];
 #pragma unroll
-        for (int i = 0; i < RN_HELD; ++i) {
-            const int c = threadIdx.x + 256 * i;
-            v[i] = c < cols ? xr[c] : 0.f;
-        }
-        float ss = 0.f;
-#pragma unroll
-        for (int i = 0; i < RN_HELD; ++i)
-            if ((int)threadIdx.x + 256 * i < cols) ss += v[i] * v[i];
-        const float r = rsqrtf(block_sum(ss, red) / (float)cols + eps);
-#pragma unroll
-        for (int i = 0; i < RN_HELD; ++i) {
-            const int c = threadIdx.x + 256 * i;
-            if (c < cols) o[c] = f32_to_f16(v[i] * r * gain[c]);
-        }
-        return;
+    for (int i = 0; i < RMSNORM_HELD; ++i) {
+        const int c = threadIdx.x + RMSNORM_THREADS * i;
+        v[i] = c < HIDDEN ? xr[c] : 0.f;
     }
     float ss = 0.f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
-    const float r = rsqrtf(block_sum(ss, red) / (float)cols + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = f32_to_f16(xr[c] * r * gain[c]);
+#pragma unroll
+    for (int i = 0; i < RMSNORM_HELD; ++i)
+        if ((int)threadIdx.x + RMSNORM_THREADS * i < HIDDEN) ss += v[i] * v[i];
+    const float r = rsqrtf(block_sum(ss, red) / (float)HIDDEN + p.eps);
+#pragma unroll
+    for (int i = 0; i < RMSNORM_HELD; ++i) {
+        const int c = threadIdx.x + RMSNORM_THREADS * i;
+        if (c < HIDDEN) o[c] = f32_to_f16(v[i] * r * p.gain[c]);
+    }
 }
