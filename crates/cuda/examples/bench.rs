@@ -15,6 +15,7 @@
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
 //!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
+//!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
@@ -53,6 +54,9 @@ struct Args {
     /// `--f16-gemm-from N|off`: prefill passes of N tokens and more run
     /// their dense projections on hgemm (Options::f16_gemm_from).
     f16_gemm_from: Option<Option<usize>>,
+    /// `--expert-rows BM`: the grouped expert GEMMs' tile height at every
+    /// pass (Options::expert_tile_rows).
+    expert_rows: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -71,6 +75,7 @@ fn parse() -> Result<Args, String> {
         fused_moe: false,
         moe_trace: false,
         f16_gemm_from: None,
+        expert_rows: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -101,6 +106,7 @@ fn parse() -> Result<Args, String> {
                     n => Some(n.parse().map_err(|e| format!("--f16-gemm-from: {e}"))?),
                 });
             }
+            "--expert-rows" => a.expert_rows = Some(val()?.parse().map_err(|e| format!("--expert-rows: {e}"))?),
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
         }
@@ -133,6 +139,12 @@ fn run() -> Result<(), String> {
     opts.fused_moe = args.fused_moe;
     if let Some(f) = args.f16_gemm_from {
         opts.f16_gemm_from = f;
+    }
+    if let Some(bm) = args.expert_rows {
+        if !lily_cuda::gemm::TILE_ROWS.contains(&bm) {
+            return Err(format!("--expert-rows {bm}: the grouped GEMM is compiled for {:?}", lily_cuda::gemm::TILE_ROWS));
+        }
+        opts.expert_tile_rows = Some(bm);
     }
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();

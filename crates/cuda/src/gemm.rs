@@ -158,6 +158,12 @@ fn is_direct(bits: u32, bm: usize) -> bool {
     bits == 4 && bm == GEMM_DIRECT_ROWS
 }
 
+/// Whether tiles of `bm` rows of `bits`-bit weights dequantise into
+/// registers (DIRECT or WG) rather than through the shared fp16 W tile.
+pub fn dequantises_in_registers(bits: u32, bm: usize) -> bool {
+    is_direct(bits, bm) || is_wgmma(bits, bm)
+}
+
 /// The defines gemm.cu needs beyond the model dimensions.
 pub fn defines() -> Vec<String> {
     let mut v = vec![

@@ -495,7 +495,7 @@ impl Model {
         self.dense_gemms_on(&self.side, s.act_sh, d.moe_inter, n, &[Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden }])?;
         self.join.record(&self.side.stream).ctx("cuEventRecord (join)")?;
         let rb = s.route();
-        let bm = moe::tile_rows(d, n);
+        let bm = self.mem.opts.expert_tile_rows.unwrap_or_else(|| moe::tile_rows(d, n));
         moe::route(g, k, d, &rb, n, bm)?;
         self.mark("moe route")?;
         let mt = moe::max_tiles(d, n, bm);

@@ -59,6 +59,10 @@ pub struct Options {
     /// dequantised once per pass into fp16 and multiplied by the TMA-fed
     /// fp16 GEMM. `None`: always gemm.cu's 4-bit tiles.
     pub f16_gemm_from: Option<usize>,
+    /// The grouped expert GEMMs' tile height (one of `gemm::TILE_ROWS`) at
+    /// every prefill pass; `None`: `moe::tile_rows` picks it from the pass
+    /// length (the default). A measurement knob (bench `--expert-rows`).
+    pub expert_tile_rows: Option<usize>,
 }
 
 /// Default of `Options::f16_gemm_from`: the pass length from which the
@@ -141,6 +145,7 @@ impl Default for Options {
             decode_matrices: DecodeMatrices::FASTEST,
             fused_moe: false,
             f16_gemm_from: Some(F16_GEMM_FROM),
+            expert_tile_rows: None,
         }
     }
 }
