@@ -114,12 +114,7 @@ pub fn max_tiles_any(dims: &Dims, ntok: usize) -> usize {
 pub fn tile_rows(dims: &Dims, ntok: usize) -> usize {
     let pairs = ntok * dims.topk;
     let tallest = TILE_ROWS[TILE_ROWS.len() - 1];
-    TILE_ROWS
-        .iter()
-        .copied()
-        .filter(|bm| crate::gemm::dequantises_in_registers(4, *bm))
-        .find(|bm| 5 * bm * dims.n_experts >= 8 * pairs)
-        .unwrap_or(tallest)
+    TILE_ROWS.iter().copied().filter(|bm| crate::gemm::dequantises_in_registers(4, *bm)).find(|bm| 5 * bm * dims.n_experts >= 8 * pairs).unwrap_or(tallest)
 }
 
 /// Top-k, counts, ranks, offsets, the tile list cut at `bm` rows (the

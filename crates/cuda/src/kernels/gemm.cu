@@ -400,6 +400,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     // first k-tile, computed once: 32-bit, so the K loop holds one register
     // per chunk, not a pointer; rows past the tile read row 0, zero-filled.
     int a_off[A_ITERS];
+    // With one chunk a thread (BM <= 32), its source as a pointer advanced a
+    // k-tile per copy instead of recomputed from p.a at every k-tile.
+    const f16* a_src = p.a;
     u32 a_ok = 0;                                // bit i: chunk i is a row of the tile
 #pragma unroll
     for (int i = 0; i < A_ITERS; ++i) {
@@ -408,6 +411,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         const bool ok = (A_CHUNKS % NT == 0 || idx < A_CHUNKS) && m < m1;
         const int arow = ok ? (p.a_rows != nullptr ? p.a_rows[m] : m) : 0;
         a_off[i] = arow * p.lda + kt0 * BK + (int)(idx % CPR) * 8;
+        if (A_ITERS == 1) a_src += a_off[i];
         a_ok |= (u32)ok << i;
     }
     // Copies of k-tile `it` of the split (if any) into the ring stage at
@@ -425,12 +429,13 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 {
                     const unsigned r = idx / CPR, j = idx % CPR;
                     const u32 dst = WG ? r * (BK * 2) + ((j ^ (r & 7)) << 4) : r * LD * 2 + j * 16;
-                    gm_cp16(s_ring + stage + dst, p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
+                    gm_cp16(s_ring + stage + dst, A_ITERS == 1 ? a_src : p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
                 }
             }
 #pragma unroll
             for (int i = 0; i < LPT; ++i) gm_cp16(s_wq + stage + 16 * i, wsrc + 4 * i, wvalid);
             wsrc += BK * BITS / 32;
+            a_src += BK;
             const unsigned kt = (unsigned)(kt0 + it);
             if (sring) {
                 if (it == 0 || kt % SG == 0)
@@ -475,6 +480,20 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
     for (int s = 0; s < S - 1; ++s) issue(s, s * STAGE);
     u32 rd = 0;                                   // byte offset of the stage of k-tile it
+    // DIRECT: this lane's fixed offsets (bytes from gm_smem: its first
+    // row's codes in stage 0 and its A fragment row; bf16 slots from sS:
+    // its first row's scales), made opaque so that the compiler keeps them
+    // in registers instead of recomputing them from the lane at every
+    // k-tile.
+    u32 d_codes = 0, d_sb = 0, d_a = 0;
+    if constexpr (DIRECT) {
+        static_assert(WM == 1 && MF == 1, "DIRECT: one m16 tile, every warp along N");
+        const u32 row0 = wn * WTN + (lane >> 2);
+        d_codes = r_off + A_BYTES + row0 * RB;
+        d_sb = row0 * SROW;
+        d_a = r_off + ((lane & 15) * LD + (lane >> 4) * 8) * 2;
+        asm volatile("" : "+r"(d_codes), "+r"(d_sb), "+r"(d_a));
+    }
     const bf16* my_s = sS + tr * SROW;
     const bf16* my_b = my_s + (B_OFF - S_OFF) / 2;
     if constexpr (WG) {
@@ -533,16 +552,31 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             u32 dw[DIRECT ? NF : 1][8];
             u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
             if constexpr (DIRECT) {
-                const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
+                // Row wn WTN + 8 nf + g: its codes at d_codes + rd + 8 nf RB,
+                // its scale at d_sb + 8 nf SROW (+ the bias plane).
+                const unsigned char* wq = gm_smem + d_codes + rd;
+                const bf16* ssl = sS + d_sb + slot;
 #pragma unroll
                 for (int nf = 0; nf < NF; ++nf) {
-                    row_codes(wq, (int)wn * WTN + nf * 8 + (int)(lane >> 2), slot, dw[nf], ds2[nf], db2[nf]);
+                    const uint4 q0 = *reinterpret_cast<const uint4*>(wq + nf * 8 * RB);
+                    const uint4 q1 = *reinterpret_cast<const uint4*>(wq + nf * 8 * RB + 16);
+                    dw[nf][0] = q0.x;
+                    dw[nf][1] = q0.y;
+                    dw[nf][2] = q0.z;
+                    dw[nf][3] = q0.w;
+                    dw[nf][4] = q1.x;
+                    dw[nf][5] = q1.y;
+                    dw[nf][6] = q1.z;
+                    dw[nf][7] = q1.w;
+                    ds2[nf] = dq4_scale2(bf16_to_f32(ssl[nf * 8 * SROW]));
+                    db2[nf] = dq4_bias2(bf16_to_f32(ssl[(B_OFF - S_OFF) / 2 + nf * 8 * SROW]));
                 }
             } else {
                 store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
                 __syncthreads();
             }
             const f16* a_s = reinterpret_cast<const f16*>(gm_smem + r_off + rd);
+            const f16* a_lane = reinterpret_cast<const f16*>(gm_smem + d_a + rd);   // DIRECT
             const f16* w_s = sW;
 #pragma unroll
             for (int ks = 0; ks < BK / 16; ++ks) {
@@ -550,7 +584,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
 #pragma unroll
                 for (int mf = 0; mf < MF; ++mf)
                     ldmatrix_x4(af[mf][0], af[mf][1], af[mf][2], af[mf][3],
-                                a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
+                                DIRECT ? a_lane + ks * 16
+                                       : a_s + (wm * WTM + mf * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
                 u32 bf[NF][2];
                 if constexpr (DIRECT) {
                     // Byte c's low nibble is code 2c, its high one 2c + 1.
