@@ -82,7 +82,13 @@
 // loop: at BM = 16 the loop was 309 SASS instructions a warp per k-tile
 // with the register pipeline, 257 with the ring and the fp32 in-place
 // dequantisation (8 instructions per two weights), 194 with dq4_pair
-// (4 per two weights); the rest is the ring's copies and bookkeeping.
+// (4 per two weights), ~146 with the lane's offsets held across the loop
+// (DIRECT; 64 of them the dequantisation); the rest is the ring's copies
+// and bookkeeping. Nsight Compute at 256 tokens then: issue 0.69 a
+// scheduler, stalls mostly "not selected", fixed latency and the math
+// pipe (the f16x2 sub and fma of dq4_pair). Fewer instructions paid only
+// at the same occupancy: 4 warps of 32 rows (-26% instructions, 20 warps
+// an SM instead of 32) ran no faster (crates/cuda/NOTES.md history 85).
 //
 // Grouping (MoE prefill): `tiles` lists (expert, row start, row end) in the
 // sorted row space (moe_plan, cut at the same BM), `a_rows` maps a sorted
