@@ -124,15 +124,27 @@ fn main() {
     }
 }
 
+/// Prompt tokens of each sequence of a `--batch` run (`prefilled`).
+const BATCH_PROMPT: usize = 256;
+/// Tokens a `--batch` run decodes per sequence at each batch size: 4
+/// warm-up steps and `BATCH_STEPS` timed ones, and as many again for each
+/// knockout.
+const BATCH_STEPS: usize = 32;
+const BATCH_WARM: usize = 4;
+const BATCH_RUN_TOKENS: usize = BATCH_WARM + BATCH_STEPS;
+
 fn run() -> Result<(), String> {
     let args = parse()?;
     let max_len = args.lengths.iter().copied().max().unwrap_or(256);
-    let mut opts = Options::for_context(max_len + args.steps + 64);
+    // A `--batch` sequence holds its prompt, the timed run and one more run
+    // per knockout (before this, two knockouts at --steps 16 outgrew the
+    // plan: "sequence would hold 364 tokens; sized for at most 336"); a
+    // `--served` one its prompt and the warm-up and `--steps` draws.
+    let batch_seq = BATCH_PROMPT + BATCH_RUN_TOKENS * (1 + args.knockouts.len());
+    let mut opts = Options::for_context((max_len.max(BATCH_PROMPT) + args.steps).max(batch_seq) + 64);
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     opts.max_sequences = 4.max(max_batch + 2).max(args.parts + 2);
-    // The batch runs prefill 256 tokens and decode a few more per sequence
-    // (36 more for each knockout).
-    opts.kv_tokens = opts.kv_tokens.max((256 + 64 + 64 + 36 * args.knockouts.len()) * opts.max_sequences);
+    opts.kv_tokens = opts.kv_tokens.max((batch_seq + 128) * opts.max_sequences);
     if let Some(m) = args.decode_matrices {
         opts.decode_matrices = m;
     }
@@ -215,11 +227,11 @@ fn run() -> Result<(), String> {
         // Aggregate greedy decode throughput of b sequences stepping together
         // (ids fed back on the device), each from its own 256-token prompt.
         let mut batch = prefilled(&mut be, b, vocab)?;
-        let warm = be.model_mut().decode_greedy_batch(&batch, 4).map_err(|e| e.to_string())?;
+        let warm = be.model_mut().decode_greedy_batch(&batch, BATCH_WARM).map_err(|e| e.to_string())?;
         for (e, ids) in batch.iter_mut().zip(&warm) {
             e.1 = *ids.last().unwrap_or(&e.1);
         }
-        let steps = 32;
+        let steps = BATCH_STEPS;
         let t = Instant::now();
         let ids = be.model_mut().decode_greedy_batch(&batch, steps).map_err(|e| e.to_string())?;
         let dt = t.elapsed().as_secs_f64();
@@ -235,7 +247,7 @@ fn run() -> Result<(), String> {
         for (name, ko) in &args.knockouts {
             let m = be.model_mut();
             m.set_knockout(*ko);
-            m.decode_greedy_batch(&batch, 4).map_err(|e| e.to_string())?;
+            m.decode_greedy_batch(&batch, BATCH_WARM).map_err(|e| e.to_string())?;
             let t = Instant::now();
             m.decode_greedy_batch(&batch, steps).map_err(|e| e.to_string())?;
             let dt = t.elapsed().as_secs_f64();
@@ -285,7 +297,7 @@ fn prefilled(be: &mut CudaBackend, b: usize, vocab: usize) -> Result<Vec<(lily_m
     use lily_model::Backend;
     (0..b)
         .map(|i| {
-            let prompt = lily_model::contract::batch_prompt_tokens(i, 256, vocab);
+            let prompt = lily_model::contract::batch_prompt_tokens(i, BATCH_PROMPT, vocab);
             let s = be.alloc().map_err(|e| e.to_string())?;
             let first = be.prefill_greedy(s, &prompt).map_err(|e| e.to_string())?;
             Ok((s, first))
@@ -303,9 +315,9 @@ fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: u
     let firsts = prefilled(be, b, vocab)?;
     let seqs: Vec<_> = firsts.iter().map(|f| f.0).collect();
     let feeds: Vec<_> = firsts.iter().map(|&(s, first)| (s, Feed::Token(first))).collect();
-    let mut states: Vec<_> = (0..b).map(|i| SampleState::new(params, &lily_model::contract::batch_prompt_tokens(i, 256, vocab))).collect();
+    let mut states: Vec<_> = (0..b).map(|i| SampleState::new(params, &lily_model::contract::batch_prompt_tokens(i, BATCH_PROMPT, vocab))).collect();
     let previous: Vec<_> = seqs.iter().map(|s| (*s, Feed::Previous)).collect();
-    let warm = 4;
+    let warm = BATCH_WARM;
     let mut pending = be.submit_decode(&feeds, &mut states).map_err(err)?;
     let mut t0 = Instant::now();
     for i in 0..warm + steps {
