@@ -126,11 +126,11 @@ fn main() {
 
 /// Prompt tokens of each sequence of a `--batch` run (`prefilled`).
 const BATCH_PROMPT: usize = 256;
-/// Tokens a `--batch` run decodes per sequence at each batch size: 4
-/// warm-up steps and `BATCH_STEPS` timed ones, and as many again for each
-/// knockout.
+/// Timed decode steps of a `--batch` run at each batch size.
 const BATCH_STEPS: usize = 32;
+/// Untimed decode steps before each timed run.
 const BATCH_WARM: usize = 4;
+/// Tokens one timed run (and each knockout's) adds to a sequence.
 const BATCH_RUN_TOKENS: usize = BATCH_WARM + BATCH_STEPS;
 
 fn run() -> Result<(), String> {
@@ -152,12 +152,8 @@ fn run() -> Result<(), String> {
     if let Some(f) = args.f16_gemm_from {
         opts.f16_gemm_from = f;
     }
-    if let Some(bm) = args.expert_rows {
-        if !lily_cuda::gemm::TILE_ROWS.contains(&bm) {
-            return Err(format!("--expert-rows {bm}: the grouped GEMM is compiled for {:?}", lily_cuda::gemm::TILE_ROWS));
-        }
-        opts.expert_tile_rows = Some(bm);
-    }
+    // Checked with the other options when the backend is made.
+    opts.expert_tile_rows = args.expert_rows;
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {

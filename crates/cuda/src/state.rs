@@ -170,6 +170,11 @@ impl Options {
         if self.max_sequences == 0 || self.kv_tokens < KV_BLOCK {
             return Err(CudaError::Unsupported("max_sequences and kv_tokens must be positive".into()));
         }
+        if let Some(bm) = self.expert_tile_rows {
+            if !crate::gemm::TILE_ROWS.contains(&bm) {
+                return Err(CudaError::Unsupported(format!("expert_tile_rows {bm}: the grouped GEMM is compiled for {:?}", crate::gemm::TILE_ROWS)));
+            }
+        }
         Ok(())
     }
 }
@@ -829,6 +834,17 @@ mod tests {
         assert!(w16_elems(&d, &o) >= d.proj_stride() * d.hidden, "the in-projections fit");
         assert_eq!(w16_elems(&d, &Options { f16_gemm_from: None, ..Options::default() }), 0);
         assert_eq!(w16_elems(&d, &Options { prefill_chunk: 1024, ..Options::default() }), 0, "no pass reaches F16_GEMM_FROM rows");
+    }
+
+    #[test]
+    fn a_forced_expert_tile_height_must_be_compiled() {
+        for bm in crate::gemm::TILE_ROWS {
+            assert!(Options { expert_tile_rows: Some(bm), ..Options::default() }.check().is_ok(), "{bm} rows");
+        }
+        for bm in [0usize, 8, 48, 256] {
+            let e = Options { expert_tile_rows: Some(bm), ..Options::default() }.check().expect_err("refused");
+            assert!(e.to_string().contains("expert_tile_rows"), "{e}");
+        }
     }
 
     #[test]
