@@ -118,16 +118,19 @@ extern "C" __global__ void attn_prep(const __grid_constant__ AttnPrepParams p) {
     }
     const bool is_q = head < A_HEADS;
     const float x = is_q ? pr[head * 2 * HD + d] : pr[A_QPROJ + (head - A_HEADS) * HD + d];
+    // The gain and the rotation frequency are requested with x, not after
+    // the block's reduction (two L2 round trips later each).
+    const float gain = is_q ? p.q_norm[d] : p.k_norm[d];
+    const int half = ROT_DIM / 2;
+    const float freq = d < ROT_DIM ? p.inv_freq[d % half] : 0.f;
     const float ss = block_sum(x * x, red);
-    const float y = x * rsqrtf(ss / (float)HD + p.eps) * (is_q ? p.q_norm[d] : p.k_norm[d]);
+    const float y = x * rsqrtf(ss / (float)HD + p.eps) * gain;
     buf[d] = y;
     __syncthreads();
     float out = y;
     if (d < ROT_DIM) {
-        const int half = ROT_DIM / 2;
-        const int j = d % half;
         float sn, cs;
-        sincosf((float)ps * p.inv_freq[j], &sn, &cs);
+        sincosf((float)ps * freq, &sn, &cs);
         out = d < half ? y * cs - buf[d + half] * sn : y * cs + buf[d - half] * sn;
     }
     if (is_q) {

@@ -1292,19 +1292,25 @@ gdn_gated_norm(const __grid_constant__ GdnGatedNormParams p) {
     if (h >= GV_HEADS || t >= pc.T) return;
     const float* o = O + ((size_t)pc.c0 * GDN_CHUNK + t) * GDN_VAL + h * GV_DIM;
     const float* z = proj + (size_t)t * proj_stride + CONV_DIM + h * GV_DIM;
-    float v[PREP_PER_LANE];
-    float ss = 0.f;
+    // Every load of the warp (O, z, the gain) issued before the first use:
+    // z and the gain read after the first store were one L2 round trip
+    // each (the stores might alias them), three more a warp.
+    float v[PREP_PER_LANE], zv[PREP_PER_LANE], nw[PREP_PER_LANE];
 #pragma unroll
     for (int j = 0; j < PREP_PER_LANE; ++j) {
         v[j] = o[lane + 32 * j];
-        ss += v[j] * v[j];
+        zv[j] = z[lane + 32 * j];
+        nw[j] = norm_w[lane + 32 * j];
     }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < PREP_PER_LANE; ++j) ss += v[j] * v[j];
     ss = warp_sum(ss);
     const float r = rsqrtf(ss / (float)GV_DIM + eps);
 #pragma unroll
     for (int j = 0; j < PREP_PER_LANE; ++j) {
         const int i = lane + 32 * j;
-        const float y = v[j] * r * norm_w[i] * siluf_(z[i]);
+        const float y = v[j] * r * nw[j] * siluf_(zv[j]);
         const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + i;
         if (mix_f32 != nullptr) mix_f32[oi] = y;
         if (mix_f16 != nullptr) mix_f16[oi] = f32_to_f16(y);
