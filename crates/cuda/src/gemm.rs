@@ -504,7 +504,7 @@ unsafe impl DeviceRepr for RmsnormParams {}
 
 /// Threads of an `rmsnorm_f16` block (a row; each thread holds its
 /// ceil(hidden / RMSNORM_THREADS) columns in registers).
-const RMSNORM_THREADS: usize = 256;
+pub(crate) const RMSNORM_THREADS: usize = 256;
 
 /// out (fp16 [rows][hidden]) = RMSNorm(x (f32 [rows][hidden])) * gain: rows
 /// of the model's hidden size, which the kernel is compiled for (HIDDEN).

@@ -382,7 +382,7 @@ impl Model {
         if combine_prev {
             self.combine_moe_now(n)?;
         }
-        self.in_proj_gemm(l, n)?;
+        self.in_proj_gemm(l, n, false)?;
         let mix = MixOut::F16(s.mix_f16);
         self.mixer_step(i, n, mix, mix)?;
         self.mark(if matches!(l.mixer, MixerDev::Attention(_)) { "attention" } else { "gdn step" })?;
@@ -404,11 +404,14 @@ impl Model {
         sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)
     }
 
-    /// xn = RMSNorm(h) in fp16, then the in-projections into proj, all in
+    /// xn = RMSNorm(h) in fp16 (unless `normed`: the previous layer's MoE
+    /// combine left it there), then the in-projections into proj, all in
     /// one GEMM launch (the 32-row a/b projections ride along with qkv and z).
-    fn in_proj_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
+    fn in_proj_gemm(&self, l: &LayerDev, n: usize, normed: bool) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
-        gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.rms_eps)?;
+        if !normed {
+            gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.rms_eps)?;
+        }
         let projs = self.in_projections(l);
         let segs: Vec<Seg> =
             projs.iter().map(|(m, off)| Seg { w: m, up: None, out: GemmOut::Store(s.proj + (off * 4) as u64), ldc: d.proj_stride() }).collect();
@@ -474,8 +477,10 @@ impl Model {
         ((next - base) / 4).is_multiple_of(2).then_some(first.out)
     }
 
-    /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM.
-    fn moe_gemm(&self, l: &LayerDev, n: usize) -> CudaResult<()> {
+    /// h += MoE(RMSNorm(h)) for `n` rows through the grouped GEMM; with
+    /// `next_norm` (the next layer's input-norm gain) the combine also
+    /// leaves that layer's normalised input in xn.
+    fn moe_gemm(&self, l: &LayerDev, n: usize, next_norm: Option<u64>) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let m = &l.moe;
         gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.rms_eps)?;
@@ -506,7 +511,8 @@ impl Model {
         self.mark("gemm moe experts (shared beside)")?;
         self.gpu.stream.wait(&self.join).ctx("cuStreamWaitEvent (join)")?;
         self.mark("gemm moe shared (after the experts)")?;
-        moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n)?;
+        let norm = next_norm.map(|gain| moe::NextNorm { gain, xn: s.xn, eps: d.rms_eps });
+        moe::combine(g, k, s.h, s.y_sorted, s.ys, s.sg, &rb, n, norm)?;
         self.mark("moe combine")
     }
 
@@ -572,7 +578,9 @@ impl Model {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
-        self.in_proj_gemm(l, t)?;
+        // Every layer but the first finds its normalised input left in xn
+        // by the previous layer's combine.
+        self.in_proj_gemm(l, t, i > 0)?;
         // Row r of proj and of the mixer output, as the kernels lay them out.
         let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
         match &l.mixer {
@@ -610,7 +618,7 @@ impl Model {
         let out = Self::out_projection(l);
         self.dense_gemms(s.mix_f16, out.cols, t, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
         self.mark("gemm out_proj")?;
-        self.moe_gemm(l, t)
+        self.moe_gemm(l, t, self.weights.layers.get(i + 1).map(|next| next.input_norm))
     }
 
     /// One prefill pass over rows `tokens` (their positions and state slots

@@ -32,7 +32,11 @@ unsafe impl DeviceRepr for MoeRoutePlanParams {}
 
 /// The layout sizes moe.cu checks its parameter structs against.
 pub fn defines() -> Vec<String> {
-    vec![format!("-DMOE_ROUTE_PLAN_PARAMS_SIZE={}", std::mem::size_of::<MoeRoutePlanParams>())]
+    vec![
+        format!("-DMOE_ROUTE_PLAN_PARAMS_SIZE={}", std::mem::size_of::<MoeRoutePlanParams>()),
+        format!("-DMOE_COMBINE_PARAMS_SIZE={}", std::mem::size_of::<MoeCombineParams>()),
+        format!("-DMOE_COMBINE_THREADS={MOE_COMBINE_THREADS}"),
+    ]
 }
 
 #[repr(C)]
@@ -57,6 +61,25 @@ struct MoeCombineParams {
     sg_logits: u64,
     inv: u64,
     topk_w: u64,
+    gain: u64,
+    xn: u64,
+    eps: f32,
+}
+
+/// Threads of a `moe_combine` block. Its fused norm sums a row's squares
+/// in `rmsnorm_f16`'s order only when both run with as many threads.
+const MOE_COMBINE_THREADS: usize = 256;
+const _: () = assert!(MOE_COMBINE_THREADS == crate::gemm::RMSNORM_THREADS, "the fused norm must sum as rmsnorm_f16 does");
+
+/// The next layer's input norm, computed by `combine` from the rows it
+/// has just written: xn = fp16(RMSNorm(h) * gain), bit for bit what
+/// `gemm::rmsnorm_f16` would give.
+#[derive(Clone, Copy)]
+pub struct NextNorm {
+    pub gain: u64,
+    /// fp16 [ntok][hidden].
+    pub xn: u64,
+    pub eps: f32,
 }
 // SAFETY: plain-old-data mirroring `MoeCombineParams` in moe.cu.
 unsafe impl DeviceRepr for MoeCombineParams {}
@@ -144,14 +167,16 @@ pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, ntok: usize, bm
     launch_pdl(gpu, k, "moe_scatter", ((ntok * dims.topk).div_ceil(256) as u32, 1, 1), 256, 0, &s)
 }
 
-/// h[t] += sum_k w[t][k] y[inv[t][k]] + sigmoid(sg[t]) ys[t].
+/// h[t] += sum_k w[t][k] y[inv[t][k]] + sigmoid(sg[t]) ys[t]; with `norm`,
+/// also the next layer's normalised input of the new rows.
 #[allow(clippy::too_many_arguments)]
-pub fn combine(gpu: &Gpu, k: &Kernels, h: u64, y: u64, ys: u64, sg_logits: u64, b: &RouteBufs, ntok: usize) -> CudaResult<()> {
+pub fn combine(gpu: &Gpu, k: &Kernels, h: u64, y: u64, ys: u64, sg_logits: u64, b: &RouteBufs, ntok: usize, norm: Option<NextNorm>) -> CudaResult<()> {
     if ntok == 0 {
         return Ok(());
     }
-    let p = MoeCombineParams { h, y, ys, sg_logits, inv: b.inv, topk_w: b.topk_w };
-    launch(gpu, k, "moe_combine", (ntok as u32, 1, 1), 256, 0, &p)
+    let (gain, xn, eps) = norm.map_or((0, 0, 0.0), |n| (n.gain, n.xn, n.eps));
+    let p = MoeCombineParams { h, y, ys, sg_logits, inv: b.inv, topk_w: b.topk_w, gain, xn, eps };
+    launch(gpu, k, "moe_combine", (ntok as u32, 1, 1), MOE_COMBINE_THREADS as u32, 0, &p)
 }
 
 #[cfg(test)]

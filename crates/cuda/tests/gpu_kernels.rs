@@ -721,8 +721,18 @@ fn grouped_moe_gemm_path_matches_reference() {
             gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n, &dev.sh_gate, Some(&dev.sh_up), GemmOut::SwiGlu(act_sh.ptr()), d.moe_inter, None)
                 .expect("shared gate_up");
             gemm::gemm(&gpu, &k, act_sh.ptr(), d.moe_inter, n, &dev.sh_down, None, GemmOut::Store(ys.ptr()), d.hidden, None).expect("shared down");
-            moe::combine(&gpu, &k, hb.ptr(), y_sorted.ptr(), ys.ptr(), sb.ptr(), &rb, n).expect("combine");
+            // The combine also normalises the new rows for a next layer:
+            // bit for bit what rmsnorm_f16 makes of them.
+            let next_gain = upload(&gpu, &rng.vec(d.hidden, 0.5, 1.5));
+            let xn_fused = zeros(&gpu, n * d.hidden * 2);
+            let norm = moe::NextNorm { gain: next_gain.ptr(), xn: xn_fused.ptr(), eps: d.rms_eps };
+            moe::combine(&gpu, &k, hb.ptr(), y_sorted.ptr(), ys.ptr(), sb.ptr(), &rb, n, Some(norm)).expect("combine");
             let got: Vec<f32> = download(&gpu, hb.ptr(), n * d.hidden);
+            let xn_ref = zeros(&gpu, n * d.hidden * 2);
+            gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), next_gain.ptr(), xn_ref.ptr(), n, d.rms_eps).expect("next norm");
+            let (fused, alone): (Vec<u16>, Vec<u16>) = (download(&gpu, xn_fused.ptr(), n * d.hidden), download(&gpu, xn_ref.ptr(), n * d.hidden));
+            let differ = fused.iter().zip(&alone).filter(|(a, b)| a != b).count();
+            check(differ == 0, format!("{label} {n} tokens: the combine's fused norm differs from rmsnorm_f16 in {differ} of {} values", fused.len()));
 
             // The plan: every pair placed once, offsets and tiles consistent,
             // the counts and the ticket left at 0.

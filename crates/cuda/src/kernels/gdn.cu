@@ -457,16 +457,23 @@ struct ConvTaps {
 template <int N>
 __device__ __forceinline__ void conv_load(const GdnPrepParams& p, const float* proj, const float* conv, int p0, int t, int ch0,
                                           ConvTaps (&ct)[N]) {
-    const float* const w = p.conv_w + ch0 * 4;
+    // A channel's four taps are one 16-byte load (the weights are one
+    // 256-byte-aligned [CONV_DIM][4] allocation).
+    const float4* const w = reinterpret_cast<const float4*>(p.conv_w) + ch0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const float4 wj = w[32 * j];
+        ct[j].w[0] = wj.x;
+        ct[j].w[1] = wj.y;
+        ct[j].w[2] = wj.z;
+        ct[j].w[3] = wj.w;
+    }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         const int tt = t - 3 + k;
         const float* const row = (tt >= 0 ? proj + (size_t)tt * p.proj_stride : conv + ((p0 + tt) & 3) * CONV_DIM) + ch0;
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            ct[j].x[k] = row[32 * j];
-            ct[j].w[k] = w[128 * j + k];
-        }
+        for (int j = 0; j < N; ++j) ct[j].x[k] = row[32 * j];
     }
 }
 
@@ -532,17 +539,21 @@ extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParam
 #pragma unroll
                 for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = 0.f;
             }
-            if (lane == 0) {
-                float g = 0.f, beta = 0.f;
-                if (t < T) {
-                    const float* pr = proj + (size_t)t * p.proj_stride;
-                    const float a = pr[CONV_DIM + GDN_VAL + hh], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + hh];
-                    g = -expf(p.a_log[hh]) * softplusf_(a + p.dt_bias[hh]);
-                    beta = sigmoidf_(b);
-                }
-                p.gg[(size_t)hh * p.Tp + r] = g;
-                p.bb[(size_t)hh * p.Tp + r] = beta;
+        }
+        // The gates, a head a thread (lane 0 of each warp took its heads'
+        // gates one after another while its other 31 lanes waited: ~60
+        // instructions of expf, log1pf and a division a head, a sixth of
+        // this part's issue slots).
+        for (int hh = threadIdx.x; hh < GV_HEADS; hh += blockDim.x) {
+            float g = 0.f, beta = 0.f;
+            if (t < T) {
+                const float* pr = proj + (size_t)t * p.proj_stride;
+                const float a = pr[CONV_DIM + GDN_VAL + hh], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + hh];
+                g = -expf(p.a_log[hh]) * softplusf_(a + p.dt_bias[hh]);
+                beta = sigmoidf_(b);
             }
+            p.gg[(size_t)hh * p.Tp + r] = g;
+            p.bb[(size_t)hh * p.Tp + r] = beta;
         }
     }
 }

@@ -12,7 +12,8 @@
 //                and the tile list of the grouped GEMM, and leaves the
 //                counts and the ticket at 0 for the next launch,
 //   moe_scatter: sorted position of every (token, slot) pair,
-//   moe_combine: h[t] += sum_k w[t][k] * y[pos(t, k)] + sigmoid(sg[t]) * ys[t].
+//   moe_combine: h[t] += sum_k w[t][k] * y[pos(t, k)] + sigmoid(sg[t]) * ys[t],
+//                and optionally the next layer's input norm of the new h[t].
 
 #define MOE_SLOTS (TOPK + 1)
 // ---- prefill routing ----------------------------------------------------
@@ -116,7 +117,9 @@ extern "C" __global__ void moe_scatter(const __grid_constant__ MoeScatterParams 
     inv[i] = pos;
 }
 
-// grid (ntok), block 256: h[t][c] += sum_k w[t][k] * y[inv[t][k]][c] + sigmoid(sg[t]) * ys[t][c].
+// grid (ntok), block MOE_COMBINE_THREADS (256, moe.rs):
+// h[t][c] += sum_k w[t][k] * y[inv[t][k]][c] + sigmoid(sg[t]) * ys[t][c];
+// with a gain, also xn[t] = fp16(RMSNorm(h[t]) * gain), as rmsnorm_f16.
 // The sum order is fixed (slot order, then the shared expert), so the result
 // does not depend on how the grouped GEMM ordered tokens. A thread owns 8
 // consecutive columns, read as 16-byte loads (the TOPK rows of y, ys, h:
@@ -130,9 +133,13 @@ struct MoeCombineParams {
     const float* sg_logits;  // [ntok]
     const int* inv;
     const float* topk_w;
+    const float* gain;     // the next layer's input-norm gain [HIDDEN], or null
+    f16* xn;               // [ntok][HIDDEN]: RMSNorm(h) * gain (with gain)
+    float eps;
 };
+LAYOUT_CHECK(MoeCombineParams, MOE_COMBINE_PARAMS_SIZE)
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
 moe_combine(const __grid_constant__ MoeCombineParams p) {
     float* h = p.h;
     const float* y = p.y;
@@ -143,6 +150,7 @@ moe_combine(const __grid_constant__ MoeCombineParams p) {
     const int t = blockIdx.x;
     __shared__ int s_inv[TOPK];
     __shared__ float s_w[MOE_SLOTS];
+    __shared__ __align__(16) float srow[HIDDEN];   // the new row, for the fused norm
     if (threadIdx.x < TOPK) {
         s_inv[threadIdx.x] = inv[t * TOPK + threadIdx.x];
         s_w[threadIdx.x] = topk_w[t * TOPK + threadIdx.x];
@@ -184,5 +192,35 @@ moe_combine(const __grid_constant__ MoeCombineParams p) {
         }
         hr[0] = hv[0];
         hr[1] = hv[1];
+        if (p.gain != nullptr) {
+            *reinterpret_cast<float4*>(srow + c) = hv[0];
+            *reinterpret_cast<float4*>(srow + c + 4) = hv[1];
+        }
+    }
+    if (p.gain == nullptr) return;
+    // The next layer's input norm of the new row, bit for bit what
+    // rmsnorm_f16 (gemm.cu, launched with as many threads) computes from
+    // h: thread i sums the squares of columns i, i + blockDim.x, ... in
+    // that order, the same block_sum, the same scaling. This saves that
+    // launch and its read of h.
+    __syncthreads();
+    constexpr int HELD = (HIDDEN + MOE_COMBINE_THREADS - 1) / MOE_COMBINE_THREADS;
+    float v[HELD];
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) {
+        const int c = threadIdx.x + MOE_COMBINE_THREADS * i;
+        v[i] = c < HIDDEN ? srow[c] : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < HELD; ++i)
+        if ((int)threadIdx.x + MOE_COMBINE_THREADS * i < HIDDEN) ss += v[i] * v[i];
+    __shared__ float red[32];
+    const float r = rsqrtf(block_sum(ss, red) / (float)HIDDEN + p.eps);
+    f16* o = p.xn + (size_t)t * HIDDEN;
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) {
+        const int c = threadIdx.x + MOE_COMBINE_THREADS * i;
+        if (c < HIDDEN) o[c] = f32_to_f16(v[i] * r * p.gain[c]);
     }
 }
