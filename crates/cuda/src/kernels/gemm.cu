@@ -83,9 +83,8 @@
 // with the register pipeline, 257 with the ring and the fp32 in-place
 // dequantisation (8 instructions per two weights), 194 with dq4_pair
 // (4 per two weights), ~146 with the lane's offsets held across the loop
-// (DIRECT; 64 of them the dequantisation), ~139 with a row's scale and
-// bias words converted once a quad (quad_scales; 183 -> 171 static loop
-// instructions); the rest is the ring's copies and bookkeeping. Nsight Compute at 256 tokens then: issue 0.69 a
+// (DIRECT; 64 of them the dequantisation); the rest is the ring's copies
+// and bookkeeping. Nsight Compute at 256 tokens then: issue 0.69 a
 // scheduler, stalls mostly "not selected", fixed latency and the math
 // pipe (the f16x2 sub and fma of dq4_pair). Fewer instructions paid only
 // at the same occupancy: 4 warps of 32 rows (-26% instructions, 20 warps
@@ -468,7 +467,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         w[6] = q1.z;
         w[7] = q1.w;
     };
-    // DIRECT and WG: a lane dequantises W rows g and g + 8 (g = lane / 4),
+    // WG: a lane dequantises W rows g and g + 8 (g = lane / 4),
     // as do the other three lanes of its quad, so their four dq4_pair
     // words, {128 s, 8 s} and {b, b} of each row at scale slot `slot`, are
     // converted once a quad: lane c takes row g + 8 (c / 2), the scale
@@ -513,17 +512,17 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     u32 rd = 0;                                   // byte offset of the stage of k-tile it
     // DIRECT: this lane's fixed offsets (bytes from gm_smem: its first
     // row's codes in stage 0 and its A fragment row; bf16 slots from sS:
-    // the scale or bias it converts for its quad), made opaque so that the
-    // compiler keeps them in registers instead of recomputing them from
-    // the lane at every k-tile.
+    // its first row's scales), made opaque so that the compiler keeps them
+    // in registers instead of recomputing them from the lane at every
+    // k-tile.
     u32 d_codes = 0, d_sb = 0, d_a = 0;
     if constexpr (DIRECT) {
         static_assert(WM == 1 && MF == 1, "DIRECT: one m16 tile, every warp along N");
         const u32 row0 = wn * WTN + (lane >> 2);
         d_codes = r_off + A_BYTES + row0 * RB;
-        d_sb = quad_slot((int)row0);
+        d_sb = row0 * SROW;
         d_a = r_off + ((lane & 15) * LD + (lane >> 4) * 8) * 2;
-        asm volatile("" : "+r"(d_codes), "+r"(d_a));
+        asm volatile("" : "+r"(d_codes), "+r"(d_sb), "+r"(d_a));
     }
     const u32 wg_sb = WG ? quad_slot(wg_row) : 0u;   // WG: this lane's quad value
     const bf16* my_s = sS + tr * SROW;
@@ -584,13 +583,14 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             // row's words 2 ks and 2 ks + 1. Its two rows' 32 bytes are read
             // once (a quad reads the same row: a broadcast), with their scales.
             u32 dw[DIRECT ? NF : 1][8];
-            u32 ds2[2], db2[2];
+            u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
             if constexpr (DIRECT) {
-                // Row wn WTN + 8 nf + g: its codes at d_codes + rd + 8 nf RB;
-                // both rows' scale and bias words from the quad.
-                static_assert(!DIRECT || NF == 2, "DIRECT: a lane's rows g and g + 8, as quad_scales converts");
+                // Row wn WTN + 8 nf + g: its codes at d_codes + rd + 8 nf RB,
+                // its scale at d_sb + 8 nf SROW (+ the bias plane). Each lane
+                // converts its own (quad_scales' shuffles made these tiles
+                // 1.3% slower at 256 tokens: NOTES history 94).
                 const unsigned char* wq = gm_smem + d_codes + rd;
-                quad_scales(d_sb, slot, ds2, db2);
+                const bf16* ssl = sS + d_sb + slot;
 #pragma unroll
                 for (int nf = 0; nf < NF; ++nf) {
                     const uint4 q0 = *reinterpret_cast<const uint4*>(wq + nf * 8 * RB);
@@ -603,6 +603,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                     dw[nf][5] = q1.y;
                     dw[nf][6] = q1.z;
                     dw[nf][7] = q1.w;
+                    ds2[nf] = dq4_scale2(bf16_to_f32(ssl[nf * 8 * SROW]));
+                    db2[nf] = dq4_bias2(bf16_to_f32(ssl[(B_OFF - S_OFF) / 2 + nf * 8 * SROW]));
                 }
             } else {
                 store_w(reinterpret_cast<const uint4*>(ring_wq + rd), bf16_to_f32(my_s[slot]), bf16_to_f32(my_b[slot]));
