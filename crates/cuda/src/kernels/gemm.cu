@@ -454,9 +454,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     };
 
     // DIRECT and WG: the 8 code words of W row `row` of a ring stage's
-    // codes `wq` (4-bit: 32 bytes a row) and the row's dq4_pair scale and
-    // bias words of scale slot `slot`.
-    auto row_codes = [&](const unsigned char* wq, int row, unsigned slot, u32* w, u32& s2, u32& b2) {
+    // codes `wq` (4-bit: 32 bytes a row).
+    auto row_codes = [&](const unsigned char* wq, int row, u32* w) {
         const uint4 q0 = *reinterpret_cast<const uint4*>(wq + row * RB);
         const uint4 q1 = *reinterpret_cast<const uint4*>(wq + row * RB + 16);
         w[0] = q0.x;
@@ -467,8 +466,33 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         w[5] = q1.y;
         w[6] = q1.z;
         w[7] = q1.w;
-        s2 = dq4_scale2(bf16_to_f32(sS[row * SROW + slot]));
-        b2 = dq4_bias2(bf16_to_f32(sS[(B_OFF - S_OFF) / 2 + row * SROW + slot]));
+    };
+    // WG: a lane dequantises W rows g and g + 8 (g = lane / 4),
+    // as do the other three lanes of its quad, so their four dq4_pair
+    // words, {128 s, 8 s} and {b, b} of each row at scale slot `slot`, are
+    // converted once a quad: lane c takes row g + 8 (c / 2), the scale
+    // (c even) or the bias (c odd), and the quad swaps them (4 shuffles
+    // where each lane converted all four: 16 instructions a k-tile a lane
+    // down to 9). The same operations as dq4_scale2 / dq4_bias2 (a bias
+    // is scaled by 1, exactly), so the same bits. q_sb: this lane's slot
+    // offset from sS, made opaque by the caller.
+    const float q_mhi = (lane & 1) ? 1.f : 8.f, q_mlo = (lane & 1) ? 1.f : 128.f;
+    auto quad_scales = [&](u32 q_sb, unsigned slot, u32 (&s2)[2], u32 (&b2)[2]) {
+        const float f = bf16_to_f32(sS[q_sb + slot]);
+        u32 mine;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(mine) : "f"(f * q_mhi), "f"(f * q_mlo));
+        const int base = (int)(lane & ~3u);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            s2[h] = __shfl_sync(0xffffffffu, mine, base + 2 * h);
+            b2[h] = __shfl_sync(0xffffffffu, mine, base + 2 * h + 1);
+        }
+    };
+    // The quad's value of this lane (above), for W row `row` (its g).
+    auto quad_slot = [&](int row) {
+        u32 o = (u32)(row + 8 * (int)((lane & 3) >> 1)) * SROW + (lane & 1) * ((B_OFF - S_OFF) / 2);
+        asm volatile("" : "+r"(o));
+        return o;
     };
     float acc[WG ? 1 : MF][NF][4];
 #pragma unroll
@@ -500,6 +524,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         d_a = r_off + ((lane & 15) * LD + (lane >> 4) * 8) * 2;
         asm volatile("" : "+r"(d_codes), "+r"(d_sb), "+r"(d_a));
     }
+    const u32 wg_sb = WG ? quad_slot(wg_row) : 0u;   // WG: this lane's quad value
     const bf16* my_s = sS + tr * SROW;
     const bf16* my_b = my_s + (B_OFF - S_OFF) / 2;
     if constexpr (WG) {
@@ -517,14 +542,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             // reads the same rows).
             const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
             u32 af[BK / 16][4];
+            u32 qs2[2], qb2[2];
+            quad_scales(wg_sb, slot, qs2, qb2);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                u32 w8[8], s2, b2;
-                row_codes(wq, wg_row + 8 * h, slot, w8, s2, b2);
+                u32 w8[8];
+                row_codes(wq, wg_row + 8 * h, w8);
 #pragma unroll
                 for (int ks = 0; ks < BK / 16; ++ks) {
-                    af[ks][h] = dq4_pair(w8[2 * ks], dsel, s2, b2, magic8);
-                    af[ks][2 + h] = dq4_pair(w8[2 * ks + 1], dsel, s2, b2, magic8);
+                    af[ks][h] = dq4_pair(w8[2 * ks], dsel, qs2[h], qb2[h], magic8);
+                    af[ks][2 + h] = dq4_pair(w8[2 * ks + 1], dsel, qs2[h], qb2[h], magic8);
                 }
             }
             // The k-tile's four k16 steps as one group, retired before the
@@ -559,7 +586,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             u32 ds2[DIRECT ? NF : 1], db2[DIRECT ? NF : 1];
             if constexpr (DIRECT) {
                 // Row wn WTN + 8 nf + g: its codes at d_codes + rd + 8 nf RB,
-                // its scale at d_sb + 8 nf SROW (+ the bias plane).
+                // its scale at d_sb + 8 nf SROW (+ the bias plane). Each lane
+                // converts its own (quad_scales' shuffles made these tiles
+                // 1.3% slower at 256 tokens: NOTES history 94).
                 const unsigned char* wq = gm_smem + d_codes + rd;
                 const bf16* ssl = sS + d_sb + slot;
 #pragma unroll
