@@ -138,6 +138,35 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return t;
 }
 
+// One row of COLS f32 values (`row`: global or shared memory) normalised
+// into fp16 by a block of THREADS threads: out[c] = fp16(row[c] *
+// rsqrt(mean(row^2) + eps) * gain[c]). Thread i holds columns i, i +
+// THREADS, ... in registers (every load issued before the first use) and
+// sums their squares in that order before block_sum, so every caller with
+// the same THREADS gets the same bits: rmsnorm_f16 (gemm.cu) and the MoE
+// combine's fused next-layer norm (moe.cu). `red`: 32 floats of shared
+// memory. Contains two __syncthreads.
+template <int COLS, int THREADS>
+__device__ __forceinline__ void rmsnorm_row_f16(const float* row, const float* gain, f16* out, float eps, float* red) {
+    constexpr int HELD = (COLS + THREADS - 1) / THREADS;
+    float v[HELD];
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) {
+        const int c = threadIdx.x + THREADS * i;
+        v[i] = c < COLS ? row[c] : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < HELD; ++i)
+        if ((int)threadIdx.x + THREADS * i < COLS) ss += v[i] * v[i];
+    const float r = rsqrtf(block_sum(ss, red) / (float)COLS + eps);
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) {
+        const int c = threadIdx.x + THREADS * i;
+        if (c < COLS) out[c] = f32_to_f16(v[i] * r * gain[c]);
+    }
+}
+
 __device__ __forceinline__ float block_max(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_max(v);

@@ -785,9 +785,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __gri
 
 // grid (T), block RMSNORM_THREADS: out[t][c] = f16(x[t][c] * rsqrt(mean(x[t]^2)
 // + eps) * gain[c]) over rows of HIDDEN columns. The normalised activations
-// that feed the GEMMs. A row is read once into registers, thread i holding
-// columns i, i + RMSNORM_THREADS, ..., every load issued before the first
-// use.
+// that feed the GEMMs (common.cuh rmsnorm_row_f16: a row read once into
+// registers, thread i holding columns i, i + RMSNORM_THREADS, ...).
 struct RmsnormParams {
     const float* x;        // [rows][HIDDEN]
     const float* gain;
@@ -795,27 +794,8 @@ struct RmsnormParams {
     float eps;
 };
 
-#define RMSNORM_HELD ((HIDDEN + RMSNORM_THREADS - 1) / RMSNORM_THREADS)
-
 extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_f16(const __grid_constant__ RmsnormParams p) {
     __shared__ float red[32];
-    const float* xr = p.x + (size_t)blockIdx.x * HIDDEN;
-    f16* o = p.out + (size_t)blockIdx.x * HIDDEN;
-    float v[RMSNORM_HELD];
-#pragma unroll
-    for (int i = 0; i < RMSNORM_HELD; ++i) {
-        const int c = threadIdx.x + RMSNORM_THREADS * i;
-        v[i] = c < HIDDEN ? xr[c] : 0.f;
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < RMSNORM_HELD; ++i)
-        if ((int)threadIdx.x + RMSNORM_THREADS * i < HIDDEN) ss += v[i] * v[i];
-    const float r = rsqrtf(block_sum(ss, red) / (float)HIDDEN + p.eps);
-#pragma unroll
-    for (int i = 0; i < RMSNORM_HELD; ++i) {
-        const int c = threadIdx.x + RMSNORM_THREADS * i;
-        if (c < HIDDEN) o[c] = f32_to_f16(v[i] * r * p.gain[c]);
-    }
+    rmsnorm_row_f16<HIDDEN, RMSNORM_THREADS>(p.x + (size_t)blockIdx.x * HIDDEN, p.gain, p.out + (size_t)blockIdx.x * HIDDEN, p.eps, red);
 }

@@ -200,27 +200,9 @@ moe_combine(const __grid_constant__ MoeCombineParams p) {
     if (p.gain == nullptr) return;
     // The next layer's input norm of the new row, bit for bit what
     // rmsnorm_f16 (gemm.cu, launched with as many threads) computes from
-    // h: thread i sums the squares of columns i, i + blockDim.x, ... in
-    // that order, the same block_sum, the same scaling. This saves that
-    // launch and its read of h.
+    // h: the same rmsnorm_row_f16. This saves that launch and its read of
+    // h.
     __syncthreads();
-    constexpr int HELD = (HIDDEN + MOE_COMBINE_THREADS - 1) / MOE_COMBINE_THREADS;
-    float v[HELD];
-#pragma unroll
-    for (int i = 0; i < HELD; ++i) {
-        const int c = threadIdx.x + MOE_COMBINE_THREADS * i;
-        v[i] = c < HIDDEN ? srow[c] : 0.f;
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < HELD; ++i)
-        if ((int)threadIdx.x + MOE_COMBINE_THREADS * i < HIDDEN) ss += v[i] * v[i];
     __shared__ float red[32];
-    const float r = rsqrtf(block_sum(ss, red) / (float)HIDDEN + p.eps);
-    f16* o = p.xn + (size_t)t * HIDDEN;
-#pragma unroll
-    for (int i = 0; i < HELD; ++i) {
-        const int c = threadIdx.x + MOE_COMBINE_THREADS * i;
-        if (c < HIDDEN) o[c] = f32_to_f16(v[i] * r * p.gain[c]);
-    }
+    rmsnorm_row_f16<HIDDEN, MOE_COMBINE_THREADS>(srow, p.gain, p.xn + (size_t)t * HIDDEN, p.eps, red);
 }
