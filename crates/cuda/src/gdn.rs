@@ -470,6 +470,10 @@ fn piece_dev(p: &PrefillPiece) -> CudaResult<PieceDev> {
 /// The six launches for one group of pieces laid out over `tp` scratch rows.
 #[allow(clippy::too_many_arguments)]
 fn prefill_group(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, group: &[PieceDev], tp: usize, proj_stride: usize, s: &GdnScratch) -> CudaResult<()> {
+    // gdn_prefill_prep reads a channel's four conv taps as one 16-byte load.
+    if !w.conv_w.is_multiple_of(16) {
+        return Err(CudaError::shape("gdn_prefill_prep", format!("conv weights at {:#x}: not 16-byte aligned", w.conv_w)));
+    }
     let n = group.len() as u32;
     let mut pc = [PieceDev::default(); MAX_PIECES];
     pc[..group.len()].copy_from_slice(group);

@@ -65,6 +65,9 @@ struct MoeCombineParams {
     xn: u64,
     eps: f32,
 }
+// SAFETY: plain-old-data mirroring `MoeCombineParams` in moe.cu (size
+// checked by the kernel's LAYOUT_CHECK against `defines`).
+unsafe impl DeviceRepr for MoeCombineParams {}
 
 /// Threads of a `moe_combine` block. Its fused norm sums a row's squares
 /// in `rmsnorm_f16`'s order only when both run with as many threads.
@@ -81,8 +84,6 @@ pub struct NextNorm {
     pub xn: u64,
     pub eps: f32,
 }
-// SAFETY: plain-old-data mirroring `MoeCombineParams` in moe.cu.
-unsafe impl DeviceRepr for MoeCombineParams {}
 
 /// Device buffers of the prefill routing.
 #[derive(Clone, Copy)]
