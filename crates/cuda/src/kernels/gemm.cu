@@ -593,16 +593,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 const bf16* ssl = sS + d_sb + slot;
 #pragma unroll
                 for (int nf = 0; nf < NF; ++nf) {
-                    const uint4 q0 = *reinterpret_cast<const uint4*>(wq + nf * 8 * RB);
-                    const uint4 q1 = *reinterpret_cast<const uint4*>(wq + nf * 8 * RB + 16);
-                    dw[nf][0] = q0.x;
-                    dw[nf][1] = q0.y;
-                    dw[nf][2] = q0.z;
-                    dw[nf][3] = q0.w;
-                    dw[nf][4] = q1.x;
-                    dw[nf][5] = q1.y;
-                    dw[nf][6] = q1.z;
-                    dw[nf][7] = q1.w;
+                    row_codes(wq, nf * 8, dw[nf]);   // row 8 nf from the lane's first
                     ds2[nf] = dq4_scale2(bf16_to_f32(ssl[nf * 8 * SROW]));
                     db2[nf] = dq4_bias2(bf16_to_f32(ssl[(B_OFF - S_OFF) / 2 + nf * 8 * SROW]));
                 }
