@@ -380,9 +380,12 @@ impl Model {
         let (d, s) = (&self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         if combine_prev {
-            self.combine_moe_now(n)?;
+            // The previous MoE folded into h and this layer's input norm
+            // in one launch (rmsnorm_f16's bits).
+            let dec = &self.mem.decode;
+            qmm::combine_norm_f16(&self.gpu, &self.kernels, d, dec.h, (dec.moe.y, dec.moe.topk_w), l.input_norm, s.xn, n)?;
         }
-        self.in_proj_gemm(l, n, false)?;
+        self.in_proj_gemm(l, n, combine_prev)?;
         let mix = MixOut::F16(s.mix_f16);
         self.mixer_step(i, n, mix, mix)?;
         self.mark(if matches!(l.mixer, MixerDev::Attention(_)) { "attention" } else { "gdn step" })?;
@@ -397,9 +400,11 @@ impl Model {
     fn head_decode_gemm(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         if combine_prev {
-            self.combine_moe_now(n)?;
+            let dec = &self.mem.decode;
+            qmm::combine_norm_f16(g, k, d, dec.h, (dec.moe.y, dec.moe.topk_w), self.weights.final_norm, s.xn, n)?;
+        } else {
+            gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.rms_eps)?;
         }
-        gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.rms_eps)?;
         self.dense_gemms(s.xn, d.hidden, n, &[Seg { w: &self.weights.lm_head, up: None, out: GemmOut::Store(s.logits), ldc: d.vocab }])?;
         sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)
     }

@@ -81,6 +81,8 @@ pub const MOE_FUSED_TOK: usize = ROUTER_TOK;
 /// Warps of a `qmm_moe_fused` block (the router's 8 rows a block).
 const MOE_FUSED_WARPS: usize = ROUTER_ROWS;
 const XN_THREADS: u32 = 256;
+// `combine_norm_f16` matches rmsnorm_f16's bits only with as many threads.
+const _: () = assert!(XN_THREADS as usize == crate::gemm::RMSNORM_THREADS, "xnorm's fp16 norm must sum as rmsnorm_f16 does");
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -149,6 +151,8 @@ struct XnormParamsC {
     gain: u64,
     px: u64,
     csum: u64,
+    gain16: u64,
+    xn16: u64,
     cols: i32,
     eps: f32,
 }
@@ -752,6 +756,43 @@ pub fn xnorm(
         gain: gain.unwrap_or(0),
         px: packed.0,
         csum: packed.1,
+        gain16: 0,
+        xn16: 0,
+        cols: cols as i32,
+        eps: dims.rms_eps,
+    };
+    launch_pdl(gpu, k, NAME, (ntok as u32, 1, 1), XN_THREADS, 0, &p)
+}
+
+/// The GEMM path's combine and norm in one launch: h += sum_s w[t][s]
+/// y[t][s] (the previous MoE, as `xnorm` folds it) over the first `ntok`
+/// rows of `h` (hidden wide), then `out` (fp16 [ntok][hidden]) =
+/// RMSNorm(h) * gain with `gemm::rmsnorm_f16`'s bits; nothing is packed.
+#[allow(clippy::too_many_arguments)]
+pub fn combine_norm_f16(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    h: DevSlice<f32>,
+    combine: (DevSlice<f32>, DevSlice<f32>),
+    gain: u64,
+    out: u64,
+    ntok: usize,
+) -> CudaResult<()> {
+    const NAME: &str = "xnorm";
+    if ntok == 0 {
+        return Ok(());
+    }
+    let (cols, slots) = (dims.hidden, dims.topk + 1);
+    let p = XnormParamsC {
+        h: h.need(NAME, "rows", ntok * cols)?,
+        y: combine.0.need(NAME, "expert outputs", ntok * slots * cols)?,
+        topk_w: combine.1.need(NAME, "slot weights", ntok * slots)?,
+        gain: 0,
+        px: 0,
+        csum: 0,
+        gain16: gain,
+        xn16: out,
         cols: cols as i32,
         eps: dims.rms_eps,
     };

@@ -233,6 +233,41 @@ fn xnorm_packs_the_norm_and_the_moe_combine_exactly() {
 }
 
 #[test]
+fn combine_norm_f16_equals_the_combine_then_rmsnorm_f16() {
+    let Some(_) = gpu("combine_norm_f16_equals_the_combine_then_rmsnorm_f16") else { return };
+    let (_dir, _w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let s = &m.mem.scratch;
+    let slots = d.topk + 1;
+    let mut rng = Rng::new(29);
+    let n = 9;
+    let h = rng.vec(n * d.hidden, -3.0, 3.0);
+    let y = rng.vec(n * slots * d.hidden, -1.0, 1.0);
+    let wt = rng.vec(n * slots, 0.0, 1.0);
+    let gain = m.weights.final_norm;
+    write_device(g, dec.moe.y.ptr(), &y).expect("y");
+    write_device(g, dec.moe.topk_w.ptr(), &wt).expect("w");
+    // Apart: the combine (xnorm, its packed rows unused), then rmsnorm_f16.
+    write_device(g, dec.h.ptr(), &h).expect("h");
+    qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.moe.y, dec.moe.topk_w)), None, dec.moe.px_in, n).expect("combine");
+    lily_cuda::gemm::rmsnorm_f16(g, k, dec.h.ptr(), gain, s.xn, n, d.rms_eps).expect("rmsnorm_f16");
+    let h_apart: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
+    let xn_apart: Vec<u16> = read_device(g, s.xn, n * d.hidden).expect("xn");
+    // Together.
+    write_device(g, dec.h.ptr(), &h).expect("h");
+    write_device(g, s.xn, &vec![0u16; n * d.hidden]).expect("clear xn");
+    qmm::combine_norm_f16(g, k, d, dec.h, (dec.moe.y, dec.moe.topk_w), gain, s.xn, n).expect("combine_norm_f16");
+    let h_together: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
+    let xn_together: Vec<u16> = read_device(g, s.xn, n * d.hidden).expect("xn");
+    check(h_apart.iter().zip(&h_together).all(|(a, b)| a.to_bits() == b.to_bits()), "the combined rows are the same bits");
+    let differ = xn_apart.iter().zip(&xn_together).filter(|(a, b)| a != b).count();
+    check(differ == 0, format!("the fused norm differs from rmsnorm_f16 in {differ} of {} values", xn_apart.len()));
+    finish();
+}
+
+#[test]
 fn moe_router_plan_and_experts_match_the_reference() {
     let Some(_) = gpu("moe_router_plan_and_experts_match_the_reference") else { return };
     let (_dir, w, be) = setup();

@@ -151,6 +151,9 @@ struct XnormParams {
     const float* gain;      // RMSNorm gain [cols], or null: pack x as it is
     u16* px;                // [ntok][2][cols]
     float* csum;            // [ntok][cols / 64] group sums of the packed values
+    const float* gain16;    // with xn16: the RMSNorm gain of the fp16 output
+    f16* xn16;              // [ntok][HIDDEN] fp16 RMSNorm(h) * gain16 instead of
+                            // the packed rows (the GEMM path's next input), or null
     int cols;
     float eps;
 };
@@ -160,8 +163,12 @@ LAYOUT_CHECK(XnormParams, XNORM_PARAMS_SIZE)
 #define XN_ITS ((XN_MAX_COLS / 8 + XN_THREADS - 1) / XN_THREADS)
 
 // grid (ntok), block XN_THREADS; thread i owns the 8-column blocks i, i+256...
+// With xn16 (cols = HIDDEN): after the combine, the row goes through
+// shared memory into rmsnorm_row_f16, so xn16 has rmsnorm_f16's bits
+// (XN_THREADS = RMSNORM_THREADS, qmm.rs checks), and nothing is packed.
 extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_constant__ XnormParams p) {
     __shared__ float red[32];
+    __shared__ __align__(16) float srow[HIDDEN];
     pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x, cols = p.cols;
@@ -206,6 +213,15 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) ss = fmaf(x[j], x[j], ss);
+        if (p.xn16 != nullptr) {
+            *reinterpret_cast<float4*>(srow + c8) = make_float4(x[0], x[1], x[2], x[3]);
+            *reinterpret_cast<float4*>(srow + c8 + 4) = make_float4(x[4], x[5], x[6], x[7]);
+        }
+    }
+    if (p.xn16 != nullptr) {
+        __syncthreads();
+        rmsnorm_row_f16<HIDDEN, XN_THREADS>(srow, p.gain16, p.xn16 + (size_t)t * HIDDEN, p.eps, red);
+        return;
     }
     float r = 1.f;
     if (p.gain != nullptr) r = rsqrtf(block_sum(ss, red) / (float)cols + p.eps);
