@@ -749,6 +749,10 @@ pub fn xnorm(
         None => (0, 0),
     };
     let packed = out.need(NAME, "packed output", ntok, cols)?;
+    // The kernel reads the gain 16 bytes at a time.
+    if let Some(g) = gain.filter(|g| !g.is_multiple_of(16)) {
+        return Err(CudaError::shape(NAME, format!("norm gain at {g:#x}: must be 16-byte aligned")));
+    }
     let p = XnormParamsC {
         h: h.need(NAME, "rows", ntok * cols)?,
         y,

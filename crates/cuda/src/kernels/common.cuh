@@ -149,11 +149,14 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 template <int COLS, int THREADS>
 __device__ __forceinline__ void rmsnorm_row_f16(const float* row, const float* gain, f16* out, float eps, float* red) {
     constexpr int HELD = (COLS + THREADS - 1) / THREADS;
-    float v[HELD];
+    // The gain is loaded with the row, before the reduction: after it (two
+    // barriers), its loads were a second DRAM round trip of every norm.
+    float v[HELD], w[HELD];
 #pragma unroll
     for (int i = 0; i < HELD; ++i) {
         const int c = threadIdx.x + THREADS * i;
         v[i] = c < COLS ? row[c] : 0.f;
+        w[i] = c < COLS ? gain[c] : 0.f;
     }
     float ss = 0.f;
 #pragma unroll
@@ -163,7 +166,7 @@ __device__ __forceinline__ void rmsnorm_row_f16(const float* row, const float* g
 #pragma unroll
     for (int i = 0; i < HELD; ++i) {
         const int c = threadIdx.x + THREADS * i;
-        if (c < COLS) out[c] = f32_to_f16(v[i] * r * gain[c]);
+        if (c < COLS) out[c] = f32_to_f16(v[i] * r * w[i]);
     }
 }
 
@@ -294,6 +297,9 @@ __device__ __forceinline__ float dot16_q8(uint4 w, const float* xv) {
 // ---- tensor cores and async copies (sm_80+ instructions, used on sm_90a) --
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Asks L2 for the 128-byte line holding p (a hint: nothing waits for it).
+__device__ __forceinline__ void l2_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // 16-byte global -> shared copy; `bytes` < 16 zero-fills the rest (0: all zeros).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {

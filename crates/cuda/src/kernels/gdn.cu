@@ -196,6 +196,15 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) {
     return v;
 }
 
+// The in-projection channel of conv element e of a decode block (key head
+// kh, value head h, first value column c0): q channels, then k, then the
+// block's v channels.
+__device__ __forceinline__ int gdn_decode_channel(int e, int kh, int h, int c0) {
+    const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
+    const int i = e - which * GK_DIM;
+    return which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i;
+}
+
 // SPLIT: a cluster's block (columns vp * 32 ..), else a whole head. CPB:
 // columns a block; threads: CPB * (16 / PPT), thread (grp, v) holding the
 // partial key ranges grp * PPT .. + PPT of column v.
@@ -230,19 +239,47 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     for (int i = 0; i < PPT; ++i)
 #pragma unroll
         for (int j = 0; j < GDN_DEC_KPT; ++j) s[i][j] = S[(size_t)((grp * PPT + i) * GDN_DEC_KPT + j) * GV_DIM + v];
+    // The layer's weights this thread uses, also before the wait (nothing
+    // in the step writes them): its channels' conv taps, the gate
+    // constants and its column's norm weight. Read where they are used,
+    // each was a DRAM round trip on the chain (the gates and the norm
+    // weight after block reductions).
+    constexpr int NE = 2 * GK_DIM + CPB + NZ;    // conv channels, then z
+    constexpr int EPT = (NE + NT - 1) / NT;
+    float cw[EPT][4];
+#pragma unroll
+    for (int r = 0; r < EPT; ++r) {
+        const int e = tid + r * NT;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) cw[r][j] = 0.f;
+        if (e < 2 * GK_DIM + CPB) {
+            const int ch = gdn_decode_channel(e, kh, h, c0);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) cw[r][j] = p.conv_w[ch * 4 + j];
+        }
+    }
+    const float a_log = p.a_log[h], dt_bias = p.dt_bias[h];
+    const int ncol = c0 + (SPLIT ? warp * GDN_VCOLS + lane : tid);   // the norm's column (below)
+    const float nw = ncol < GV_DIM ? p.norm_w[ncol] : 0.f;
     pdl_wait();
     const float* pr = p.proj + (size_t)t * p.proj_stride;
     float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
+    // The head's gate inputs with the conv inputs (one round trip; read
+    // after the norms' block reductions, they were a second one).
+    const float a = pr[CONV_DIM + GDN_VAL + h], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + h];
 
     // Conv + SiLU of the head's q and k channels and this block's v
     // channels; z.
-    for (int e = tid; e < 2 * GK_DIM + CPB + NZ; e += NT) {
+#pragma unroll
+    for (int r = 0; r < EPT; ++r) {
+        const int e = tid + r * NT;
+        if (e >= NE) break;
         if (e < 2 * GK_DIM + CPB) {
             const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
             const int i = e - which * GK_DIM;
-            const int ch = which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i;
+            const int ch = gdn_decode_channel(e, kh, h, c0);
             const float raw = pr[ch];
-            const float* w = p.conv_w + ch * 4;
+            const float* w = cw[r];
             float y = w[3] * raw;
             y = fmaf(w[2], cs[((ps - 1) & 3) * CONV_DIM + ch], y);
             y = fmaf(w[1], cs[((ps - 2) & 3) * CONV_DIM + ch], y);
@@ -268,8 +305,7 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     const float sum_k = block_sum(kk, red);
     const float rq = rsqrtf(sum_q + 1e-6f) * rsqrtf((float)GK_DIM);
     const float rk = rsqrtf(sum_k + 1e-6f);
-    const float a = pr[CONV_DIM + GDN_VAL + h], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + h];
-    const float g = -expf(p.a_log[h]) * softplusf_(a + p.dt_bias[h]);
+    const float g = -expf(a_log) * softplusf_(a + dt_bias);
     const float beta = sigmoidf_(b);
     const float decay = expf(g);
 
@@ -338,7 +374,7 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     const int col = c0 + (SPLIT ? warp * GDN_VCOLS + lane : tid);
     float packed = 0.f;
     if (active) {
-        const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * p.norm_w[col] * siluf_(sz[col - c0]);
+        const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * nw * siluf_(sz[col - c0]);
         const bool own = !SPLIT || warp == 0;
         const size_t oi = (size_t)t * GDN_VAL + h * GV_DIM + col;
         if (own && p.mix_f32 != nullptr) p.mix_f32[oi] = y;

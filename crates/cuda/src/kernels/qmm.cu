@@ -170,8 +170,28 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
     __shared__ float red[32];
     __shared__ __align__(16) float srow[HIDDEN];
     pdl_trigger();
-    pdl_wait();
     const int t = blockIdx.x, cols = p.cols;
+    // The norm gains (weights, never written by the step) before the
+    // dependency wait: read after the block reduction, a gain's DRAM round
+    // trip sat on every layer's chain. The packing norm's own columns into
+    // registers; the fused fp16 norm's row (read by rmsnorm_row_f16 in its
+    // own thread mapping) into L2.
+    float gn[XN_ITS][8];
+#pragma unroll
+    for (int it = 0; it < XN_ITS; ++it) {
+        const int c8 = (threadIdx.x + it * XN_THREADS) * 8;
+        if (p.gain != nullptr && c8 < cols) {
+            const float4 a = *reinterpret_cast<const float4*>(p.gain + c8);
+            const float4 b = *reinterpret_cast<const float4*>(p.gain + c8 + 4);
+            gn[it][0] = a.x; gn[it][1] = a.y; gn[it][2] = a.z; gn[it][3] = a.w;
+            gn[it][4] = b.x; gn[it][5] = b.y; gn[it][6] = b.z; gn[it][7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) gn[it][j] = 0.f;
+        }
+    }
+    if (p.gain16 != nullptr && threadIdx.x * 32 < HIDDEN) l2_prefetch(p.gain16 + threadIdx.x * 32);
+    pdl_wait();
     float* hr = p.h + (size_t)t * cols;
     float v[XN_ITS][8];
     float w[MOE_SLOTS];
@@ -235,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
         if (c8 < cols) {
             float o[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) o[j] = p.gain != nullptr ? v[it][j] * r * p.gain[c8 + j] : v[it][j];
+            for (int j = 0; j < 8; ++j) o[j] = p.gain != nullptr ? v[it][j] * r * gn[it][j] : v[it][j];
             part = px_store8(p.px, t, cols, c8, o);
         }
         const float gs = group_sum8(part);
