@@ -239,23 +239,30 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     for (int i = 0; i < PPT; ++i)
 #pragma unroll
         for (int j = 0; j < GDN_DEC_KPT; ++j) s[i][j] = S[(size_t)((grp * PPT + i) * GDN_DEC_KPT + j) * GV_DIM + v];
-    // The layer's weights this thread uses, also before the wait (nothing
-    // in the step writes them): its channels' conv taps, the gate
-    // constants and its column's norm weight. Read where they are used,
-    // each was a DRAM round trip on the chain (the gates and the norm
-    // weight after block reductions).
+    // Also before the wait: the layer's weights this thread uses (nothing
+    // in the step writes them: its channels' conv taps, the gate constants
+    // and its column's norm weight) and its channels' last three raw
+    // inputs in the conv ring (entries of positions ps-1..ps-3, written by
+    // earlier steps, as the state). Read where they are used, each was a
+    // DRAM round trip on the chain (the gates and the norm weight after
+    // block reductions).
     constexpr int NE = 2 * GK_DIM + CPB + NZ;    // conv channels, then z
     constexpr int EPT = (NE + NT - 1) / NT;
-    float cw[EPT][4];
+    float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
+    float cw[EPT][4], cr[EPT][3];
 #pragma unroll
     for (int r = 0; r < EPT; ++r) {
         const int e = tid + r * NT;
 #pragma unroll
         for (int j = 0; j < 4; ++j) cw[r][j] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) cr[r][j] = 0.f;
         if (e < 2 * GK_DIM + CPB) {
             const int ch = gdn_decode_channel(e, kh, h, c0);
 #pragma unroll
             for (int j = 0; j < 4; ++j) cw[r][j] = p.conv_w[ch * 4 + j];
+#pragma unroll
+            for (int j = 0; j < 3; ++j) cr[r][j] = cs[((ps - 1 - j) & 3) * CONV_DIM + ch];
         }
     }
     const float a_log = p.a_log[h], dt_bias = p.dt_bias[h];
@@ -263,7 +270,6 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     const float nw = ncol < GV_DIM ? p.norm_w[ncol] : 0.f;
     pdl_wait();
     const float* pr = p.proj + (size_t)t * p.proj_stride;
-    float* cs = p.conv + (size_t)sl * p.conv_slot_stride;
     // The head's gate inputs with the conv inputs (one round trip; read
     // after the norms' block reductions, they were a second one).
     const float a = pr[CONV_DIM + GDN_VAL + h], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + h];
@@ -281,9 +287,9 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
             const float raw = pr[ch];
             const float* w = cw[r];
             float y = w[3] * raw;
-            y = fmaf(w[2], cs[((ps - 1) & 3) * CONV_DIM + ch], y);
-            y = fmaf(w[1], cs[((ps - 2) & 3) * CONV_DIM + ch], y);
-            y = fmaf(w[0], cs[((ps - 3) & 3) * CONV_DIM + ch], y);
+            y = fmaf(w[2], cr[r][0], y);
+            y = fmaf(w[1], cr[r][1], y);
+            y = fmaf(w[0], cr[r][2], y);
             y = siluf_(y);
             if (which == 0) sq[i] = y;
             else if (which == 1) sk[i] = y;
