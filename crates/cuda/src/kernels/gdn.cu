@@ -377,7 +377,7 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
     }
     const bool active = SPLIT ? (warp == 0 || (warp == 1 && pair)) : tid < GV_DIM;
     // Column within the head (split warp 1: the neighbour's).
-    const int col = c0 + (SPLIT ? warp * GDN_VCOLS + lane : tid);
+    const int col = ncol;
     float packed = 0.f;
     if (active) {
         const float y = ov * rsqrtf(ss / (float)GV_DIM + p.eps) * nw * siluf_(sz[col - c0]);
