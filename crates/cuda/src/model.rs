@@ -380,10 +380,7 @@ impl Model {
         let (d, s) = (&self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         if combine_prev {
-            // The previous MoE folded into h and this layer's input norm
-            // in one launch (rmsnorm_f16's bits).
-            let dec = &self.mem.decode;
-            qmm::combine_norm_f16(&self.gpu, &self.kernels, d, dec.h, (dec.moe.y, dec.moe.topk_w), l.input_norm, s.xn, n)?;
+            self.combine_norm_f16_now(l.input_norm, n)?;
         }
         self.in_proj_gemm(l, n, combine_prev)?;
         let mix = MixOut::F16(s.mix_f16);
@@ -395,13 +392,19 @@ impl Model {
         self.moe_decode(i, n)
     }
 
+    /// The GEMM path's `combine_moe_now`: the previous MoE folded into h
+    /// and xn = fp16 RMSNorm(h) * `gain` in one launch (rmsnorm_f16's bits).
+    fn combine_norm_f16_now(&self, gain: u64, n: usize) -> CudaResult<()> {
+        let dec = &self.mem.decode;
+        qmm::combine_norm_f16(&self.gpu, &self.kernels, &self.dims, dec.h, (dec.moe.y, dec.moe.topk_w), gain, self.mem.scratch.xn, n)
+    }
+
     /// The final norm and the lm_head on the GEMM path: logits, then each
     /// row's argmax key (what the qmm head's epilogue leaves).
     fn head_decode_gemm(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         if combine_prev {
-            let dec = &self.mem.decode;
-            qmm::combine_norm_f16(g, k, d, dec.h, (dec.moe.y, dec.moe.topk_w), self.weights.final_norm, s.xn, n)?;
+            self.combine_norm_f16_now(self.weights.final_norm, n)?;
         } else {
             gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.rms_eps)?;
         }

@@ -196,13 +196,16 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, u32 rank) {
     return v;
 }
 
-// The in-projection channel of conv element e of a decode block (key head
-// kh, value head h, first value column c0): q channels, then k, then the
-// block's v channels.
-__device__ __forceinline__ int gdn_decode_channel(int e, int kh, int h, int c0) {
+// Conv element e of a decode block (key head kh, value head h, first value
+// column c0): which of q (0), k (1) or the block's v channels (2), its index
+// i there, and its in-projection channel ch.
+struct GdnConvElem {
+    int which, i, ch;
+};
+__device__ __forceinline__ GdnConvElem gdn_conv_elem(int e, int kh, int h, int c0) {
     const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
     const int i = e - which * GK_DIM;
-    return which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i;
+    return {which, i, which == 0 ? kh * GK_DIM + i : which == 1 ? GDN_KEY + kh * GK_DIM + i : 2 * GDN_KEY + h * GV_DIM + c0 + i};
 }
 
 // SPLIT: a cluster's block (columns vp * 32 ..), else a whole head. CPB:
@@ -258,7 +261,7 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
 #pragma unroll
         for (int j = 0; j < 3; ++j) cr[r][j] = 0.f;
         if (e < 2 * GK_DIM + CPB) {
-            const int ch = gdn_decode_channel(e, kh, h, c0);
+            const int ch = gdn_conv_elem(e, kh, h, c0).ch;
 #pragma unroll
             for (int j = 0; j < 4; ++j) cw[r][j] = p.conv_w[ch * 4 + j];
 #pragma unroll
@@ -281,9 +284,7 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
         const int e = tid + r * NT;
         if (e >= NE) break;
         if (e < 2 * GK_DIM + CPB) {
-            const int which = e < GK_DIM ? 0 : e < 2 * GK_DIM ? 1 : 2;
-            const int i = e - which * GK_DIM;
-            const int ch = gdn_decode_channel(e, kh, h, c0);
+            const auto [which, i, ch] = gdn_conv_elem(e, kh, h, c0);
             const float raw = pr[ch];
             const float* w = cw[r];
             float y = w[3] * raw;
