@@ -76,6 +76,10 @@ pub const SAMPLE_TOP_MAX: usize = 20;
 pub const SAMPLE_FAST_CHUNKS: u32 = 64;
 /// Threads of a `sample_fast_chunks` block.
 pub const SAMPLE_FAST_THREADS: u32 = 256;
+/// Keys a `sample_fast_chunks` thread holds in registers at once: the
+/// kernel reads its chunk in segments of this many ids a thread (one
+/// segment at the real vocabulary: 3,880 ids a chunk, 16 x 256 a segment).
+pub const SAMPLE_FAST_HELD: usize = 16;
 /// Keys each chunk keeps and the merge yields (one per lane of a warp
 /// list; the kernel asserts 32).
 pub const SAMPLE_FAST_KEEP: usize = 32;
@@ -212,6 +216,7 @@ pub fn defines() -> Vec<String> {
         format!("-DSAMPLE_FAST_CHUNKS={SAMPLE_FAST_CHUNKS}"),
         format!("-DSAMPLE_FAST_THREADS={SAMPLE_FAST_THREADS}"),
         format!("-DSAMPLE_FAST_KEEP={SAMPLE_FAST_KEEP}"),
+        format!("-DSAMPLE_FAST_HELD={SAMPLE_FAST_HELD}"),
         format!("-DSAMPLE_FAST_TOP_K={SAMPLE_FAST_TOP_K}"),
         format!("-DSAMPLE_FAST_ROWS={SAMPLE_FAST_ROWS}"),
         format!("-DSAMPLE_UNDECIDED={SAMPLE_UNDECIDED}u"),
@@ -611,6 +616,108 @@ mod tests {
         eprintln!("fast model: {decided} of {sampled} sampled rows decided");
         // Most sampled rows are decided (the tied and near-tied kinds fall back).
         assert!(decided * 2 > sampled, "{decided} of {sampled} sampled rows decided");
+    }
+
+    // A model of the fast kernels' selection in sampling.cu: the cut (the
+    // SAMPLE_FAST_KEEP-th largest offered value, kth_largest), the
+    // candidates at or above it, their rank by counting (rank_candidates).
+    // Returns the top (largest first, 0 = empty) and how many candidates
+    // were ranked.
+    fn kth_largest(offered: &[u64]) -> u64 {
+        let mut v: Vec<u64> = offered.iter().copied().filter(|&k| k != 0).collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v.get(SAMPLE_FAST_KEEP - 1).copied().unwrap_or(0)
+    }
+
+    fn rank_candidates(cand: &[u64]) -> Vec<u64> {
+        let mut top = vec![0u64; SAMPLE_FAST_KEEP];
+        for &k in cand.iter().filter(|&&k| k != 0) {
+            let rank = cand.iter().filter(|&&q| q > k).count();
+            if rank < SAMPLE_FAST_KEEP {
+                top[rank] = k;
+            }
+        }
+        top
+    }
+
+    /// `sample_fast_chunks` over one chunk of keys: segments of
+    /// SAMPLE_FAST_HELD keys a thread (id base + e * threads + t).
+    fn chunk_select(chunk: &[u64], threads: usize) -> (Vec<u64>, usize) {
+        let mut top = vec![0u64; SAMPLE_FAST_KEEP];
+        let mut most = 0;
+        for seg in chunk.chunks(SAMPLE_FAST_HELD * threads) {
+            let held: Vec<Vec<u64>> = (0..threads).map(|t| (0..SAMPLE_FAST_HELD).map(|e| seg.get(e * threads + t).copied().unwrap_or(0)).collect()).collect();
+            let maxes: Vec<u64> = held.iter().map(|h| h.iter().copied().max().unwrap_or(0)).collect();
+            let cut = kth_largest(&maxes);
+            let mut cand = top.clone();
+            cand.extend(held.iter().flatten().copied().filter(|&k| k != 0 && k >= cut));
+            most = most.max(cand.len());
+            top = rank_candidates(&cand);
+        }
+        (top, most)
+    }
+
+    /// `sample_fast_finish`'s merge of the chunks' lists.
+    fn merge_select(lists: &[Vec<u64>]) -> (Vec<u64>, usize) {
+        let heads: Vec<u64> = lists.iter().map(|l| l[0]).collect();
+        let cut = kth_largest(&heads);
+        let cand: Vec<u64> = lists.iter().flatten().copied().filter(|&k| k != 0 && k >= cut).collect();
+        (rank_candidates(&cand), cand.len())
+    }
+
+    fn top_of(keys: &[u64]) -> Vec<u64> {
+        let mut v: Vec<u64> = keys.iter().copied().filter(|&k| k != 0).collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v.resize(SAMPLE_FAST_KEEP, 0);
+        v
+    }
+
+    #[test]
+    fn the_fast_selection_model_keeps_the_top_within_its_candidate_slots() {
+        let mut state = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let threads = SAMPLE_FAST_THREADS as usize;
+        let seg = SAMPLE_FAST_HELD * threads;
+        let mut rows: Vec<(&str, Vec<f32>)> = vec![
+            ("random", (0..3880).map(|_| (next() % 1_000_000) as f32 / 1e5).collect()),
+            ("flat", vec![0.5; 3880]),
+            ("ascending", (0..3880).map(|i| i as f32).collect()),
+            ("short", vec![1.0, f32::NAN, 3.0, f32::NEG_INFINITY]),
+            ("two segments", (0..seg + 700).map(|_| (next() % 1000) as f32).collect()),
+        ];
+        // The worst case for the slots: the largest keys all held by the
+        // same few threads (every HELD-th... id of 32 threads).
+        let mut packed = vec![-1.0f32; seg];
+        for t in 0..SAMPLE_FAST_KEEP {
+            for e in 0..SAMPLE_FAST_HELD {
+                packed[e * threads + t * 7] = 100.0 + (t * SAMPLE_FAST_HELD + e) as f32;
+            }
+        }
+        rows.push(("packed", packed));
+        for (label, row) in &rows {
+            let keys: Vec<u64> = row.iter().enumerate().map(|(i, &l)| logit_key(l, i as u32)).collect();
+            let (top, most) = chunk_select(&keys, threads);
+            assert_eq!(top, top_of(&keys), "{label}: chunk top");
+            assert!(most <= SAMPLE_FAST_KEEP * (SAMPLE_FAST_HELD + 1), "{label}: {most} candidates");
+            if *label == "packed" {
+                // 32 slots of the running top, 31 whole threads and the
+                // cut's own key: near the bound.
+                assert_eq!(most, SAMPLE_FAST_KEEP + (SAMPLE_FAST_KEEP - 1) * SAMPLE_FAST_HELD + 1, "packed: the worst case");
+            }
+            // The merge over chunk lists of this row split into chunks.
+            for chunks in [1usize, 20, SAMPLE_FAST_CHUNKS as usize] {
+                let len = keys.len().div_ceil(chunks);
+                let lists: Vec<Vec<u64>> = (0..chunks).map(|c| top_of(&keys[(c * len).min(keys.len())..((c + 1) * len).min(keys.len())])).collect();
+                let (merged, n) = merge_select(&lists);
+                assert_eq!(merged, top_of(&keys), "{label}: merge of {chunks} chunks");
+                assert!(n <= SAMPLE_FAST_KEEP * SAMPLE_FAST_KEEP, "{label}: {n} merge candidates");
+            }
+        }
     }
 
     #[test]

@@ -655,14 +655,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
 // sample_fast_chunks, grid (SAMPLE_FAST_CHUNKS, rows), SAMPLE_FAST_THREADS
 // threads: chunk c of the row (ids [c * len, (c + 1) * len), len =
 // ceil(V / chunks)) leaves in the scratch below its SAMPLE_FAST_KEEP (32)
-// largest logit_keys (the warp lists of top_pass, merged by rank; 0 = empty)
-// and s_c = sum of exp(l - m_c) in f64 over its ids, m_c its largest
+// largest logit_keys, largest first, 0 = empty (select: every thread holds
+// SAMPLE_FAST_HELD keys in registers; the 32nd largest of the threads'
+// maxima is a cut no key of the 32 lies below; the keys at or above it,
+// those of at most 32 threads, are ranked by counting) and s_c = sum of exp(l - m_c) in f64 over its ids, m_c its largest
 // penalised logit (NaN as -inf); a -inf logit adds 0 even when m_c is -inf,
 // a NaN adds NaN. Rows off the fast path return at once.
 //
 // sample_fast_finish, one block of SAMPLE_THREADS per row: merges the chunk
 // lists into the row's 32 largest keys (exact: every one of them is among
-// its chunk's 32), M = the largest, se = sum_c exp(m_c - M) * s_c (NaN
+// its chunk's 32; the same cut and ranking, over the chunks' heads), M = the largest, se = sum_c exp(m_c - M) * s_c (NaN
 // exactly where sample_rows' sum is NaN: a NaN logit, or M infinite), and
 // then, on one warp, the 32 candidates' weights w = weight_of(l, m, 1/T):
 // eligible (w > 0, w >= min_p) ones ranked by (w desc, id asc), the top-k
@@ -700,6 +702,8 @@ static_assert(SAMPLE_FAST_THREADS % 32 == 0 && SAMPLE_FAST_THREADS >= 32 && SAMP
 static_assert(SAMPLE_FAST_CHUNKS >= 1 && SAMPLE_FAST_CHUNKS <= 65535, "SAMPLE_FAST_CHUNKS: 1..65535 (grid x)");
 static_assert(SAMPLE_FAST_ROWS >= 1 && SAMPLE_FAST_ROWS <= 65535, "SAMPLE_FAST_ROWS: 1..65535 (grid y)");
 
+static_assert(SAMPLE_FAST_CHUNKS <= SAMPLE_THREADS, "sample_fast_finish: a thread per chunk head");
+
 __device__ u64 sample_fast_keys[(size_t)SAMPLE_FAST_ROWS * SAMPLE_FAST_CHUNKS * SAMPLE_FAST_KEEP];
 __device__ double sample_fast_sums[(size_t)SAMPLE_FAST_ROWS * SAMPLE_FAST_CHUNKS];
 
@@ -708,9 +712,51 @@ __device__ __forceinline__ bool fast_row(const SampleRow& sp) {
     return !(sp.temperature > 0.0f) || (sp.top_k >= 1u && sp.top_k <= (u32)SAMPLE_FAST_TOP_K);
 }
 
+// SAMPLE_FAST_HELD (sampling.rs): keys a sample_fast_chunks thread holds in
+// registers at once; a chunk is read in segments of SAMPLE_FAST_HELD *
+// SAMPLE_FAST_THREADS ids.
+static_assert(SAMPLE_FAST_HELD >= 1 && SAMPLE_FAST_HELD <= 32, "SAMPLE_FAST_HELD: 1..32 keys in registers");
+
+// Candidate slots of a selection: the running top, then at most
+// SAMPLE_FAST_KEEP threads' SAMPLE_FAST_HELD keys (select_top's bound).
+#define SAMPLE_FAST_CAND (SAMPLE_FAST_KEEP * (SAMPLE_FAST_HELD + 1))
+
+// The SAMPLE_FAST_KEEP-th largest of the values that threads 0..n-1 offer
+// (distinct where non-zero, 0 = none), or 0 when fewer than that many are
+// non-zero, into *kth. Every thread of the block calls it; vals holds n
+// slots. Syncs before returning.
+__device__ void kth_largest(u64 v, int n, u64* vals, u64* kth) {
+    if ((int)threadIdx.x < n) vals[threadIdx.x] = v;
+    if (threadIdx.x == 0) *kth = 0ull;
+    __syncthreads();
+    if ((int)threadIdx.x < n && v != 0ull) {
+        int rank = 0;
+        for (int q = 0; q < n; ++q) rank += vals[q] > v ? 1 : 0;
+        if (rank == SAMPLE_FAST_KEEP - 1) *kth = v;
+    }
+    __syncthreads();
+}
+
+// top[r] = the candidate with r larger ones, for r < SAMPLE_FAST_KEEP, over
+// the n keys of cand (distinct where non-zero; zeros are skipped): the
+// SAMPLE_FAST_KEEP largest, largest first. Slots past the non-zero keys
+// keep what the caller put there (0). The caller syncs before and after.
+__device__ void rank_candidates(const u64* cand, int n, u64* top) {
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const u64 k = cand[j];
+        if (k == 0ull) continue;
+        int rank = 0;
+        for (int q = 0; q < n; ++q) rank += cand[q] > k ? 1 : 0;
+        if (rank < SAMPLE_FAST_KEEP) top[rank] = k;
+    }
+}
+
 struct FastChunkSmem {
-    u64 lists[SAMPLE_FAST_THREADS];   // each warp's list, one key per lane
+    u64 maxes[SAMPLE_FAST_THREADS];   // each thread's largest key of the segment
+    u64 cand[SAMPLE_FAST_CAND];
     u64 top[SAMPLE_FAST_KEEP];
+    u64 cut;
+    int ncand;
     double red[SAMPLE_WARPS];
 };
 
@@ -723,25 +769,37 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_ch
     const int vocab = row_vocab(sp, p.vocab);
     const int len = (vocab + SAMPLE_FAST_CHUNKS - 1) / SAMPLE_FAST_CHUNKS;
     const int lo = min(vocab, c * len), hi = min(vocab, lo + len);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int j = threadIdx.x; j < SAMPLE_FAST_KEEP; j += blockDim.x) sm.top[j] = 0ull;
-    u64 list = 0ull;
-    // Four tiles' loads in flight before their insertions (a chunk is
-    // ~16 tiles; the loop is latency-bound).
-    for (int base = lo; base < hi; base += 4 * blockDim.x) {
-        u64 key[4];
+    // Per segment: every key in registers (all loads in flight at once),
+    // then a cut no key of the top can be below: the 32nd largest of the
+    // threads' maxima (32 distinct keys reach it). Only the keys at or
+    // above it (those of at most 32 threads) and the running top are
+    // ranked; no serial insertion chain.
+    for (int base = lo; base < hi; base += SAMPLE_FAST_HELD * blockDim.x) {
+        u64 key[SAMPLE_FAST_HELD];
+        u64 mk = 0ull;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = base + u * blockDim.x + threadIdx.x;
-            key[u] = i < hi ? logit_key(penalised(row, sp, i), i) : 0ull;
+        for (int e = 0; e < SAMPLE_FAST_HELD; ++e) {
+            const int i = base + e * blockDim.x + threadIdx.x;
+            key[e] = i < hi ? logit_key(penalised(row, sp, i), i) : 0ull;
+            mk = key[e] > mk ? key[e] : mk;
         }
+        // The running top leads the candidates (read before the barrier
+        // inside kth_largest; zeroed after it for the ranking).
+        if (threadIdx.x < SAMPLE_FAST_KEEP) sm.cand[threadIdx.x] = sm.top[threadIdx.x];
+        if (threadIdx.x == 0) sm.ncand = SAMPLE_FAST_KEEP;
+        kth_largest(mk, blockDim.x, sm.maxes, &sm.cut);
+        const u64 cut = sm.cut;
+        if (mk != 0ull && mk >= cut) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) warp_list_insert(list, key[u], SAMPLE_FAST_KEEP);
+            for (int e = 0; e < SAMPLE_FAST_HELD; ++e)
+                if (key[e] != 0ull && key[e] >= cut) sm.cand[atomicAdd(&sm.ncand, 1)] = key[e];
+        }
+        if (threadIdx.x < SAMPLE_FAST_KEEP) sm.top[threadIdx.x] = 0ull;
+        __syncthreads();
+        rank_candidates(sm.cand, sm.ncand, sm.top);
+        __syncthreads();
     }
-    sm.lists[warp * 32 + lane] = list;
-    __syncthreads();
-    rank_merge(sm.lists, SAMPLE_FAST_THREADS / 32, 32, SAMPLE_FAST_KEEP, sm.top);
-    __syncthreads();
     const u64 best = sm.top[0];
     // Second read of the chunk (from L1): the sum needs the chunk's max.
     double se = 0.0;
@@ -760,7 +818,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_ch
 }
 
 struct FastSmem {
-    u64 lists[SAMPLE_THREADS];      // each warp's list of the merge
+    u64 heads[SAMPLE_FAST_CHUNKS];  // each chunk's largest key
+    u64 cand[SAMPLE_FAST_KEEP * SAMPLE_FAST_KEEP];   // select_top's bound
+    u64 cut;
+    int ncand;
+    int nf;                         // candidates kept for the draw (0: none)
     u64 top[SAMPLE_FAST_KEEP];      // the row's 32 largest keys, largest first
     double se;
     float cw[SAMPLE_FAST_KEEP];     // eligible candidates by (w desc, id asc)
@@ -771,27 +833,10 @@ struct FastSmem {
     int slow;                       // 1: the guard failed, run sample_row_slow
 };
 
-// Decides a sampled row from its 32 largest keys (fs.top) on warp 0; sets
-// fs.token, or fs.slow = 1 when the guard cannot prove the answer exact.
-__device__ void fast_decide(const SampleRow& sp, int vocab, float m, int amax, FastSmem& fs) {
-    const int lane = threadIdx.x & 31;
-    const float inv_t = 1.0f / sp.temperature;
-    const u64 key = fs.top[lane];
-    const bool valid = key != 0ull;
-    const int id = valid ? (int)argmax_key_index(key) : 0;
-    // key_logit is the penalised logit (a NaN's key reads -inf: weight 0 either way).
-    const float w = valid ? weight_of(key_logit(key), m, inv_t) : 0.0f;
-    const bool el = valid && w > 0.0f && w >= sp.min_p;
-    const int have = __popc(__ballot_sync(FULL_MASK, valid));
-    const int ne = __popc(__ballot_sync(FULL_MASK, el));
-    const u64 ok = el ? order_key(w, id) : 0ull;
-    int rank = 0;
-    for (int q = 0; q < 32; ++q) rank += __shfl_sync(FULL_MASK, ok, q) > ok ? 1 : 0;
-    if (el) { fs.cw[rank] = w; fs.cid[rank] = id; }
-    // Bound on the weight of any id outside the list (have == 32 then).
-    const float wlast = __shfl_sync(FULL_MASK, w, 31);
-    __syncwarp();
-    if (lane != 0) return;
+// The top-k / min-p cut and top-p of fast_decide, on one lane: fs.slow = 1
+// when the guard cannot prove the cut exact; else the number of candidates
+// (in fs.cw / fs.cid order) the draw keeps (0: none eligible).
+__device__ int fast_cut(const SampleRow& sp, int vocab, int have, int ne, float wlast, FastSmem& fs) {
     const bool full = have == vocab;
     const float outside = __fadd_rn(__fmul_rn(wlast, 1.0000152587890625f), 1e-30f);
     const int k = (int)sp.top_k;
@@ -808,8 +853,7 @@ __device__ void fast_decide(const SampleRow& sp, int vocab, float m, int amax, F
         exact = sp.min_p > outside;
     }
     fs.slow = exact ? 0 : 1;
-    fs.token = amax;
-    if (!exact || nc == 0) return;
+    if (!exact || nc == 0) return 0;
     // Top-p: radix_select's boundary value and tie_id's rank, over the
     // candidates in (w desc, id asc) order (ties: consecutive, ids ascending).
     int nf = nc;
@@ -834,17 +878,43 @@ __device__ void fast_decide(const SampleRow& sp, int vocab, float m, int amax, F
             j = e;
         }
     }
-    // The kept candidates in id order (insertion sort of <= SAMPLE_FAST_TOP_K).
-    for (int j = 0; j < nf; ++j) {
-        int q = j;
-        while (q > 0 && fs.did[q - 1] > fs.cid[j]) {
-            fs.did[q] = fs.did[q - 1];
-            fs.dw[q] = fs.dw[q - 1];
-            --q;
-        }
-        fs.did[q] = fs.cid[j];
-        fs.dw[q] = fs.cw[j];
+    return nf;
+}
+
+// Decides a sampled row from its 32 largest keys (fs.top) on warp 0; sets
+// fs.token, or fs.slow = 1 when the guard cannot prove the answer exact.
+__device__ void fast_decide(const SampleRow& sp, int vocab, float m, int amax, FastSmem& fs) {
+    const int lane = threadIdx.x & 31;
+    const float inv_t = 1.0f / sp.temperature;
+    const u64 key = fs.top[lane];
+    const bool valid = key != 0ull;
+    const int id = valid ? (int)argmax_key_index(key) : 0;
+    // key_logit is the penalised logit (a NaN's key reads -inf: weight 0 either way).
+    const float w = valid ? weight_of(key_logit(key), m, inv_t) : 0.0f;
+    const bool el = valid && w > 0.0f && w >= sp.min_p;
+    const int have = __popc(__ballot_sync(FULL_MASK, valid));
+    const int ne = __popc(__ballot_sync(FULL_MASK, el));
+    const u64 ok = el ? order_key(w, id) : 0ull;
+    int rank = 0;
+    for (int q = 0; q < 32; ++q) rank += __shfl_sync(FULL_MASK, ok, q) > ok ? 1 : 0;
+    if (el) { fs.cw[rank] = w; fs.cid[rank] = id; }
+    // Bound on the weight of any id outside the list (have == 32 then).
+    const float wlast = __shfl_sync(FULL_MASK, w, 31);
+    __syncwarp();
+    if (lane == 0) fs.nf = fast_cut(sp, vocab, have, ne, wlast, fs);
+    __syncwarp();
+    const int nf = fs.nf;
+    if (nf == 0) return;
+    // The kept candidates in id order: each lane places its own (distinct ids).
+    if (lane < nf) {
+        const int cid = fs.cid[lane];
+        int q = 0;
+        for (int j = 0; j < nf; ++j) q += fs.cid[j] < cid ? 1 : 0;
+        fs.did[q] = cid;
+        fs.dw[q] = fs.cw[lane];
     }
+    __syncwarp();
+    if (lane != 0) return;
     double total = 0.0;
     for (int j = 0; j < nf; ++j) total += (double)fs.dw[j];
     const double t = philox_uniform(sp.seed, sp.step) * total;
@@ -874,18 +944,29 @@ __device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& s
     const int ntop = (int)min(sp.top_logprobs, (u32)SAMPLE_TOP_MAX);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t at = (size_t)r * SAMPLE_FAST_CHUNKS;
-    // Merge: warp w folds the lists of chunks w, w + SAMPLE_WARPS, ... The
-    // first is taken as it is: a chunk's list is sorted, largest first, 0 =
-    // empty, which is exactly what inserting it into an empty list gives
-    // (without 32 serial insertions).
-    u64 list = warp < SAMPLE_FAST_CHUNKS ? sample_fast_keys[(at + warp) * SAMPLE_FAST_KEEP + lane] : 0ull;
-#pragma unroll 4
-    for (int c = warp + SAMPLE_WARPS; c < SAMPLE_FAST_CHUNKS; c += SAMPLE_WARPS)
-        warp_list_insert(list, sample_fast_keys[(at + c) * SAMPLE_FAST_KEEP + lane], SAMPLE_FAST_KEEP);
-    fs.lists[warp * 32 + lane] = list;
+    // Merge: the row's 32 largest keys are among the chunks' lists (each
+    // holds its chunk's 32), and none is below the 32nd largest chunk head
+    // (32 distinct keys reach it), so only the keys at or above that cut
+    // (of at most 32 lists) are ranked.
+    const u64* keys = sample_fast_keys + at * SAMPLE_FAST_KEEP;
+    constexpr int all = SAMPLE_FAST_CHUNKS * SAMPLE_FAST_KEEP;
+    constexpr int per = (all + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    u64 held[per];
+#pragma unroll
+    for (int q = 0; q < per; ++q) {
+        const int j = q * SAMPLE_THREADS + threadIdx.x;
+        held[q] = j < all ? keys[j] : 0ull;
+    }
+    const u64 head = threadIdx.x < SAMPLE_FAST_CHUNKS ? keys[threadIdx.x * SAMPLE_FAST_KEEP] : 0ull;
     if (threadIdx.x < SAMPLE_FAST_KEEP) fs.top[threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) fs.ncand = 0;
+    kth_largest(head, SAMPLE_FAST_CHUNKS, fs.heads, &fs.cut);
+    const u64 cut = fs.cut;
+#pragma unroll
+    for (int q = 0; q < per; ++q)
+        if (held[q] != 0ull && held[q] >= cut) fs.cand[atomicAdd(&fs.ncand, 1)] = held[q];
     __syncthreads();
-    rank_merge(fs.lists, SAMPLE_WARPS, 32, SAMPLE_FAST_KEEP, fs.top);
+    rank_candidates(fs.cand, fs.ncand, fs.top);
     __syncthreads();
     const u64 best = fs.top[0];   // vocab >= 1: never 0
     const int amax = (int)argmax_key_index(best);
