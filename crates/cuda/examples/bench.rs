@@ -12,7 +12,7 @@
 //! none): against the greedy graph loop above, what a served stream pays
 //! per token for being served.
 //!
-//!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served]
+//!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served [--split]]
 //!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use lily_core::weights::Weights;
+use lily_cuda::backend::SPLIT_PARTS;
 use lily_cuda::bench::{fnv1a_digest, prompt_tokens, timed_run};
 use lily_cuda::{CudaBackend, Gpu, Options};
 use lily_model::sample::{SampleParams, SampleState};
@@ -37,6 +38,9 @@ struct Args {
     profile: bool,
     batch: Vec<usize>,
     served: bool,
+    /// `--split`: with `--served`, a second run of each served case with
+    /// the step's parts timed by events (CudaBackend::split_steps).
+    split: bool,
     /// `--parts K`: also prefill each length as K sequences of length / K
     /// tokens in one `prefill_batch` (many short prompts at once).
     parts: usize,
@@ -69,6 +73,7 @@ fn parse() -> Result<Args, String> {
         profile: false,
         batch: Vec::new(),
         served: false,
+        split: false,
         parts: 0,
         decode_matrices: None,
         knockouts: Vec::new(),
@@ -91,6 +96,7 @@ fn parse() -> Result<Args, String> {
             "--batch" => a.batch = val()?.split(',').map(|s| s.parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?,
             "--profile" => a.profile = true,
             "--served" => a.served = true,
+            "--split" => a.split = true,
             "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
             "--fused-moe" => a.fused_moe = true,
             "--moe-trace" => a.moe_trace = true,
@@ -270,12 +276,26 @@ fn run() -> Result<(), String> {
         let thinking = SampleParams { temperature: 0.6, top_k: 20, top_p: 0.95, seed: 1, ..SampleParams::default() };
         for &b in &sizes {
             for (label, params) in [("greedy", greedy), ("sampled", thinking)] {
-                let ms = served_step_ms(&mut be, b, params, vocab, args.steps).map_err(|e| format!("served {label} at batch {b}: {e}"))?;
+                let (ms, _) = served_step_ms(&mut be, b, params, vocab, args.steps, false).map_err(|e| format!("served {label} at batch {b}: {e}"))?;
                 println!(
                     "{{\"served\":\"{label}\",\"batch\":{b},\"steps\":{},\"step_ms\":{ms:.4},\"aggregate_tok_s\":{:.1}}}",
                     args.steps,
                     b as f64 * 1e3 / ms
                 );
+                if args.split {
+                    let (ms, parts) = served_step_ms(&mut be, b, params, vocab, args.steps, true).map_err(|e| format!("split {label} at batch {b}: {e}"))?;
+                    let median = |i: usize| {
+                        let mut v: Vec<f64> = parts.iter().map(|p| p[i]).collect();
+                        v.sort_by(f64::total_cmp);
+                        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+                    };
+                    let cells: Vec<String> = SPLIT_PARTS.iter().enumerate().map(|(i, name)| format!("\"{name}\":{:.1}", median(i))).collect();
+                    println!(
+                        "{{\"served_split\":\"{label}\",\"batch\":{b},\"steps\":{},\"step_ms_with_events\":{ms:.4},\"median_us\":{{{}}}}}",
+                        parts.len(),
+                        cells.join(",")
+                    );
+                }
             }
         }
     }
@@ -305,7 +325,15 @@ fn prefilled(be: &mut CudaBackend, b: usize, vocab: usize) -> Result<Vec<(lily_m
 /// prompt) takes when run ahead as the engine runs it: step t + 1 is
 /// submitted (fed the previous draw on the device) before step t is
 /// collected, so the host's turnaround hides behind the step in flight.
-fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: usize, steps: usize) -> Result<f64, String> {
+/// With `split`, each timed step's parts (CudaBackend::split_steps) too.
+fn served_step_ms(
+    be: &mut CudaBackend,
+    b: usize,
+    params: SampleParams,
+    vocab: usize,
+    steps: usize,
+    split: bool,
+) -> Result<(f64, Vec<[f64; SPLIT_PARTS.len()]>), String> {
     use lily_model::{Backend, Feed};
     let err = |e: lily_model::ModelError| e.to_string();
     let firsts = prefilled(be, b, vocab)?;
@@ -319,6 +347,7 @@ fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: u
     for i in 0..warm + steps {
         if i == warm {
             t0 = Instant::now();
+            be.split_steps(split);
         }
         let next = be.submit_decode(&previous, &mut states).map_err(err)?;
         be.collect_decode(pending, &mut states).map_err(err)?;
@@ -326,10 +355,12 @@ fn served_step_ms(be: &mut CudaBackend, b: usize, params: SampleParams, vocab: u
     }
     be.collect_decode(pending, &mut states).map_err(err)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let parts = be.take_step_split();
+    be.split_steps(false);
     for s in seqs {
         be.free(s);
     }
-    Ok(ms)
+    Ok((ms, parts))
 }
 
 /// GPU time by kernel group: (group, microseconds).

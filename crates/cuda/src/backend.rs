@@ -25,13 +25,15 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
+use cudarc::driver::CudaEvent;
+
 use lily_core::weights::Weights;
 use lily_core::ModelConfig;
 use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
 
 use crate::device::{copy_device, DeviceBuffer, Gpu};
 use crate::dims::KV_BLOCK;
-use crate::error::{CudaError, CudaResult};
+use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::feed::{self, FeedStageParams};
 use crate::model::{Head, Model};
 use crate::runahead::{put, word, InLayout, OutLayout, StepIo, IO_SLOTS};
@@ -52,7 +54,15 @@ pub struct CudaBackend {
     /// was the last thing fed to them): those `Feed::Previous` may feed.
     device_draws: HashSet<SeqId>,
     next_ticket: u64,
+    /// `split_steps`: each collected step's parts in microseconds of GPU
+    /// time (None: not measured).
+    split: Option<Vec<[f64; SPLIT_PARTS.len()]>>,
 }
+
+/// The parts of a sampled step that `split_steps` times, between events
+/// recorded in the stream: the input upload, feed_stage, the decode graph,
+/// the sampler, feed_keep (the first group of rows).
+pub const SPLIT_PARTS: [&str; 5] = ["upload", "stage", "graph", "sample", "keep"];
 
 /// A queued sampled step: its ticket, its step slot, and what reading its
 /// outputs needs.
@@ -64,6 +74,8 @@ struct Pending {
     asks: Vec<u32>,
     /// Whether the top arrays were written and downloaded.
     tops: bool,
+    /// `split_steps`' events around the step's parts (empty when off).
+    marks: Vec<CudaEvent>,
 }
 
 impl CudaBackend {
@@ -89,7 +101,7 @@ impl CudaBackend {
     }
 
     fn around(model: Model, config: ModelConfig) -> Self {
-        CudaBackend { model, config, counts: HashMap::new(), io: None, pending: VecDeque::new(), device_draws: HashSet::new(), next_ticket: 1 }
+        CudaBackend { model, config, counts: HashMap::new(), io: None, pending: VecDeque::new(), device_draws: HashSet::new(), next_ticket: 1, split: None }
     }
 
     pub fn model(&self) -> &Model {
@@ -183,14 +195,17 @@ impl CudaBackend {
         let seqs: Vec<SeqId> = batch.iter().map(|b| b.0).collect();
         let entries = self.model.mem.reserve_next_deferred(&seqs)?;
         let tops = states.iter().any(|st| st.params.top_logprobs > 0);
-        if let Err(e) = self.queue_step(slot, batch, states, &tables, &entries, tops) {
-            // Whatever was queued finishes before the slot's host buffers
-            // are written again, and the step may not have written its
-            // block-table entries.
-            let _ = gpu.synchronize();
-            let _ = self.model.mem.write_block_entries(&entries);
-            return Err(e);
-        }
+        let marks = match self.queue_step(slot, batch, states, &tables, &entries, tops) {
+            Ok(marks) => marks,
+            Err(e) => {
+                // Whatever was queued finishes before the slot's host buffers
+                // are written again, and the step may not have written its
+                // block-table entries.
+                let _ = gpu.synchronize();
+                let _ = self.model.mem.write_block_entries(&entries);
+                return Err(e);
+            }
+        };
         for (seq, st) in seqs.iter().zip(states.iter_mut()) {
             st.begin_draw();
             if !st.params.has_penalties() {
@@ -204,13 +219,14 @@ impl CudaBackend {
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        Ok(Pending { ticket, slot, seqs, asks: states.iter().map(|st| st.params.top_logprobs).collect(), tops })
+        Ok(Pending { ticket, slot, seqs, asks: states.iter().map(|st| st.params.top_logprobs).collect(), tops, marks })
     }
 
     /// Stages and launches one checked and reserved step in step slot
     /// `slot`: one upload, then per group of `max_batch` rows `feed_stage`,
     /// the decode graph, `sample_rows` (its outputs into the slot's mapped
     /// host buffer) and `feed_keep`, then the slot's event. No host wait.
+    /// Returns `split_steps`' events (none when it is off).
     fn queue_step(
         &mut self,
         slot: usize,
@@ -219,8 +235,19 @@ impl CudaBackend {
         tables: &[u64],
         entries: &[(i32, i32)],
         tops: bool,
-    ) -> CudaResult<()> {
+    ) -> CudaResult<Vec<CudaEvent>> {
         let n = batch.len();
+        let gpu = self.model.gpu.clone();
+        let mut marks = Vec::new();
+        let timed = self.split.is_some();
+        let mark = |marks: &mut Vec<CudaEvent>| -> CudaResult<()> {
+            if timed {
+                let e = gpu.ctx.new_event(None).ctx("cuEventCreate (step split)")?;
+                e.record(&gpu.stream).ctx("cuEventRecord (step split)")?;
+                marks.push(e);
+            }
+            Ok(())
+        };
         let layout = InLayout::new(n, entries.len());
         let mut rows = Vec::with_capacity(n);
         let mut tokens = Vec::with_capacity(n);
@@ -250,10 +277,11 @@ impl CudaBackend {
         put(buf, layout.prev, &prev)?;
         put(buf, layout.bt_at, &bt_at)?;
         put(buf, layout.bt_block, &bt_block)?;
+        mark(&mut marks)?;
         io.upload(slot, layout.bytes)?;
+        mark(&mut marks)?;
         let out = io.dev_out(slot, n, tops)?;
         let model = &mut self.model;
-        let gpu = model.gpu.clone();
         let s = model.mem.scratch;
         let group = model.mem.opts.max_batch;
         let vocab = model.dims.vocab;
@@ -276,14 +304,20 @@ impl CudaBackend {
                 n: cnt as i32,
                 n_bt: if with_bt { entries.len() as i32 } else { 0 },
             };
+            let timed_group = |marks: &mut Vec<CudaEvent>| if first == 0 { mark(marks) } else { Ok(()) };
             feed::stage(&gpu, &model.kernels, &p)?;
+            timed_group(&mut marks)?;
             model.run_step(cnt, Head::Logits)?;
+            timed_group(&mut marks)?;
             let rows_at = at(layout.rows, first, std::mem::size_of::<SampleRow>())?;
             let o = out.from_row(first);
             sampling::sample_rows(&gpu, &model.kernels, s.logits, rows_at, &o, cnt, vocab)?;
+            timed_group(&mut marks)?;
             feed::keep(&gpu, &model.kernels, o.tokens, p.in_slot, io.last.ptr(), cnt)?;
+            timed_group(&mut marks)?;
         }
-        io.download(slot, n, tops)
+        io.download(slot, n, tops)?;
+        Ok(marks)
     }
 
     /// Waits for a queued step and reads its draws; each state records its
@@ -291,6 +325,13 @@ impl CudaBackend {
     fn land(&mut self, p: Pending, states: &mut [SampleState]) -> CudaResult<Vec<Sampled>> {
         let io = self.io.as_ref().ok_or_else(|| CudaError::Invalid("step buffers missing".into()))?;
         let buf = io.host_out(p.slot)?;
+        if let (Some(split), true) = (self.split.as_mut(), p.marks.len() == SPLIT_PARTS.len() + 1) {
+            let mut us = [0.0; SPLIT_PARTS.len()];
+            for (t, w) in us.iter_mut().zip(p.marks.windows(2)) {
+                *t = 1e3 * w[0].elapsed_ms(&w[1]).ctx("cuEventElapsedTime (step split)")? as f64;
+            }
+            split.push(us);
+        }
         let n = p.seqs.len();
         if states.len() != n {
             return Err(CudaError::Invalid(format!("{} sampling states to collect a step of {n}", states.len())));
@@ -315,6 +356,20 @@ impl CudaBackend {
             draws.push(Sampled { token, logprob, top });
         }
         Ok(draws)
+    }
+
+    /// Starts (or stops, dropping what was kept) timing each sampled
+    /// step's parts (`SPLIT_PARTS`) with events in the stream: a
+    /// measurement (`bench --served --split`); the events themselves add a
+    /// little to each step.
+    pub fn split_steps(&mut self, on: bool) {
+        self.split = on.then(Vec::new);
+    }
+
+    /// The parts of the steps collected since `split_steps(true)` (or the
+    /// last call), in microseconds of GPU time, `SPLIT_PARTS` order.
+    pub fn take_step_split(&mut self) -> Vec<[f64; SPLIT_PARTS.len()]> {
+        self.split.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Something other than a sampled step was fed to these sequences: the

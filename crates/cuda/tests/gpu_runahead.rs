@@ -198,8 +198,15 @@ fn equal_tokens_case(label: &str, be: &mut CudaBackend) {
     let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(12 + 7 * i, vocab, i as u32)).collect();
     let (mut ahead, mut sync) = start(be, &prompts, &params(vocab));
     let schedule = vec![vec![0, 1, 2]; 16];
+    // Timed by parts (split_steps): the events change no draw.
+    be.split_steps(true);
     let got = run_ahead(be, &mut ahead, &schedule, &mut |_| {});
+    let split = be.take_step_split();
+    be.split_steps(false);
     check(be.steps_in_flight() == 0, "steps left in flight");
+    check(split.len() == schedule.len(), format!("{label}: {} steps split, {} run", split.len(), schedule.len()));
+    let sane = split.iter().all(|p| p.iter().all(|&us| us.is_finite() && us >= 0.0) && p[2] > 0.0);
+    check(sane, format!("{label}: step parts {split:?}"));
     let want = step_by_step(be, &mut sync, &schedule);
     compare(label, be, (&ahead, &got), (&sync, &want));
     for s in ahead.seqs.iter().chain(&sync.seqs) {
@@ -211,7 +218,8 @@ fn equal_tokens_case(label: &str, be: &mut CudaBackend) {
 /// logprobs, vocab limit) and seeded sampling (penalties, top logprobs;
 /// min-p and top-k) give the tokens of `decode_sample` step by step, on
 /// the tiny fixture and on a 4-layer model of the real width (the real
-/// 248,320-entry vocabulary).
+/// 248,320-entry vocabulary), with every step's parts timed
+/// (`split_steps`: one split a step, the graph's time positive).
 #[test]
 fn two_steps_in_flight_equal_decode_sample_step_by_step() {
     let Some(gpu) = gpu("two_steps_in_flight_equal_decode_sample_step_by_step") else { return };
