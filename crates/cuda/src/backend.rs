@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaEvent;
 
 use lily_core::weights::Weights;
@@ -242,7 +243,7 @@ impl CudaBackend {
         let timed = self.split.is_some();
         let mark = |marks: &mut Vec<CudaEvent>| -> CudaResult<()> {
             if timed {
-                let e = gpu.ctx.new_event(None).ctx("cuEventCreate (step split)")?;
+                let e = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).ctx("cuEventCreate (step split)")?;
                 e.record(&gpu.stream).ctx("cuEventRecord (step split)")?;
                 marks.push(e);
             }
