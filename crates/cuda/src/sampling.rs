@@ -364,6 +364,14 @@ pub fn sample_rows_path(
 mod tests {
     use super::*;
 
+    /// The tests' random numbers (xorshift64).
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
     const SOURCE: &str = include_str!("kernels/sampling.cu");
 
     #[test]
@@ -453,12 +461,7 @@ mod tests {
     #[test]
     fn the_top_pass_model_finds_the_host_top_ids() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = move || xorshift(&mut state);
         let mut rows: Vec<(&str, Vec<f32>)> = vec![
             ("flat", vec![0.0; 3000]),
             ("ascending", (0..3000).map(|i| i as f32).collect()),
@@ -564,12 +567,6 @@ mod tests {
     fn the_fast_decision_model_draws_the_host_token() {
         use lily_model::sample::{philox_uniform, Distribution};
         use lily_model::SampleState;
-        fn xorshift(s: &mut u64) -> u64 {
-            *s ^= *s << 13;
-            *s ^= *s >> 7;
-            *s ^= *s << 17;
-            *s
-        }
         fn unif(s: &mut u64, lo: f32, hi: f32) -> f32 {
             lo + (xorshift(s) >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo)
         }
@@ -675,12 +672,7 @@ mod tests {
     #[test]
     fn the_fast_selection_model_keeps_the_top_within_its_candidate_slots() {
         let mut state = 0x1234_5678_9abc_def1u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = move || xorshift(&mut state);
         let threads = SAMPLE_FAST_THREADS as usize;
         let seg = SAMPLE_FAST_HELD * threads;
         let mut rows: Vec<(&str, Vec<f32>)> = vec![
