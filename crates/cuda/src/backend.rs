@@ -12,8 +12,8 @@
 //! them in the decode scratch, a `Feed::Previous` row's token taken from
 //! the device table of last draws; the decode graph, `sample_rows` (which
 //! also counts the drawn token in the row's count table, so the table
-//! stays exact across steps in flight) and `feed_keep` (the draws become
-//! the last draws) follow, the sampler having written its outputs straight
+//! stays exact across steps in flight, and keeps the draws as the last
+//! draws) follow, the sampler having written its outputs straight
 //! into mapped page-locked host memory (or, where the driver cannot map
 //! it, one async copy brings them back), and an event marks the step done.
 //! `collect_decode` waits for that event only. The one wait left at
@@ -62,8 +62,8 @@ pub struct CudaBackend {
 
 /// The parts of a sampled step that `split_steps` times, between events
 /// recorded in the stream: the input upload, feed_stage, the decode graph,
-/// the sampler, feed_keep (the first group of rows).
-pub const SPLIT_PARTS: [&str; 5] = ["upload", "stage", "graph", "sample", "keep"];
+/// the sampler (which also keeps the draws), for the first group of rows.
+pub const SPLIT_PARTS: [&str; 4] = ["upload", "stage", "graph", "sample"];
 
 /// A queued sampled step: its ticket, its step slot, and what reading its
 /// outputs needs.
@@ -226,7 +226,8 @@ impl CudaBackend {
     /// Stages and launches one checked and reserved step in step slot
     /// `slot`: one upload, then per group of `max_batch` rows `feed_stage`,
     /// the decode graph, `sample_rows` (its outputs into the slot's mapped
-    /// host buffer) and `feed_keep`, then the slot's event. No host wait.
+    /// host buffer, the draws kept as the last draws), then the slot's
+    /// event. No host wait.
     /// Returns `split_steps`' events (none when it is off).
     fn queue_step(
         &mut self,
@@ -312,9 +313,8 @@ impl CudaBackend {
             timed_group(&mut marks)?;
             let rows_at = at(layout.rows, first, std::mem::size_of::<SampleRow>())?;
             let o = out.from_row(first);
-            sampling::sample_rows(&gpu, &model.kernels, s.logits, rows_at, &o, cnt, vocab)?;
-            timed_group(&mut marks)?;
-            feed::keep(&gpu, &model.kernels, o.tokens, p.in_slot, io.last.ptr(), cnt)?;
+            let keep = sampling::KeepDraws { slots: p.in_slot, last: io.last.ptr() };
+            sampling::sample_rows_keeping(&gpu, &model.kernels, s.logits, rows_at, &o, keep, cnt, vocab)?;
             timed_group(&mut marks)?;
         }
         io.download(slot, n, tops)?;

@@ -2,8 +2,8 @@
 //! inputs (`CudaBackend::submit_decode`). `feed_stage` copies a group of the
 //! step's uploaded inputs into the decode scratch, taking a `Feed::Previous`
 //! row's token from the device table of last draws and writing the step's
-//! new block-table entries; `feed_keep` records the step's draws in that
-//! table after the sampler. The staging layout and the pinned buffers are
+//! new block-table entries (the sampler keeps the step's draws in that
+//! table: `sampling::sample_rows_keeping`). The staging layout and the pinned buffers are
 //! the backend's (backend.rs); this file owns only the launches.
 
 use cudarc::driver::DeviceRepr;
@@ -14,7 +14,7 @@ use crate::kernels::Kernels;
 use crate::launch::launch;
 use crate::sampling::layout_defines;
 
-/// Threads of the one block of `feed_stage` / `feed_keep`.
+/// Threads of the one block of `feed_stage`.
 pub const FEED_THREADS: u32 = 256;
 
 /// Device addresses of one group's staged inputs (row 0 of the group) and
@@ -47,18 +47,7 @@ pub struct FeedStageParams {
 // SAFETY: plain-old-data mirroring `FeedStageParams` in feed.cu.
 unsafe impl DeviceRepr for FeedStageParams {}
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct FeedKeepParams {
-    drawn: u64,
-    slots: u64,
-    last: u64,
-    n: i32,
-}
-// SAFETY: plain-old-data mirroring `FeedKeepParams` in feed.cu.
-unsafe impl DeviceRepr for FeedKeepParams {}
-
-/// The block size and the layouts of both parameter structs, as NVRTC
+/// The block size and the parameter struct's layout, as NVRTC
 /// defines (every family is compiled with them, see `Dims::defines`).
 pub fn defines() -> Vec<String> {
     let mut v = vec![format!("-DFEED_THREADS={FEED_THREADS}")];
@@ -79,7 +68,6 @@ pub fn defines() -> Vec<String> {
         n,
         n_bt,
     ));
-    v.extend(layout_defines!(FeedKeepParams, "FEED_KEEP", drawn, slots, last, n));
     v
 }
 
@@ -96,18 +84,6 @@ pub fn stage(gpu: &Gpu, k: &Kernels, p: &FeedStageParams) -> CudaResult<()> {
     launch(gpu, k, "feed_stage", (1, 1, 1), FEED_THREADS, 0, p)
 }
 
-/// last[slots[r]] = drawn[r] for `n` rows (1..=1024).
-pub fn keep(gpu: &Gpu, k: &Kernels, drawn: u64, slots: u64, last: u64, n: usize) -> CudaResult<()> {
-    if n == 0 || n > 1024 {
-        return Err(CudaError::shape("feed_keep", format!("{n} rows, expected 1..=1024")));
-    }
-    if drawn == 0 || slots == 0 || last == 0 {
-        return Err(CudaError::shape("feed_keep", "a null address"));
-    }
-    let p = FeedKeepParams { drawn, slots, last, n: n as i32 };
-    launch(gpu, k, "feed_keep", (1, 1, 1), FEED_THREADS, 0, &p)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,9 +93,8 @@ mod tests {
     #[test]
     fn every_mirrored_field_is_asserted_by_the_kernel() {
         let defs = defines();
-        assert_eq!(crate::sampling::count_asserted_fields(SOURCE, "feed.cu", &defs), 13 + 4);
+        assert_eq!(crate::sampling::count_asserted_fields(SOURCE, "feed.cu", &defs), 13);
         assert!(defs.contains(&"-DFEED_STAGE_BYTES=96".to_string()), "{defs:?}");
-        assert!(defs.contains(&"-DFEED_KEEP_BYTES=32".to_string()), "{defs:?}");
         assert!(!SOURCE.contains("#define FEED_THREADS"));
     }
 }

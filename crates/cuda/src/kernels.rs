@@ -54,7 +54,7 @@ pub const FAMILIES: &[Family] = &[
         source: include_str!("kernels/sampling.cu"),
         kernels: &["argmax_finish", "argmax_rows", "sample_rows", "sample_fast_chunks", "sample_fast_finish", "sample_fast_probe"],
     },
-    Family { name: "feed", source: include_str!("kernels/feed.cu"), kernels: &["feed_stage", "feed_keep"] },
+    Family { name: "feed", source: include_str!("kernels/feed.cu"), kernels: &["feed_stage"] },
     Family { name: "synth", source: include_str!("kernels/synth.cu"), kernels: &["fill_random"] },
 ];
 

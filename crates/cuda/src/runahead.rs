@@ -107,7 +107,7 @@ pub struct StepIo {
     gpu: Arc<Gpu>,
     slots: Vec<IoSlot>,
     /// u32 [max_sequences]: the last draw of each sequence slot, written by
-    /// `feed_keep`, read by `feed_stage`.
+    /// the sampler (`sample_rows_keeping`), read by `feed_stage`.
     pub last: DeviceBuffer,
     /// Most rows (and block-table entries) one step may carry.
     pub rows: usize,

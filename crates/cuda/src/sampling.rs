@@ -14,7 +14,7 @@ use lily_model::SampleParams;
 use crate::device::Gpu;
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
-use crate::launch::launch;
+use crate::launch::{launch, launch_pdl};
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -168,6 +168,8 @@ struct SampleRowsParams {
     out_top_logprobs: u64,
     vocab: i32,
     row_stride: i32,
+    keep_slots: u64,
+    keep_last: u64,
 }
 // SAFETY: plain-old-data mirroring `SampleParams` in sampling.cu.
 unsafe impl DeviceRepr for SampleRowsParams {}
@@ -238,7 +240,20 @@ pub fn defines() -> Vec<String> {
         step,
         counts,
     ));
-    v.extend(layout_defines!(SampleRowsParams, "SAMPLE_PARAMS", logits, rows, out_tokens, out_logprobs, out_top_ids, out_top_logprobs, vocab, row_stride,));
+    v.extend(layout_defines!(
+        SampleRowsParams,
+        "SAMPLE_PARAMS",
+        logits,
+        rows,
+        out_tokens,
+        out_logprobs,
+        out_top_ids,
+        out_top_logprobs,
+        vocab,
+        row_stride,
+        keep_slots,
+        keep_last,
+    ));
     v
 }
 
@@ -291,6 +306,27 @@ pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usiz
     sample_rows_path(gpu, k, logits, row_stride, rows, out, n, vocab, SamplePath::Auto)
 }
 
+/// Where a pipelined step's draws are kept as its sequences' last draws
+/// (the table `feed_stage` reads for `Feed::Previous`): `last[slots[r]] =
+/// token of row r`.
+#[derive(Clone, Copy, Debug)]
+pub struct KeepDraws {
+    /// i32 [n]: each row's state slot.
+    pub slots: u64,
+    /// u32 [max_sequences]: the last draw of each state slot.
+    pub last: u64,
+}
+
+/// `sample_rows` that also keeps each row's draw in `keep`, in the same
+/// launches (a pipelined decode step's sampler).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_rows_keeping(gpu: &Gpu, k: &Kernels, logits: u64, rows: u64, out: &SampleOut, keep: KeepDraws, n: usize, vocab: usize) -> CudaResult<()> {
+    if keep.slots == 0 || keep.last == 0 {
+        return Err(CudaError::shape("sample_rows", "null slots or last-draw table to keep the draws in"));
+    }
+    launch_rows(gpu, k, logits, vocab, rows, out, Some(keep), n, vocab, SamplePath::Auto)
+}
+
 /// `sample_rows_strided` through the kernels `path` names.
 #[allow(clippy::too_many_arguments)]
 pub fn sample_rows_path(
@@ -300,6 +336,22 @@ pub fn sample_rows_path(
     row_stride: usize,
     rows: u64,
     out: &SampleOut,
+    n: usize,
+    vocab: usize,
+    path: SamplePath,
+) -> CudaResult<()> {
+    launch_rows(gpu, k, logits, row_stride, rows, out, None, n, vocab, path)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: u64,
+    row_stride: usize,
+    rows: u64,
+    out: &SampleOut,
+    keep: Option<KeepDraws>,
     n: usize,
     vocab: usize,
     path: SamplePath,
@@ -328,6 +380,8 @@ pub fn sample_rows_path(
         out_top_logprobs: out.top_logprobs,
         vocab: vocab as i32,
         row_stride: row_stride as i32,
+        keep_slots: keep.map_or(0, |k| k.slots),
+        keep_last: keep.map_or(0, |k| k.last),
     };
     let finish = match path {
         SamplePath::Slow => return launch(gpu, k, "sample_rows", (n as u32, 1, 1), SAMPLE_THREADS, 0, &p),
@@ -341,7 +395,8 @@ pub fn sample_rows_path(
         let row_bytes = (first as u64).checked_mul(row_stride as u64 * 4);
         let logits_at = row_bytes.and_then(|b| logits.checked_add(b));
         let rows_at = rows.checked_add(first as u64 * std::mem::size_of::<SampleRow>() as u64);
-        let (Some(logits_at), Some(rows_at)) = (logits_at, rows_at) else {
+        let slots_at = if p.keep_slots == 0 { Some(0) } else { p.keep_slots.checked_add(first as u64 * 4) };
+        let (Some(logits_at), Some(rows_at), Some(keep_slots)) = (logits_at, rows_at, slots_at) else {
             return Err(CudaError::shape("sample_rows", format!("row {first} of {n} lies beyond the address space")));
         };
         let o = out.from_row(first);
@@ -352,10 +407,12 @@ pub fn sample_rows_path(
             out_logprobs: o.logprobs,
             out_top_ids: o.top_ids,
             out_top_logprobs: o.top_logprobs,
+            keep_slots,
             ..p
         };
         launch(gpu, k, "sample_fast_chunks", (SAMPLE_FAST_CHUNKS, cnt as u32, 1), SAMPLE_FAST_THREADS, 0, &g)?;
-        launch(gpu, k, finish, (cnt as u32, 1, 1), SAMPLE_THREADS, 0, &g)?;
+        // The finish reads its rows' parameters while the chunks run.
+        launch_pdl(gpu, k, finish, (cnt as u32, 1, 1), SAMPLE_THREADS, 0, &g)?;
     }
     Ok(())
 }
@@ -377,12 +434,12 @@ mod tests {
     #[test]
     fn every_mirrored_field_is_asserted_by_the_kernel() {
         let defs = defines();
-        assert_eq!(count_asserted_fields(SOURCE, "sampling.cu", &defs), 13 + 8);
+        assert_eq!(count_asserted_fields(SOURCE, "sampling.cu", &defs), 13 + 10);
         assert!(defs.contains(&"-DSAMPLE_ROW_BYTES=64".to_string()), "{defs:?}");
         for (f, at) in [("TOP_K", 24), ("TOP_LOGPROBS", 28), ("VOCAB_LIMIT", 32), ("SEED", 40), ("STEP", 48), ("COUNTS", 56)] {
             assert!(defs.contains(&format!("-DSAMPLE_ROW_AT_{f}={at}")), "{f} not at {at}: {defs:?}");
         }
-        assert!(defs.contains(&"-DSAMPLE_PARAMS_BYTES=56".to_string()), "{defs:?}");
+        assert!(defs.contains(&"-DSAMPLE_PARAMS_BYTES=72".to_string()), "{defs:?}");
         // The kernel takes its block size and top stride from here only.
         assert!(!SOURCE.contains("#define SAMPLE_THREADS") && !SOURCE.contains("#define SAMPLE_TOP_MAX"));
     }

@@ -11,17 +11,13 @@
 //   block_table[bt_at[i]] = bt_block[i]                       (i < n_bt)
 // One block of FEED_THREADS threads, each striding over rows and entries.
 //
-// feed_keep: after the step's sampler, records each row's draw as its
-// sequence's last draw, for the next step that feeds it `Feed::Previous`:
-//   last[slots[r]] = drawn[r]                                 (r < n)
-// One block of FEED_THREADS threads.
+// `last` is u32 [max_sequences], indexed by state slot: the step's sampler
+// keeps each row's draw there (sample_rows with keep_last, sampling.cu), for
+// the next step that feeds it `Feed::Previous`. Ordering against the step
+// before is the stream's (one stream: the sampler of step t runs before the
+// stage of step t+1).
 //
-// `last` is u32 [max_sequences], indexed by state slot; rows of one step are
-// distinct sequences, so no two rows touch one entry. Ordering against the
-// step before is the stream's (one stream: the keep of step t runs before
-// the stage of step t+1).
-//
-// The parameter structs are mirrored by #[repr(C)] structs in feed.rs, which
+// The parameter struct is mirrored by #[repr(C)] structs in feed.rs, which
 // passes their sizes and field offsets as defines (feed::defines()).
 
 #ifndef FEED_THREADS
@@ -70,20 +66,4 @@ extern "C" __global__ void __launch_bounds__(FEED_THREADS) feed_stage(const __gr
         p.slots[r] = s;
     }
     for (int i = threadIdx.x; i < p.n_bt; i += blockDim.x) p.block_table[p.bt_at[i]] = p.bt_block[i];
-}
-
-struct FeedKeepParams {
-    const u32* drawn;   // [n] the sampler's tokens
-    const int* slots;   // [n] state slot of each row
-    u32* last;          // [max_sequences]
-    int n;
-};
-static_assert(sizeof(FeedKeepParams) == FEED_KEEP_BYTES, "feed.rs's FeedKeepParams has another size");
-FEED_MIRRORED(FeedKeepParams, drawn, FEED_KEEP_AT_DRAWN);
-FEED_MIRRORED(FeedKeepParams, slots, FEED_KEEP_AT_SLOTS);
-FEED_MIRRORED(FeedKeepParams, last, FEED_KEEP_AT_LAST);
-FEED_MIRRORED(FeedKeepParams, n, FEED_KEEP_AT_N);
-
-extern "C" __global__ void __launch_bounds__(FEED_THREADS) feed_keep(const __grid_constant__ FeedKeepParams p) {
-    for (int r = threadIdx.x; r < p.n; r += blockDim.x) p.last[p.slots[r]] = p.drawn[r];
 }

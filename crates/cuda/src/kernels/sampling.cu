@@ -110,7 +110,9 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const __grid_const
 // rows with N > 0 write slots 0..N-1 of out_top_ids / out_top_logprobs
 // [n][SAMPLE_TOP_MAX], most likely first; a slot beyond the row's V ids
 // (N > V) holds id 0xffffffff and -inf. Slots N.. and rows with N = 0 are
-// not written.
+// not written. With keep_last set, keep_last[keep_slots[r]] = the token too
+// (a pipelined step's draws become its sequences' last draws in the same
+// launch).
 //
 // The two structs below are mirrored by #[repr(C)] structs in sampling.rs,
 // which passes its size and field offsets as defines (sampling::defines());
@@ -171,6 +173,8 @@ struct SampleParams {
     float* out_top_logprobs; // [n][SAMPLE_TOP_MAX] (null with out_top_ids)
     int vocab;               // floats in a row
     int row_stride;          // floats between rows (vocab; 0 = one shared row)
+    const int* keep_slots;   // [n]: each row's state slot, or null
+    u32* keep_last;          // [slots]: last[keep_slots[r]] = token (null: not kept)
 };
 static_assert(sizeof(SampleParams) == SAMPLE_PARAMS_BYTES, "sampling.rs's SampleRowsParams has another size");
 MIRRORED(SampleParams, logits, SAMPLE_PARAMS_AT_LOGITS);
@@ -181,6 +185,16 @@ MIRRORED(SampleParams, out_top_ids, SAMPLE_PARAMS_AT_OUT_TOP_IDS);
 MIRRORED(SampleParams, out_top_logprobs, SAMPLE_PARAMS_AT_OUT_TOP_LOGPROBS);
 MIRRORED(SampleParams, vocab, SAMPLE_PARAMS_AT_VOCAB);
 MIRRORED(SampleParams, row_stride, SAMPLE_PARAMS_AT_ROW_STRIDE);
+MIRRORED(SampleParams, keep_slots, SAMPLE_PARAMS_AT_KEEP_SLOTS);
+MIRRORED(SampleParams, keep_last, SAMPLE_PARAMS_AT_KEEP_LAST);
+
+// Row r's drawn token: its output, and, when the launch keeps draws, its
+// sequence's last draw (the table `feed_stage` reads for Feed::Previous;
+// rows of one launch are distinct sequences, so no two touch one entry).
+__device__ __forceinline__ void emit_token(const SampleParams& p, int r, int token) {
+    p.out_tokens[r] = (u32)token;
+    if (p.keep_last != nullptr) p.keep_last[p.keep_slots[r]] = (u32)token;
+}
 
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 
@@ -633,7 +647,7 @@ __device__ void sample_row_slow(const SampleParams& p, int r, SampleSmem& sm) {
     }
     if (threadIdx.x == 0) {
         const float lt = penalised(row, sp, token);
-        p.out_tokens[r] = (u32)token;
+        emit_token(p, r, token);
         p.out_logprobs[r] = (float)((double)lt - (double)m - log(se));
         if (sp.counts != nullptr) sp.counts[token] += 1u;
     }
@@ -662,7 +676,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
 // penalised logit (NaN as -inf); a -inf logit adds 0 even when m_c is -inf,
 // a NaN adds NaN. Rows off the fast path return at once.
 //
-// sample_fast_finish, one block of SAMPLE_THREADS per row: merges the chunk
+// sample_fast_finish, one block of SAMPLE_THREADS per row, launched as a
+// programmatic dependent of the chunks (its row parameters read before the
+// wait): merges the chunk
 // lists into the row's 32 largest keys (exact: every one of them is among
 // its chunk's 32; the same cut and ranking, over the chunks' heads), M = the largest, se = sum_c exp(m_c - M) * s_c (NaN
 // exactly where sample_rows' sum is NaN: a NaN logit, or M infinite), and
@@ -762,6 +778,8 @@ struct FastChunkSmem {
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_chunks(const __grid_constant__ SampleParams p) {
     __shared__ FastChunkSmem sm;
+    // The finish may launch at once (it waits for this grid to complete).
+    pdl_trigger();
     const int r = blockIdx.y, c = blockIdx.x;
     const SampleRow sp = p.rows[r];
     if (!fast_row(sp)) return;   // the finish runs sample_row_slow for it
@@ -930,7 +948,11 @@ __device__ void fast_decide(const SampleRow& sp, int vocab, float m, int amax, F
 template <bool PROBE>
 __device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& sm, FastSmem& fs) {
     const int r = blockIdx.x;
+    // Launched as a programmatic dependent of sample_fast_chunks: the row's
+    // parameters (the step's upload) are read while the chunks still run;
+    // everything the chunks write, and the logits, after the wait.
     const SampleRow sp = p.rows[r];
+    pdl_wait();
     if (!fast_row(sp)) {
         if (PROBE) {
             if (threadIdx.x == 0) p.out_tokens[r] = SAMPLE_UNDECIDED;
@@ -1013,7 +1035,7 @@ __device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& s
     }
     if (threadIdx.x == 0) {
         const float lt = penalised(row, sp, token);
-        p.out_tokens[r] = (u32)token;
+        emit_token(p, r, token);
         p.out_logprobs[r] = (float)((double)lt - (double)m - log(se));
         if (sp.counts != nullptr) sp.counts[token] += 1u;
     }
