@@ -672,7 +672,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
 // largest logit_keys, largest first, 0 = empty (select: every thread holds
 // SAMPLE_FAST_HELD keys in registers; the 32nd largest of the threads'
 // maxima is a cut no key of the 32 lies below; the keys at or above it,
-// those of at most 32 threads, are ranked by counting) and s_c = sum of exp(l - m_c) in f64 over its ids, m_c its largest
+// those of at most 32 threads, are ranked by counting: select_top) and
+// s_c = sum of exp(l - m_c) in f64 over its ids, m_c its largest
 // penalised logit (NaN as -inf); a -inf logit adds 0 even when m_c is -inf,
 // a NaN adds NaN. Rows off the fast path return at once.
 //
@@ -680,7 +681,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const _
 // programmatic dependent of the chunks (its row parameters read before the
 // wait): merges the chunk
 // lists into the row's 32 largest keys (exact: every one of them is among
-// its chunk's 32; the same cut and ranking, over the chunks' heads), M = the largest, se = sum_c exp(m_c - M) * s_c (NaN
+// its chunk's 32; select_top over the chunks' heads), M = the largest,
+// se = sum_c exp(m_c - M) * s_c (NaN
 // exactly where sample_rows' sum is NaN: a NaN logit, or M infinite), and
 // then, on one warp, the 32 candidates' weights w = weight_of(l, m, 1/T):
 // eligible (w > 0, w >= min_p) ones ranked by (w desc, id asc), the top-k
@@ -733,7 +735,7 @@ __device__ __forceinline__ bool fast_row(const SampleRow& sp) {
 // SAMPLE_FAST_THREADS ids.
 static_assert(SAMPLE_FAST_HELD >= 1 && SAMPLE_FAST_HELD <= 32, "SAMPLE_FAST_HELD: 1..32 keys in registers");
 
-// Candidate slots of a selection: the running top, then at most
+// Candidate slots of a chunk's selection: the running top, then at most
 // SAMPLE_FAST_KEEP threads' SAMPLE_FAST_HELD keys (select_top's bound).
 #define SAMPLE_FAST_CAND (SAMPLE_FAST_KEEP * (SAMPLE_FAST_HELD + 1))
 
@@ -767,12 +769,43 @@ __device__ void rank_candidates(const u64* cand, int n, u64* top) {
     }
 }
 
-struct FastChunkSmem {
-    u64 maxes[SAMPLE_FAST_THREADS];   // each thread's largest key of the segment
-    u64 cand[SAMPLE_FAST_CAND];
-    u64 top[SAMPLE_FAST_KEEP];
+// The scratch of select_top: OFFERS offered values, CAND candidate slots.
+template <int OFFERS, int CAND>
+struct SelectSmem {
+    u64 offers[OFFERS];
+    u64 cand[CAND];
     u64 cut;
     int ncand;
+};
+
+// top[0..SAMPLE_FAST_KEEP) = the SAMPLE_FAST_KEEP largest of the keys the
+// block's threads hold (N each, 0 = none; distinct where non-zero) and, when
+// `running`, of the keys top holds already; largest first, 0 = empty. Every
+// key of that top is at or above the cut, the SAMPLE_FAST_KEEP-th largest
+// of the values threads 0..OFFERS-1 offer (each a held key: its thread's
+// largest, or a sorted list's head), so only the keys at or above the cut
+// are ranked; the caller bounds how many there can be by CAND. Every thread
+// calls it; it syncs before returning.
+template <int N, int OFFERS, int CAND>
+__device__ void select_top(const u64 (&held)[N], u64 offer, bool running, SelectSmem<OFFERS, CAND>& s, u64* top) {
+    // The running top leads the candidates (read before the barrier inside
+    // kth_largest; zeroed after it for the ranking).
+    if (running && threadIdx.x < SAMPLE_FAST_KEEP) s.cand[threadIdx.x] = top[threadIdx.x];
+    if (threadIdx.x == 0) s.ncand = running ? SAMPLE_FAST_KEEP : 0;
+    kth_largest(offer, OFFERS, s.offers, &s.cut);
+    const u64 cut = s.cut;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+        if (held[e] != 0ull && held[e] >= cut) s.cand[atomicAdd(&s.ncand, 1)] = held[e];
+    if (threadIdx.x < SAMPLE_FAST_KEEP) top[threadIdx.x] = 0ull;
+    __syncthreads();
+    rank_candidates(s.cand, s.ncand, top);
+    __syncthreads();
+}
+
+struct FastChunkSmem {
+    SelectSmem<SAMPLE_FAST_THREADS, SAMPLE_FAST_CAND> sel;   // offers: each thread's largest key of the segment
+    u64 top[SAMPLE_FAST_KEEP];
     double red[SAMPLE_WARPS];
 };
 
@@ -787,6 +820,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_ch
     const int vocab = row_vocab(sp, p.vocab);
     const int len = (vocab + SAMPLE_FAST_CHUNKS - 1) / SAMPLE_FAST_CHUNKS;
     const int lo = min(vocab, c * len), hi = min(vocab, lo + len);
+    // Zero until a segment ranks into it (an empty chunk keeps it so).
     for (int j = threadIdx.x; j < SAMPLE_FAST_KEEP; j += blockDim.x) sm.top[j] = 0ull;
     // Per segment: every key in registers (all loads in flight at once),
     // then a cut no key of the top can be below: the 32nd largest of the
@@ -802,21 +836,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_ch
             key[e] = i < hi ? logit_key(penalised(row, sp, i), i) : 0ull;
             mk = key[e] > mk ? key[e] : mk;
         }
-        // The running top leads the candidates (read before the barrier
-        // inside kth_largest; zeroed after it for the ranking).
-        if (threadIdx.x < SAMPLE_FAST_KEEP) sm.cand[threadIdx.x] = sm.top[threadIdx.x];
-        if (threadIdx.x == 0) sm.ncand = SAMPLE_FAST_KEEP;
-        kth_largest(mk, blockDim.x, sm.maxes, &sm.cut);
-        const u64 cut = sm.cut;
-        if (mk != 0ull && mk >= cut) {
-#pragma unroll
-            for (int e = 0; e < SAMPLE_FAST_HELD; ++e)
-                if (key[e] != 0ull && key[e] >= cut) sm.cand[atomicAdd(&sm.ncand, 1)] = key[e];
-        }
-        if (threadIdx.x < SAMPLE_FAST_KEEP) sm.top[threadIdx.x] = 0ull;
-        __syncthreads();
-        rank_candidates(sm.cand, sm.ncand, sm.top);
-        __syncthreads();
+        select_top(key, mk, base != lo, sm.sel, sm.top);
     }
     const u64 best = sm.top[0];
     // Second read of the chunk (from L1): the sum needs the chunk's max.
@@ -836,10 +856,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_FAST_THREADS) sample_fast_ch
 }
 
 struct FastSmem {
-    u64 heads[SAMPLE_FAST_CHUNKS];  // each chunk's largest key
-    u64 cand[SAMPLE_FAST_KEEP * SAMPLE_FAST_KEEP];   // select_top's bound
-    u64 cut;
-    int ncand;
+    // Offers: each chunk's head; candidates: at most 32 lists' 32 keys.
+    SelectSmem<SAMPLE_FAST_CHUNKS, SAMPLE_FAST_KEEP * SAMPLE_FAST_KEEP> sel;
     int nf;                         // candidates kept for the draw (0: none)
     u64 top[SAMPLE_FAST_KEEP];      // the row's 32 largest keys, largest first
     double se;
@@ -980,16 +998,7 @@ __device__ __forceinline__ void fast_finish(const SampleParams& p, SampleSmem& s
         held[q] = j < all ? keys[j] : 0ull;
     }
     const u64 head = threadIdx.x < SAMPLE_FAST_CHUNKS ? keys[threadIdx.x * SAMPLE_FAST_KEEP] : 0ull;
-    if (threadIdx.x < SAMPLE_FAST_KEEP) fs.top[threadIdx.x] = 0ull;
-    if (threadIdx.x == 0) fs.ncand = 0;
-    kth_largest(head, SAMPLE_FAST_CHUNKS, fs.heads, &fs.cut);
-    const u64 cut = fs.cut;
-#pragma unroll
-    for (int q = 0; q < per; ++q)
-        if (held[q] != 0ull && held[q] >= cut) fs.cand[atomicAdd(&fs.ncand, 1)] = held[q];
-    __syncthreads();
-    rank_candidates(fs.cand, fs.ncand, fs.top);
-    __syncthreads();
+    select_top(held, head, false, fs.sel, fs.top);
     const u64 best = fs.top[0];   // vocab >= 1: never 0
     const int amax = (int)argmax_key_index(best);
     const float m = penalised(row, sp, amax);
