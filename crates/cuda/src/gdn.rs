@@ -135,6 +135,12 @@ pub const DECODE_THREADS: usize = 16 * DECODE_VCOLS;
 /// GDN_DEC_GROUPS, defined from this).
 pub const DECODE_GROUPS: usize = 4;
 
+/// Tokens a `gdn_prefill_prep` block takes (each warp walks its head over
+/// them, loading each raw input row once); divides `GDN_CHUNK`, so a block
+/// is all real-or-padded rows of one piece.
+pub const PREP_TOKENS: usize = 4;
+const _: () = assert!(GDN_CHUNK.is_multiple_of(PREP_TOKENS));
+
 /// Sequences a chunked-prefill launch takes at once (the piece tables of
 /// gdn.cu's parameter structs); `prefill_pieces` launches more in groups.
 pub const MAX_PIECES: usize = 16;
@@ -341,6 +347,7 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DGDN_STATE_SMEM={}", state_smem(dims)),
         format!("-DGDN_OUT_SMEM={}", out_smem(dims)),
         format!("-DGDN_MAX_PIECES={MAX_PIECES}"),
+        format!("-DGDN_PREP_TOKENS={PREP_TOKENS}"),
         format!("-DGDN_PIECE_BYTES={}", size_of::<PieceDev>()),
         format!("-DGDN_DECODE_PARAMS_BYTES={}", size_of::<GdnDecodeParams>()),
         format!("-DGDN_PREP_PARAMS_BYTES={}", size_of::<GdnPrepParams>()),
@@ -474,6 +481,14 @@ fn prefill_group(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, group: &[
     if !w.conv_w.is_multiple_of(16) {
         return Err(CudaError::shape("gdn_prefill_prep", format!("conv weights at {:#x}: not 16-byte aligned", w.conv_w)));
     }
+    // It reads a lane's adjacent channel pairs of a projection row or a conv
+    // ring entry as one 8-byte load.
+    if !proj_stride.is_multiple_of(2) {
+        return Err(CudaError::shape("gdn_prefill_prep", format!("proj stride {proj_stride}: odd (rows must be 8-byte aligned)")));
+    }
+    if let Some(p) = group.iter().find(|p| !p.proj.is_multiple_of(8) || !p.conv.is_multiple_of(8)) {
+        return Err(CudaError::shape("gdn_prefill_prep", format!("proj at {:#x}, conv ring at {:#x}: not 8-byte aligned", p.proj, p.conv)));
+    }
     let n = group.len() as u32;
     let mut pc = [PieceDev::default(); MAX_PIECES];
     pc[..group.len()].copy_from_slice(group);
@@ -492,7 +507,7 @@ fn prefill_group(gpu: &Gpu, k: &Kernels, dims: &Dims, w: &DeltaNetDev, group: &[
         proj_stride: proj_stride as i32,
         tp: tp as i32,
     };
-    launch(gpu, k, "gdn_prefill_prep", (max_tp as u32, 3, n), (32 * dims.gk_heads) as u32, 0, &prep)?;
+    launch(gpu, k, "gdn_prefill_prep", ((max_tp / PREP_TOKENS) as u32, 3, n), (32 * dims.gk_heads) as u32, 0, &prep)?;
     // z = 1: the captured conv rings (the inputs before each capture
     // point, as a pass of that many tokens leaves them); pieces without a
     // capture return at once.

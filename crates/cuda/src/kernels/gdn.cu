@@ -481,122 +481,231 @@ struct GdnPrepParams {
 };
 GDN_LAYOUT(GdnPrepParams, GDN_PREP_PARAMS_BYTES);
 
+#ifndef GDN_PREP_TOKENS
+#error "GDN_PREP_TOKENS must be defined by the host (gdn.rs)"
+#endif
+static_assert(GDN_CHUNK % GDN_PREP_TOKENS == 0, "a prep block's tokens lie all inside its piece's padded rows or all past them");
+
+// x, y -> bf16x2 hi = (bf16(x), bf16(y)) and lo = the bf16 of what hi misses
+// (the hardware round to nearest even: for finite x the bits of
+// common.cuh's f32_to_bf16, in one instruction for the pair).
+__device__ __forceinline__ void split2(float x, float y, u32& hi, u32& lo) {
+    hi = pack_bf16x2(x, y);
+    lo = pack_bf16x2(x - bf16lo(hi), y - bf16hi(hi));
+}
+
+// A lane's channels of a head (q, k and v alike): in each 64-channel group g
+// the adjacent pair 64 g + 2 l, 64 g + 2 l + 1 (inputs are float2 loads,
+// the taps two float4, the outputs one bf16x2 hi and one lo word or a
+// float2); when GK_DIM is an odd multiple of 32, one more channel in the
+// last 32, 64 PREP_PAIRS + prep_tail(l). Slot s of a lane's arrays is
+// channel 64 (s / 2) + 2 l + (s & 1), the tail slot 2 PREP_PAIRS.
 #define PREP_PER_LANE (GK_DIM / 32)
+#define PREP_PAIRS (GK_DIM / 64)
+#define PREP_TAIL (PREP_PER_LANE - 2 * PREP_PAIRS)
+// Raw input rows a block's conv reads: its tokens and the three before.
+#define PREP_ROWS (GDN_PREP_TOKENS + 3)
 
-// What the conv of one channel at relative token t reads: its four raw
-// inputs (oldest first: t - 3 .. t; a negative token's input comes from
-// the conv ring, which holds the inputs before this call) and taps.
-struct ConvTaps {
-    float x[4];   // raw inputs of t - 3 .. t
-    float w[4];   // conv weights, oldest tap first
-};
+// The tail channel of lane l: sigma(l) = 2 (l & 15) + (l >> 4), the channel
+// whose sum of squares lane l forms (see the l2 norm in gdn_prefill_prep).
+__device__ __forceinline__ int prep_tail(int lane) { return 2 * (lane & 15) + (lane >> 4); }
 
-// Issues the loads of the taps and inputs of channels ch0 + 32 j (j < N)
-// before any is used: a thread's loads are all in flight at once (each was
-// consumed at once before, one DRAM round trip after another: Nsight
-// Compute had half of this kernel's stall samples on long-scoreboard
-// waits). A tap's row (the token's projection row, or its conv-ring entry)
-// is chosen once, so each load is that row plus a constant offset.
-template <int N>
-__device__ __forceinline__ void conv_load(const GdnPrepParams& p, const float* proj, const float* conv, int p0, int t, int ch0,
-                                          ConvTaps (&ct)[N]) {
+// A lane's values of one row of a head: `lp` = its pair of group 0 in that
+// row (the head's channel 2 l), `tail` = its tail channel's offset from lp.
+__device__ __forceinline__ void prep_ld_row(const float* lp, int tail, float (&x)[PREP_PER_LANE]) {
+#pragma unroll
+    for (int g = 0; g < PREP_PAIRS; ++g) {
+        const float2 v = *reinterpret_cast<const float2*>(lp + 64 * g);
+        x[2 * g] = v.x;
+        x[2 * g + 1] = v.y;
+    }
+    if constexpr (PREP_TAIL) x[2 * PREP_PAIRS] = lp[tail];
+}
+
+// A head's conv taps and raw inputs (channel 0 = ch0): X[k] is the row of
+// token t0 - 3 + k, for the three before the block's first token and its
+// nt valid tokens (rows past the piece's last token are not read). A
+// negative token's input comes from the conv ring (entry (p0 + t) & 3), which
+// holds the inputs before this call. All loads are issued before any is
+// used, so a lane's DRAM round trips overlap (consumed one at a time, they
+// had Nsight Compute put half of this kernel's stall samples on
+// long-scoreboard waits).
+__device__ __forceinline__ void prep_load(const GdnPrepParams& p, const float* proj, const float* conv, int p0, int t0, int nt, int ch0,
+                                          int lane, float4 (&w)[PREP_PER_LANE], float (&X)[PREP_ROWS][PREP_PER_LANE]) {
     // A channel's four taps are one 16-byte load (the weights are one
     // 256-byte-aligned [CONV_DIM][4] allocation).
-    const float4* const w = reinterpret_cast<const float4*>(p.conv_w) + ch0;
+    const float4* const w4 = reinterpret_cast<const float4*>(p.conv_w) + ch0 + 2 * lane;
+    const int tail = 64 * PREP_PAIRS + prep_tail(lane) - 2 * lane;
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-        const float4 wj = w[32 * j];
-        ct[j].w[0] = wj.x;
-        ct[j].w[1] = wj.y;
-        ct[j].w[2] = wj.z;
-        ct[j].w[3] = wj.w;
+    for (int g = 0; g < PREP_PAIRS; ++g) {
+        w[2 * g] = w4[64 * g];
+        w[2 * g + 1] = w4[64 * g + 1];
+    }
+    if constexpr (PREP_TAIL) w[2 * PREP_PAIRS] = w4[tail];
+    // Row k at lp + (k - 3) stride (lp: the block's first token), one 64-bit
+    // add a row; only a piece's first block (t0 < 3) has rows in the ring.
+    const ptrdiff_t stride = p.proj_stride;
+    const float* lp = proj + t0 * stride + ch0 + 2 * lane;
+    const float* const lc = conv + ch0 + 2 * lane;
+    if (t0 < 3) {
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            const int tt = t0 - 3 + k;
+            prep_ld_row(tt < 0 ? lc + ((p0 + tt) & 3) * CONV_DIM : lp - (3 - k) * stride, tail, X[k]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 3; ++k) prep_ld_row(lp - (3 - k) * stride, tail, X[k]);
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const int tt = t - 3 + k;
-        const float* const row = (tt >= 0 ? proj + (size_t)tt * p.proj_stride : conv + ((p0 + tt) & 3) * CONV_DIM) + ch0;
-#pragma unroll
-        for (int j = 0; j < N; ++j) ct[j].x[k] = row[32 * j];
+    for (int k = 3; k < PREP_ROWS; ++k, lp += stride) {
+        if (k - 3 >= nt) break;
+        prep_ld_row(lp, tail, X[k]);
     }
 }
 
-__device__ __forceinline__ float conv_apply(const ConvTaps& c) {
-    float y = c.w[3] * c.x[3];
-    y = fmaf(c.w[2], c.x[2], y);
-    y = fmaf(c.w[1], c.x[1], y);
-    y = fmaf(c.w[0], c.x[0], y);
+// Conv of one channel over raw inputs x0 .. x3 (oldest first) and silu.
+__device__ __forceinline__ float conv_silu(const float4& w, float x0, float x1, float x2, float x3) {
+    float y = w.w * x3;
+    y = fmaf(w.z, x2, y);
+    y = fmaf(w.y, x1, y);
+    y = fmaf(w.x, x0, y);
     return siluf_(y);
 }
 
-// grid (the longest piece's padded tokens, 3, pieces), block 32 *
-// GK_HEADS. Block (t, part, i): token t of piece i, scratch row r = c0 * C +
-// t. blockIdx.y: 0 = q, 1 = k (warp = key head, with its l2 norm; written as
-// split rows for the tensor cores), 2 = v (warps stride over value heads)
-// plus the gates. Padded tokens (T <= t < its chunks' end) get zeros, which
-// add nothing to the state.
-extern "C" __global__ void gdn_prefill_prep(const __grid_constant__ GdnPrepParams p) {
+// grid (the longest piece's padded tokens / GDN_PREP_TOKENS, 3, pieces),
+// block 32 * GK_HEADS. Block (b, part, i): tokens t0 = b GDN_PREP_TOKENS ..
+// t0 + GDN_PREP_TOKENS - 1 of piece i, scratch rows c0 * C + t. blockIdx.y:
+// 0 = q, 1 = k (warp = key head, with its l2 norm; written as split rows for
+// the tensor cores), 2 = v (warps stride over value heads) plus the gates. A
+// warp walks its head's tokens in order over one window of raw input rows
+// (each row loaded once, the taps once a head), which spreads the block's
+// address setup over its tokens. Lanes hold channel pairs (PREP_PER_LANE).
+// Padded tokens (T <= t < its chunks' end) get zeros, which add nothing to
+// the state; GDN_PREP_TOKENS divides C, so a block never spans two pieces'
+// rows. At most 64 registers, so that 1024 threads share an SM (with the
+// window's loads all in flight ptxas took 92 unbounded: one 512-thread
+// block an SM).
+extern "C" __global__ void __launch_bounds__(32 * GK_HEADS, 32 / GK_HEADS) gdn_prefill_prep(const __grid_constant__ GdnPrepParams p) {
     const GdnPiece& pc = p.pc[blockIdx.z];
-    const int t = blockIdx.x, part = blockIdx.y;
+    const int t0 = blockIdx.x * GDN_PREP_TOKENS, part = blockIdx.y;
     const int T = pc.T;
-    if (t >= (T + GDN_CHUNK - 1) / GDN_CHUNK * GDN_CHUNK) return;
+    if (t0 >= (T + GDN_CHUNK - 1) / GDN_CHUNK * GDN_CHUNK) return;
     const float* const proj = pc.proj;
     const float* const conv = pc.conv;
     const int p0 = pc.p0;
-    const int r = pc.c0 * GDN_CHUNK + t;
+    const int r0 = pc.c0 * GDN_CHUNK + t0;
+    const int nt = T - t0;  // tokens i < nt are real, the rest padding (nt may be <= 0)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (part < 2) {
-        bf16* out = (part == 0 ? p.q : p.k) + ((size_t)warp * p.Tp + r) * 2 * GK_DIM;
-        if (t >= T) {
+        bf16* const out = (part == 0 ? p.q : p.k) + ((size_t)warp * p.Tp + r0) * 2 * GK_DIM;
+        float4 w[PREP_PER_LANE];
+        float X[PREP_ROWS][PREP_PER_LANE];
+        if (nt > 0) prep_load(p, proj, conv, p0, t0, nt, part * GDN_KEY + warp * GK_DIM, lane, w, X);
+        const bool low = lane < 16;
 #pragma unroll
-            for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = out[GK_DIM + lane + 32 * j] = 0;
-            return;
+        for (int i = 0; i < GDN_PREP_TOKENS; ++i) {
+            if (i >= nt) break;
+            bf16* const o = out + (size_t)i * 2 * GK_DIM;
+            u32* const o32 = reinterpret_cast<u32*>(o);
+            float y[PREP_PER_LANE];
+#pragma unroll
+            for (int s = 0; s < PREP_PER_LANE; ++s) y[s] = conv_silu(w[s], X[i][s], X[i + 1][s], X[i + 2][s], X[i + 3][s]);
+            // The sum of squares in exactly the order of one channel a lane
+            // (lane m: channels m + 32 j, j ascending, an fma chain from 0,
+            // then warp_sum), so the norm's bits do not depend on the layout.
+            // In group g lane l < 16 holds j = 2g of m = 2l and 2l + 1, lane
+            // l + 16 j = 2g + 1 of the same two; the halves swap one value
+            // each, so lane l chains m = sigma(l) = 2 (l & 15) + (l >> 4)
+            // (the tail channel is sigma(l) too), and the butterfly pairs
+            // lanes in warp_sum's order of m's bits: m ^ 16, 8, 4, 2, 1 is
+            // l ^ 8, 4, 2, 1, 16 (a + b == b + a, so every lane ends with
+            // the same sum).
+            float ss = 0.f;
+#pragma unroll
+            for (int g = 0; g < PREP_PAIRS; ++g) {
+                const float got = __shfl_xor_sync(FULL_MASK, low ? y[2 * g + 1] : y[2 * g], 16);
+                const float e0 = low ? y[2 * g] : got, e1 = low ? got : y[2 * g + 1];
+                ss = fmaf(e0, e0, ss);
+                ss = fmaf(e1, e1, ss);
+            }
+            if constexpr (PREP_TAIL) ss = fmaf(y[2 * PREP_PAIRS], y[2 * PREP_PAIRS], ss);
+            ss += __shfl_xor_sync(FULL_MASK, ss, 8);
+            ss += __shfl_xor_sync(FULL_MASK, ss, 4);
+            ss += __shfl_xor_sync(FULL_MASK, ss, 2);
+            ss += __shfl_xor_sync(FULL_MASK, ss, 1);
+            ss += __shfl_xor_sync(FULL_MASK, ss, 16);
+            // rsqrtf's bits without its guard for a subnormal argument
+            // (ss + 1e-6 is normal; both are MUFU.RSQ of it).
+            float rn;
+            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rn) : "f"(ss + 1e-6f));
+            if (part == 0) rn *= rsqrtf((float)GK_DIM);
+#pragma unroll
+            for (int g = 0; g < PREP_PAIRS; ++g) {
+                u32 hi, lo;
+                split2(y[2 * g] * rn, y[2 * g + 1] * rn, hi, lo);
+                o32[32 * g + lane] = hi;
+                o32[GK_DIM / 2 + 32 * g + lane] = lo;
+            }
+            if constexpr (PREP_TAIL) {
+                u32 hi, lo;
+                split2(y[2 * PREP_PAIRS] * rn, 0.f, hi, lo);
+                o[64 * PREP_PAIRS + prep_tail(lane)] = (bf16)hi;
+                o[GK_DIM + 64 * PREP_PAIRS + prep_tail(lane)] = (bf16)lo;
+            }
         }
-        ConvTaps ct[PREP_PER_LANE];
-        conv_load(p, proj, conv, p0, t, part * GDN_KEY + warp * GK_DIM + lane, ct);
-        float y[PREP_PER_LANE];
-        float ss = 0.f;
+        // Padded rows: a split row of GK_DIM is GK_DIM 32-bit words.
+        if (nt < GDN_PREP_TOKENS) {
+            u32* const o32 = reinterpret_cast<u32*>(out);
+            for (int i = max(nt, 0); i < GDN_PREP_TOKENS; ++i) {
 #pragma unroll
-        for (int j = 0; j < PREP_PER_LANE; ++j) {
-            y[j] = conv_apply(ct[j]);
-            ss += y[j] * y[j];
-        }
-        ss = warp_sum(ss);
-        float rn = rsqrtf(ss + 1e-6f);
-        if (part == 0) rn *= rsqrtf((float)GK_DIM);
-#pragma unroll
-        for (int j = 0; j < PREP_PER_LANE; ++j) {
-            const float x = y[j] * rn;
-            const bf16 hi = f32_to_bf16(x);
-            out[lane + 32 * j] = hi;
-            out[GK_DIM + lane + 32 * j] = f32_to_bf16(x - bf16_to_f32(hi));
+                for (int j = 0; j < PREP_PER_LANE; ++j) o32[i * GK_DIM + lane + 32 * j] = 0u;
+            }
         }
     } else {
         for (int hh = warp; hh < GV_HEADS; hh += nw) {
-            float* out = p.vv + ((size_t)hh * p.Tp + r) * GV_DIM;
-            if (t < T) {
-                ConvTaps ct[PREP_PER_LANE];
-                conv_load(p, proj, conv, p0, t, 2 * GDN_KEY + hh * GV_DIM + lane, ct);
+            float* const out = p.vv + ((size_t)hh * p.Tp + r0) * GV_DIM;
+            float4 w[PREP_PER_LANE];
+            float X[PREP_ROWS][PREP_PER_LANE];
+            if (nt > 0) prep_load(p, proj, conv, p0, t0, nt, 2 * GDN_KEY + hh * GV_DIM, lane, w, X);
 #pragma unroll
-                for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = conv_apply(ct[j]);
-            } else {
+            for (int i = 0; i < GDN_PREP_TOKENS; ++i) {
+                if (i >= nt) break;
+                float* const o = out + (size_t)i * GV_DIM;
 #pragma unroll
-                for (int j = 0; j < PREP_PER_LANE; ++j) out[lane + 32 * j] = 0.f;
+                for (int g = 0; g < PREP_PAIRS; ++g) {
+                    const int s = 2 * g;
+                    *reinterpret_cast<float2*>(o + 64 * g + 2 * lane) =
+                        make_float2(conv_silu(w[s], X[i][s], X[i + 1][s], X[i + 2][s], X[i + 3][s]),
+                                    conv_silu(w[s + 1], X[i][s + 1], X[i + 1][s + 1], X[i + 2][s + 1], X[i + 3][s + 1]));
+                }
+                if constexpr (PREP_TAIL) {
+                    const int s = 2 * PREP_PAIRS;
+                    o[64 * PREP_PAIRS + prep_tail(lane)] = conv_silu(w[s], X[i][s], X[i + 1][s], X[i + 2][s], X[i + 3][s]);
+                }
+            }
+            if (nt < GDN_PREP_TOKENS) {
+                for (int i = max(nt, 0); i < GDN_PREP_TOKENS; ++i) {
+#pragma unroll
+                    for (int j = 0; j < PREP_PER_LANE; ++j) out[i * GV_DIM + lane + 32 * j] = 0.f;
+                }
             }
         }
-        // The gates, a head a thread (lane 0 of each warp took its heads'
-        // gates one after another while its other 31 lanes waited: ~60
-        // instructions of expf, log1pf and a division a head, a sixth of
+        // The gates, a (token, head) a thread (lane 0 of each warp took its
+        // heads' gates one after another while its other 31 lanes waited:
+        // ~60 instructions of expf, log1pf and a division a head, a sixth of
         // this part's issue slots).
-        for (int hh = threadIdx.x; hh < GV_HEADS; hh += blockDim.x) {
+        for (unsigned e = threadIdx.x; e < GDN_PREP_TOKENS * GV_HEADS; e += blockDim.x) {
+            const int hh = e % GV_HEADS, i = e / GV_HEADS;
             float g = 0.f, beta = 0.f;
-            if (t < T) {
-                const float* pr = proj + (size_t)t * p.proj_stride;
+            if (i < nt) {
+                const float* pr = proj + (size_t)(t0 + i) * p.proj_stride;
                 const float a = pr[CONV_DIM + GDN_VAL + hh], b = pr[CONV_DIM + GDN_VAL + GV_HEADS + hh];
                 g = -expf(p.a_log[hh]) * softplusf_(a + p.dt_bias[hh]);
                 beta = sigmoidf_(b);
             }
-            p.gg[(size_t)hh * p.Tp + r] = g;
-            p.bb[(size_t)hh * p.Tp + r] = beta;
+            p.gg[(size_t)hh * p.Tp + r0 + i] = g;
+            p.bb[(size_t)hh * p.Tp + r0 + i] = beta;
         }
     }
 }
@@ -627,12 +736,8 @@ extern "C" __global__ void gdn_conv_store(const __grid_constant__ GdnConvStorePa
 }
 
 // ---- split-precision tensor-core helpers (one warp each) --------------------
-
-// x, y -> bf16x2 hi = (bf16(x), bf16(y)) and lo = the bf16 of what hi misses.
-__device__ __forceinline__ void split2(float x, float y, u32& hi, u32& lo) {
-    hi = pack_bf16x2(x, y);
-    lo = pack_bf16x2(x - bf16lo(hi), y - bf16hi(hi));
-}
+// (split2, a pair of floats -> hi and lo bf16x2 words, is above, with
+// gdn_prefill_prep.)
 
 // Four consecutive floats -> split row at `dst` (hi) and `dst + n` (lo).
 __device__ __forceinline__ void st_split4(bf16* dst, int n, float x0, float x1, float x2, float x3) {
