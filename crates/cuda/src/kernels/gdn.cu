@@ -564,13 +564,40 @@ __device__ __forceinline__ void prep_load(const GdnPrepParams& p, const float* p
     }
 }
 
+// silu for gdn_prefill_prep (common.cuh's siluf_, which the other kernels
+// use, stays exact): x / (1 + 2^(-x log2 e)) on the special-function unit,
+// five instructions (FMUL, MUFU.EX2, FADD, MUFU.RCP, FMUL) where expf and the
+// IEEE division take ~20 and a slow-path call. ex2.approx.ftz is __expf's
+// exponential without the fix-up of subnormal results that __expf gets
+// without -ftz (three more instructions; 1 + e absorbs such an e anyway);
+// __fdividef is a reciprocal and a multiply.
+// Any finite x gives a finite result: x > 87.3 flushes e to 0 (the result
+// is x); x < -88.7 makes e = inf and x * rcp(inf) = -0, silu's limit
+// (silu(-89) is -2e-37); in between, 1 + e in [2^126, 2^128) and the
+// reciprocal underflows, so the result is 0 or about -1e-36, again within
+// 1e-36 of silu.
+// Error, from the documented bounds (not yet measured on the GPU): e to
+// (2 + 1.17 |x|) ulp (__expf's bound: the rounding of x log2 e, amplified by
+// |x|), __fdividef to 2 ulp, the add half an ulp, so silu to about
+// (e / (1 + e)) (2 + 1.17 |x|) + 2.5 ulp: at most ~3.5 ulp (4e-7) for x >= 0;
+// for x < 0 the relative error grows with |x| (~14 ulp at x = -10) while
+// silu shrinks like x e^x, so the absolute error stays under ~2e-7. Against
+// the tests' 1e-4 gate on the prefill that is noise; the prefill's q, k, v
+// are no longer the bits of the decode step's (siluf_), which no test
+// compares bit for bit.
+__device__ __forceinline__ float silu_fast(float x) {
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
+    return __fdividef(x, 1.f + e);
+}
+
 // Conv of one channel over raw inputs x0 .. x3 (oldest first) and silu.
 __device__ __forceinline__ float conv_silu(const float4& w, float x0, float x1, float x2, float x3) {
     float y = w.w * x3;
     y = fmaf(w.z, x2, y);
     y = fmaf(w.y, x1, y);
     y = fmaf(w.x, x0, y);
-    return siluf_(y);
+    return silu_fast(y);
 }
 
 // grid (the longest piece's padded tokens / GDN_PREP_TOKENS, 3, pieces),
