@@ -34,8 +34,10 @@ struct AttnPrepParams {
     proj_stride: i32,
     bt_stride: i32,
     eps: f32,
+    ntok: i32,
 }
-// SAFETY: plain-old-data mirroring `AttnPrepParams` in attention.cu.
+// SAFETY: plain-old-data mirroring `AttnPrepParams` in attention.cu (size
+// checked there against `defines`).
 unsafe impl DeviceRepr for AttnPrepParams {}
 
 /// A layer's KV cache and the block tables that index it.
@@ -55,6 +57,9 @@ pub enum QOut {
     F32(u64),
     F16(u64),
 }
+
+/// Warps of an `attn_prep` block, each one (token, head).
+const ATTN_PREP_WARPS: usize = 8;
 
 /// Norms, rotates and stores q/k/v of `ntok` tokens (positions `pos`, slots `slot`).
 #[allow(clippy::too_many_arguments)]
@@ -97,9 +102,11 @@ pub fn prep(
         proj_stride: proj_stride as i32,
         bt_stride: kv.bt_stride as i32,
         eps: dims.rms_eps,
+        ntok: i32::try_from(ntok).map_err(|_| CudaError::shape("attn_prep", format!("{ntok} tokens")))?,
     };
-    let grid = (dims.a_heads + 2 * dims.a_kv_heads) as u32;
-    launch(gpu, k, "attn_prep", (grid, ntok as u32, 1), dims.a_head_dim as u32, 0, &p)
+    // A warp an item (token, head): the queries, the K heads, the V heads.
+    let items = ntok * (dims.a_heads + 2 * dims.a_kv_heads);
+    launch(gpu, k, "attn_prep", (items.div_ceil(ATTN_PREP_WARPS) as u32, 1, 1), (32 * ATTN_PREP_WARPS) as u32, 0, &p)
 }
 
 #[repr(C)]
@@ -289,7 +296,11 @@ unsafe impl DeviceRepr for AttnPrefillParams {}
 
 /// The layout sizes attention.cu checks against these mirrors.
 pub fn defines() -> Vec<String> {
-    vec![format!("-DATTN_PREFILL_PARAMS_SIZE={}", std::mem::size_of::<AttnPrefillParams>())]
+    vec![
+        format!("-DATTN_PREFILL_PARAMS_SIZE={}", std::mem::size_of::<AttnPrefillParams>()),
+        format!("-DATTN_PREP_PARAMS_SIZE={}", std::mem::size_of::<AttnPrepParams>()),
+        format!("-DATT_PREP_WARPS={ATTN_PREP_WARPS}"),
+    ]
 }
 
 /// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
