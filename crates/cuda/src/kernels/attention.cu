@@ -888,7 +888,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL_MASK, mx[r], 2));
             const float m_new = fmaxf(m_r[r], mx[r]);
-            alpha[r] = exp2f((m_r[r] - m_new) * sl2);   // 0 on tile 0
+            alpha[r] = exp2_ftz((m_r[r] - m_new) * sl2);   // 0 on tile 0
             m_r[r] = m_new;
             msc[r] = m_new * sl2;
         }
@@ -898,11 +898,12 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             float e[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                e[k] = exp2f(fmaf(s[4 * nf + k], sl2, -msc[k >> 1]));   // masked: exp2(-inf) = 0
+                e[k] = exp2_ftz(fmaf(s[4 * nf + k], sl2, -msc[k >> 1]));   // masked: exp2(-inf) = 0
                 rs[k >> 1] += e[k];
             }
-            pa[nf][0] = pack_f16x2(e[0], e[1]);
-            pa[nf][1] = pack_f16x2(e[2], e[3]);
+            // e in [0, 1]: no clamps needed (the same bits as pack_f16x2).
+            pa[nf][0] = pack_f16x2_sat(e[0], e[1]);
+            pa[nf][1] = pack_f16x2_sat(e[2], e[3]);
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

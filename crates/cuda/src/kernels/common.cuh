@@ -91,6 +91,24 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+// Two f32 into one f16x2 word (lo in the low half), saturated to +-65504:
+// pack_f16x2 in one instruction (cvt's .satfinite instead of two clamps per
+// value). Identical for every value but NaN, which stays NaN here (a NaN
+// scale or bias; pack_f16x2 would give -65504).
+__device__ __forceinline__ u32 pack_f16x2_sat(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// 2^x on the special-function unit with denormal results flushed to 0:
+// exp2f adds a range check and two multiplies a call to produce them. For
+// attention's probabilities a result below 2^-126 is lost anyway: P is
+// rounded to fp16, and each row sum already holds its maximum's 1.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 __device__ __forceinline__ float f16lo(u32 w) { return f16_to_f32((f16)(w & 0xffffu)); }
 __device__ __forceinline__ float f16hi(u32 w) { return f16_to_f32((f16)(w >> 16)); }
 

@@ -213,16 +213,6 @@ __device__ __forceinline__ u32 dq4_bias2(float b) {
     return r;
 }
 
-// Two f32 into one f16x2 word (lo in the low half), saturated to +-65504:
-// pack_f16x2 in one instruction (cvt's .satfinite instead of two clamps per
-// value). Identical for every value but NaN, which stays NaN here (a NaN
-// scale or bias; pack_f16x2 would give -65504).
-__device__ __forceinline__ u32 gm_pack_f16x2_sat(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 // 16-byte global -> shared copy to a 32-bit shared address, zeros instead
 // of the source when !ok.
 __device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
@@ -387,7 +377,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                     for (int k = 0; k < 2; ++k) {
                         const float lo = fmaf(wsc, byte_to_f32(wv[j], 2 * k), wbi);
                         const float hi = fmaf(wsc, byte_to_f32(wv[j], 2 * k + 1), wbi);
-                        packed[j * 2 + k] = gm_pack_f16x2_sat(lo, hi);
+                        packed[j * 2 + k] = pack_f16x2_sat(lo, hi);
                     }
                 }
             }
