@@ -209,45 +209,53 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log
 
 #define EXPERTS_PER_LANE ((N_EXPERTS + 31) / 32)
 
+// A float's order as an unsigned key (larger float, larger key), -0 as +0
+// so that they tie as floats do, NaN below every number (key 0, as a
+// removed expert): for the warp's max by redux.sync.
+__device__ __forceinline__ u32 topk_key(float f) {
+    if (f != f) return 0u;
+    const u32 u = __float_as_uint(f + 0.f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float topk_value(u32 key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
 // Top-k of one token's router logits by one warp. Lane l holds experts
-// l, l + 32, ...; TOPK rounds of a warp argmax. Writes idx[TOPK] and the
-// renormalised weights w[TOPK] (lane 0 writes).
+// l, l + 32, ...; TOPK rounds, each the warp's largest key by one
+// redux.sync (max) and, among the experts holding it, the lowest index by
+// a second (min): the same choice as a float argmax with ties to the lower
+// index, in two reductions where a shuffle butterfly took five dependent
+// steps of two shuffles. Writes idx[TOPK] and the renormalised weights
+// w[TOPK] (lane 0 writes).
 __device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int* idx, float* w) {
     const int lane = threadIdx.x & 31;
-    float v[EXPERTS_PER_LANE];
+    u32 key[EXPERTS_PER_LANE];
 #pragma unroll
     for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
         const int e = lane + 32 * i;
-        v[i] = e < N_EXPERTS ? logits[e] : NEG_INF;
+        key[i] = e < N_EXPERTS ? topk_key(logits[e]) : 0u;
     }
     float sel_v[TOPK];
     int sel_i[TOPK];
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) {
-        float bv = NEG_INF;
-        int bi = 0x7fffffff;
+        u32 best = 0u;
 #pragma unroll
-        for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
-            const int e = lane + 32 * i;
-            if (e < N_EXPERTS && (v[i] > bv || (v[i] == bv && e < bi))) {
-                bv = v[i];
-                bi = e;
-            }
-        }
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i) best = max(best, key[i]);
+        best = __reduce_max_sync(FULL_MASK, best);
+        // This lane's lowest expert holding it (only real experts: with
+        // every key 0, i.e. NaN or removed, the index stays in range).
+        u32 mine = 0xFFFFFFFFu;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-            const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        sel_v[k] = bv;
+        for (int i = EXPERTS_PER_LANE - 1; i >= 0; --i)
+            if (key[i] == best && lane + 32 * i < N_EXPERTS) mine = (u32)(lane + 32 * i);
+        const int bi = (int)__reduce_min_sync(FULL_MASK, mine);
+        sel_v[k] = topk_value(best);
         sel_i[k] = bi;
 #pragma unroll
         for (int i = 0; i < EXPERTS_PER_LANE; ++i)
-            if (lane + 32 * i == bi) v[i] = NEG_INF;
+            if (lane + 32 * i == bi) key[i] = 0u;
     }
     if (lane == 0) {
         // softmax over all experts then renormalising the top k equals a
