@@ -227,7 +227,8 @@ __device__ __forceinline__ float topk_value(u32 key) {
 // a second (min): the same choice as a float argmax with ties to the lower
 // index, in two reductions where a shuffle butterfly took five dependent
 // steps of two shuffles. Writes idx[TOPK] and the renormalised weights
-// w[TOPK] (lane 0 writes).
+// w[TOPK] (lane k writes entry k: the caller syncs the warp before reading
+// them from other lanes).
 __device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int* idx, float* w) {
     const int lane = threadIdx.x & 31;
     u32 key[EXPERTS_PER_LANE];
@@ -236,9 +237,10 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int*
         const int e = lane + 32 * i;
         key[i] = e < N_EXPERTS ? topk_key(logits[e]) : 0u;
     }
-    float sel_v[TOPK];
-    int sel_i[TOPK];
-#pragma unroll
+    // Lane k keeps the k-th choice (a register each, not TOPK a lane).
+    float my_v = 0.f;
+    int my_i = 0;
+#pragma unroll 1
     for (int k = 0; k < TOPK; ++k) {
         u32 best = 0u;
 #pragma unroll
@@ -251,27 +253,25 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int*
         for (int i = EXPERTS_PER_LANE - 1; i >= 0; --i)
             if (key[i] == best && lane + 32 * i < N_EXPERTS) mine = (u32)(lane + 32 * i);
         const int bi = (int)__reduce_min_sync(FULL_MASK, mine);
-        sel_v[k] = topk_value(best);
-        sel_i[k] = bi;
+        if (lane == k) {
+            my_v = topk_value(best);
+            my_i = bi;
+        }
 #pragma unroll
         for (int i = 0; i < EXPERTS_PER_LANE; ++i)
             if (lane + 32 * i == bi) key[i] = 0u;
     }
-    if (lane == 0) {
-        // softmax over all experts then renormalising the top k equals a
-        // softmax over the k selected logits; sel_v[0] is their maximum.
-        float tot = 0.f;
-        float e[TOPK];
+    // softmax over all experts then renormalising the top k equals a
+    // softmax over the k selected logits; choice 0 is their maximum. Lane k
+    // takes e_k, every lane sums them in choice order (the same operations
+    // as one lane computing all TOPK), lane k writes choice k.
+    const float e = expf(my_v - __shfl_sync(FULL_MASK, my_v, 0));
+    float tot = 0.f;
 #pragma unroll
-        for (int k = 0; k < TOPK; ++k) {
-            e[k] = expf(sel_v[k] - sel_v[0]);
-            tot += e[k];
-        }
-#pragma unroll
-        for (int k = 0; k < TOPK; ++k) {
-            idx[k] = sel_i[k];
-            w[k] = e[k] / tot;
-        }
+    for (int k = 0; k < TOPK; ++k) tot += __shfl_sync(FULL_MASK, e, k);
+    if (lane < TOPK) {
+        idx[lane] = my_i;
+        w[lane] = e / tot;
     }
 }
 
