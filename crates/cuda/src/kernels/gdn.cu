@@ -567,7 +567,7 @@ __device__ __forceinline__ void prep_load(const GdnPrepParams& p, const float* p
 // silu for gdn_prefill_prep (common.cuh's siluf_, which the other kernels
 // use, stays exact): x / (1 + 2^(-x log2 e)) on the special-function unit,
 // five instructions (FMUL, MUFU.EX2, FADD, MUFU.RCP, FMUL) where expf and the
-// IEEE division take ~20 and a slow-path call. ex2.approx.ftz is __expf's
+// IEEE division take ~20 and a slow-path call. ex2.approx.ftz (exp2_ftz, common.cuh) is __expf's
 // exponential without the fix-up of subnormal results that __expf gets
 // without -ftz (three more instructions; 1 + e absorbs such an e anyway);
 // __fdividef is a reciprocal and a multiply.
@@ -586,9 +586,7 @@ __device__ __forceinline__ void prep_load(const GdnPrepParams& p, const float* p
 // are no longer the bits of the decode step's (siluf_), which no test
 // compares bit for bit.
 __device__ __forceinline__ float silu_fast(float x) {
-    float e;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
-    return __fdividef(x, 1.f + e);
+    return __fdividef(x, 1.f + exp2_ftz(x * -1.4426950408889634f));
 }
 
 // Conv of one channel over raw inputs x0 .. x3 (oldest first) and silu.
