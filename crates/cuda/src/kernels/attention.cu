@@ -123,10 +123,12 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_PREP_WARPS) attn_prep(cons
     const float* pr = p.proj + (size_t)t * p.proj_stride;
     const int blk = p.block_table[(size_t)p.slot[t] * p.bt_stride + ps / KV_BLOCK];
     const int row = ps % KV_BLOCK;
+    // This lane's first element of KV head g's row of this token in a cache.
+    auto cache_row = [&](int g) { return (((size_t)blk * A_KV_HEADS + g) * KV_BLOCK + row) * HD + lane; };
     if (head >= A_HEADS + A_KV_HEADS) {
         const int g = head - A_HEADS - A_KV_HEADS;
         const float* v = pr + A_QPROJ + A_KVDIM + g * HD + lane;
-        f16* out = p.vcache + (((size_t)blk * A_KV_HEADS + g) * KV_BLOCK + row) * HD + lane;
+        f16* out = p.vcache + cache_row(g);
         float x[AP_PER];
 #pragma unroll
         for (int j = 0; j < AP_PER; ++j) x[j] = v[32 * j];
@@ -176,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_PREP_WARPS) attn_prep(cons
             if (p.q_f16 != nullptr) p.q_f16[qi + 32 * j] = f32_to_f16(y[j]);
         }
     } else {
-        f16* out = p.kcache + (((size_t)blk * A_KV_HEADS + (head - A_HEADS)) * KV_BLOCK + row) * HD + lane;
+        f16* out = p.kcache + cache_row(head - A_HEADS);
 #pragma unroll
         for (int j = 0; j < AP_PER; ++j) out[32 * j] = f32_to_f16(y[j]);
     }
@@ -836,10 +838,9 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     };
     float s[PF_NF * 4];
     // S = Q K(kb)^T, issued (not waited). Each k16 step's descriptors are
-    // the tile's first plus the step's offset >> 4: every shared address is
-    // below 2^18, so the sum stays inside the address field and equals
-    // wg_desc_sw128 of the step's address (built from the address, ~13
-    // instructions a step, ~200 a warp a KV tile; now ~7).
+    // the tile's first advanced by the step's offset (wg_desc_advance: ~7
+    // instructions a step where building each took ~13, ~200 a warp a KV
+    // tile).
     const unsigned long long q_desc = wg_desc_sw128(q_base);
     auto issue_s = [&](int kb) {
         const unsigned long long k_desc = wg_desc_sw128(smem_u32(k_stage(kb)));
@@ -847,8 +848,8 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             const u32 off = (u32)((ks & 3) * 32);   // a k16 step within the 128-byte atom row
-            const unsigned long long da = q_desc + (((ks >> 2) * (PF_ROWS * 128) + off) >> 4);
-            const unsigned long long db = k_desc + (((ks >> 2) * (PF_BN * 128) + off) >> 4);
+            const unsigned long long da = wg_desc_advance(q_desc, (ks >> 2) * (PF_ROWS * 128) + off);
+            const unsigned long long db = wg_desc_advance(k_desc, (ks >> 2) * (PF_BN * 128) + off);
             wgmma_ss_m64n64(s, da, db, ks > 0);
         }
         wgmma_commit();

@@ -356,6 +356,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32
 __device__ __forceinline__ unsigned long long wg_desc_sw128(u32 saddr) {
     return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
+// wg_desc_sw128 of the address `bytes` past `desc`'s: shared addresses are
+// below 2^18, so the sum stays inside the 14-bit address field (no carry
+// into the other fields) and one add replaces building a descriptor from
+// the address (~13 instructions a wgmma where a loop builds one a step).
+__device__ __forceinline__ unsigned long long wg_desc_advance(unsigned long long desc, u32 bytes) {
+    return desc + (bytes >> 4);
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
