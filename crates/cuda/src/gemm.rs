@@ -341,6 +341,41 @@ fn seg_tiles(segs: &[Seg]) -> (usize, usize) {
     (tiles, cols)
 }
 
+/// A split launch's partial sums, left for their reader to add: `splits`
+/// planes of [m][ncols] f32, `plane` floats apart, from `ptr`. With one
+/// split, `ptr` is the output itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KPartials {
+    pub ptr: u64,
+    pub splits: usize,
+    pub plane: usize,
+}
+
+/// One matrix stored as [m][rows] f32 (`seg.ldc == rows`), cut by
+/// `plan_dense`, without the split-K reduction: its reader sums the
+/// partials in split order (the router's top-k does, `moe::route`), which
+/// saves a launch and a round trip of the output.
+pub fn gemm_unreduced(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, seg: Seg, scratch: SplitScratch) -> CudaResult<KPartials> {
+    let GemmOut::Store(out) = seg.out else {
+        return Err(CudaError::shape("gemm", "unreduced partials are plain stores"));
+    };
+    if seg.ldc != seg.w.rows {
+        return Err(CudaError::shape("gemm", format!("unreduced partials of {} rows stored {} apart (their planes are dense)", seg.w.rows, seg.ldc)));
+    }
+    let plan = plan_dense(m, seg_tiles(&[seg]).0, seg.w.cols, seg.w.rows);
+    let plane = m * seg.w.rows;
+    Ok(match gemm_launch(gpu, k, a, lda, m, &[seg], None, plan, Some(scratch))? {
+        Some(r) => KPartials { ptr: r.p.partial, splits: r.p.splits as usize, plane },
+        None => KPartials { ptr: out, splits: 1, plane },
+    })
+}
+
+/// A split launch's pending reduction.
+struct Reduce {
+    p: GemmParams,
+    blocks: u32,
+}
+
 /// The GEMM with an explicit plan (tests force every height and split
 /// count this way). Checks every shape before launching.
 #[allow(clippy::too_many_arguments)]
@@ -355,6 +390,26 @@ pub fn gemm_with(
     plan: GemmPlan,
     scratch: Option<SplitScratch>,
 ) -> CudaResult<()> {
+    if let Some(r) = gemm_launch(gpu, k, a, lda, m, segs, group, plan, scratch)? {
+        launch(gpu, k, "gemm_splitk_reduce", (r.blocks, 1, 1), 256, 0, &r.p)?;
+    }
+    Ok(())
+}
+
+/// `gemm_with`'s checks and main launch; a split launch returns the
+/// reduction its outputs still need.
+#[allow(clippy::too_many_arguments)]
+fn gemm_launch(
+    gpu: &Gpu,
+    k: &Kernels,
+    a: u64,
+    lda: usize,
+    m: usize,
+    segs: &[Seg],
+    group: Option<&Grouping>,
+    plan: GemmPlan,
+    scratch: Option<SplitScratch>,
+) -> CudaResult<Option<Reduce>> {
     const NAME: &str = "gemm";
     let first = segs.first().ok_or_else(|| CudaError::shape(NAME, "no matrix"))?;
     if segs.len() > GEMM_MAX_SEGS {
@@ -450,7 +505,7 @@ pub fn gemm_with(
         None => m.div_ceil(plan.bm),
     };
     if m_tiles == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let partial = if splits > 1 {
         if group.is_some() {
@@ -484,11 +539,11 @@ pub fn gemm_with(
         ncols: ncols as i32,
     };
     launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem, &p)?;
-    if splits > 1 {
-        let nout = if swiglu { w0.rows } else { ncols };
-        launch(gpu, k, "gemm_splitk_reduce", ((m * nout).div_ceil(256) as u32, 1, 1), 256, 0, &p)?;
+    if splits == 1 {
+        return Ok(None);
     }
-    Ok(())
+    let nout = if swiglu { w0.rows } else { ncols };
+    Ok(Some(Reduce { p, blocks: (m * nout).div_ceil(256) as u32 }))
 }
 
 #[repr(C)]

@@ -457,9 +457,9 @@ impl Model {
     /// matrices store or add plain f32 outputs lying one after another in
     /// the output row (a mixer's in-projections, an out-projection), with
     /// an even total width and K of at least `hgemm::MIN_K`. Anything else
-    /// (SwiGLU, the router and its separate shared gate, the shared
-    /// expert's down projection beside the routed experts) stays on
-    /// gemm.cu.
+    /// (SwiGLU, the shared expert's one-row gate, its down projection
+    /// beside the routed experts) stays on gemm.cu, as does the router
+    /// (`gemm::gemm_unreduced`).
     fn f16_gemm_output(&self, n: usize, segs: &[Seg]) -> Option<GemmOut> {
         let from = self.mem.opts.f16_gemm_from?;
         let first = segs.first()?;
@@ -492,25 +492,28 @@ impl Model {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let m = &l.moe;
         gemm::rmsnorm_f16(g, k, s.h, l.post_norm, s.xn, n, d.rms_eps)?;
-        let router = [
-            Seg { w: &m.router, up: None, out: GemmOut::Store(s.router_logits), ldc: d.n_experts },
-            Seg { w: &m.sh_expert_gate, up: None, out: GemmOut::Store(s.sg), ldc: 1 },
-        ];
-        self.dense_gemms(s.xn, d.hidden, n, &router)?;
+        // The router alone (its 256 rows are two whole W tiles; the shared
+        // expert's one gate row would take a third), its split-K partials
+        // summed by the top-k instead of a reduction launch.
+        let router = Seg { w: &m.router, up: None, out: GemmOut::Store(s.router_logits), ldc: d.n_experts };
+        let logits = gemm::gemm_unreduced(g, k, s.xn, d.hidden, n, router, s.split_k())?;
         self.mark("gemm moe norm+router")?;
-        // The shared expert needs only xn: it runs on the side stream while
-        // this one routes and runs the routed experts. Its split-K partials
-        // cannot meet another GEMM's: the grouped expert GEMMs split
-        // nothing, and the next dense GEMM comes after the join.
+        let rb = s.route();
+        let bm = self.mem.opts.expert_tile_rows.unwrap_or_else(|| moe::tile_rows(d, n));
+        moe::route(g, k, d, &rb, logits, n, bm)?;
+        self.mark("moe route")?;
+        // The shared expert and its gate need only xn: they run on the side
+        // stream while this one runs the routed experts. Forked after the
+        // route, which has read the router's partials: the side's split-K
+        // partials go where they were. They cannot meet another GEMM's: the
+        // grouped expert GEMMs split nothing, and the next dense GEMM comes
+        // after the join.
         self.fork.record(&self.gpu.stream).ctx("cuEventRecord (fork)")?;
         self.side.stream.wait(&self.fork).ctx("cuStreamWaitEvent (fork)")?;
+        self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[Seg { w: &m.sh_expert_gate, up: None, out: GemmOut::Store(s.sg), ldc: 1 }])?;
         self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[Seg { w: &m.sh_gate, up: Some(&m.sh_up), out: GemmOut::SwiGlu(s.act_sh), ldc: d.moe_inter }])?;
         self.dense_gemms_on(&self.side, s.act_sh, d.moe_inter, n, &[Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden }])?;
         self.join.record(&self.side.stream).ctx("cuEventRecord (join)")?;
-        let rb = s.route();
-        let bm = self.mem.opts.expert_tile_rows.unwrap_or_else(|| moe::tile_rows(d, n));
-        moe::route(g, k, d, &rb, n, bm)?;
-        self.mark("moe route")?;
         let mt = moe::max_tiles(d, n, bm);
         let gather = Grouping { tiles: s.tiles, ntiles: s.ntiles, max_tiles: mt, a_rows: s.perm, bm };
         let sorted = Grouping { a_rows: 0, ..gather };

@@ -7,7 +7,7 @@ use cudarc::driver::DeviceRepr;
 use crate::device::Gpu;
 use crate::dims::Dims;
 use crate::error::{CudaError, CudaResult};
-use crate::gemm::TILE_ROWS;
+use crate::gemm::{KPartials, TILE_ROWS};
 use crate::kernels::Kernels;
 use crate::launch::{launch, launch_pdl};
 
@@ -23,6 +23,8 @@ struct MoeRoutePlanParams {
     tiles: u64,
     ntiles: u64,
     ticket: u64,
+    plane: i64,
+    splits: i32,
     ntok: i32,
     bm: i32,
 }
@@ -88,7 +90,6 @@ pub struct NextNorm {
 /// Device buffers of the prefill routing.
 #[derive(Clone, Copy)]
 pub struct RouteBufs {
-    pub logits: u64,
     pub topk_idx: u64,
     pub topk_w: u64,
     /// i32 [experts]; 0 between launches (zeroed once with the memory plan,
@@ -141,17 +142,25 @@ pub fn tile_rows(dims: &Dims, ntok: usize) -> usize {
     TILE_ROWS.iter().copied().filter(|bm| crate::gemm::dequantises_in_registers(4, *bm)).find(|bm| 5 * bm * dims.n_experts >= 8 * pairs).unwrap_or(tallest)
 }
 
-/// Top-k, counts, ranks, offsets, the tile list cut at `bm` rows (the
-/// height the grouped GEMMs then run with), sorted positions.
-pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, ntok: usize, bm: usize) -> CudaResult<()> {
+/// Top-k of `logits` (f32 [ntok][experts], or the router GEMM's unreduced
+/// split-K partials of that shape, summed here in split order), counts,
+/// ranks, offsets, the tile list cut at `bm` rows (the height the grouped
+/// GEMMs then run with), sorted positions.
+pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, logits: KPartials, ntok: usize, bm: usize) -> CudaResult<()> {
     if !TILE_ROWS.contains(&bm) {
         return Err(CudaError::shape("moe_plan", format!("tile height {bm}; the grouped GEMM is compiled for {TILE_ROWS:?}")));
+    }
+    if logits.splits == 0 || logits.plane < ntok * dims.n_experts {
+        return Err(CudaError::shape(
+            "moe_plan",
+            format!("{} logit planes of {} floats for {ntok} tokens of {} experts", logits.splits, logits.plane, dims.n_experts),
+        ));
     }
     if ntok == 0 {
         return Ok(());
     }
     let r = MoeRoutePlanParams {
-        logits: b.logits,
+        logits: logits.ptr,
         topk_idx: b.topk_idx,
         topk_w: b.topk_w,
         counts: b.counts,
@@ -160,6 +169,8 @@ pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, ntok: usize, bm
         tiles: b.tiles,
         ntiles: b.ntiles,
         ticket: b.ticket,
+        plane: logits.plane as i64,
+        splits: logits.splits as i32,
         ntok: ntok as i32,
         bm: bm as i32,
     };

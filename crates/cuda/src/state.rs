@@ -290,7 +290,6 @@ pub struct GdnScratchAddrs {
 impl Scratch {
     pub fn route(&self) -> RouteBufs {
         RouteBufs {
-            logits: self.router_logits,
             topk_idx: self.topk_idx,
             topk_w: self.topk_w,
             counts: self.counts,

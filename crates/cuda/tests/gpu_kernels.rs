@@ -677,31 +677,9 @@ fn grouped_moe_gemm_path_matches_reference() {
             let xn = zeros(&gpu, n * d.hidden * 2);
             let mt = moe::max_tiles(&d, n, bm);
             let z = |bytes: usize| zeros(&gpu, bytes);
-            let (ti, tw, counts, rank, offs, tiles, ntiles, perm, inv, ticket) = (
-                z(n * d.topk * 4),
-                z(n * d.topk * 4),
-                z(d.n_experts * 4),
-                z(n * d.topk * 4),
-                z((d.n_experts + 1) * 4),
-                z(mt * 12),
-                z(16),
-                z(n * d.topk * 4),
-                z(n * d.topk * 4),
-                z(16),
-            );
-            let rb = moe::RouteBufs {
-                logits: lb.ptr(),
-                topk_idx: ti.ptr(),
-                topk_w: tw.ptr(),
-                counts: counts.ptr(),
-                rank: rank.ptr(),
-                offsets: offs.ptr(),
-                tiles: tiles.ptr(),
-                ntiles: ntiles.ptr(),
-                perm: perm.ptr(),
-                inv: inv.ptr(),
-                ticket: ticket.ptr(),
-            };
+            let (_route_mem, rb) = route_bufs(&gpu, &d, n, bm);
+            let (offs, tiles, ntiles, perm, counts, ticket) = (rb.offsets, rb.tiles, rb.ntiles, rb.perm, rb.counts, rb.ticket);
+            let logits_in = gemm::KPartials { ptr: lb.ptr(), splits: 1, plane: n * d.n_experts };
             let act_sorted = z(n * d.topk * d.moe_inter * 2);
             let y_sorted = upload(&gpu, &vec![NAN; n * d.topk * d.hidden]);
             let act_sh = z(n * d.moe_inter * 2);
@@ -709,10 +687,10 @@ fn grouped_moe_gemm_path_matches_reference() {
             gemm::rmsnorm_f16(&gpu, &k, hb.ptr(), gb.ptr(), xn.ptr(), n, d.rms_eps).expect("norm");
             // Twice on the same buffers: the first run must leave the counts
             // and the ticket at 0 for the second, which plans the same tiles.
-            moe::route(&gpu, &k, &d, &rb, n, bm).expect("route");
-            let first_plan: (Vec<i32>, Vec<i32>) = (download(&gpu, offs.ptr(), d.n_experts + 1), download(&gpu, tiles.ptr(), mt * 3));
-            moe::route(&gpu, &k, &d, &rb, n, bm).expect("route again");
-            let gather = Grouping { tiles: tiles.ptr(), ntiles: ntiles.ptr(), max_tiles: mt, a_rows: perm.ptr(), bm };
+            moe::route(&gpu, &k, &d, &rb, logits_in, n, bm).expect("route");
+            let first_plan: (Vec<i32>, Vec<i32>) = (download(&gpu, offs, d.n_experts + 1), download(&gpu, tiles, mt * 3));
+            moe::route(&gpu, &k, &d, &rb, logits_in, n, bm).expect("route again");
+            let gather = Grouping { tiles, ntiles, max_tiles: mt, a_rows: perm, bm };
             let sorted = Grouping { a_rows: 0, ..gather };
             gemm::gemm(&gpu, &k, xn.ptr(), d.hidden, n * d.topk, &dev.gate, Some(&dev.up), GemmOut::SwiGlu(act_sorted.ptr()), d.moe_inter, Some(&gather))
                 .expect("gate_up");
@@ -736,12 +714,12 @@ fn grouped_moe_gemm_path_matches_reference() {
 
             // The plan: every pair placed once, offsets and tiles consistent,
             // the counts and the ticket left at 0.
-            check(download::<i32>(&gpu, counts.ptr(), d.n_experts).iter().all(|c| *c == 0), format!("{label}: counts left at 0"));
-            check(download::<i32>(&gpu, ticket.ptr(), 1) == vec![0], format!("{label}: ticket left at 0"));
-            let o: Vec<i32> = download(&gpu, offs.ptr(), d.n_experts + 1);
+            check(download::<i32>(&gpu, counts, d.n_experts).iter().all(|c| *c == 0), format!("{label}: counts left at 0"));
+            check(download::<i32>(&gpu, ticket, 1) == vec![0], format!("{label}: ticket left at 0"));
+            let o: Vec<i32> = download(&gpu, offs, d.n_experts + 1);
             check(o[d.n_experts] as usize == n * d.topk && o.windows(2).all(|w| w[0] <= w[1]), format!("{label}: offsets ascend to every pair"));
-            let nt = download::<i32>(&gpu, ntiles.ptr(), 1)[0] as usize;
-            let tl: Vec<i32> = download(&gpu, tiles.ptr(), mt * 3);
+            let nt = download::<i32>(&gpu, ntiles, 1)[0] as usize;
+            let tl: Vec<i32> = download(&gpu, tiles, mt * 3);
             let mut next = 0;
             for t in tl[..3 * nt].chunks_exact(3) {
                 let (e, a, b) = (t[0] as usize, t[1], t[2]);
@@ -750,7 +728,7 @@ fn grouped_moe_gemm_path_matches_reference() {
             }
             check(next as usize == n * d.topk, format!("{label}: the tiles cover every pair"));
             check(first_plan == (o, tl), format!("{label}: a second route plans the same offsets and tiles"));
-            let p: Vec<i32> = download(&gpu, perm.ptr(), n * d.topk);
+            let p: Vec<i32> = download(&gpu, perm, n * d.topk);
             let mut seen = vec![0usize; n];
             for t in &p {
                 seen[*t as usize] += 1;
@@ -768,6 +746,77 @@ fn grouped_moe_gemm_path_matches_reference() {
             assert_close(&format!("grouped moe {label} {n} tokens, {bm}-row tiles"), &got, &want, 2e-3);
         }
     }
+    finish();
+}
+
+/// The prefill route's device buffers for `n` tokens cut at `bm` rows, zeroed
+/// (counts and ticket must start at 0), and the memory that holds them.
+fn route_bufs(gpu: &Arc<Gpu>, d: &Dims, n: usize, bm: usize) -> (Vec<DeviceBuffer>, moe::RouteBufs) {
+    let pairs = n * d.topk * 4;
+    let sizes = [pairs, pairs, d.n_experts * 4, pairs, (d.n_experts + 1) * 4, moe::max_tiles(d, n, bm) * 12, 16, pairs, pairs, 16];
+    let mem: Vec<DeviceBuffer> = sizes.iter().map(|b| zeros(gpu, *b)).collect();
+    let p: Vec<u64> = mem.iter().map(|b| b.ptr()).collect();
+    let rb = moe::RouteBufs {
+        topk_idx: p[0],
+        topk_w: p[1],
+        counts: p[2],
+        rank: p[3],
+        offsets: p[4],
+        tiles: p[5],
+        ntiles: p[6],
+        perm: p[7],
+        inv: p[8],
+        ticket: p[9],
+    };
+    (mem, rb)
+}
+
+/// The router's split-K partials, summed by the route's top-k, choose what
+/// the reduced logits choose, with the same weights bit for bit, and what
+/// lily-cpu's reference route of those logits chooses.
+#[test]
+fn route_of_unreduced_router_partials_equals_route_of_the_logits() {
+    let Some(gpu) = gpu("route_of_unreduced_router_partials_equals_route_of_the_logits") else { return };
+    let d = prod_dims();
+    let k = Kernels::load(&gpu, &d).expect("kernels");
+    let mut rng = Rng::new(690);
+    let scratch_buf = zeros(&gpu, gemm::SPLITK_FLOATS * 4);
+    let scratch = SplitScratch { ptr: scratch_buf.ptr(), floats: gemm::SPLITK_FLOATS };
+    let w = HostQ::random(rng.seed(), 1, d.n_experts, d.hidden, 8, 0.1);
+    let (_wb, wm) = w.upload(&gpu);
+    let mut split_seen = false;
+    for n in [5usize, 300, 4096] {
+        let (_, ab) = f16_matrix(&mut rng, n, d.hidden, 2.0);
+        let abuf = upload(&gpu, &ab);
+        let bm = moe::tile_rows(&d, n);
+        let logits = upload(&gpu, &vec![NAN; n * d.n_experts]);
+        let seg = Seg { w: &wm, up: None, out: GemmOut::Store(logits.ptr()), ldc: d.n_experts };
+        // The reduced logits, routed.
+        gemm::gemm_segs(&gpu, &k, abuf.ptr(), d.hidden, n, &[seg], scratch).expect("router");
+        let (_m1, reduced) = route_bufs(&gpu, &d, n, bm);
+        moe::route(&gpu, &k, &d, &reduced, gemm::KPartials { ptr: logits.ptr(), splits: 1, plane: n * d.n_experts }, n, bm).expect("route");
+        // The partials, routed.
+        let parts = gemm::gemm_unreduced(&gpu, &k, abuf.ptr(), d.hidden, n, seg, scratch).expect("router partials");
+        split_seen |= parts.splits > 1;
+        let (_m2, unreduced) = route_bufs(&gpu, &d, n, bm);
+        moe::route(&gpu, &k, &d, &unreduced, parts, n, bm).expect("route of partials");
+        let pairs = n * d.topk;
+        let (i1, i2): (Vec<i32>, Vec<i32>) = (download(&gpu, reduced.topk_idx, pairs), download(&gpu, unreduced.topk_idx, pairs));
+        let (w1, w2): (Vec<f32>, Vec<f32>) = (download(&gpu, reduced.topk_w, pairs), download(&gpu, unreduced.topk_w, pairs));
+        check(i1 == i2, format!("{n} tokens, {} splits: the partials choose the experts the logits choose", parts.splits));
+        check(w1.iter().zip(&w2).all(|(a, b)| a.to_bits() == b.to_bits()), format!("{n} tokens, {} splits: the same weights bit for bit", parts.splits));
+        let (o1, o2): (Vec<i32>, Vec<i32>) = (download(&gpu, reduced.offsets, d.n_experts + 1), download(&gpu, unreduced.offsets, d.n_experts + 1));
+        check(o1 == o2, format!("{n} tokens: the same expert offsets"));
+        let host: Vec<f32> = download(&gpu, logits.ptr(), n * d.n_experts);
+        let mut agree = 0;
+        for t in 0..n {
+            let want: Vec<usize> = lily_cpu::reference::moe::route(&host[t * d.n_experts..(t + 1) * d.n_experts], d.topk).into_iter().map(|(e, _)| e).collect();
+            let got: Vec<usize> = i2[t * d.topk..(t + 1) * d.topk].iter().map(|e| *e as usize).collect();
+            agree += usize::from(got == want);
+        }
+        check(agree == n, format!("{n} tokens: lily-cpu's route of the logits agrees on {agree} of {n} tokens"));
+    }
+    check(split_seen, "the planner split the router at some size".to_string());
     finish();
 }
 

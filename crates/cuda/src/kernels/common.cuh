@@ -228,14 +228,16 @@ __device__ __forceinline__ float topk_value(u32 key) {
 // index, in two reductions where a shuffle butterfly took five dependent
 // steps of two shuffles. Writes idx[TOPK] and the renormalised weights
 // w[TOPK] (lane k writes entry k: the caller syncs the warp before reading
-// them from other lanes).
-__device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int* idx, float* w) {
+// them from other lanes). `logit(e)` gives expert e's logit (a load, or
+// the sum of a split router GEMM's partials).
+template <typename Logit>
+__device__ __forceinline__ void warp_topk_of(Logit logit, int* idx, float* w) {
     const int lane = threadIdx.x & 31;
     u32 key[EXPERTS_PER_LANE];
 #pragma unroll
     for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
         const int e = lane + 32 * i;
-        key[i] = e < N_EXPERTS ? topk_key(logits[e]) : 0u;
+        key[i] = e < N_EXPERTS ? topk_key(logit(e)) : 0u;
     }
     // Lane k keeps the k-th choice (a register each, not TOPK a lane).
     float my_v = 0.f;
@@ -273,6 +275,9 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int*
         idx[lane] = my_i;
         w[lane] = e / tot;
     }
+}
+__device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int* idx, float* w) {
+    warp_topk_of([&](int e) { return logits[e]; }, idx, w);
 }
 
 // ---- 4-bit / 8-bit dequantisation ---------------------------------------
