@@ -43,7 +43,7 @@ pub const HG_THREADS: usize = 384;
 /// more than the multiply, and that GEMM runs beside the routed experts,
 /// whose SMs a block of 197 KB of shared memory would take.
 pub const MIN_K: usize = 1024;
-/// Threads of a `dq_f16` block (one code word each).
+/// Threads of a `dq_f16` block (a quad of code words each).
 const DQ_THREADS: usize = 256;
 
 /// Every entry point of hgemm.cu.
@@ -80,16 +80,29 @@ struct HgemmParams {
 // SAFETY: plain data mirroring hgemm.cu's HgemmParams (size checked there).
 unsafe impl DeviceRepr for HgemmParams {}
 
+/// Matrices a `dq_f16` launch dequantises (a mixer's in-projections are
+/// four: qkv, z, a, b).
+pub const DQ_MAX_MATS: usize = 4;
+
 #[repr(C)]
-#[derive(Clone, Copy)]
-struct DqParams {
+#[derive(Clone, Copy, Default)]
+struct DqMatC {
     codes: u64,
     scales: u64,
     biases: u64,
     out: u64,
-    words: i64,
-    k: i32,
+    quad0: i64,
     bits: i32,
+    pad: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DqParams {
+    mat: [DqMatC; DQ_MAX_MATS],
+    quads: i64,
+    nmat: i32,
+    pad: i32,
 }
 // SAFETY: plain data mirroring hgemm.cu's DqParams (size checked there).
 unsafe impl DeviceRepr for DqParams {}
@@ -105,6 +118,7 @@ pub fn defines() -> Vec<String> {
         format!("-DHG_SMEM={}", smem_bytes()),
         format!("-DHGEMM_PARAMS_BYTES={}", size_of::<HgemmParams>()),
         format!("-DDQ_PARAMS_BYTES={}", size_of::<DqParams>()),
+        format!("-DDQ_MAX_MATS={DQ_MAX_MATS}"),
     ]
 }
 
@@ -126,21 +140,39 @@ pub struct F16Scratch {
 /// Writes the fp16 values of the quantised matrix `w` (one expert: `w`
 /// must be dense) into `dst`, which must have room for its rows.
 pub fn dequant(gpu: &Gpu, k: &Kernels, w: &QMat, dst: F16Rows) -> CudaResult<()> {
-    if w.experts != 1 {
-        return Err(CudaError::shape("dq_f16", format!("a stack of {} experts (dense matrices only)", w.experts)));
+    dequant_all(gpu, k, &[(w, dst)])
+}
+
+/// `dequant` of up to `DQ_MAX_MATS` matrices in one launch (a thread a
+/// 16-byte word of codes: the launches of a mixer's small a/b matrices
+/// cost more in their ramp than in their bytes).
+pub fn dequant_all(gpu: &Gpu, k: &Kernels, jobs: &[(&QMat, F16Rows)]) -> CudaResult<()> {
+    if jobs.is_empty() || jobs.len() > DQ_MAX_MATS {
+        return Err(CudaError::shape("dq_f16", format!("{} matrices in one launch (1 to {DQ_MAX_MATS})", jobs.len())));
     }
-    if w.bits != 4 && w.bits != 8 {
-        return Err(CudaError::shape("dq_f16", format!("{}-bit weights (4 or 8)", w.bits)));
+    let mut mat = [DqMatC::default(); DQ_MAX_MATS];
+    let mut quads = 0usize;
+    for (i, (w, dst)) in jobs.iter().enumerate() {
+        if w.experts != 1 {
+            return Err(CudaError::shape("dq_f16", format!("a stack of {} experts (dense matrices only)", w.experts)));
+        }
+        if w.bits != 4 && w.bits != 8 {
+            return Err(CudaError::shape("dq_f16", format!("{}-bit weights (4 or 8)", w.bits)));
+        }
+        if !w.cols.is_multiple_of(64) || w.cols != dst.cols || w.rows > dst.rows {
+            return Err(CudaError::shape("dq_f16", format!("a {}x{} matrix into fp16 rows {}x{}", w.rows, w.cols, dst.rows, dst.cols)));
+        }
+        // A thread loads 4 code words and stores their weights as 16-byte words.
+        if !dst.ptr.is_multiple_of(16) || !w.codes.is_multiple_of(16) {
+            return Err(CudaError::shape("dq_f16", format!("codes at {:#x}, destination at {:#x}: not 16-byte aligned", w.codes, dst.ptr)));
+        }
+        // Whole quads: K is a multiple of 64, so a row is 8 (4-bit) or 16 (8-bit) words a group.
+        let words = w.rows * w.cols * w.bits as usize / 32;
+        mat[i] = DqMatC { codes: w.codes, scales: w.scales, biases: w.biases, out: dst.ptr, quad0: quads as i64, bits: w.bits as i32, pad: 0 };
+        quads += words / 4;
     }
-    if !w.cols.is_multiple_of(64) || w.cols != dst.cols || w.rows > dst.rows {
-        return Err(CudaError::shape("dq_f16", format!("a {}x{} matrix into fp16 rows {}x{}", w.rows, w.cols, dst.rows, dst.cols)));
-    }
-    if !dst.ptr.is_multiple_of(16) {
-        return Err(CudaError::shape("dq_f16", "destination not 16-byte aligned"));
-    }
-    let words = w.rows * w.cols * w.bits as usize / 32;
-    let p = DqParams { codes: w.codes, scales: w.scales, biases: w.biases, out: dst.ptr, words: words as i64, k: w.cols as i32, bits: w.bits as i32 };
-    launch(gpu, k, "dq_f16", (words.div_ceil(DQ_THREADS) as u32, 1, 1), DQ_THREADS as u32, 0, &p)
+    let p = DqParams { mat, quads: quads as i64, nmat: jobs.len() as i32, pad: 0 };
+    launch(gpu, k, "dq_f16", (quads.div_ceil(DQ_THREADS) as u32, 1, 1), DQ_THREADS as u32, 0, &p)
 }
 
 /// A 2-D fp16 tensor map: `rows` rows of `cols` values, `row_bytes` apart,
@@ -242,9 +274,13 @@ pub fn dequant_and_multiply(
         return Err(CudaError::shape("hgemm_f16", format!("{} matrices of {rows} rows x {kk} into an fp16 scratch of {} values", mats.len(), scratch.elems)));
     }
     let mut row0 = 0;
+    let mut jobs = Vec::with_capacity(mats.len());
     for w in mats {
-        dequant(gpu, k, w, F16Rows { ptr: scratch.ptr + (row0 * kk * 2) as u64, rows: w.rows, cols: kk })?;
+        jobs.push((*w, F16Rows { ptr: scratch.ptr + (row0 * kk * 2) as u64, rows: w.rows, cols: kk }));
         row0 += w.rows;
+    }
+    for part in jobs.chunks(DQ_MAX_MATS) {
+        dequant_all(gpu, k, part)?;
     }
     hgemm(gpu, k, a, lda, m, F16Rows { ptr: scratch.ptr, rows, cols: kk }, out, ldc)
 }
@@ -259,7 +295,8 @@ mod tests {
         // 284 bytes rounded up to the maps' alignment.
         assert_eq!(size_of::<HgemmParams>(), 320);
         assert_eq!(std::mem::align_of::<HgemmParams>(), 64);
-        assert_eq!(size_of::<DqParams>(), 48);
+        // DQ_MAX_MATS matrices of four pointers, an i64 and two i32, then an i64 and two i32.
+        assert_eq!(size_of::<DqParams>(), DQ_MAX_MATS * 48 + 16);
         // The H200's opt-in limit is 227 KB a block.
         assert!(smem_bytes() <= 227 * 1024, "{} bytes", smem_bytes());
         assert_eq!((HG_BM + HG_BN) * HG_BK * 2 % 1024, 0, "stages start on swizzle atoms");

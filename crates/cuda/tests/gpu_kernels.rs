@@ -524,6 +524,29 @@ fn hgemm_dequantises_exactly_and_multiplies_like_the_reference() {
         let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
         check(bad == 0, format!("dq_f16 {bits}-bit: {bad} of {} values differ from fp16(fmaf(s, q, b))", want.len()));
     }
+    // Several matrices of both widths in one launch (a mixer's in-projections:
+    // a big one, then small ones; a one-row 8-bit matrix), each into its own rows.
+    {
+        let kk = 2048usize;
+        let shapes = [(96usize, 4u32), (32, 8), (1, 8), (40, 4)];
+        let ws: Vec<HostQ> = shapes.iter().map(|(r, b)| HostQ::random(rng.seed(), 1, *r, kk, *b, 0.1)).collect();
+        let dev: Vec<(DeviceBuffer, QMat)> = ws.iter().map(|w| w.upload(&gpu)).collect();
+        let total: usize = shapes.iter().map(|(r, _)| r).sum();
+        let out = upload(&gpu, &vec![0xffffu16; total * kk]);
+        let mut row0 = 0;
+        let mut jobs = Vec::new();
+        for (_, q) in &dev {
+            jobs.push((q, F16Rows { ptr: out.ptr() + (row0 * kk * 2) as u64, rows: q.rows, cols: kk }));
+            row0 += q.rows;
+        }
+        hgemm::dequant_all(&gpu, &k, &jobs).expect("dq_f16 of four matrices");
+        let got: Vec<u16> = download(&gpu, out.ptr(), total * kk);
+        let want: Vec<u16> = ws.iter().flat_map(|w| (0..w.rows).flat_map(|r| w.row(0, r))).map(|v| f16_bits(f16_round(v))).collect();
+        let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        check(bad == 0, format!("dq_f16 of {shapes:?} in one launch: {bad} of {} values differ from fp16(fmaf(s, q, b))", want.len()));
+        let five: Vec<_> = jobs.iter().chain(jobs.first()).copied().collect();
+        check(hgemm::dequant_all(&gpu, &k, &five).is_err(), "dq_f16 refuses more matrices than one launch holds");
+    }
     // The GEMM over one matrix and over a mixer's four concatenated
     // in-projections (outputs side by side in a wider row, as `proj`):
     // tails of M and N, K of 16 to 64 k-tiles, both modes. Rows checked: the
