@@ -8,8 +8,8 @@ use cudarc::driver::DeviceRepr;
 
 use crate::device::Gpu;
 use crate::dims::{
-    Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_K_STAGES, ATTN_PF_MAX_PIECES, ATTN_PF_TOKENS, ATTN_PF_V_STAGES, ATTN_SPLIT_SMALL,
-    KV_BLOCK,
+    Dims, ATTN_DEC_KEYS, ATTN_DEC_STAGES, ATTN_DEC_WARPS, ATTN_PAD, ATTN_PF_K_STAGES, ATTN_PF_MAX_PIECES, ATTN_PF_PRODUCER_WARPS, ATTN_PF_TOKENS,
+    ATTN_PF_V_STAGES, ATTN_SPLIT_SMALL, KV_BLOCK,
 };
 use crate::error::{CudaError, CudaResult};
 use crate::gdn::MixOut;
@@ -306,11 +306,19 @@ pub fn defines() -> Vec<String> {
 /// Dynamic shared memory of `attn_prefill`: the Q tile (8 heads x
 /// `ATTN_PF_TOKENS` rows), then K tiles of one cache block in
 /// `ATTN_PF_K_STAGES` stages and V tiles in `ATTN_PF_V_STAGES`, unpadded
-/// (128-byte-swizzled rows), plus 1,024 bytes the kernel may skip to align
-/// its swizzle atoms. 225 KiB at the real shape.
+/// (128-byte-swizzled rows), a full and an empty mbarrier a stage, plus
+/// 1,024 bytes the kernel may skip to align its swizzle atoms. 225 KiB at
+/// the real shape.
 pub fn prefill_smem(dims: &Dims) -> usize {
     let group = dims.a_heads / dims.a_kv_heads;
-    (group * ATTN_PF_TOKENS + (ATTN_PF_K_STAGES + ATTN_PF_V_STAGES) * KV_BLOCK) * dims.a_head_dim * 2 + 1024
+    let stages = ATTN_PF_K_STAGES + ATTN_PF_V_STAGES;
+    (group * ATTN_PF_TOKENS + stages * KV_BLOCK) * dims.a_head_dim * 2 + 2 * stages * 8 + 1024
+}
+
+/// Threads of an `attn_prefill` block: a consumer warp a query head of the
+/// KV group, then the producer warps.
+pub fn prefill_threads(dims: &Dims) -> usize {
+    (dims.a_heads / dims.a_kv_heads + ATTN_PF_PRODUCER_WARPS) * 32
 }
 
 /// One sequence's run of rows in a prefill pass: its block-table row
@@ -372,7 +380,6 @@ pub fn prefill_pieces(
     }
     let mut order: Vec<&PrefillPiece> = pieces.iter().collect();
     order.sort_by_key(|p| std::cmp::Reverse(p.p0 + p.t));
-    let group = dims.a_heads / dims.a_kv_heads;
     for part in order.chunks(ATTN_PF_MAX_PIECES) {
         let mut table = [PfPiece::default(); ATTN_PF_MAX_PIECES];
         let mut tiles = 0usize;
@@ -393,7 +400,7 @@ pub fn prefill_pieces(
             pad: 0,
             piece: table,
         };
-        launch(gpu, k, "attn_prefill", (tiles as u32, dims.a_kv_heads as u32, 1), (group * 32) as u32, prefill_smem(dims), &p)?;
+        launch(gpu, k, "attn_prefill", (tiles as u32, dims.a_kv_heads as u32, 1), prefill_threads(dims) as u32, prefill_smem(dims), &p)?;
     }
     Ok(())
 }

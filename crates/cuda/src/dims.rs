@@ -25,10 +25,16 @@ pub const ATTN_SPLIT_SMALL: usize = 16;
 /// Query tokens of a prefill-attention block (one m16 tile; the block's 8
 /// warps are the 8 query heads of one KV head).
 pub const ATTN_PF_TOKENS: usize = 16;
-/// K and V tile stages of `attn_prefill` (attention.cu: tile kb + 2 lands
-/// over K(kb) and V(kb - 1) while PV(kb) may still read V(kb)).
+/// K and V tile stages of `attn_prefill` (attention.cu: its producer copies
+/// tile t into K(t - 2)'s and V(t - 3)'s stages once the consumers have
+/// released them, while PV(t - 1) and S(t) may still read).
 pub const ATTN_PF_K_STAGES: usize = 2;
 pub const ATTN_PF_V_STAGES: usize = 3;
+/// Producer warps of an `attn_prefill` block (after its 8 consumer warps):
+/// a warpgroup, so that it can give its registers to the consumers
+/// (setmaxnreg acts on whole warpgroups); a lane copies a 16-byte chunk of
+/// a K/V row.
+pub const ATTN_PF_PRODUCER_WARPS: usize = 4;
 /// Sequences (pieces of a prefill pass) one `attn_prefill` launch takes;
 /// their table travels in the launch parameters.
 pub const ATTN_PF_MAX_PIECES: usize = 16;
@@ -198,6 +204,7 @@ impl Dims {
             format!("-DATT_PF_MAX_PIECES={ATTN_PF_MAX_PIECES}"),
             format!("-DATT_PF_K_STAGES={ATTN_PF_K_STAGES}"),
             format!("-DATT_PF_V_STAGES={ATTN_PF_V_STAGES}"),
+            format!("-DATT_PF_PRODUCER_WARPS={ATTN_PF_PRODUCER_WARPS}"),
             format!("-DATT_PAD={ATTN_PAD}"),
         ];
         v.push(format!("-DRMS_EPS={:e}f", self.rms_eps));

@@ -633,10 +633,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 // ---- prefill: causal flash attention on wgmma -------------------------------
 //
 // grid (the query tiles of up to ATT_PF_MAX_PIECES sequences' runs of rows,
-// each piece ceil(t / 16) of them, A_KV_HEADS), block 256 = two warpgroups:
-// the many short prompts of one pass fill the GPU together, and each block
-// finds its piece in the parameter table (pieces longest first). The block's
-// 128 query rows are the AG = 8 heads of KV head blockIdx.y times its 16
+// each piece ceil(t / 16) of them, A_KV_HEADS), block PF_THREADS = two
+// consumer warpgroups and a producer warpgroup (ATT_PF_PRODUCER_WARPS): the many
+// short prompts of one pass fill the GPU together, and each block finds its
+// piece in the parameter table (pieces longest first). The block's 128
+// query rows are the AG = 8 heads of KV head blockIdx.y times its 16
 // tokens: row R = hh * 16 + r is token q0 + r of head kvh * 8 + hh, so warp
 // w owns head w (rows g and g + 8 of lane (g, c) are tokens q0 + g and
 // q0 + g + 8) and warpgroup wg rows 64 wg .. 64 wg + 63. Query tiles run
@@ -647,8 +648,24 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 // bytes), each atom stored as rows of 128 bytes with the 128-byte swizzle
 // (16-byte chunk j of row r at chunk j ^ (r & 7)):
 //   Q [HD / 64][128 rows][128 B], then K of 64 keys (one cache block) in
-//   two stages and V in three, each [HD / 64][64 keys][128 B].
+//   two stages and V in three, each [HD / 64][64 keys][128 B], then the
+//   stages' mbarriers: full K[2], full V[3], empty K[2], empty V[3].
 // At HD 256: 64 + 5 x 32 KiB = 224 KiB, one block an SM.
+//
+// The producer warpgroup copies tile t's K and V (cp.async, 16 bytes a lane
+// a row, 16 rows a warp; rows past the sequence zero-filled; it gives its
+// registers to the consumers, setmaxnreg 80 / 216, as three warps a
+// scheduler at the 168 registers of a 384-thread launch would spill the
+// consumers' accumulators) into K stage t % 2 and V stage
+// t % 3 once the consumers have released the tiles that held them (empty
+// barriers: every consumer warp arrives when its products reading them
+// have retired), and each lane's copies arrive on the stage's full barrier
+// when they land (cp.async.mbarrier.arrive.noinc). No block barrier after
+// the set-up: each warpgroup waits only for the stages it reads, so the two
+// drift apart, and a scheduling barrier pair makes them take turns at the
+// tensor cores (FA3's ping-pong): warpgroup 0 issues its products, lets
+// warpgroup 1 issue its own, and runs its softmax while the tensor cores
+// work through warpgroup 1's; then the roles swap.
 //
 // Per 64-key tile kb, in each warpgroup:
 //   S (64 x 64) = Q K^T: HD / 16 wgmma.m64n64k16, both operands from shared
@@ -662,37 +679,37 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 //     ks), V the B operand read N-major (head dims contiguous: the same
 //     staged layout as K, described with imm-trans-b) by 4
 //     wgmma.m64n{HD}k16.
-// The steps are staggered so the tensor cores go from one product to the
-// next without waiting for the warps: PV(kb) is issued, then the warpgroup
-// waits for tile kb + 1's copies (cp.async, a proxy fence so the tensor
-// cores see them, one block barrier), requests tile kb + 2 and issues
-// S(kb + 1); one wgmma wait retires both (groups retire in order), then the
-// softmax of kb + 1. Nothing stays in flight across a loop iteration (ptxas
-// serialises every wgmma of a kernel when it cannot follow them). Tile
-// kb + 2 lands in K's stage of kb (S(kb) retired a step earlier) and V's of
-// kb - 1 (likewise PV(kb - 1)), hence three V stages and two K stages. The
-// two warpgroups drift apart between barriers, so one's softmax overlaps
-// the other's tensor work.
+// A turn issues PV(kb) and S(kb + 1) together; one wgmma wait retires both
+// (groups retire in order), the warpgroup releases V(kb) and K(kb + 1),
+// then runs the softmax of kb + 1. Nothing stays in flight across a loop
+// iteration (ptxas serialises every wgmma of a kernel when it cannot
+// follow them).
 
 #define PF_BQ ATT_PF_TOKENS
 #define PF_BN KV_BLOCK
 #define PF_NF (PF_BN / 8)   // score n-fragments (8 columns) a lane holds
 #define PF_OF (HD / 8)      // output n-fragments
-#define PF_THREADS (AG * 32)
+#define PF_CONSUMERS (AG * 32)
+#define PF_THREADS (PF_CONSUMERS + 32 * ATT_PF_PRODUCER_WARPS)
 #define PF_ATOMS (HD / 64)
 #define PF_ROWS (AG * PF_BQ)                    // query rows of a block
 #define PF_Q_BYTES (PF_ATOMS * PF_ROWS * 128)
 #define PF_T_BYTES (PF_ATOMS * PF_BN * 128)     // one K or V tile
 #define PF_K_STAGES ATT_PF_K_STAGES
 #define PF_V_STAGES ATT_PF_V_STAGES
-#define PF_LT_CPR (HD / 8)                   // 16-byte chunks of a K/V row
-#define PF_LT_ROWS (PF_THREADS / PF_LT_CPR)   // rows a block copies at once
-#define PF_LT_ITERS (PF_BN / PF_LT_ROWS)      // copies a thread makes a tile
-#if PF_THREADS % PF_LT_CPR != 0 || PF_LT_ROWS % 8 != 0 || PF_BN % PF_LT_ROWS != 0
-#error "attn_prefill's tile copies: whole rows a pass, in multiples of the 8-row swizzle phase"
+#define PF_CPR (HD / 8)                         // 16-byte chunks of a K/V row
+// Named barriers: 1 + wg, a warpgroup's Q landed; 3 + wg, warpgroup wg's
+// turn at the tensor cores.
+#define PF_BAR_Q 1
+#define PF_BAR_TURN 3
+#define PF_PRODUCERS (32 * ATT_PF_PRODUCER_WARPS)
+#define PF_PROWS (PF_BN / ATT_PF_PRODUCER_WARPS)   // rows of a tile a producer warp copies
+#define PF_RSTEP (32 / PF_CPR)                      // rows a producer warp copies at once
+#if ATT_PF_PRODUCER_WARPS != 4 || 32 % PF_CPR != 0 || PF_PROWS % PF_RSTEP != 0
+#error "attn_prefill's producer: a warpgroup (setmaxnreg), whole rows a warp a copy"
 #endif
 #if PF_K_STAGES != 2 || PF_V_STAGES != 3
-#error "attn_prefill's schedule loads tile kb + 2 over K(kb) and V(kb - 1): 2 K stages, 3 V stages"
+#error "attn_prefill's ring: tile t + 2 is copied while PV(t - 1) and S(t) may still read: 2 K stages, 3 V stages"
 #endif
 
 #if PF_BQ != 16
@@ -752,6 +769,10 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     unsigned char* sQ = fa_smem;
     unsigned char* sK = sQ + PF_Q_BYTES;                  // PF_K_STAGES stages
     unsigned char* sV = sK + PF_K_STAGES * PF_T_BYTES;    // PF_V_STAGES stages
+    // full K, full V, empty K, empty V (8 bytes each).
+    const u32 bars = smem_u32(sV + PF_V_STAGES * PF_T_BYTES);
+    const u32 full_k = bars, full_v = full_k + 8 * PF_K_STAGES;
+    const u32 empty_k = full_v + 8 * PF_V_STAGES, empty_v = empty_k + 8 * PF_K_STAGES;
     // The piece of this block (the last whose first tile is at most blockIdx.x).
     int pi = 0;
 #pragma unroll
@@ -760,54 +781,85 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     const PfPiece& pc = p.piece[pi];
     const int T = pc.t, P0 = pc.p0;
     const int* block_table = pc.block_table;
-    const f16* qsrc = p.q + (size_t)pc.row0 * A_HEADS * HD;
-    const float* proj = p.proj + (size_t)pc.row0 * p.proj_stride;
-    const size_t mix_row0 = (size_t)pc.row0 * A_HEADS * HD;
     const int ntile = (T + PF_BQ - 1) / PF_BQ;
     const int qt = ntile - 1 - ((int)blockIdx.x - pc.tile0);   // longest tiles first
-    const int kvh = blockIdx.y, h = kvh * AG + (threadIdx.x >> 5);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int kvh = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int q0 = qt * PF_BQ;
     const int qlast = min(q0 + PF_BQ, T) - 1;
     const int nkeys = P0 + qlast + 1;             // keys any query of this CTA sees
     const int kb_last = (nkeys - 1) / KV_BLOCK;
     const int kb_diag = (P0 + q0) / KV_BLOCK;     // tiles before it are below every query: no mask
 
-    // Q: row hh * 16 + r = token q0 + r of head kvh * 8 + hh (rows past T are zeros).
-    for (int i = tid; i < PF_ROWS * (HD / 8); i += PF_THREADS) {
-        const int row = i / (HD / 8), c = i - row * (HD / 8);
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < PF_K_STAGES; ++s) {
+            mbar_init(full_k + 8 * s, PF_PRODUCERS);             // every producer thread, as its copies land
+            mbar_init(empty_k + 8 * s, PF_CONSUMERS / 32);       // every consumer warp
+        }
+#pragma unroll
+        for (int s = 0; s < PF_V_STAGES; ++s) {
+            mbar_init(full_v + 8 * s, PF_PRODUCERS);
+            mbar_init(empty_v + 8 * s, PF_CONSUMERS / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= PF_CONSUMERS / 32) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 80;");
+        // The producers: warp pw copies rows PF_PROWS pw .. of every tile,
+        // lane l chunk l % PF_CPR of rows l / PF_CPR + PF_RSTEP j. The rows'
+        // swizzle phases are the same for every tile, so each copy is a
+        // fixed offset from the lane's first.
+        const int rl = lane / PF_CPR, pc = lane % PF_CPR;
+        const int pr0 = (warp - PF_CONSUMERS / 32) * PF_PROWS + rl;   // PF_PROWS % 8 == 0: the phase of row pr0 + r is (rl + r) & 7
+        const u32 dst0 = (u32)pf_chunk_off(PF_BN, pr0, pc);
+        const int src0 = pr0 * HD + pc * 8;
+        auto copy_tile = [&](unsigned char* dst, const f16* cache, int phys, int t) {
+            const f16* base = cache + ((size_t)phys * A_KV_HEADS + kvh) * KV_BLOCK * HD + src0;
+            const int valid = nkeys - t * PF_BN - pr0;   // copy j's row exists when PF_RSTEP j < valid
+#pragma unroll
+            for (int j = 0; j < PF_PROWS / PF_RSTEP; ++j) {
+                const int r = PF_RSTEP * j;
+                const bool ok = r < valid;
+                const u32 off = (u32)(r * 128) + ((u32)((pc & 7) ^ ((rl + r) & 7)) << 4) - ((u32)((pc & 7) ^ rl) << 4);
+                cp_async16(dst + dst0 + off, base + (ok ? r * HD : 0), ok ? 16 : 0);
+            }
+        };
+        for (int t = 0; t <= kb_last; ++t) {
+            const int phys = block_table[t];
+            const int ks = t % PF_K_STAGES, vs = t % PF_V_STAGES;
+            if (t >= PF_K_STAGES) mbar_wait(empty_k + 8 * ks, (u32)((t / PF_K_STAGES - 1) & 1));
+            copy_tile(sK + ks * PF_T_BYTES, p.kcache, phys, t);
+            mbar_arrive_cp_async(full_k + 8 * ks);
+            if (t >= PF_V_STAGES) mbar_wait(empty_v + 8 * vs, (u32)((t / PF_V_STAGES - 1) & 1));
+            copy_tile(sV + vs * PF_T_BYTES, p.vcache, phys, t);
+            mbar_arrive_cp_async(full_v + 8 * vs);
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;");
+    const int wg = warp >> 2, wtid = tid & 127;
+    const int h = kvh * AG + warp;
+    const f16* qsrc = p.q + (size_t)pc.row0 * A_HEADS * HD;
+    const float* proj = p.proj + (size_t)pc.row0 * p.proj_stride;
+    const size_t mix_row0 = (size_t)pc.row0 * A_HEADS * HD;
+    // Q: row hh * 16 + r = token q0 + r of head kvh * 8 + hh (rows past T
+    // are zeros); each warpgroup copies its own 64 rows, the only ones its
+    // products read.
+    for (int i = wtid; i < 64 * (HD / 8); i += 128) {
+        const int row = wg * 64 + i / (HD / 8), c = i % (HD / 8);
         const int hh = row / PF_BQ, r = row - hh * PF_BQ;
         const int tok = q0 + r;
         const f16* src = qsrc + ((size_t)min(tok, T - 1) * A_HEADS + kvh * AG + hh) * HD + c * 8;
         cp_async16(sQ + pf_chunk_off(PF_ROWS, row, c), src, tok < T ? 16 : 0);
     }
     cp_async_commit();
-    // A K or V tile: thread tid copies chunk lt_c of rows lt_r + PF_LT_ROWS j,
-    // j < PF_LT_ITERS. PF_LT_ROWS is a multiple of 8, so those rows share the
-    // swizzle phase (r & 7) and each copy is at a constant offset from the
-    // thread's first: no index math per copy (the runtime loop it replaces
-    // spent ~40 instructions a copy, ~600 of a warp's ~1,290 a KV tile).
-    // Rows past the sequence are zero-filled (source size 0) from the
-    // thread's own row of the cache block, which is always allocated.
-    const int lt_c = tid % PF_LT_CPR, lt_r = tid / PF_LT_CPR;
-    const u32 lt_dst = (u32)pf_chunk_off(PF_BN, lt_r, lt_c);
-    const int lt_src = lt_r * HD + lt_c * 8;
-    auto load_tile = [&](unsigned char* dst, const f16* cache, int phys, int kb) {
-        const f16* base = cache + ((size_t)phys * A_KV_HEADS + kvh) * KV_BLOCK * HD + lt_src;
-        const int valid = nkeys - kb * PF_BN - lt_r;   // this thread's rows j with PF_LT_ROWS j < valid exist
-#pragma unroll
-        for (int j = 0; j < PF_LT_ITERS; ++j) {
-            const bool ok = j * PF_LT_ROWS < valid;
-            cp_async16(dst + lt_dst + j * PF_LT_ROWS * 128, base + (ok ? j * PF_LT_ROWS * HD : 0), ok ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    {
-        const int ph = block_table[0];
-        load_tile(sK, p.kcache, ph, 0);
-        load_tile(sV, p.vcache, ph, 0);
-    }
-    int ph_next = kb_last >= 1 ? block_table[1] : 0;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_barrier(PF_BAR_Q + wg, 128);
 
     float o[PF_OF * 4];
 #pragma unroll
@@ -823,18 +875,27 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     // Tile kb: K in stage kb % 2, V in stage kb % 3.
     auto k_stage = [&](int kb) { return sK + (kb % PF_K_STAGES) * PF_T_BYTES; };
     auto v_stage = [&](int kb) { return sV + (kb % PF_V_STAGES) * PF_T_BYTES; };
-    // Waits for the copies in flight (one tile), makes them visible to the
-    // tensor cores and to every warp.
-    auto tile_ready = [&]() {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
+    // Waits until tile kb's K (V) has landed; the fence orders what the
+    // barrier made visible before this thread's products read it.
+    auto wait_k = [&](int kb) { mbar_wait(full_k + 8 * (kb % PF_K_STAGES), (u32)((kb / PF_K_STAGES) & 1)); };
+    auto wait_v = [&](int kb) { mbar_wait(full_v + 8 * (kb % PF_V_STAGES), (u32)((kb / PF_V_STAGES) & 1)); };
+    // This warp is done with tile kb's K (V): its products retired.
+    auto release_k = [&](int kb) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty_k + 8 * (kb % PF_K_STAGES));
     };
-    // Requests tile kb (block-table entry ph_next, read a tile ahead).
-    auto request = [&](int kb) {
-        load_tile(k_stage(kb), p.kcache, ph_next, kb);
-        load_tile(v_stage(kb), p.vcache, ph_next, kb);
-        ph_next = kb + 1 <= kb_last ? block_table[kb + 1] : 0;
+    auto release_v = [&](int kb) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty_v + 8 * (kb % PF_V_STAGES));
+    };
+    // Turns at the tensor cores: warpgroup 0 starts; each warpgroup lets the
+    // other go once its products are issued. Warpgroup 1 skips its last
+    // pass, so that both barriers end with every arrival consumed.
+    auto turn_begin = [&](bool first) {
+        if (!(wg == 0 && first)) named_barrier(PF_BAR_TURN + wg, 2 * 128);
+    };
+    auto turn_end = [&](bool last) {
+        if (!(wg == 1 && last)) named_barrier_arrive(PF_BAR_TURN + (1 - wg), 2 * 128);
     };
     float s[PF_NF * 4];
     // S = Q K(kb)^T, issued (not waited). Each k16 step's descriptors are
@@ -925,16 +986,22 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
         }
     };
 
-    // Tile 0 (and Q) were requested above; tile 1 goes out once they land.
-    tile_ready();
-    if (kb_last >= 1) request(1);
+    // Tile 0: S alone.
+    wait_k(0);
+    fence_proxy_async();
+    turn_begin(true);
     issue_s(0);
+    turn_end(false);
     retire();
+    release_k(0);
     softmax(0);
     for (int kb = 0; kb <= kb_last; ++kb) {
-        // O += P V(kb), issued; it runs on while this warpgroup meets the
-        // others at the barrier, requests tile kb + 2 and issues S(kb + 1),
-        // and is retired with that S.
+        // O += P V(kb) and S(kb + 1) in one turn, retired together.
+        const bool next = kb < kb_last;
+        wait_v(kb);
+        if (next) wait_k(kb + 1);
+        fence_proxy_async();
+        turn_begin(false);
         const u32 v_base = smem_u32(v_stage(kb));
         wgmma_fence();
 #pragma unroll
@@ -944,18 +1011,14 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
             wgmma_pv<HD>(o, a, wg_desc_sw128_mn(v_base + ks * 16 * 128, PF_BN * 128));
         }
         wgmma_commit();
-        if (kb == kb_last) break;
-        // Tile kb + 1 landed. Tile kb + 2 overwrites K(kb) (its S retired
-        // in the previous step) and V(kb - 1) (its PV too); every warpgroup
-        // is past those retirements once it reaches this barrier.
-        tile_ready();
-        if (kb + 2 <= kb_last) request(kb + 2);
-        issue_s(kb + 1);
+        if (next) issue_s(kb + 1);
+        turn_end(!next);
         retire();
+        release_v(kb);
+        if (!next) break;
+        release_k(kb + 1);
         softmax(kb + 1);
     }
-    retire();
-    cp_async_wait<0>();
 
     // normalise, gate, store
 #pragma unroll

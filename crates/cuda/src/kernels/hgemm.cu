@@ -73,29 +73,8 @@ struct HgemmParams {
 };
 LAYOUT_CHECK(HgemmParams, HGEMM_PARAMS_BYTES)
 
-// ---- mbarriers and bulk tensor copies ------------------------------------
+// ---- bulk tensor copies (the mbarriers are in common.cuh) ---------------
 
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival that also tells the barrier how many bytes of copies to wait for.
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    u32 done = 0;
-    do {
-        asm volatile(
-            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
 // Box (c0, c1) of `map` (c0 the contiguous coordinate) into shared memory at
 // `dst`, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaMap* map, int c0, int c1, u32 bar) {

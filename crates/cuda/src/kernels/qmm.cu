@@ -582,11 +582,6 @@ __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring,
     ++pc.z;
 }
 
-// bar.sync on barrier `id` (1..15; 0 is __syncthreads) for `threads`
-// threads (a multiple of 32): the warps of one task meet without the block.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Where a matrix kernel waits for its dependency (programmatic dependent
 // launch) relative to its first weight stages and to letting the next
