@@ -654,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 //
 // The producer warpgroup copies tile t's K and V (cp.async, 16 bytes a lane
 // a row, 16 rows a warp; rows past the sequence zero-filled; it gives its
-// registers to the consumers, setmaxnreg 80 / 216, as three warps a
+// registers to the consumers, setmaxnreg 80 / 208, as three warps a
 // scheduler at the 168 registers of a 384-thread launch would spill the
 // consumers' accumulators) into K stage t % 2 and V stage
 // t % 3 once the consumers have released the tiles that held them (empty
@@ -705,6 +705,15 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
 #define PF_PRODUCERS (32 * ATT_PF_PRODUCER_WARPS)
 #define PF_PROWS (PF_BN / ATT_PF_PRODUCER_WARPS)   // rows of a tile a producer warp copies
 #define PF_RSTEP (32 / PF_CPR)                      // rows a producer warp copies at once
+// Registers a thread: the launch gives every thread 65,536 / PF_THREADS
+// (rounded down to 8: 168); setmaxnreg moves them within the block's own
+// pool, so what the consumers take must be what the producers give back,
+// or their setmaxnreg.inc waits forever.
+#define PF_REGS_LAUNCH ((65536 / PF_THREADS) & ~7)
+#define PF_REGS_PRODUCER 80
+#define PF_REGS_CONSUMER 208
+static_assert((PF_REGS_CONSUMER - PF_REGS_LAUNCH) * PF_CONSUMERS <= (PF_REGS_LAUNCH - PF_REGS_PRODUCER) * PF_PRODUCERS,
+              "attn_prefill: the consumers' registers exceed what the producers give back");
 #if ATT_PF_PRODUCER_WARPS != 4 || 32 % PF_CPR != 0 || PF_PROWS % PF_RSTEP != 0
 #error "attn_prefill's producer: a warpgroup (setmaxnreg), whole rows a warp a copy"
 #endif
@@ -807,7 +816,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     __syncthreads();
 
     if (warp >= PF_CONSUMERS / 32) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 80;");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PF_REGS_PRODUCER));
         // The producers: warp pw copies rows PF_PROWS pw .. of every tile,
         // lane l chunk l % PF_CPR of rows l / PF_CPR + PF_RSTEP j. The rows'
         // swizzle phases are the same for every tile, so each copy is a
@@ -840,7 +849,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(PF_REGS_CONSUMER));
     const int wg = warp >> 2, wtid = tid & 127;
     const int h = kvh * AG + warp;
     const f16* qsrc = p.q + (size_t)pc.row0 * A_HEADS * HD;
