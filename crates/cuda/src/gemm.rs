@@ -351,10 +351,18 @@ pub struct KPartials {
     pub plane: usize,
 }
 
+/// Splits `gemm_unreduced` leaves to its reader; more are reduced here.
+/// Its reader loads every split of a value (4 at 4,096 tokens: the router
+/// plus its top-k 71.9 -> 59.2 us a layer, NOTES history 114); at short
+/// prompts the planner cuts K into 16 and the one reduction launch is
+/// cheaper than 16 rounds of loads in the reader.
+pub const MAX_UNREDUCED_SPLITS: usize = 4;
+
 /// One matrix stored as [m][rows] f32 (`seg.ldc == rows`), cut by
-/// `plan_dense`, without the split-K reduction: its reader sums the
-/// partials in split order (the router's top-k does, `moe::route`), which
-/// saves a launch and a round trip of the output.
+/// `plan_dense`, without the split-K reduction when it has at most
+/// `MAX_UNREDUCED_SPLITS` splits: its reader sums the partials in split
+/// order (the router's top-k does, `moe::route`), which saves a launch and
+/// a round trip of the output.
 pub fn gemm_unreduced(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, seg: Seg, scratch: SplitScratch) -> CudaResult<KPartials> {
     let GemmOut::Store(out) = seg.out else {
         return Err(CudaError::shape("gemm", "unreduced partials are plain stores"));
@@ -365,7 +373,11 @@ pub fn gemm_unreduced(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, seg:
     let plan = plan_dense(m, seg_tiles(&[seg]).0, seg.w.cols, seg.w.rows);
     let plane = m * seg.w.rows;
     Ok(match gemm_launch(gpu, k, a, lda, m, &[seg], None, plan, Some(scratch))? {
-        Some(r) => KPartials { ptr: r.p.partial, splits: r.p.splits as usize, plane },
+        Some(r) if (r.p.splits as usize) <= MAX_UNREDUCED_SPLITS => KPartials { ptr: r.p.partial, splits: r.p.splits as usize, plane },
+        Some(r) => {
+            r.launch(gpu, k)?;
+            KPartials { ptr: out, splits: 1, plane }
+        }
         None => KPartials { ptr: out, splits: 1, plane },
     })
 }
@@ -374,6 +386,12 @@ pub fn gemm_unreduced(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, seg:
 struct Reduce {
     p: GemmParams,
     blocks: u32,
+}
+
+impl Reduce {
+    fn launch(&self, gpu: &Gpu, k: &Kernels) -> CudaResult<()> {
+        launch(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
+    }
 }
 
 /// The GEMM with an explicit plan (tests force every height and split
@@ -391,7 +409,7 @@ pub fn gemm_with(
     scratch: Option<SplitScratch>,
 ) -> CudaResult<()> {
     if let Some(r) = gemm_launch(gpu, k, a, lda, m, segs, group, plan, scratch)? {
-        launch(gpu, k, "gemm_splitk_reduce", (r.blocks, 1, 1), 256, 0, &r.p)?;
+        r.launch(gpu, k)?;
     }
     Ok(())
 }

@@ -43,7 +43,7 @@ pub const HG_THREADS: usize = 384;
 /// more than the multiply, and that GEMM runs beside the routed experts,
 /// whose SMs a block of 197 KB of shared memory would take.
 pub const MIN_K: usize = 1024;
-/// Threads of a `dq_f16` block (a quad of code words each).
+/// Threads of a `dq_f16` block (one code word each).
 const DQ_THREADS: usize = 256;
 
 /// Every entry point of hgemm.cu.
@@ -91,7 +91,7 @@ struct DqMatC {
     scales: u64,
     biases: u64,
     out: u64,
-    quad0: i64,
+    word0: i64,
     bits: i32,
     pad: i32,
 }
@@ -100,7 +100,7 @@ struct DqMatC {
 #[derive(Clone, Copy)]
 struct DqParams {
     mat: [DqMatC; DQ_MAX_MATS],
-    quads: i64,
+    words: i64,
     nmat: i32,
     pad: i32,
 }
@@ -143,15 +143,15 @@ pub fn dequant(gpu: &Gpu, k: &Kernels, w: &QMat, dst: F16Rows) -> CudaResult<()>
     dequant_all(gpu, k, &[(w, dst)])
 }
 
-/// `dequant` of up to `DQ_MAX_MATS` matrices in one launch (a thread a
-/// 16-byte word of codes: the launches of a mixer's small a/b matrices
-/// cost more in their ramp than in their bytes).
+/// `dequant` of up to `DQ_MAX_MATS` matrices in one launch (the launches
+/// of a mixer's small a/b matrices cost more in their ramp than in their
+/// bytes).
 pub fn dequant_all(gpu: &Gpu, k: &Kernels, jobs: &[(&QMat, F16Rows)]) -> CudaResult<()> {
     if jobs.is_empty() || jobs.len() > DQ_MAX_MATS {
         return Err(CudaError::shape("dq_f16", format!("{} matrices in one launch (1 to {DQ_MAX_MATS})", jobs.len())));
     }
     let mut mat = [DqMatC::default(); DQ_MAX_MATS];
-    let mut quads = 0usize;
+    let mut words = 0usize;
     for (i, (w, dst)) in jobs.iter().enumerate() {
         if w.experts != 1 {
             return Err(CudaError::shape("dq_f16", format!("a stack of {} experts (dense matrices only)", w.experts)));
@@ -162,17 +162,14 @@ pub fn dequant_all(gpu: &Gpu, k: &Kernels, jobs: &[(&QMat, F16Rows)]) -> CudaRes
         if !w.cols.is_multiple_of(64) || w.cols != dst.cols || w.rows > dst.rows {
             return Err(CudaError::shape("dq_f16", format!("a {}x{} matrix into fp16 rows {}x{}", w.rows, w.cols, dst.rows, dst.cols)));
         }
-        // A thread loads 4 code words and stores their weights as 16-byte words.
-        if !dst.ptr.is_multiple_of(16) || !w.codes.is_multiple_of(16) {
-            return Err(CudaError::shape("dq_f16", format!("codes at {:#x}, destination at {:#x}: not 16-byte aligned", w.codes, dst.ptr)));
+        if !dst.ptr.is_multiple_of(16) {
+            return Err(CudaError::shape("dq_f16", "destination not 16-byte aligned"));
         }
-        // Whole quads: K is a multiple of 64, so a row is 8 (4-bit) or 16 (8-bit) words a group.
-        let words = w.rows * w.cols * w.bits as usize / 32;
-        mat[i] = DqMatC { codes: w.codes, scales: w.scales, biases: w.biases, out: dst.ptr, quad0: quads as i64, bits: w.bits as i32, pad: 0 };
-        quads += words / 4;
+        mat[i] = DqMatC { codes: w.codes, scales: w.scales, biases: w.biases, out: dst.ptr, word0: words as i64, bits: w.bits as i32, pad: 0 };
+        words += w.rows * w.cols * w.bits as usize / 32;
     }
-    let p = DqParams { mat, quads: quads as i64, nmat: jobs.len() as i32, pad: 0 };
-    launch(gpu, k, "dq_f16", (quads.div_ceil(DQ_THREADS) as u32, 1, 1), DQ_THREADS as u32, 0, &p)
+    let p = DqParams { mat, words: words as i64, nmat: jobs.len() as i32, pad: 0 };
+    launch(gpu, k, "dq_f16", (words.div_ceil(DQ_THREADS) as u32, 1, 1), DQ_THREADS as u32, 0, &p)
 }
 
 /// A 2-D fp16 tensor map: `rows` rows of `cols` values, `row_bytes` apart,

@@ -228,17 +228,10 @@ __device__ __forceinline__ float topk_value(u32 key) {
 // index, in two reductions where a shuffle butterfly took five dependent
 // steps of two shuffles. Writes idx[TOPK] and the renormalised weights
 // w[TOPK] (lane k writes entry k: the caller syncs the warp before reading
-// them from other lanes). `logit(e)` gives expert e's logit (a load, or
-// the sum of a split router GEMM's partials).
-template <typename Logit>
-__device__ __forceinline__ void warp_topk_of(Logit logit, int* idx, float* w) {
+// them from other lanes). key[i]: topk_key of expert lane + 32 i's logit
+// (0 past the experts).
+__device__ __forceinline__ void warp_topk_keys(u32 (&key)[EXPERTS_PER_LANE], int* idx, float* w) {
     const int lane = threadIdx.x & 31;
-    u32 key[EXPERTS_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
-        const int e = lane + 32 * i;
-        key[i] = e < N_EXPERTS ? topk_key(logit(e)) : 0u;
-    }
     // Lane k keeps the k-th choice (a register each, not TOPK a lane).
     float my_v = 0.f;
     int my_i = 0;
@@ -277,7 +270,14 @@ __device__ __forceinline__ void warp_topk_of(Logit logit, int* idx, float* w) {
     }
 }
 __device__ __forceinline__ void warp_topk(const float* __restrict__ logits, int* idx, float* w) {
-    warp_topk_of([&](int e) { return logits[e]; }, idx, w);
+    const int lane = threadIdx.x & 31;
+    u32 key[EXPERTS_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        key[i] = e < N_EXPERTS ? topk_key(logits[e]) : 0u;
+    }
+    warp_topk_keys(key, idx, w);
 }
 
 // ---- 4-bit / 8-bit dequantisation ---------------------------------------

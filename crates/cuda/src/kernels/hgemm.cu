@@ -184,63 +184,51 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1) hgemm_f16(const __gr
 
 // One matrix of a launch (mirrored by hgemm.rs `DqMatC`).
 struct DqMat {
-    const u32* codes;     // [rows][K * bits / 32], 16-byte aligned
+    const u32* codes;     // [rows][K * bits / 32]
     const bf16* scales;   // [rows][K / GROUP_SIZE]
     const bf16* biases;
     f16* out;             // [rows][K], 16-byte aligned
-    long long quad0;      // the launch's first quad (4 code words) of this matrix
+    long long word0;      // the launch's first code word of this matrix
     int bits;             // 4 or 8
     int pad;
 };
 struct DqParams {
     DqMat mat[DQ_MAX_MATS];
-    long long quads;      // all matrices' quads
+    long long words;      // all matrices' code words
     int nmat;
     int pad;
 };
 LAYOUT_CHECK(DqParams, DQ_PARAMS_BYTES)
 
-// One thread a quad of code words (one 16-byte load; a quad never straddles
-// a group: 64 weights are 8 words at 4 bits, 16 at 8), w = fp16(fmaf(scale,
-// q, bias)) for each, saturated. A launch takes up to DQ_MAX_MATS matrices
-// (a mixer's in-projections) one after another.
+// One thread a code word (a warp loads 128 contiguous bytes and stores 512
+// or 256: a thread a quad of words stored 64 bytes apart a lane and ran
+// 1.5x slower), w = fp16(fmaf(scale, q, bias)), saturated. A launch takes
+// up to DQ_MAX_MATS matrices (a mixer's in-projections) one after another.
 extern "C" __global__ void __launch_bounds__(256) dq_f16(const __grid_constant__ DqParams p) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= p.quads) return;
+    if (i >= p.words) return;
     int mi = 0;
 #pragma unroll
     for (int j = 1; j < DQ_MAX_MATS; ++j)
-        if (j < p.nmat && i >= p.mat[j].quad0) mi = j;
+        if (j < p.nmat && i >= p.mat[j].word0) mi = j;
     const DqMat& m = p.mat[mi];
-    const long long q = i - m.quad0;
-    const uint4 w4 = *reinterpret_cast<const uint4*>(m.codes + 4 * q);
-    const u32 w[4] = {w4.x, w4.y, w4.z, w4.w};
+    const long long wi = i - m.word0;
+    const u32 w = m.codes[wi];
     const int per = 32 / m.bits;                   // codes a word
-    const long long first = q * 4 * per;           // flat index of the quad's first weight
-    const long long grp = first / GROUP_SIZE;
+    const long long first = wi * per;              // flat index of the word's first weight
+    const long long grp = first / GROUP_SIZE;      // a word never straddles a group (64 % per == 0)
     const float s = bf16_to_f32(m.scales[grp]), b = bf16_to_f32(m.biases[grp]);
     if (m.bits == 4) {
-        uint4* o = reinterpret_cast<uint4*>(m.out + first);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 x = w[j];
-            uint4 v;
-            v.x = pack_f16x2(fmaf(s, (float)(x & 15u), b), fmaf(s, (float)((x >> 4) & 15u), b));
-            v.y = pack_f16x2(fmaf(s, (float)((x >> 8) & 15u), b), fmaf(s, (float)((x >> 12) & 15u), b));
-            v.z = pack_f16x2(fmaf(s, (float)((x >> 16) & 15u), b), fmaf(s, (float)((x >> 20) & 15u), b));
-            v.w = pack_f16x2(fmaf(s, (float)((x >> 24) & 15u), b), fmaf(s, (float)(x >> 28), b));
-            o[j] = v;
-        }
+        uint4 v;
+        v.x = pack_f16x2(fmaf(s, (float)(w & 15u), b), fmaf(s, (float)((w >> 4) & 15u), b));
+        v.y = pack_f16x2(fmaf(s, (float)((w >> 8) & 15u), b), fmaf(s, (float)((w >> 12) & 15u), b));
+        v.z = pack_f16x2(fmaf(s, (float)((w >> 16) & 15u), b), fmaf(s, (float)((w >> 20) & 15u), b));
+        v.w = pack_f16x2(fmaf(s, (float)((w >> 24) & 15u), b), fmaf(s, (float)(w >> 28), b));
+        *reinterpret_cast<uint4*>(m.out + first) = v;
     } else {
-        uint4* o = reinterpret_cast<uint4*>(m.out + first);
-        u32 h[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 x = w[j];
-            h[2 * j] = pack_f16x2(fmaf(s, (float)(x & 255u), b), fmaf(s, (float)((x >> 8) & 255u), b));
-            h[2 * j + 1] = pack_f16x2(fmaf(s, (float)((x >> 16) & 255u), b), fmaf(s, (float)(x >> 24), b));
-        }
-        o[0] = make_uint4(h[0], h[1], h[2], h[3]);
-        o[1] = make_uint4(h[4], h[5], h[6], h[7]);
+        uint2 v;
+        v.x = pack_f16x2(fmaf(s, (float)(w & 255u), b), fmaf(s, (float)((w >> 8) & 255u), b));
+        v.y = pack_f16x2(fmaf(s, (float)((w >> 16) & 255u), b), fmaf(s, (float)(w >> 24), b));
+        *reinterpret_cast<uint2*>(m.out + first) = v;
     }
 }

@@ -58,17 +58,27 @@ moe_route_plan(const __grid_constant__ MoeRoutePlanParams p) {
     if (t < p.ntok) {
         // The router GEMM's split-K partials summed in split order, as
         // gemm_splitk_reduce would have (its leading 0.f + only changes
-        // the sign of a zero, which topk_key ignores).
+        // the sign of a zero, which topk_key ignores); a split's loads for
+        // all of the lane's experts at once.
         const float* row = p.logits + (size_t)t * N_EXPERTS;
-        const int splits = p.splits;
-        const long long plane = p.plane;
-        warp_topk_of(
-            [&](int e) {
-                float v = row[e];
-                for (int z = 1; z < splits; ++z) v += row[z * plane + e];
-                return v;
-            },
-            s_idx[warp], s_w[warp]);
+        float v[EXPERTS_PER_LANE];
+#pragma unroll
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+            const int e = lane + 32 * i;
+            v[i] = e < N_EXPERTS ? row[e] : 0.f;
+        }
+        for (int z = 1; z < p.splits; ++z) {
+            const float* part = row + z * p.plane;
+#pragma unroll
+            for (int i = 0; i < EXPERTS_PER_LANE; ++i) {
+                const int e = lane + 32 * i;
+                if (e < N_EXPERTS) v[i] += part[e];
+            }
+        }
+        u32 key[EXPERTS_PER_LANE];
+#pragma unroll
+        for (int i = 0; i < EXPERTS_PER_LANE; ++i) key[i] = lane + 32 * i < N_EXPERTS ? topk_key(v[i]) : 0u;
+        warp_topk_keys(key, s_idx[warp], s_w[warp]);
         __syncwarp();
         if (lane < TOPK) {
             const int e = s_idx[warp][lane];
