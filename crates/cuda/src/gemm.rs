@@ -370,7 +370,7 @@ pub fn gemm_unreduced(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, seg:
     if seg.ldc != seg.w.rows {
         return Err(CudaError::shape("gemm", format!("unreduced partials of {} rows stored {} apart (their planes are dense)", seg.w.rows, seg.ldc)));
     }
-    let plan = plan_dense(m, seg_tiles(&[seg]).0, seg.w.cols, seg.w.rows);
+    let plan = unreduced_plan(m, &seg);
     let plane = m * seg.w.rows;
     Ok(match gemm_launch(gpu, k, a, lda, m, &[seg], None, plan, Some(scratch))? {
         Some(r) if (r.p.splits as usize) <= MAX_UNREDUCED_SPLITS => KPartials { ptr: r.p.partial, splits: r.p.splits as usize, plane },
@@ -380,6 +380,28 @@ pub fn gemm_unreduced(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, seg:
         }
         None => KPartials { ptr: out, splits: 1, plane },
     })
+}
+
+/// `plan_dense`'s cut of `gemm_unreduced`'s one matrix.
+fn unreduced_plan(m: usize, seg: &Seg) -> GemmPlan {
+    plan_dense(m, seg_tiles(std::slice::from_ref(seg)).0, seg.w.cols, seg.w.rows)
+}
+
+/// Whether `gemm_unreduced` of `seg` over `m` rows leaves its partials to
+/// the reader (a split launch of at most `MAX_UNREDUCED_SPLITS` splits, or
+/// no split) rather than reducing them itself.
+pub fn leaves_partials(m: usize, seg: &Seg) -> bool {
+    split_count(seg.w.cols / GEMM_BK, unreduced_plan(m, seg).splits) <= MAX_UNREDUCED_SPLITS
+}
+
+/// The K splits a launch of `nk` k-tiles runs for a plan of `planned`:
+/// normalised so that no split is empty (the kernel's blockIdx.z count),
+/// and the k-tiles of each.
+fn split_count(nk: usize, planned: usize) -> usize {
+    nk.div_ceil(split_kt(nk, planned))
+}
+fn split_kt(nk: usize, planned: usize) -> usize {
+    nk.div_ceil(planned.clamp(1, nk.max(1)))
 }
 
 /// A split launch's pending reduction.
@@ -515,9 +537,8 @@ fn gemm_launch(
     }
     let (n_tiles, ncols) = (tile0, col0);
     let nk = kk / GEMM_BK;
-    // Normalised so that no split is empty: the kernel's blockIdx.z count.
-    let kt_per_split = nk.div_ceil(plan.splits.clamp(1, nk));
-    let splits = nk.div_ceil(kt_per_split);
+    let kt_per_split = split_kt(nk, plan.splits);
+    let splits = split_count(nk, plan.splits);
     let m_tiles = match group {
         Some(g) => g.max_tiles,
         None => m.div_ceil(plan.bm),
@@ -592,6 +613,25 @@ pub fn rmsnorm_f16(gpu: &Gpu, k: &Kernels, x: u64, gain: u64, out: u64, rows: us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_router_leaves_its_partials_only_when_few() {
+        // The real router: 256 rows of 2,048 8-bit columns.
+        let w = QMat { rows: 256, cols: 2048, bits: 8, experts: 1, ..QMat::default() };
+        let seg = Seg { w: &w, up: None, out: GemmOut::Store(0), ldc: 256 };
+        let splits = |m: usize| split_count(w.cols / GEMM_BK, unreduced_plan(m, &seg).splits);
+        // 4,096 rows: 64 tiles, 4 splits of 8 k-tiles, left to the top-k.
+        assert_eq!(splits(4096), 4);
+        assert!(leaves_partials(4096, &seg));
+        // 256 and 1,024 rows: 16 splits, reduced by the GEMM.
+        assert_eq!(splits(256), 16);
+        assert!(!leaves_partials(256, &seg) && !leaves_partials(1024, &seg));
+        // No split at all (a block for every SM) also leaves the output to the reader.
+        assert_eq!(splits(16384), 1);
+        assert!(leaves_partials(16384, &seg));
+        // Splits are never empty: 32 k-tiles cut for 12 run as 11 of 3.
+        assert_eq!((split_count(32, 12), split_kt(32, 12)), (11, 3));
+    }
 
     #[test]
     fn kernel_names_follow_the_tile_heights() {
