@@ -353,7 +353,7 @@ pub struct KPartials {
 
 /// Splits `gemm_unreduced` leaves to its reader; more are reduced here.
 /// Its reader loads every split of a value (4 at 4,096 tokens: the router
-/// plus its top-k 71.9 -> 59.2 us a layer, NOTES history 114); at short
+/// plus its top-k 72.3 -> 54.1 us a layer, NOTES history 114); at short
 /// prompts the planner cuts K into 16 and the one reduction launch is
 /// cheaper than 16 rounds of loads in the reader.
 pub const MAX_UNREDUCED_SPLITS: usize = 4;

@@ -67,6 +67,9 @@
 //    Measured: ~250 TFLOP/s in a 131,072-token prefill (5.56 s of attention).
 // v3 prefill: wgmma (S = Q K^T with both operands from shared memory, O += P V
 //    with P from registers and V read N-major), swizzled atoms, no ldmatrix.
+// v4 prefill: a producer warpgroup and full/empty mbarriers instead of a
+//    block barrier every KV tile, the consumer warpgroups taking turns at the
+//    tensor cores: 411 -> 377 us a 4,096-token attention layer.
 
 #define HD A_HEAD_DIM
 #define AG (A_HEADS / A_KV_HEADS)
