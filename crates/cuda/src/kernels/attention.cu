@@ -774,6 +774,36 @@ struct AttnPrefillParams {
 };
 LAYOUT_CHECK(AttnPrefillParams, ATTN_PREFILL_PARAMS_SIZE)
 
+// A ring of tile stages: tile t in stage t % STAGES, each stage with a full
+// mbarrier (the producers' copies landed) and an empty one (every consumer
+// warp's products that read it retired); a stage's n-th use is phase n.
+template <int STAGES>
+struct PfRing {
+    unsigned char* tiles;   // STAGES tiles of PF_T_BYTES
+    u32 full, empty;        // STAGES mbarriers each
+    __device__ __forceinline__ void init() const {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + 8 * s, PF_PRODUCERS);         // every producer thread, as its copies land
+            mbar_init(empty + 8 * s, PF_CONSUMERS / 32);   // every consumer warp
+        }
+    }
+    __device__ __forceinline__ unsigned char* tile(int t) const { return tiles + (t % STAGES) * PF_T_BYTES; }
+    // Producer: waits until tile t's stage is free (tile t - STAGES released).
+    __device__ __forceinline__ void acquire(int t) const {
+        if (t >= STAGES) mbar_wait(empty + 8 * (t % STAGES), (u32)((t / STAGES - 1) & 1));
+    }
+    // Producer: this thread's copies of tile t arrive on its full barrier as they land.
+    __device__ __forceinline__ void commit(int t) const { mbar_arrive_cp_async(full + 8 * (t % STAGES)); }
+    // Consumer: waits until tile t has landed.
+    __device__ __forceinline__ void wait(int t) const { mbar_wait(full + 8 * (t % STAGES), (u32)((t / STAGES) & 1)); }
+    // Consumer warp: done with tile t (its products retired).
+    __device__ __forceinline__ void release(int t, int lane) const {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * (t % STAGES));
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(PF_THREADS, 1)
 attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     extern __shared__ __align__(16) unsigned char fa_raw[];
@@ -783,8 +813,8 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     unsigned char* sV = sK + PF_K_STAGES * PF_T_BYTES;    // PF_V_STAGES stages
     // full K, full V, empty K, empty V (8 bytes each).
     const u32 bars = smem_u32(sV + PF_V_STAGES * PF_T_BYTES);
-    const u32 full_k = bars, full_v = full_k + 8 * PF_K_STAGES;
-    const u32 empty_k = full_v + 8 * PF_V_STAGES, empty_v = empty_k + 8 * PF_K_STAGES;
+    const PfRing<PF_K_STAGES> kring{sK, bars, bars + 8 * (PF_K_STAGES + PF_V_STAGES)};
+    const PfRing<PF_V_STAGES> vring{sV, bars + 8 * PF_K_STAGES, bars + 8 * (2 * PF_K_STAGES + PF_V_STAGES)};
     // The piece of this block (the last whose first tile is at most blockIdx.x).
     int pi = 0;
 #pragma unroll
@@ -804,16 +834,8 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     const int kb_diag = (P0 + q0) / KV_BLOCK;     // tiles before it are below every query: no mask
 
     if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < PF_K_STAGES; ++s) {
-            mbar_init(full_k + 8 * s, PF_PRODUCERS);             // every producer thread, as its copies land
-            mbar_init(empty_k + 8 * s, PF_CONSUMERS / 32);       // every consumer warp
-        }
-#pragma unroll
-        for (int s = 0; s < PF_V_STAGES; ++s) {
-            mbar_init(full_v + 8 * s, PF_PRODUCERS);
-            mbar_init(empty_v + 8 * s, PF_CONSUMERS / 32);
-        }
+        kring.init();
+        vring.init();
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -841,13 +863,12 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
         };
         for (int t = 0; t <= kb_last; ++t) {
             const int phys = block_table[t];
-            const int ks = t % PF_K_STAGES, vs = t % PF_V_STAGES;
-            if (t >= PF_K_STAGES) mbar_wait(empty_k + 8 * ks, (u32)((t / PF_K_STAGES - 1) & 1));
-            copy_tile(sK + ks * PF_T_BYTES, p.kcache, phys, t);
-            mbar_arrive_cp_async(full_k + 8 * ks);
-            if (t >= PF_V_STAGES) mbar_wait(empty_v + 8 * vs, (u32)((t / PF_V_STAGES - 1) & 1));
-            copy_tile(sV + vs * PF_T_BYTES, p.vcache, phys, t);
-            mbar_arrive_cp_async(full_v + 8 * vs);
+            kring.acquire(t);
+            copy_tile(kring.tile(t), p.kcache, phys, t);
+            kring.commit(t);
+            vring.acquire(t);
+            copy_tile(vring.tile(t), p.vcache, phys, t);
+            vring.commit(t);
         }
         return;
     }
@@ -884,22 +905,6 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     const float sl2 = p.scale_log2;
     const u32 q_base = smem_u32(sQ) + wg * 64 * 128;   // this warpgroup's 64 rows in each atom
 
-    // Tile kb: K in stage kb % 2, V in stage kb % 3.
-    auto k_stage = [&](int kb) { return sK + (kb % PF_K_STAGES) * PF_T_BYTES; };
-    auto v_stage = [&](int kb) { return sV + (kb % PF_V_STAGES) * PF_T_BYTES; };
-    // Waits until tile kb's K (V) has landed; the fence orders what the
-    // barrier made visible before this thread's products read it.
-    auto wait_k = [&](int kb) { mbar_wait(full_k + 8 * (kb % PF_K_STAGES), (u32)((kb / PF_K_STAGES) & 1)); };
-    auto wait_v = [&](int kb) { mbar_wait(full_v + 8 * (kb % PF_V_STAGES), (u32)((kb / PF_V_STAGES) & 1)); };
-    // This warp is done with tile kb's K (V): its products retired.
-    auto release_k = [&](int kb) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty_k + 8 * (kb % PF_K_STAGES));
-    };
-    auto release_v = [&](int kb) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty_v + 8 * (kb % PF_V_STAGES));
-    };
     // Turns at the tensor cores: warpgroup 0 starts; each warpgroup lets the
     // other go once its products are issued. Warpgroup 1 skips its last
     // pass, so that both barriers end with every arrival consumed.
@@ -916,7 +921,7 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     // tile).
     const unsigned long long q_desc = wg_desc_sw128(q_base);
     auto issue_s = [&](int kb) {
-        const unsigned long long k_desc = wg_desc_sw128(smem_u32(k_stage(kb)));
+        const unsigned long long k_desc = wg_desc_sw128(smem_u32(kring.tile(kb)));
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
@@ -999,22 +1004,22 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
     };
 
     // Tile 0: S alone.
-    wait_k(0);
-    fence_proxy_async();
+    kring.wait(0);
+    fence_proxy_async();   // orders what the barrier made visible before this thread's products read it
     turn_begin(true);
     issue_s(0);
     turn_end(false);
     retire();
-    release_k(0);
+    kring.release(0, lane);
     softmax(0);
     for (int kb = 0; kb <= kb_last; ++kb) {
         // O += P V(kb) and S(kb + 1) in one turn, retired together.
         const bool next = kb < kb_last;
-        wait_v(kb);
-        if (next) wait_k(kb + 1);
+        vring.wait(kb);
+        if (next) kring.wait(kb + 1);
         fence_proxy_async();
         turn_begin(false);
-        const u32 v_base = smem_u32(v_stage(kb));
+        const u32 v_base = smem_u32(vring.tile(kb));
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < PF_BN / 16; ++ks) {
@@ -1026,9 +1031,9 @@ attn_prefill(const __grid_constant__ AttnPrefillParams p) {
         if (next) issue_s(kb + 1);
         turn_end(!next);
         retire();
-        release_v(kb);
+        vring.release(kb, lane);
         if (!next) break;
-        release_k(kb + 1);
+        kring.release(kb + 1, lane);
         softmax(kb + 1);
     }
 
