@@ -38,6 +38,10 @@ pub const HG_BK: usize = 64;
 pub const HG_STAGES: usize = 4;
 /// Threads of a block: one producer and two consumer warpgroups.
 pub const HG_THREADS: usize = 384;
+/// Column pairs a consumer thread's epilogue handles at once (of HG_BN / 8):
+/// with `GemmOut::Add`, their old values are all loaded before the first
+/// store, 2 x 8 float2 (32 registers) beside the 128 accumulators.
+pub const HG_EPI_COLS: usize = 8;
 /// Shortest K the model sends here: with fewer k-tiles (the shared
 /// expert's down projection has 8) the ring's fill and the epilogue weigh
 /// more than the multiply, and that GEMM runs beside the routed experts,
@@ -115,6 +119,7 @@ pub fn defines() -> Vec<String> {
         format!("-DHG_BK={HG_BK}"),
         format!("-DHG_STAGES={HG_STAGES}"),
         format!("-DHG_THREADS={HG_THREADS}"),
+        format!("-DHG_EPI_COLS={HG_EPI_COLS}"),
         format!("-DHG_SMEM={}", smem_bytes()),
         format!("-DHGEMM_PARAMS_BYTES={}", size_of::<HgemmParams>()),
         format!("-DDQ_PARAMS_BYTES={}", size_of::<DqParams>()),

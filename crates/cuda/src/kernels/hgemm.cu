@@ -42,8 +42,8 @@
 // 16 (warp % 4) + lane / 4 + 8 (e / 2) of the warpgroup's 64, column
 // 8 j + 2 (lane % 4) + (e % 2).
 
-#if !defined(HG_BM) || !defined(HG_BN) || !defined(HG_BK) || !defined(HG_STAGES) || !defined(HG_THREADS)
-#error "HG_BM, HG_BN, HG_BK, HG_STAGES and HG_THREADS must be defined by the host (hgemm.rs)"
+#if !defined(HG_BM) || !defined(HG_BN) || !defined(HG_BK) || !defined(HG_STAGES) || !defined(HG_THREADS) || !defined(HG_EPI_COLS)
+#error "HG_BM, HG_BN, HG_BK, HG_STAGES, HG_THREADS and HG_EPI_COLS must be defined by the host (hgemm.rs)"
 #endif
 static_assert(HG_BK == 64, "a k-tile is one 128-byte swizzle row of fp16");
 static_assert(HG_BM == 128 && HG_BN == 256 && HG_THREADS == 384, "two consumer warpgroups of m64n256");
@@ -57,6 +57,7 @@ static_assert(HG_SMEM == 1024 + HG_STAGES * HG_STAGE_BYTES + 2 * HG_STAGES * 8, 
 
 #define HG_STORE 0
 #define HG_ADD 1
+static_assert((HG_BN / 8) % HG_EPI_COLS == 0, "the epilogue's column groups tile a row of the tile");
 
 // A CUtensorMap, filled on the host by cuTensorMapEncodeTiled (opaque).
 struct __align__(64) TmaMap {
@@ -159,22 +160,40 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1) hgemm_f16(const __gr
 
         const int r0 = m0 + 64 * cw + 16 * wq + (lane >> 2);
         const int cl = n0 + 2 * (lane & 3);
+        // In groups of HG_EPI_COLS column pairs: with HG_ADD, every old
+        // value of the group is loaded before the first store. A load after
+        // a store to the same array waits for it (ptxas cannot tell the
+        // addresses apart), so one load a store made the epilogue of an
+        // out-projection (K = 4,096, two tiles a block) a chain of 64 L2
+        // round trips a thread.
 #pragma unroll
-        for (int j = 0; j < HG_BN / 8; ++j) {
-            const int col = cl + 8 * j;
-            if (col >= p.N) continue;   // N is even (hgemm.rs), so col + 1 < N too
+        for (int j0 = 0; j0 < HG_BN / 8; j0 += HG_EPI_COLS) {
+            float2 old[HG_EPI_COLS][2];
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = r0 + 8 * half;
-                if (row >= p.M) continue;
-                float2* o = reinterpret_cast<float2*>(p.out + (size_t)row * p.ldc + col);
-                float2 v = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-                if (p.mode == HG_ADD) {
-                    const float2 old = *o;
-                    v.x += old.x;
-                    v.y += old.y;
+            for (int j = 0; j < HG_EPI_COLS; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = r0 + 8 * half, col = cl + 8 * (j0 + j);
+                    old[j][half] = make_float2(0.f, 0.f);
+                    if (p.mode == HG_ADD && col < p.N && row < p.M)
+                        old[j][half] = *reinterpret_cast<const float2*>(p.out + (size_t)row * p.ldc + col);
                 }
-                *o = v;
+#pragma unroll
+            for (int j = 0; j < HG_EPI_COLS; ++j) {
+                const int col = cl + 8 * (j0 + j);
+                if (col >= p.N) continue;   // N is even (hgemm.rs), so col + 1 < N too
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = r0 + 8 * half;
+                    if (row >= p.M) continue;
+                    const int a = 4 * (j0 + j) + 2 * half;
+                    float2 v = make_float2(acc[a], acc[a + 1]);
+                    if (p.mode == HG_ADD) {
+                        v.x += old[j][half].x;
+                        v.y += old[j][half].y;
+                    }
+                    *reinterpret_cast<float2*>(p.out + (size_t)row * p.ldc + col) = v;
+                }
             }
         }
     }
