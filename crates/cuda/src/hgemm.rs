@@ -270,6 +270,15 @@ pub fn dequant_and_multiply(
     out: GemmOut,
     ldc: usize,
 ) -> CudaResult<()> {
+    let w = dequant_rows(gpu, k, mats, scratch)?;
+    hgemm(gpu, k, a, lda, m, w, out, ldc)
+}
+
+/// `dequant_and_multiply`'s first half: `mats` (sharing K) dequantised one
+/// after another into `scratch`; returns the fp16 rows they make together,
+/// which `hgemm` may multiply later (on another stream, once it has
+/// waited for this one).
+pub fn dequant_rows(gpu: &Gpu, k: &Kernels, mats: &[&QMat], scratch: F16Scratch) -> CudaResult<F16Rows> {
     let kk = mats.first().map(|w| w.cols).ok_or_else(|| CudaError::shape("hgemm_f16", "no matrices"))?;
     let rows: usize = mats.iter().map(|w| w.rows).sum();
     if mats.iter().any(|w| w.cols != kk) || rows * kk > scratch.elems {
@@ -284,7 +293,7 @@ pub fn dequant_and_multiply(
     for part in jobs.chunks(DQ_MAX_MATS) {
         dequant_all(gpu, k, part)?;
     }
-    hgemm(gpu, k, a, lda, m, F16Rows { ptr: scratch.ptr, rows, cols: kk }, out, ldc)
+    Ok(F16Rows { ptr: scratch.ptr, rows, cols: kk })
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
 use crate::gemm::{self, GemmOut, Grouping, KPartials, Seg};
-use crate::hgemm;
+use crate::hgemm::{self, F16Rows};
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
@@ -79,6 +79,13 @@ pub struct Model {
     side: Gpu,
     fork: CudaEvent,
     join: CudaEvent,
+    /// `Options::dequant_ahead`: the main stream's point from which the
+    /// side stream may dequantise (`ahead_fork`), and the side's points
+    /// after which a layer's out-projection (`ahead_out`) and the next
+    /// layer's in-projections (`ahead_in`) lie in fp16.
+    ahead_fork: CudaEvent,
+    ahead_out: CudaEvent,
+    ahead_in: CudaEvent,
     /// Page-locked memory the prefill's logits are read back through,
     /// `LOGITS_STAGE_ROWS` rows at a time.
     logits_stage: HostStage,
@@ -163,6 +170,9 @@ impl Model {
             side: gpu.side_stream()?,
             fork: event()?,
             join: event()?,
+            ahead_fork: event()?,
+            ahead_out: event()?,
+            ahead_in: event()?,
             kernels,
             dims,
             weights,
@@ -221,15 +231,15 @@ impl Model {
     // ---- pieces shared by the paths -----------------------------------------
 
     /// The in-projection outputs of a layer: (matrix, column offset in proj).
-    fn in_projections(&self, l: &LayerDev) -> Vec<(QMat, usize)> {
+    fn in_projections<'a>(&self, l: &'a LayerDev) -> Vec<(&'a QMat, usize)> {
         let d = &self.dims;
         match &l.mixer {
             MixerDev::DeltaNet(g) => {
-                vec![(g.in_qkv, 0), (g.in_z, d.conv_dim), (g.in_a, d.conv_dim + d.gdn_val_dim()), (g.in_b, d.conv_dim + d.gdn_val_dim() + d.gv_heads)]
+                vec![(&g.in_qkv, 0), (&g.in_z, d.conv_dim), (&g.in_a, d.conv_dim + d.gdn_val_dim()), (&g.in_b, d.conv_dim + d.gdn_val_dim() + d.gv_heads)]
             }
             MixerDev::Attention(a) => {
                 let q = 2 * d.a_heads * d.a_head_dim;
-                vec![(a.q, 0), (a.k, q), (a.v, q + d.kv_dim())]
+                vec![(&a.q, 0), (&a.k, q), (&a.v, q + d.kv_dim())]
             }
         }
     }
@@ -416,15 +426,37 @@ impl Model {
     /// combine left it there), then the in-projections into proj, all in
     /// one GEMM launch (the 32-row a/b projections ride along with qkv and z).
     fn in_proj_gemm(&self, l: &LayerDev, n: usize, normed: bool) -> CudaResult<()> {
+        self.in_proj_gemm_from(l, n, normed, false)
+    }
+
+    /// `in_proj_gemm`; `dequantised`: the side stream has dequantised the
+    /// in-projections into `w16` (`dequant_ahead`), so only their multiply
+    /// runs here, after `ahead_in`.
+    fn in_proj_gemm_from(&self, l: &LayerDev, n: usize, normed: bool, dequantised: bool) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         if !normed {
             gemm::rmsnorm_f16(g, k, s.h, l.input_norm, s.xn, n, d.rms_eps)?;
         }
-        let projs = self.in_projections(l);
-        let segs: Vec<Seg> =
-            projs.iter().map(|(m, off)| Seg { w: m, up: None, out: GemmOut::Store(s.proj + (off * 4) as u64), ldc: d.proj_stride() }).collect();
-        self.dense_gemms(s.xn, d.hidden, n, &segs)?;
+        let segs = self.in_proj_segs(l);
+        match self.f16_gemm_output(n, &segs).filter(|_| dequantised) {
+            Some(out) => {
+                self.gpu.stream.wait(&self.ahead_in).ctx("cuStreamWaitEvent (in-projections dequantised)")?;
+                let rows = segs.iter().map(|x| x.w.rows).sum();
+                hgemm::hgemm(g, k, s.xn, d.hidden, n, F16Rows { ptr: s.w16.ptr, rows, cols: d.hidden }, out, segs[0].ldc)?;
+            }
+            None => self.dense_gemms(s.xn, d.hidden, n, &segs)?,
+        }
         self.mark("gemm norm+in_proj")
+    }
+
+    /// A layer's in-projections as one launch's matrices: each into its
+    /// columns of the proj rows.
+    fn in_proj_segs<'a>(&self, l: &'a LayerDev) -> Vec<Seg<'a>> {
+        let (d, s) = (&self.dims, &self.mem.scratch);
+        self.in_projections(l)
+            .into_iter()
+            .map(|(m, off)| Seg { w: m, up: None, out: GemmOut::Store(s.proj + (off * 4) as u64), ldc: d.proj_stride() })
+            .collect()
     }
 
     /// Dense GEMMs of `n` rows of one input: one launch per bit width (up
@@ -604,13 +636,20 @@ impl Model {
     /// the in-projection, out-projection and MoE over all rows at once, the
     /// mixer over every piece's rows in one set of launches (each piece from
     /// its own state).
-    fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize) -> CudaResult<()> {
+    ///
+    /// `in_dequantised`: the previous layer had the side stream dequantise
+    /// this one's in-projections (`dequantise_ahead`). Returns whether this
+    /// layer did so for the next one.
+    fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize, in_dequantised: bool) -> CudaResult<bool> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
+        let ahead = self.dequantises_ahead(l, t);
+        let next = self.weights.layers.get(i + 1).filter(|nl| ahead && self.dequantises_ahead(nl, t));
+        let start_ahead = || self.dequantise_ahead(l, next);
         // Every layer but the first finds its normalised input left in xn
         // by the previous layer's combine.
-        self.in_proj_gemm(l, t, i > 0)?;
+        self.in_proj_gemm_from(l, t, i > 0, in_dequantised)?;
         // Row r of proj and of the mixer output, as the kernels lay them out.
         let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
         match &l.mixer {
@@ -629,7 +668,10 @@ impl Model {
                         gdn::PrefillPiece { conv, state, proj: proj_row(p.row0), t: p.len, p0: p.p0, mix, capture }
                     })
                     .collect();
-                gdn::prefill_pieces(g, k, d, w, &runs, ps, &s.gdn_scratch())?;
+                // The side stream dequantises during the state recurrence,
+                // whose serial chain leaves the GPU mostly idle.
+                let hook: Option<gdn::BeforeState> = if ahead { Some(&start_ahead) } else { None };
+                gdn::prefill_pieces_with(g, k, d, w, &runs, ps, &s.gdn_scratch(), hook)?;
                 self.mark("prefill gdn (chunked)")?;
             }
             MixerDev::Attention(w) => {
@@ -637,6 +679,9 @@ impl Model {
                 // q/k norms, rotation and the cache stores take every row's
                 // own position and slot.
                 attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), t)?;
+                if ahead {
+                    start_ahead()?;
+                }
                 // Every piece in one launch: the query tiles of many short
                 // prompts fill the GPU together.
                 let runs: Vec<attention::PrefillPiece> =
@@ -646,9 +691,51 @@ impl Model {
             }
         }
         let out = Self::out_projection(l);
-        self.dense_gemms(s.mix_f16, out.cols, t, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
+        if ahead {
+            self.gpu.stream.wait(&self.ahead_out).ctx("cuStreamWaitEvent (out-projection dequantised)")?;
+            hgemm::hgemm(g, k, s.mix_f16, out.cols, t, F16Rows { ptr: s.w16_out.ptr, rows: out.rows, cols: out.cols }, GemmOut::Add(s.h), d.hidden)?;
+        } else {
+            self.dense_gemms(s.mix_f16, out.cols, t, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
+        }
         self.mark("gemm out_proj")?;
-        self.moe_gemm(l, t, self.weights.layers.get(i + 1).map(|next| next.input_norm))
+        self.moe_gemm(l, t, self.weights.layers.get(i + 1).map(|next| next.input_norm))?;
+        Ok(next.is_some())
+    }
+
+    /// Whether layer `l` of an `n`-row pass has its projections dequantised
+    /// ahead on the side stream (`Options::dequant_ahead`): its in- and
+    /// out-projections both on `hgemm` and `w16_out` planned for the latter.
+    fn dequantises_ahead(&self, l: &LayerDev, n: usize) -> bool {
+        let s = &self.mem.scratch;
+        let out = Self::out_projection(l);
+        let out_seg = Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: self.dims.hidden };
+        self.mem.opts.dequant_ahead
+            && s.w16_out.elems >= out.rows * out.cols
+            && self.f16_gemm_output(n, &[out_seg]).is_some()
+            && self.f16_gemm_output(n, &self.in_proj_segs(l)).is_some()
+    }
+
+    /// From this point of the main stream (past the multiply by layer
+    /// `l`'s in-projections, the last reader of `w16`), the side stream
+    /// dequantises `l`'s out-projection into `w16_out` (then records
+    /// `ahead_out`) and `next`'s in-projections into `w16` (then
+    /// `ahead_in`). The main stream waits for each event just before the
+    /// multiply that reads those rows, so the dequantisation (30 us a layer
+    /// at 4,096 tokens, DRAM-bound) runs beside the mixer instead of before
+    /// each multiply.
+    fn dequantise_ahead(&self, l: &LayerDev, next: Option<&LayerDev>) -> CudaResult<()> {
+        let (k, s) = (&self.kernels, &self.mem.scratch);
+        self.ahead_fork.record(&self.gpu.stream).ctx("cuEventRecord (dequantise ahead)")?;
+        self.side.stream.wait(&self.ahead_fork).ctx("cuStreamWaitEvent (dequantise ahead)")?;
+        let out = Self::out_projection(l);
+        hgemm::dequant_rows(&self.side, k, &[&out], s.w16_out)?;
+        self.ahead_out.record(&self.side.stream).ctx("cuEventRecord (out-projection dequantised)")?;
+        if let Some(nl) = next {
+            let mats: Vec<&QMat> = self.in_projections(nl).into_iter().map(|(m, _)| m).collect();
+            hgemm::dequant_rows(&self.side, k, &mats, s.w16)?;
+            self.ahead_in.record(&self.side.stream).ctx("cuEventRecord (in-projections dequantised)")?;
+        }
+        Ok(())
     }
 
     /// One prefill pass over rows `tokens` (their positions and state slots
@@ -662,8 +749,9 @@ impl Model {
         write_device(&self.gpu, s.slot, slots)?;
         embed::embed(&self.gpu, &self.kernels, d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
         self.mark("embed")?;
+        let mut in_dequantised = false;
         for i in 0..d.layers {
-            self.layer_prefill(i, pieces, t)?;
+            in_dequantised = self.layer_prefill(i, pieces, t, in_dequantised)?;
         }
         Ok(())
     }

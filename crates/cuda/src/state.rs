@@ -59,6 +59,12 @@ pub struct Options {
     /// dequantised once per pass into fp16 and multiplied by the TMA-fed
     /// fp16 GEMM. `None`: always gemm.cu's 4-bit tiles.
     pub f16_gemm_from: Option<usize>,
+    /// On the `hgemm` path, dequantise a layer's out-projection and the next
+    /// layer's in-projections on the second stream while the mixer runs
+    /// (into `w16_out` and `w16`), instead of just before each multiply on
+    /// the main stream: the same fp16 weights, so the same bits. Off: the
+    /// in-line order (a measurement and test knob).
+    pub dequant_ahead: bool,
     /// The grouped expert GEMMs' tile height (one of `gemm::TILE_ROWS`) at
     /// every prefill pass; `None`: `moe::tile_rows` picks it from the pass
     /// length (the default). A measurement knob (bench `--expert-rows`).
@@ -145,6 +151,7 @@ impl Default for Options {
             decode_matrices: DecodeMatrices::FASTEST,
             fused_moe: false,
             f16_gemm_from: Some(F16_GEMM_FROM),
+            dequant_ahead: true,
             expert_tile_rows: None,
         }
     }
@@ -269,6 +276,9 @@ pub struct Scratch {
     /// fp16 rows of the dense matrices `hgemm` multiplies (the largest
     /// mixer projection, dequantised once per prefill pass).
     pub w16: crate::hgemm::F16Scratch,
+    /// fp16 rows of a layer's out-projection, dequantised ahead
+    /// (`Options::dequant_ahead`) while `w16` holds the in-projections.
+    pub w16_out: crate::hgemm::F16Scratch,
     // deltanet prefill
     pub gdn: GdnScratchAddrs,
 }
@@ -461,6 +471,7 @@ impl Memory {
             ys: get("ys")?,
             gemm_partial: get("gemm_partial")?,
             w16: crate::hgemm::F16Scratch { ptr: get("w16")?, elems: w16_elems(dims, &opts) },
+            w16_out: crate::hgemm::F16Scratch { ptr: get("w16_out")?, elems: w16_out_elems(dims, &opts) },
             gdn: GdnScratchAddrs {
                 q: get("gdn_q")?,
                 k: get("gdn_k")?,
@@ -759,8 +770,23 @@ fn w16_elems(dims: &Dims, opts: &Options) -> usize {
     if opts.f16_gemm_from.is_none_or(|from| from > rows) {
         return 0;
     }
-    let k_out = dims.mix_dim().max(dims.attn_out_dim());
-    (dims.proj_stride() * dims.hidden).max(dims.hidden * k_out)
+    (dims.proj_stride() * dims.hidden).max(out_proj_elems(dims))
+}
+
+/// fp16 values of an out-projection (hidden rows of K = mix_dim or
+/// attn_out_dim, the larger).
+fn out_proj_elems(dims: &Dims) -> usize {
+    dims.hidden * dims.mix_dim().max(dims.attn_out_dim())
+}
+
+/// fp16 values of the `w16_out` scratch: an out-projection, where `w16`
+/// is planned and `Options::dequant_ahead` is on; else 0.
+fn w16_out_elems(dims: &Dims, opts: &Options) -> usize {
+    if opts.dequant_ahead && w16_elems(dims, opts) > 0 {
+        out_proj_elems(dims)
+    } else {
+        0
+    }
 }
 
 fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
@@ -815,6 +841,7 @@ fn scratch_layout(dims: &Dims, opts: &Options) -> Layout {
     l.add("ys", rows * h * f);
     l.add("gemm_partial", SPLITK_FLOATS * f);
     l.add("w16", w16_elems(dims, opts) * 2);
+    l.add("w16_out", w16_out_elems(dims, opts) * 2);
     let sizes = GdnScratch::sizes(dims, tp);
     for (name, n) in ["gdn_q", "gdn_k", "gdn_vu", "gdn_gg", "gdn_bb", "gdn_w", "gdn_gc", "gdn_hs", "gdn_o"].iter().zip(sizes) {
         l.add(name, n * f);
@@ -833,6 +860,9 @@ mod tests {
         assert!(w16_elems(&d, &o) >= d.proj_stride() * d.hidden, "the in-projections fit");
         assert_eq!(w16_elems(&d, &Options { f16_gemm_from: None, ..Options::default() }), 0);
         assert_eq!(w16_elems(&d, &Options { prefill_chunk: 1024, ..Options::default() }), 0, "no pass reaches F16_GEMM_FROM rows");
+        assert!(w16_out_elems(&d, &o) >= d.hidden * d.mix_dim().max(d.attn_out_dim()), "an out-projection fits beside");
+        assert_eq!(w16_out_elems(&d, &Options { dequant_ahead: false, ..Options::default() }), 0);
+        assert_eq!(w16_out_elems(&d, &Options { f16_gemm_from: None, ..Options::default() }), 0);
     }
 
     #[test]

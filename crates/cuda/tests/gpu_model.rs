@@ -702,14 +702,26 @@ fn full_width_four_layer_model_matches_lily_cpu() {
         let mut bh = CudaBackend::from_weights(&gpu, &w, ho, &mut |_, _| {}).expect("hgemm-path backend");
         let (sh, c2) = (bh.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
         let mut st_h = Stats::default();
-        st_h.add(
-            "prefill on hgemm",
-            &bh.prefill(sh, &prompt, LogitsWanted::All).expect("prefill"),
-            &cpu.prefill(c2, &prompt, LogitsWanted::All).expect("cpu prefill"),
-        );
+        let on_hgemm = bh.prefill(sh, &prompt, LogitsWanted::All).expect("prefill");
+        st_h.add("prefill on hgemm", &on_hgemm, &cpu.prefill(c2, &prompt, LogitsWanted::All).expect("cpu prefill"));
         st_h.gate(&mut checks, "full width, 4 layers: GPU prefill with the projections on hgemm vs lily-cpu", 1.0, 3e-2, 3e-1);
         bh.free(sh);
         cpu.free(c2);
+        drop(bh);
+        // The default dequantises each layer's projections ahead on the
+        // second stream (Options::dequant_ahead); in line on the main
+        // stream they are the same fp16 weights: the same bits.
+        let mut io = small_opts(4096);
+        io.f16_gemm_from = Some(64);
+        io.dequant_ahead = false;
+        let mut bi = CudaBackend::from_weights(&gpu, &w, io, &mut |_, _| {}).expect("in-line backend");
+        let si = bi.alloc().expect("alloc");
+        let in_line = bi.prefill(si, &prompt, LogitsWanted::All).expect("prefill in line");
+        let differ = on_hgemm.iter().flatten().zip(in_line.iter().flatten()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        checks.check(
+            on_hgemm.len() == in_line.len() && differ == 0,
+            format!("projections dequantised ahead vs in line: {differ} logits differ ({} and {} rows)", on_hgemm.len(), in_line.len()),
+        );
     }
 
     // Greedy tokens of sequences decoded together equal each one decoded
