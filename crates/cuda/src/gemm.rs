@@ -325,6 +325,17 @@ pub fn gemm_segs(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, segs: &[S
     gemm_with(gpu, k, a, lda, m, segs, None, plan, Some(scratch))
 }
 
+/// The K splits `gemm_segs` cuts a launch of `segs` over `m` rows into
+/// (1: none, so it leaves nothing in the partial scratch).
+pub fn dense_splits(m: usize, segs: &[Seg]) -> usize {
+    let (n_tiles, ncols) = seg_tiles(segs);
+    let nk = segs.first().map_or(0, |s| s.w.cols / GEMM_BK);
+    if nk == 0 {
+        return 1;
+    }
+    split_count(nk, plan_dense(m, n_tiles, nk * GEMM_BK, ncols).splits)
+}
+
 /// W tiles (blockIdx.x) of the segments and the width of a partial row.
 fn seg_tiles(segs: &[Seg]) -> (usize, usize) {
     let mut tiles = 0;
@@ -631,6 +642,23 @@ mod tests {
         assert!(leaves_partials(16384, &seg));
         // Splits are never empty: 32 k-tiles cut for 12 run as 11 of 3.
         assert_eq!((split_count(32, 12), split_kt(32, 12)), (11, 3));
+    }
+
+    #[test]
+    fn the_shared_expert_splits_nothing_from_a_block_per_sm() {
+        // The real shared expert: gate/up 512 + 512 rows of 2,048 4-bit
+        // columns (SwiGLU), down 2,048 rows of 512.
+        let (g, u) =
+            (QMat { rows: 512, cols: 2048, bits: 4, experts: 1, ..QMat::default() }, QMat { rows: 512, cols: 2048, bits: 4, experts: 1, ..QMat::default() });
+        let dn = QMat { rows: 2048, cols: 512, bits: 4, experts: 1, ..QMat::default() };
+        let gate_up = Seg { w: &g, up: Some(&u), out: GemmOut::SwiGlu(0), ldc: 512 };
+        let down = Seg { w: &dn, up: None, out: GemmOut::Store(0), ldc: 2048 };
+        // 4,096 rows: 32 M tiles x 8 (gate/up) or 16 (down) W tiles.
+        assert_eq!(dense_splits(4096, &[gate_up]), 1);
+        assert_eq!(dense_splits(4096, &[down]), 1);
+        // 1,536 rows: 12 x 8 = 96 gate/up blocks, fewer than the SMs.
+        assert!(dense_splits(1536, &[gate_up]) > 1);
+        assert_eq!(dense_splits(1, &[]), 1, "no matrix, no split");
     }
 
     #[test]

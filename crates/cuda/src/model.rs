@@ -528,32 +528,47 @@ impl Model {
         let gate = Seg { w: &m.sh_expert_gate, up: None, out: GemmOut::Store(s.sg), ldc: 1 };
         let rb = s.route();
         let bm = self.mem.opts.expert_tile_rows.unwrap_or_else(|| moe::tile_rows(d, n));
-        // The shared expert (and its gate, `with_gate`) need only xn: they
-        // run on the side stream while this one routes and runs the routed
-        // experts. Their split-K partials cannot meet another GEMM's: the
-        // grouped expert GEMMs split nothing, and the next dense GEMM comes
-        // after the join.
-        let shared_beside = |with_gate: bool| -> CudaResult<()> {
+        // The shared expert and its gate need only xn: they run on the side
+        // stream while this one routes and runs the routed experts. Their
+        // split-K partials cannot meet another GEMM's: the grouped expert
+        // GEMMs split nothing, and the next dense GEMM comes after the join.
+        let fork_side = || -> CudaResult<()> {
             self.fork.record(&self.gpu.stream).ctx("cuEventRecord (fork)")?;
-            self.side.stream.wait(&self.fork).ctx("cuStreamWaitEvent (fork)")?;
-            if with_gate {
-                self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[gate])?;
-            }
-            self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[Seg { w: &m.sh_gate, up: Some(&m.sh_up), out: GemmOut::SwiGlu(s.act_sh), ldc: d.moe_inter }])?;
-            self.dense_gemms_on(&self.side, s.act_sh, d.moe_inter, n, &[Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden }])?;
-            self.join.record(&self.side.stream).ctx("cuEventRecord (join)")
+            self.side.stream.wait(&self.fork).ctx("cuStreamWaitEvent (fork)")
         };
+        let sh_gate_up = Seg { w: &m.sh_gate, up: Some(&m.sh_up), out: GemmOut::SwiGlu(s.act_sh), ldc: d.moe_inter };
+        let sh_down = Seg { w: &m.sh_down, up: None, out: GemmOut::Store(s.ys), ldc: d.hidden };
+        let shared_expert = || -> CudaResult<()> {
+            self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[sh_gate_up])?;
+            self.dense_gemms_on(&self.side, s.act_sh, d.moe_inter, n, &[sh_down])
+        };
+        let join_side = || self.join.record(&self.side.stream).ctx("cuEventRecord (join)");
         if gemm::leaves_partials(n, &router) {
             // Long passes (a few K splits): the router alone (its 256 rows
             // are two whole W tiles; the gate's one row would take a third),
             // its partials summed by the top-k instead of a reduction
-            // launch; the side forks after the route has read them, as its
-            // own split GEMMs reuse the partial scratch.
+            // launch. The gate's own split GEMM reuses the partial scratch,
+            // so it forks after the route has read them. The shared
+            // expert's two GEMMs fork before the router when neither splits
+            // (a block for every SM, from ~2,100 tokens): they then run
+            // beside the router and the route, whose few waves leave most
+            // of the GPU idle, instead of finishing after the routed
+            // experts (2.8 ms of a 4,096-token pass waited for them).
+            let early = gemm::dense_splits(n, &[sh_gate_up]) == 1 && gemm::dense_splits(n, &[sh_down]) == 1;
+            if early {
+                fork_side()?;
+                shared_expert()?;
+            }
             let logits = gemm::gemm_unreduced(g, k, s.xn, d.hidden, n, router, s.split_k())?;
             self.mark("gemm moe norm+router")?;
             moe::route(g, k, d, &rb, logits, n, bm)?;
             self.mark("moe route")?;
-            shared_beside(true)?;
+            fork_side()?;
+            self.dense_gemms_on(&self.side, s.xn, d.hidden, n, &[gate])?;
+            if !early {
+                shared_expert()?;
+            }
+            join_side()?;
         } else {
             // Short passes (K cut into many splits, reduced anyway): the
             // router and the gate in one launch, and the side forks right
@@ -561,7 +576,9 @@ impl Model {
             // route (forked after the route, a 256-token pass was 6% slower).
             self.dense_gemms(s.xn, d.hidden, n, &[router, gate])?;
             self.mark("gemm moe norm+router")?;
-            shared_beside(false)?;
+            fork_side()?;
+            shared_expert()?;
+            join_side()?;
             moe::route(g, k, d, &rb, KPartials { ptr: s.router_logits, splits: 1, plane: n * d.n_experts }, n, bm)?;
             self.mark("moe route")?;
         }

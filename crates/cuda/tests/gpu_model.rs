@@ -722,6 +722,22 @@ fn full_width_four_layer_model_matches_lily_cpu() {
             on_hgemm.len() == in_line.len() && differ == 0,
             format!("projections dequantised ahead vs in line: {differ} logits differ ({} and {} rows)", on_hgemm.len(), in_line.len()),
         );
+        drop(bi);
+        // A pass as long prompts run it (the default options: one pass of
+        // 2,304 tokens): the router's partials left to the top-k, the
+        // shared expert forked before the router (its GEMMs split nothing
+        // from ~2,100 rows), the projections dequantised ahead.
+        let long = tokens(2304, vocab, 3);
+        let mut bl = CudaBackend::from_weights(&gpu, &w, Options::for_context(4096), &mut |_, _| {}).expect("default backend");
+        let (sl, c3) = (bl.alloc().expect("alloc"), cpu.alloc().expect("alloc"));
+        let mut st_l = Stats::default();
+        st_l.add(
+            "long prefill",
+            &bl.prefill(sl, &long, LogitsWanted::Last).expect("prefill"),
+            &cpu.prefill(c3, &long, LogitsWanted::Last).expect("cpu prefill"),
+        );
+        st_l.gate(&mut checks, "full width, 4 layers: a 2,304-token pass vs lily-cpu", 1.0, 3e-2, 3e-1);
+        cpu.free(c3);
     }
 
     // Greedy tokens of sequences decoded together equal each one decoded
