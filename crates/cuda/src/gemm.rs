@@ -319,21 +319,24 @@ pub fn gemm(
 /// bit width and the kind of output, in one launch, cut by `plan_dense`
 /// (split over K into `scratch` when that fills the GPU better).
 pub fn gemm_segs(gpu: &Gpu, k: &Kernels, a: u64, lda: usize, m: usize, segs: &[Seg], scratch: SplitScratch) -> CudaResult<()> {
+    gemm_with(gpu, k, a, lda, m, segs, None, segs_plan(m, segs), Some(scratch))
+}
+
+/// `plan_dense`'s cut of a `gemm_segs` launch.
+fn segs_plan(m: usize, segs: &[Seg]) -> GemmPlan {
     let (n_tiles, ncols) = seg_tiles(segs);
     let k_cols = segs.first().map(|s| s.w.cols).unwrap_or(0);
-    let plan = plan_dense(m, n_tiles, k_cols, ncols);
-    gemm_with(gpu, k, a, lda, m, segs, None, plan, Some(scratch))
+    plan_dense(m, n_tiles, k_cols, ncols)
 }
 
 /// The K splits `gemm_segs` cuts a launch of `segs` over `m` rows into
 /// (1: none, so it leaves nothing in the partial scratch).
 pub fn dense_splits(m: usize, segs: &[Seg]) -> usize {
-    let (n_tiles, ncols) = seg_tiles(segs);
     let nk = segs.first().map_or(0, |s| s.w.cols / GEMM_BK);
     if nk == 0 {
         return 1;
     }
-    split_count(nk, plan_dense(m, n_tiles, nk * GEMM_BK, ncols).splits)
+    split_count(nk, segs_plan(m, segs).splits)
 }
 
 /// W tiles (blockIdx.x) of the segments and the width of a partial row.

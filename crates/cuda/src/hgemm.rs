@@ -279,19 +279,27 @@ pub fn dequant_and_multiply(
 /// which `hgemm` may multiply later (on another stream, once it has
 /// waited for this one).
 pub fn dequant_rows(gpu: &Gpu, k: &Kernels, mats: &[&QMat], scratch: F16Scratch) -> CudaResult<F16Rows> {
-    let kk = mats.first().map(|w| w.cols).ok_or_else(|| CudaError::shape("hgemm_f16", "no matrices"))?;
-    let rows: usize = mats.iter().map(|w| w.rows).sum();
-    if mats.iter().any(|w| w.cols != kk) || rows * kk > scratch.elems {
-        return Err(CudaError::shape("hgemm_f16", format!("{} matrices of {rows} rows x {kk} into an fp16 scratch of {} values", mats.len(), scratch.elems)));
-    }
+    let all = stacked_rows(mats, scratch)?;
     let mut row0 = 0;
     let mut jobs = Vec::with_capacity(mats.len());
     for w in mats {
-        jobs.push((*w, F16Rows { ptr: scratch.ptr + (row0 * kk * 2) as u64, rows: w.rows, cols: kk }));
+        jobs.push((*w, F16Rows { ptr: scratch.ptr + (row0 * all.cols * 2) as u64, rows: w.rows, cols: all.cols }));
         row0 += w.rows;
     }
     for part in jobs.chunks(DQ_MAX_MATS) {
         dequant_all(gpu, k, part)?;
+    }
+    Ok(all)
+}
+
+/// Where `dequant_rows` lays `mats` (sharing K) in `scratch`: one after
+/// another from its start, as one fp16 matrix of all their rows. A reader
+/// on another stream gets the rows it multiplies from here.
+pub fn stacked_rows(mats: &[&QMat], scratch: F16Scratch) -> CudaResult<F16Rows> {
+    let kk = mats.first().map(|w| w.cols).ok_or_else(|| CudaError::shape("hgemm_f16", "no matrices"))?;
+    let rows: usize = mats.iter().map(|w| w.rows).sum();
+    if mats.iter().any(|w| w.cols != kk) || rows * kk > scratch.elems {
+        return Err(CudaError::shape("hgemm_f16", format!("{} matrices of {rows} rows x {kk} into an fp16 scratch of {} values", mats.len(), scratch.elems)));
     }
     Ok(F16Rows { ptr: scratch.ptr, rows, cols: kk })
 }

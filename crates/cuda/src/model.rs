@@ -30,7 +30,7 @@ use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::gdn::{self, GdnState, MixOut};
 use crate::gemm::{self, GemmOut, Grouping, KPartials, Seg};
-use crate::hgemm::{self, F16Rows};
+use crate::hgemm;
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
@@ -387,7 +387,7 @@ impl Model {
     /// MoE on qmm as on the qmm path. `combine_prev`: fold the previous
     /// layer's MoE output into h first.
     fn layer_decode_gemm(&self, i: usize, n: usize, combine_prev: bool) -> CudaResult<()> {
-        let (d, s) = (&self.dims, &self.mem.scratch);
+        let s = &self.mem.scratch;
         let l = &self.weights.layers[i];
         if combine_prev {
             self.combine_norm_f16_now(l.input_norm, n)?;
@@ -397,7 +397,7 @@ impl Model {
         self.mixer_step(i, n, mix, mix)?;
         self.mark(if matches!(l.mixer, MixerDev::Attention(_)) { "attention" } else { "gdn step" })?;
         let out = Self::out_projection(l);
-        self.dense_gemms(s.mix_f16, out.cols, n, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
+        self.dense_gemms(s.mix_f16, out.cols, n, &[self.out_proj_seg(&out)])?;
         self.mark("gemm out_proj")?;
         self.moe_decode(i, n)
     }
@@ -441,8 +441,8 @@ impl Model {
         match self.f16_gemm_output(n, &segs).filter(|_| dequantised) {
             Some(out) => {
                 self.gpu.stream.wait(&self.ahead_in).ctx("cuStreamWaitEvent (in-projections dequantised)")?;
-                let rows = segs.iter().map(|x| x.w.rows).sum();
-                hgemm::hgemm(g, k, s.xn, d.hidden, n, F16Rows { ptr: s.w16.ptr, rows, cols: d.hidden }, out, segs[0].ldc)?;
+                let mats: Vec<&QMat> = segs.iter().map(|x| x.w).collect();
+                hgemm::hgemm(g, k, s.xn, d.hidden, n, hgemm::stacked_rows(&mats, s.w16)?, out, segs[0].ldc)?;
             }
             None => self.dense_gemms(s.xn, d.hidden, n, &segs)?,
         }
@@ -708,11 +708,12 @@ impl Model {
             }
         }
         let out = Self::out_projection(l);
+        let out_seg = self.out_proj_seg(&out);
         if ahead {
             self.gpu.stream.wait(&self.ahead_out).ctx("cuStreamWaitEvent (out-projection dequantised)")?;
-            hgemm::hgemm(g, k, s.mix_f16, out.cols, t, F16Rows { ptr: s.w16_out.ptr, rows: out.rows, cols: out.cols }, GemmOut::Add(s.h), d.hidden)?;
+            hgemm::hgemm(g, k, s.mix_f16, out.cols, t, hgemm::stacked_rows(&[&out], s.w16_out)?, out_seg.out, out_seg.ldc)?;
         } else {
-            self.dense_gemms(s.mix_f16, out.cols, t, &[Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: d.hidden }])?;
+            self.dense_gemms(s.mix_f16, out.cols, t, &[out_seg])?;
         }
         self.mark("gemm out_proj")?;
         self.moe_gemm(l, t, self.weights.layers.get(i + 1).map(|next| next.input_norm))?;
@@ -723,13 +724,16 @@ impl Model {
     /// ahead on the side stream (`Options::dequant_ahead`): its in- and
     /// out-projections both on `hgemm` and `w16_out` planned for the latter.
     fn dequantises_ahead(&self, l: &LayerDev, n: usize) -> bool {
-        let s = &self.mem.scratch;
         let out = Self::out_projection(l);
-        let out_seg = Seg { w: &out, up: None, out: GemmOut::Add(s.h), ldc: self.dims.hidden };
         self.mem.opts.dequant_ahead
-            && s.w16_out.elems >= out.rows * out.cols
-            && self.f16_gemm_output(n, &[out_seg]).is_some()
+            && self.mem.scratch.w16_out.elems >= out.rows * out.cols
+            && self.f16_gemm_output(n, &[self.out_proj_seg(&out)]).is_some()
             && self.f16_gemm_output(n, &self.in_proj_segs(l)).is_some()
+    }
+
+    /// A layer's out-projection as a launch's matrix: added into h.
+    fn out_proj_seg<'a>(&self, out: &'a QMat) -> Seg<'a> {
+        Seg { w: out, up: None, out: GemmOut::Add(self.mem.scratch.h), ldc: self.dims.hidden }
     }
 
     /// From this point of the main stream (past the multiply by layer
