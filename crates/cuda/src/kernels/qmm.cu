@@ -31,14 +31,15 @@
 // Matrix tile math (one warp, 16 weight rows x one K range, all tokens):
 // lane (g = lane / 4, c = lane % 4) holds, per quantisation group of 64
 // columns, the 16 codes 16c..16c+15 of row g and of row g+8 (two u32 words
-// each). A 4-bit word w gives the fp16 pairs (n0,n4), (n1,n5), (n2,n6),
-// (n3,n7) exactly with one lop3 (| 0x6400 = 1024.0) and one f16x2 subtract;
-// the pairing is why x is permuted. The B columns of an n-tile are
+// each). A 4-bit word w gives the fp16 pairs (n0,n4), (n2,n6) (times 2^-24)
+// and (n1,n5), (n3,n7) (times 2^-20) exactly as fp16 subnormals, one mask
+// each (deq_word); the pairing is why x is permuted. The B columns of an n-tile are
 // (token 4*nt + col/2, part col%2): hi and lo of 4 tokens, so after the mma
 // lane (g, c) holds hi and lo of token 4*nt + c in c0/c1 (row g) and c2/c3
 // (row g+8). Per group:
 //   y_g = sum_k q_k x_k            (4 mma over the group, codes exact)
 //   acc += scale_g * y_g + bias_g * sum_k x_k
+// (acc kept in units of 2^20, the high codes' unit, until the task's end)
 // which is the affine dequantisation w = scale * q + bias summed exactly;
 // the group sums of x are computed once per token set (xs_load).
 //
@@ -265,31 +266,24 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
 
 // ---- the tensor-core matrix engine -------------------------------------------
 
-// Exact fp16 pairs of 4-bit codes: for a word of codes n0..n7 (n_i at bits
-// 4i), lop3 with 0x6400 (1024.0) builds 1024 + n in each half for the low
-// nibbles and 1024 + 16 n for the high ones; one f16x2 subtract or fma
-// takes them to n. Returns (n0,n4), (n1,n5), (n2,n6), (n3,n7) in p[0..3].
-__device__ __forceinline__ u32 hsub2_1024(u32 a) {
-    u32 r;
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(0x64006400u));
-    return r;
-}
-__device__ __forceinline__ u32 hfma2_16th(u32 a) {
-    u32 r;  // a / 16 - 64
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(0x2C002C00u), "r"(0xD400D400u));
-    return r;
-}
+// Exact 4-bit codes as fp16 subnormals: an fp16 with a zero exponent field
+// is its 10-bit mantissa m times 2^-24, so masking a word of codes n0..n7
+// (n_i at bits 4i) leaves codes in the mantissas with nothing to subtract:
+// w & 0x000F000F is (n0, n4) * 2^-24 and w & 0x00F000F0 is (n1, n5) * 2^-20;
+// the same on w >> 8 gives (n2, n6) and (n3, n7). Five instructions a word
+// where 1024 + n (lop3 with 0x6400) then a subtract took nine. The tensor
+// cores take fp16 subnormals exactly (the packed x's lo halves are often
+// subnormal too), and every product n x 2^-24 is an exact fp32 value, so the
+// sums have the same precision as on the integer codes, scaled by a power of
+// two. p[0..1]: (n0,n4), (n2,n6) at 2^-24; p[2..3]: (n1,n5), (n3,n7) at 2^-20.
+#define QMM_LO_SCALE 16777216.f   // 2^24: a low-nibble product's unit
+#define QMM_SUM_SCALE 1048576.f   // 2^20: the unit of acc and of the folded sums
 __device__ __forceinline__ void deq_word(u32 w, u32 (&p)[4]) {
-    u32 l0, h0, l1, h1;
     const u32 w8 = w >> 8;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(l0) : "r"(w), "r"(0x000F000Fu), "r"(0x64006400u));
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h0) : "r"(w), "r"(0x00F000F0u), "r"(0x64006400u));
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(l1) : "r"(w8), "r"(0x000F000Fu), "r"(0x64006400u));
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(h1) : "r"(w8), "r"(0x00F000F0u), "r"(0x64006400u));
-    p[0] = hsub2_1024(l0);
-    p[1] = hfma2_16th(h0);
-    p[2] = hsub2_1024(l1);
-    p[3] = hfma2_16th(h1);
+    p[0] = w & 0x000F000Fu;
+    p[1] = w8 & 0x000F000Fu;
+    p[2] = w & 0x00F000F0u;
+    p[3] = w8 & 0x00F000F0u;
 }
 
 __device__ __forceinline__ uint2 lds64(const void* p) {
@@ -465,6 +459,9 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
                 for (int k = 0; k < QMM_SG; ++k)
                     if (k < n) cs4[nt][k] = ldg_f32(cp + k);
             }
+            // In acc's unit (2^20): exact, a power of two.
+#pragma unroll
+            for (int k = 0; k < QMM_SG; ++k) cs4[nt][k] = __fmul_rn(cs4[nt][k], 1.f / QMM_SUM_SCALE);
         }
     }
     // The lane's x of this stage's first group, per n-tile.
@@ -507,15 +504,19 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             if (nt > 0 && nt * 4 >= cnt) break;
-            // Two independent mma chains (codes 0..7 and 8..15 of the lane).
+            // Two independent mma chains: d the low-nibble codes (2^-24),
+            // e the high ones (2^-20). x is permuted so that b.x, .y, .z, .w
+            // hold columns (0,4), (1,5), (2,6), (3,7) of 8: the pairs of
+            // deq_word's p[0], p[2], p[1], p[3].
             float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].y);
-            mma_f16(e, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].y);
-            mma_f16(d, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].z, b01[nt].w);
-            mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].z, b23[nt].w);
+            mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].z);
+            mma_f16(e, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].y, b01[nt].w);
+            mma_f16(d, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].z);
+            mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].y, b23[nt].w);
             float cs;
             if (CSUM_MMA) {
-                const u32 ONE2 = 0x3C003C00u;
+                // 2^-20 (an fp16 subnormal): the sums come out in acc's unit.
+                const u32 ONE2 = 0x00100010u;
                 float f[4] = {0.f, 0.f, 0.f, 0.f};
                 mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
                 mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
@@ -525,8 +526,10 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
             } else {
                 cs = cs4[nt][grp];
             }
-            const float yA = __fadd_rn(__fadd_rn(d[0], d[1]), __fadd_rn(e[0], e[1]));
-            const float yB = __fadd_rn(__fadd_rn(d[2], d[3]), __fadd_rn(e[2], e[3]));
+            // y / 2^20 = 16 (low sums) + (high sums): hi and lo of the token
+            // added first, as before.
+            const float yA = __fmaf_rn(__fadd_rn(d[0], d[1]), 16.f, __fadd_rn(e[0], e[1]));
+            const float yB = __fmaf_rn(__fadd_rn(d[2], d[3]), 16.f, __fadd_rn(e[2], e[3]));
             acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
             acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
         }
@@ -673,6 +676,13 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
         __syncwarp();
         qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
         if (s == SQ - 1) {
+            // acc was summed in units of 2^20 (deq_word): back to the
+            // products' own unit, exactly.
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                acc[nt][0] = __fmul_rn(acc[nt][0], QMM_SUM_SCALE);
+                acc[nt][1] = __fmul_rn(acc[nt][1], QMM_SUM_SCALE);
+            }
             if (ks.KQ == 1) {
                 // One warp holds the whole K: its sums are final.
                 if (cnt > 0) {
