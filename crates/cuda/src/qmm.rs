@@ -188,6 +188,15 @@ struct RouterParamsC {
 // SAFETY: plain-old-data mirroring `RouterParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for RouterParamsC {}
 
+/// Where column `col` of a packed activation row (hi or lo half) is stored:
+/// within each 8 columns, column j at j's three bits reversed (the order
+/// 0,4,2,6,1,5,3,7). The mirror of `px_perm` in common.cuh, for the tests
+/// that read packed rows back.
+pub fn px_position(col: usize) -> usize {
+    let j = col & 7;
+    (col & !7) | ((j & 1) << 2) | (j & 2) | (j >> 2)
+}
+
 /// Tokens one router block stages and routes at a step of `ntok` tokens.
 /// A warp takes its row against its chunk's tokens one after another, so
 /// more chunks (more blocks) shorten that chain, at the price of a second
@@ -806,6 +815,27 @@ pub fn combine_norm_f16(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_columns_pair_as_the_dequantisation_masks_them() {
+        // Each 8-column block is a permutation, and the u32 words of a B
+        // fragment (positions 2i, 2i + 1) hold the column pairs deq_word
+        // makes from a code word: (0,4), (2,6) low nibbles, (1,5), (3,7) high.
+        for base in [0usize, 8, 2040] {
+            let mut seen = [false; 8];
+            for c in base..base + 8 {
+                let p = px_position(c);
+                assert!(p >= base && p < base + 8, "column {c} leaves its block: {p}");
+                seen[p - base] = true;
+            }
+            assert!(seen.iter().all(|s| *s), "block at {base} is not a permutation");
+        }
+        let word_of = |pair: [usize; 2]| pair.map(px_position);
+        assert_eq!(word_of([0, 4]), [0, 1]);
+        assert_eq!(word_of([2, 6]), [2, 3]);
+        assert_eq!(word_of([1, 5]), [4, 5]);
+        assert_eq!(word_of([3, 7]), [6, 7]);
+    }
 
     #[test]
     fn moe_kernels_follow_the_shape() {

@@ -329,7 +329,7 @@ fn check_packed(what: &str, gpu: &Arc<Gpu>, want: &[f32], px: &DeviceBuffer, csu
         let row = &px[t * 2 * val..(t + 1) * 2 * val];
         let unpacked: Vec<f32> = (0..val)
             .map(|c| {
-                let pos = (c & !7) + (((c & 3) << 1) | ((c & 7) >> 2));
+                let pos = lily_cuda::qmm::px_position(c);
                 half::f16::from_bits(row[pos]).to_f32() + half::f16::from_bits(row[val + pos]).to_f32()
             })
             .collect();

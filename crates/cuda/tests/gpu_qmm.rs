@@ -217,7 +217,7 @@ fn xnorm_packs_the_norm_and_the_moe_combine_exactly() {
         let row = &px[t * 2 * d.hidden..(t + 1) * 2 * d.hidden];
         let unpacked: Vec<f32> = (0..d.hidden)
             .map(|c| {
-                let pos = (c & !7) + (((c & 3) << 1) | ((c & 7) >> 2));
+                let pos = lily_cuda::qmm::px_position(c);
                 half::f16::from_bits(row[pos]).to_f32() + half::f16::from_bits(row[d.hidden + pos]).to_f32()
             })
             .collect();

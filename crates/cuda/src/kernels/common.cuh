@@ -302,6 +302,15 @@ __device__ __forceinline__ float dot4_q8(u32 w, const float* x) {
 // Dequantised 4-bit code `j` (0..7) of a word.
 __device__ __forceinline__ float q4_at(u32 w, int j) { return (float)((w >> (4 * j)) & 15u); }
 
+// ---- packed activations' column order ------------------------------------
+// Within every 8 consecutive columns of a packed activation row, column j is
+// stored at position px_perm(j): the order 0,4,2,6,1,5,3,7 (j's three bits
+// reversed). qmm's B fragments then read, as four u32 words, the column
+// pairs (0,4), (2,6), (1,5), (3,7): the pairs deq_word (qmm.cu) masks out of
+// a word of codes, low nibbles first, so that each mma takes codes of one
+// scale. qmm.rs `px_position` mirrors it for the tests.
+__device__ __forceinline__ int px_perm(int j) { return ((j & 1) << 2) | (j & 2) | ((j >> 2) & 1); }
+
 // ---- padded shared-memory vectors ---------------------------------------
 //
 // Activation vectors that warps read 32 (4-bit) or 16 (8-bit) consecutive

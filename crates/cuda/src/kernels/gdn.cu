@@ -387,11 +387,11 @@ __device__ __forceinline__ void gdn_decode_body(const GdnDecodeParams& p) {
         if (own && p.mix_f32 != nullptr) p.mix_f32[oi] = y;
         if (own && p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
         if (p.mix_px != nullptr) {
-            // hi/lo halves at the packed position (px_perm in qmm.cu).
+            // hi/lo halves at the packed position (px_perm, common.cuh).
             const f16 hi = f32_to_f16(y), lo = f32_to_f16(y - f16_to_f32(hi));
             if (own) {
                 const int pc = h * GV_DIM + col;
-                u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (pc & ~7) + (((pc & 3) << 1) | ((pc & 7) >> 2));
+                u16* r = p.mix_px + (size_t)t * 2 * GDN_VAL + (pc & ~7) + px_perm(pc & 7);
                 r[0] = hi;
                 r[GDN_VAL] = lo;
             }

@@ -23,7 +23,7 @@
 //
 // Packed activations ("px"): an activation row x[K] (f32) is stored as fp16
 // hi = fp16(x) and lo = fp16(x - hi), [row][2][K] halves, and within every 8
-// consecutive columns in the order 0,4,1,5,2,6,3,7 (px_perm). hi + lo keeps
+// consecutive columns in the order 0,4,2,6,1,5,3,7 (px_perm, common.cuh). hi + lo keeps
 // about 22 significant bits, so the products below are as exact as the fp32
 // GEMV they replace while running on the tensor cores; the permutation makes
 // the B fragment of one m16n8k16 step one 8-byte word per lane.
@@ -89,8 +89,6 @@ static_assert(QMM_SG == 4 && QMM_STAGE_BYTES == 16 * QMM_SG * 32 + 2 * 16 * QMM_
 #define ROUTER_ITS ((HIDDEN / 16 + 31) / 32)
 
 // ---- packed activations ------------------------------------------------------
-
-__device__ __forceinline__ int px_perm(int j) { return ((j & 3) << 1) | (j >> 2); }
 
 // hi/lo fp16 halves of v (saturated to the fp16 range).
 __device__ __forceinline__ void px_split(float v, u16& hi, u16& lo) {
@@ -505,14 +503,14 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
         for (int nt = 0; nt < NT; ++nt) {
             if (nt > 0 && nt * 4 >= cnt) break;
             // Two independent mma chains: d the low-nibble codes (2^-24),
-            // e the high ones (2^-20). x is permuted so that b.x, .y, .z, .w
-            // hold columns (0,4), (1,5), (2,6), (3,7) of 8: the pairs of
-            // deq_word's p[0], p[2], p[1], p[3].
+            // e the high ones (2^-20). px_perm puts columns (0,4), (2,6),
+            // (1,5), (3,7) of 8 in b.x, .y, .z, .w: deq_word's p[0..3], so
+            // each chain's B pair is two adjacent registers (no moves).
             float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].z);
-            mma_f16(e, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].y, b01[nt].w);
-            mma_f16(d, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].z);
-            mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].y, b23[nt].w);
+            mma_f16(d, pr0[0], ph0[0], pr0[1], ph0[1], b01[nt].x, b01[nt].y);
+            mma_f16(e, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].z, b01[nt].w);
+            mma_f16(d, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].y);
+            mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].z, b23[nt].w);
             float cs;
             if (CSUM_MMA) {
                 // 2^-20 (an fp16 subnormal): the sums come out in acc's unit.
@@ -1018,7 +1016,7 @@ struct MoeJob {
         if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger, RING>(job, p.x, p.csum, HIDDEN); \
         else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, nullptr, MOE_INTER); \
     }
-QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
+QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32, 4), QMM_RING)
 QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3), QMM_ONE_TOKEN_RING)
 QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
 
