@@ -274,7 +274,6 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
 // subnormal too), and every product n x 2^-24 is an exact fp32 value, so the
 // sums have the same precision as on the integer codes, scaled by a power of
 // two. p[0..1]: (n0,n4), (n2,n6) at 2^-24; p[2..3]: (n1,n5), (n3,n7) at 2^-20.
-#define QMM_LO_SCALE 16777216.f   // 2^24: a low-nibble product's unit
 #define QMM_SUM_SCALE 1048576.f   // 2^20: the unit of acc and of the folded sums
 __device__ __forceinline__ void deq_word(u32 w, u32 (&p)[4]) {
     const u32 w8 = w >> 8;
@@ -1001,8 +1000,11 @@ struct MoeJob {
     __device__ void finish() {}
 };
 
-// BOUNDS: the kernel's __launch_bounds__. Left to ptxas (128 registers, 4
-// blocks an SM), except qmm_moe_1_occ3: at most 3 blocks an SM, for the
+// BOUNDS: the kernel's __launch_bounds__. qmm_moe_1 at least 4 blocks an SM
+// (128 registers: left to itself, ptxas gave it 136 in the first version of
+// the subnormal codes, 3 blocks an SM; NOTES history 124), qmm_moe_2 left to
+// ptxas, and
+// qmm_moe_1_occ3 at most 3 blocks an SM, for the
 // step sizes qmm.rs MOE_OCC3_UPTO names (and measures). The arithmetic is
 // the same, so are the bits.
 // RING: the warps' ring; the one-token kernel's holds QMM_ONE_TOKEN_RING
