@@ -117,7 +117,7 @@ pub fn router(app: Arc<AppState>) -> Router {
 /// delays that ACK by up to 40 ms (Linux's delayed ACK): measured with a
 /// one-client stream, the first token's chunk reached the client ~35 ms
 /// after the server wrote it. Token streams want every write on the wire.
-pub fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
     listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!("TCP_NODELAY on an accepted connection: {e}");

@@ -1002,11 +1002,10 @@ struct MoeJob {
 
 // BOUNDS: the kernel's __launch_bounds__. qmm_moe_1 at least 4 blocks an SM
 // (128 registers: left to itself, ptxas gave it 136 in the first version of
-// the subnormal codes, 3 blocks an SM; NOTES history 124), qmm_moe_2 left to
-// ptxas, and
-// qmm_moe_1_occ3 at most 3 blocks an SM, for the
-// step sizes qmm.rs MOE_OCC3_UPTO names (and measures). The arithmetic is
-// the same, so are the bits.
+// the subnormal codes, 3 blocks an SM; NOTES history 124); qmm_moe_2 left to
+// ptxas; qmm_moe_1_occ3 at most 3 blocks an SM, for the step sizes qmm.rs
+// MOE_OCC3_UPTO names (and measures). The arithmetic is the same, so are the
+// bits.
 // RING: the warps' ring; the one-token kernel's holds QMM_ONE_TOKEN_RING
 // stages, so a warp requests all 4 stages of its task at once (at one token
 // a warp has about one task: a 4-stage ring requested the last stage only
