@@ -134,7 +134,7 @@ fn gemm_every_tile_height_matches_reference() {
     // N = 200: a partial W tile; K = 256: four k-tiles.
     let (n, kk) = (200usize, 256usize);
     for &bm in &TILE_ROWS {
-        for bits in [4u32, 8] {
+        for bits in [4u32, 8].into_iter().filter(|b| gemm::compiled(*b, bm)) {
             let w = HostQ::random(rng.seed(), 1, n, kk, bits, 0.1);
             let (_wb, wm) = w.upload(&gpu);
             // One row, a full tile, a tile and a few rows (M not a multiple of the tile), two tiles and a few.
@@ -198,7 +198,7 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
             let (a, ab) = f16_matrix(&mut rng, m, kk, 2.0);
             let abuf = upload(&gpu, &ab);
             let refs: Vec<_> = ws.iter().map(|w| gemm_refs(w, 0, &a, kk).0).collect();
-            let bm = gemm::plan_dense(m, 1, kk, 0).bm;
+            let bm = gemm::plan_dense(bits, m, 1, kk, 0).bm;
             for add in [false, true] {
                 let mut first: Option<Vec<Vec<f32>>> = None;
                 for splits in [1usize, 2, 3, 5, 16, 16] {
@@ -261,9 +261,11 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
         let out = upload(&gpu, &vec![0xffffu16; m * inter]);
         let seg = Seg { w: &gm, up: Some(&um), out: GemmOut::SwiGlu(out.ptr()), ldc: inter };
         match splits {
-            Some(s) => gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm: gemm::plan_dense(m, 1, kk, 0).bm, splits: s }, Some(scratch)),
+            Some(s) => {
+                gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm: gemm::plan_dense(4, m, 1, kk, 0).bm, splits: s }, Some(scratch))
+            }
             None => {
-                let plan = gemm::plan_dense(m, inter / 64, kk, 2 * inter);
+                let plan = gemm::plan_dense(4, m, inter / 64, kk, 2 * inter);
                 check(plan.splits > 1, format!("the planner splits the shared expert at {m} rows: {plan:?}"));
                 gemm::gemm_segs(&gpu, &k, abuf.ptr(), kk, m, &[seg], scratch)
             }
@@ -338,7 +340,7 @@ fn gemm_weight_ring_matches_reference_and_itself_at_every_height_split_and_scale
             split_counts.dedup();
             for splits in split_counts {
                 let mut first = None;
-                for &bm in &TILE_ROWS {
+                for bm in gemm::heights(bits) {
                     for (path, wm) in [("aligned scales", &aligned), ("shifted scales", &shifted)] {
                         let out = upload(&gpu, &vec![NAN; m * n]);
                         let seg = Seg { w: wm, up: None, out: GemmOut::Store(out.ptr()), ldc: n };

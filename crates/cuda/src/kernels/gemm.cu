@@ -26,7 +26,13 @@
 //
 // Tiles: BM rows of A x GEMM_BN = 128 rows of W, GEMM_THREADS = 256 threads
 // = 8 warps. BM is a template parameter, compiled for every height of
-// gemm.rs `TILE_ROWS` (16, 32, 64, 128; entry points gemm_q{4,8}_bm{BM}):
+// gemm.rs `TILE_ROWS` (16, 32, 64, 128, 144; entry points gemm_q{4,8}_bm{BM},
+// 144 for 4-bit weights only, gemm.rs `compiled`):
+//   BM = 144: WG only (below): one wgmma m64n144 a k16 step, so that a pass
+//             of 257-288 rows (a 256-token chat turn and its template) is
+//             two tiles instead of three, each W tile dequantised twice
+//             instead of three times (72 accumulators a thread: ptxas keeps
+//             two blocks an SM at 128 registers with a few spilled words);
 //   BM = 128: warps 2 (M) x 4 (N), warp tile 64 x 32 (4 x 4 mma tiles);
 //   BM =  64: warps 2 x 4, warp tile 32 x 32;
 //   BM =  32: warps 2 x 4, warp tile 16 x 32;
@@ -237,9 +243,10 @@ __device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
 // The descriptors, fences, waits and products of wgmma are in common.cuh.
 template <int N>
 __device__ __forceinline__ void wgmma_tile(float* d, const u32* a, unsigned long long desc) {
-    static_assert(N == 64 || N == 128, "wgmma tile widths compiled: 64, 128");
+    static_assert(N == 64 || N == 128 || N == 144, "wgmma tile widths compiled: 64, 128, 144");
     if constexpr (N == 64) wgmma_rs_m64n64<0>(d, a, desc);
-    else wgmma_rs_m64n128<0>(d, a, desc);
+    else if constexpr (N == 128) wgmma_rs_m64n128<0>(d, a, desc);
+    else wgmma_rs_m64n144<0>(d, a, desc);
 }
 
 template <int BITS, int BM, int S, int SMEM>
@@ -249,13 +256,14 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int WN = NT / 32 / WM;              // warps along N
     constexpr int WTM = BM / WM, WTN = BN / WN;   // warp tile
     constexpr int MF = WTM / 16, NF = WTN / 8;    // m16 / n8 mma tiles per warp
-    static_assert(WTM % 16 == 0 && MF >= 1, "whole m16 tiles per warp");
-    static_assert(NF % 2 == 0, "n8 tiles in pairs (one ldmatrix_x4; a SwiGLU gate/up pair)");
     constexpr int RB = BK * BITS / 8;             // bytes of codes of a W row per k-tile (32 or 64)
     // WG (4-bit tiles of GEMM_WG_ROWS rows and more): wgmma, W from
     // registers dequantised as in DIRECT, the A tile read by the tensor
     // cores from the ring (128-byte swizzled rows, no padding); no W tile.
     constexpr bool WG = BITS == 4 && BM >= GEMM_WG_ROWS;
+    // The mma.sync warp tiling (every tile but WG; 144 rows are WG only).
+    static_assert(WG || (WTM % 16 == 0 && MF >= 1), "whole m16 tiles per warp");
+    static_assert(NF % 2 == 0, "n8 tiles in pairs (one ldmatrix_x4; a SwiGLU gate/up pair)");
     static_assert(!WG || GEMM_THREADS == 256, "WG: two warpgroups of 64 W rows");
     constexpr int ALD = WG ? BK : LD;             // A tile row stride (halves)
     constexpr int A_BYTES = BM * ALD * 2;         // a ring stage: the A tile, then the W codes
@@ -531,30 +539,41 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             // 2ks + 1, row g + 8 words 2ks + 1}, byte c of each (a quad
             // reads the same rows).
             const unsigned char* wq = gm_smem + r_off + rd + A_BYTES;
-            u32 af[BK / 16][4];
             u32 qs2[2], qb2[2];
             quad_scales(wg_sb, slot, qs2, qb2);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                u32 w8[8];
-                row_codes(wq, wg_row + 8 * h, w8);
-#pragma unroll
-                for (int ks = 0; ks < BK / 16; ++ks) {
-                    af[ks][h] = dq4_pair(w8[2 * ks], dsel, qs2[h], qb2[h], magic8);
-                    af[ks][2 + h] = dq4_pair(w8[2 * ks + 1], dsel, qs2[h], qb2[h], magic8);
-                }
-            }
-            // The k-tile's four k16 steps as one group, retired before the
-            // next k-tile: a version that dequantised k-tile it + 1 while
-            // this group ran (double-buffered fragments, one more stage)
-            // measured the same at 256 and 4,096 tokens, the other
-            // warpgroups of the SM already keeping the tensor cores fed.
-            wgmma_fence();
             const u32 a_tile = s_ring + rd;
+            // The k-tile's k16 steps in WG_PARTS groups of KP, each
+            // dequantised, then issued and retired before the next (one
+            // group up to 128 rows: a version that dequantised k-tile it + 1
+            // while this group ran, double-buffered fragments and one more
+            // stage, measured the same at 256 and 4,096 tokens, the other
+            // warpgroups of the SM already keeping the tensor cores fed; at
+            // 144 rows two, so that 72 accumulators and the fragments of
+            // two k16 steps fit 128 registers without spilling).
+            constexpr int WG_PARTS = BM > 128 ? 2 : 1, KP = BK / 16 / WG_PARTS;
 #pragma unroll
-            for (int ks = 0; ks < BK / 16; ++ks) wgmma_tile<BM>(wacc, af[ks], wg_desc_sw128(a_tile + ks * 32));
-            wgmma_commit();
-            wgmma_wait<0>();
+            for (int part = 0; part < WG_PARTS; ++part) {
+                // af[j] = k16 step ks = KP part + j: {row g words 2ks, row
+                // g + 8 words 2ks, row g words 2ks + 1, row g + 8 words
+                // 2ks + 1}, byte c of each (a quad reads the same rows).
+                u32 af[KP][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    u32 w8[8];
+                    row_codes(wq, wg_row + 8 * h, w8);
+#pragma unroll
+                    for (int j = 0; j < KP; ++j) {
+                        const int ks = KP * part + j;
+                        af[j][h] = dq4_pair(w8[2 * ks], dsel, qs2[h], qb2[h], magic8);
+                        af[j][2 + h] = dq4_pair(w8[2 * ks + 1], dsel, qs2[h], qb2[h], magic8);
+                    }
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int j = 0; j < KP; ++j) wgmma_tile<BM>(wacc, af[j], wg_desc_sw128(a_tile + (KP * part + j) * 32));
+                wgmma_commit();
+                wgmma_wait<0>();
+            }
             rd = rd == (S - 1) * STAGE ? 0 : rd + STAGE;
         }
 #pragma unroll
@@ -723,6 +742,7 @@ GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q4_T0)
 GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q4_T1)
 GEMM_ENTRY(4, GEMM_BM_T2, GEMM_MINB_T2, GEMM_WSTAGES_T2, GEMM_SMEM_Q4_T2)
 GEMM_ENTRY(4, GEMM_BM_T3, GEMM_MINB_T3, GEMM_WSTAGES_T3, GEMM_SMEM_Q4_T3)
+GEMM_ENTRY(4, GEMM_BM_T4, GEMM_MINB_T4, GEMM_WSTAGES_T4, GEMM_SMEM_Q4_T4)
 GEMM_ENTRY(8, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q8_T0)
 GEMM_ENTRY(8, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q8_T1)
 GEMM_ENTRY(8, GEMM_BM_T2, GEMM_MINB_T2, GEMM_WSTAGES_T2, GEMM_SMEM_Q8_T2)
