@@ -21,11 +21,20 @@ use crate::weights::QMat;
 
 /// Heights (A rows) of the GEMM tiles, ascending. gemm.cu is compiled once
 /// per height and bit width (entry points `gemm_q{4,8}_bm{BM}`), except
-/// where `compiled` says not: 144 rows is a 4-bit wgmma tile only, so that
-/// passes of 257-288 rows (a 256-token chat turn with its template) run two
-/// tiles of 144 rather than three of 128 (each W tile dequantised once per
-/// tile), and an expert with 129-144 rows one tile rather than two.
-pub const TILE_ROWS: [usize; 5] = [16, 32, 64, 128, 144];
+/// where `compiled` says not: `GEMM_WIDE_ROWS` is a 4-bit wgmma tile only.
+pub const TILE_ROWS: [usize; 5] = [16, 32, 64, GEMM_TALL_ROWS, GEMM_WIDE_ROWS];
+/// The tallest tile of both bit widths, and of the grouped expert GEMMs.
+pub const GEMM_TALL_ROWS: usize = 128;
+/// The 4-bit wgmma tile wider than `GEMM_BN` rows, for dense passes of
+/// 257-288 rows only (a 256-token chat turn with its template): two tiles
+/// of 144 instead of three of 128, each W tile dequantised once per tile.
+/// Measured on the H200 (prefill A/B, crates/cuda/NOTES.md history 127):
+/// 265 tokens +2.2%; wherever it saved a tile of more (4 -> 3 at 400
+/// tokens, 8 -> 7 at 1,000) or made one tile of two (140) the pass was
+/// 0.9-2.2% slower (its k-tile runs as two wgmma groups to fit 128
+/// registers, and 12% more tensor work a tile), and the experts' tiles at
+/// 3,000 tokens 2% slower: those keep 128.
+pub const GEMM_WIDE_ROWS: usize = 144;
 /// Resident blocks per SM each height is compiled for (launch bounds: at
 /// most 65536 / (256 * n) registers a thread). The short tiles hold few
 /// accumulators and little shared memory, so more of them share an SM and
@@ -152,11 +161,11 @@ fn smem_bytes(bits: u32, t: usize) -> usize {
 }
 
 /// Whether gemm.cu has an entry point for `bits`-bit weights and tiles of
-/// `bm` rows: 4-bit at every height of `TILE_ROWS`; 8-bit where its
-/// mma.sync warp tiling works (2 x 4 warps need BM / 2 in whole m16 tiles,
-/// or one m16 tile at 16 rows), i.e. not at 144.
+/// `bm` rows: 4-bit at every height of `TILE_ROWS`, 8-bit up to
+/// `GEMM_TALL_ROWS` (its mma.sync warp tiling needs BM / 2 in whole m16
+/// tiles, which 144 is not).
 pub fn compiled(bits: u32, bm: usize) -> bool {
-    TILE_ROWS.contains(&bm) && (bits == 4 || (bits == 8 && (bm == GEMM_DIRECT_ROWS || (bm / 2).is_multiple_of(16))))
+    TILE_ROWS.contains(&bm) && (bits == 4 || (bits == 8 && bm <= GEMM_TALL_ROWS))
 }
 
 /// Whether tiles of `bm` rows of `bits`-bit weights run on wgmma (gemm.cu
@@ -285,10 +294,11 @@ pub struct GemmPlan {
 
 /// The tile height and K splits of a dense launch of `bits`-bit weights,
 /// `m` rows, `n_tiles` W tiles, K = `k` and partial rows of `ncols` floats:
-/// - height: the shortest compiled tile that holds all `m` rows, else the
-///   one that needs the fewest M tiles, the shorter on a tie (a taller tile
-///   would multiply empty rows; one more M tile re-reads and re-dequantises
-///   W once more): 4-bit passes of 257-288 rows run two tiles of 144;
+/// - height: the shortest tile up to `GEMM_TALL_ROWS` that holds all `m`
+///   rows, else `GEMM_TALL_ROWS` (a taller tile would multiply empty rows; a
+///   shorter one re-reads and re-dequantises W once more per extra M tile);
+///   4-bit passes that two `GEMM_WIDE_ROWS` tiles hold but two of 128 do
+///   not (257-288 rows) run those two;
 /// - splits: none when the launch has a block for every SM
 ///   (`GEMM_FILL_SMS`); else as many as two blocks per SM hold (rounded down), with at
 ///   least `SPLITK_MIN_KT` k-tiles per split and the partials within
@@ -297,8 +307,8 @@ pub struct GemmPlan {
 ///   most: at 256 rows out_proj goes from 32 blocks of 64 k-tiles to 256 of
 ///   8, the router (+ shared-expert gate) from 6 blocks of 32 to 96 of 2.
 pub fn plan_dense(bits: u32, m: usize, n_tiles: usize, k: usize, ncols: usize) -> GemmPlan {
-    // min_by_key keeps the first of equals: the shorter height.
-    let bm = heights(bits).find(|t| *t >= m).or_else(|| heights(bits).min_by_key(|t| m.div_ceil(*t))).unwrap_or(GEMM_BN);
+    let wide = compiled(bits, GEMM_WIDE_ROWS) && m > 2 * GEMM_TALL_ROWS && m <= 2 * GEMM_WIDE_ROWS;
+    let bm = if wide { GEMM_WIDE_ROWS } else { TILE_ROWS.into_iter().find(|t| *t >= m && *t <= GEMM_TALL_ROWS).unwrap_or(GEMM_TALL_ROWS) };
     let blocks = n_tiles * m.div_ceil(bm);
     let nk = k / GEMM_BK;
     let mut splits = 1;
@@ -715,16 +725,17 @@ mod tests {
             assert_eq!(plan_dense(bits, 65, 200, 2048, 0).bm, 128);
             assert_eq!(plan_dense(bits, 128, 200, 2048, 0).bm, 128);
         }
-        // Past one tile: the fewest M tiles, the shorter height on a tie.
-        assert_eq!(plan_dense(4, 130, 200, 2048, 0).bm, 144, "one tile of 144, not two of 128");
-        assert_eq!(plan_dense(4, 256, 200, 2048, 0).bm, 128, "two tiles either way");
-        assert_eq!(plan_dense(4, 265, 200, 2048, 0).bm, 144, "two tiles of 144, not three of 128");
+        // The wide tile only where it makes three M tiles two (257-288 rows).
+        assert_eq!(plan_dense(4, 130, 200, 2048, 0).bm, 128, "two of 128, not one of 144");
+        assert_eq!(plan_dense(4, 256, 200, 2048, 0).bm, 128);
+        assert_eq!(plan_dense(4, 257, 200, 2048, 0).bm, 144, "two tiles of 144, not three of 128");
+        assert_eq!(plan_dense(4, 265, 200, 2048, 0).bm, 144);
         assert_eq!(plan_dense(4, 288, 200, 2048, 0).bm, 144);
         assert_eq!(plan_dense(4, 289, 200, 2048, 0).bm, 128, "three tiles either way");
-        assert_eq!(plan_dense(4, 4096, 200, 2048, 0).bm, 144, "29 tiles, not 32");
+        assert_eq!(plan_dense(4, 400, 200, 2048, 0).bm, 128, "four of 128 measured faster than three of 144");
+        assert_eq!(plan_dense(4, 4096, 200, 2048, 0).bm, 128);
         // 8-bit weights have no 144-row tile.
         assert_eq!(plan_dense(8, 265, 200, 2048, 0).bm, 128);
-        assert_eq!(plan_dense(8, 4096, 200, 2048, 0).bm, 128);
     }
 
     #[test]

@@ -127,9 +127,9 @@ pub fn max_tiles_any(dims: &Dims, ntok: usize) -> usize {
 /// (each expert's weights are read and dequantised once; at an average of
 /// 10, 2.7% of the experts need a second tile), while the multiply-adds
 /// spent on empty rows stay bounded. With 256 experts and top-8: 16 rows up
-/// to 320 tokens, 64 up to 1,280, 128 up to 2,560, 144 beyond (at 4,096
-/// tokens an expert averages 128 rows: about half of them need a second
-/// 128-row tile, few a second 144-row one). Measured on the
+/// to 320 tokens, 64 up to 1,280, 128 beyond (the 144-row tile, which
+/// would take most of the second tiles at 4,096 tokens, measured 2% slower
+/// at 3,000 and no faster at 4,096: `gemm::GEMM_WIDE_ROWS`). Measured on the
 /// H200 (revision 3b1ea06): a 265-token prompt's experts took 21.3 ms at
 /// 32 rows where 256 tokens took 18.6 ms at 16 (the taller tile costs more
 /// than the few second tiles of the shorter one); the factor was 2 before.
@@ -140,8 +140,13 @@ pub fn max_tiles_any(dims: &Dims, ntok: usize) -> usize {
 /// 84), so 64 rows from 321 tokens.
 pub fn tile_rows(dims: &Dims, ntok: usize) -> usize {
     let pairs = ntok * dims.topk;
-    let tallest = TILE_ROWS[TILE_ROWS.len() - 1];
-    TILE_ROWS.iter().copied().filter(|bm| crate::gemm::dequantises_in_registers(4, *bm)).find(|bm| 5 * bm * dims.n_experts >= 8 * pairs).unwrap_or(tallest)
+    let tallest = crate::gemm::GEMM_TALL_ROWS;
+    TILE_ROWS
+        .iter()
+        .copied()
+        .filter(|bm| *bm <= tallest && crate::gemm::dequantises_in_registers(4, *bm))
+        .find(|bm| 5 * bm * dims.n_experts >= 8 * pairs)
+        .unwrap_or(tallest)
 }
 
 /// Top-k of `logits` (f32 [ntok][experts], or the router GEMM's unreduced
@@ -201,9 +206,7 @@ mod tests {
     fn grouped_tile_height_holds_1_6_times_the_average_group_in_register_tiles() {
         let d = Dims::from_config(&lily_core::config::production()).expect("dims");
         // 256 experts, top-8: average tokens per expert = ntok / 32.
-        for (ntok, bm) in
-            [(1, 16), (265, 16), (320, 16), (321, 64), (640, 64), (641, 64), (1280, 64), (1281, 128), (2560, 128), (2561, 144), (4096, 144), (16384, 144)]
-        {
+        for (ntok, bm) in [(1, 16), (265, 16), (320, 16), (321, 64), (640, 64), (641, 64), (1280, 64), (1281, 128), (4096, 128), (16384, 128)] {
             assert_eq!(tile_rows(&d, ntok), bm, "{ntok} tokens");
         }
         for ntok in [1usize, 100, 256, 1000, 4096] {

@@ -31,8 +31,10 @@
 //   BM = 144: WG only (below): one wgmma m64n144 a k16 step, so that a pass
 //             of 257-288 rows (a 256-token chat turn and its template) is
 //             two tiles instead of three, each W tile dequantised twice
-//             instead of three times (72 accumulators a thread: ptxas keeps
-//             two blocks an SM at 128 registers with a few spilled words);
+//             instead of three times; 72 accumulators a thread, so a
+//             k-tile's four k16 steps go as two groups of two (the
+//             fragments of one group live at a time) to stay at two blocks
+//             an SM, 128 registers, without spilling;
 //   BM = 128: warps 2 (M) x 4 (N), warp tile 64 x 32 (4 x 4 mma tiles);
 //   BM =  64: warps 2 x 4, warp tile 32 x 32;
 //   BM =  32: warps 2 x 4, warp tile 16 x 32;
