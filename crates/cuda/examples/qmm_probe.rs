@@ -58,8 +58,8 @@ fn run() -> Result<(), String> {
         ("default, no math", QmmShape::default(), vec!["-DQMM_PROBE_NO_MATH".into()]),
         ("K slices of 512", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec![]),
         ("K slices of 256", QmmShape { slice_cols: 256, ..QmmShape::default() }, vec![]),
-        ("rings of 2", QmmShape { ring: 2, dense_ring: 2, one_token_ring: 2, ..QmmShape::default() }, vec![]),
-        ("rings of 6", QmmShape { ring: 6, dense_ring: 6, one_token_ring: 6, ..QmmShape::default() }, vec![]),
+        ("rings of 2", QmmShape { ring: 2, dense_ring: 2, dense2_ring: 2, head_ring: 2, one_token_ring: 2, ..QmmShape::default() }, vec![]),
+        ("rings of 6", QmmShape { ring: 6, dense_ring: 6, dense2_ring: 6, head_ring: 6, one_token_ring: 6, ..QmmShape::default() }, vec![]),
         ("K slices of 512, no math", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec!["-DQMM_PROBE_NO_MATH".into()]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)

@@ -31,6 +31,16 @@ pub const QMM_RING: usize = 4;
 /// expert kernels keep 4 (rings of 5 everywhere made batches of 2 to 128
 /// tokens 1-4% slower, session 21).
 pub const QMM_DENSE_RING: usize = 5;
+/// The dense kernels' ring at 5-8 tokens (two n-tiles a warp): one more
+/// stage in flight. `qmm_probe` at 8 tokens (session 36, rings of 6 against
+/// 5, each matrix alone): in-projection 11.8 -> 10.9 us, out-projection
+/// 10.7 -> 10.2.
+pub const QMM_DENSE2_RING: usize = 6;
+/// The lm_head's ring at 5-8 tokens: two stages, so that the SM's rings
+/// leave L1 the room for the 8 tokens' packed x (64 KB a K of 2,048) that
+/// every warp reads. `qmm_probe` at 8 tokens: 177.8 -> 164.2 us (and at 64
+/// tokens 1,376.6 -> 1,276.6).
+pub const QMM_HEAD_RING: usize = 2;
 /// Weight stages a warp's ring holds in the one-token expert kernel
 /// (`qmm_moe_1_occ3`): at one token a warp has about one task of 4 stages,
 /// all requested at once with a ring of 5.
@@ -238,6 +248,10 @@ pub struct QmmShape {
     pub ring: usize,
     /// The dense kernels' ring (`QMM_DENSE_RING`).
     pub dense_ring: usize,
+    /// The dense kernels' ring at 5-8 tokens (`QMM_DENSE2_RING`).
+    pub dense2_ring: usize,
+    /// The lm_head's ring at 5-8 tokens (`QMM_HEAD_RING`).
+    pub head_ring: usize,
     /// The one-token expert kernel's ring (`QMM_ONE_TOKEN_RING`).
     pub one_token_ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
@@ -256,6 +270,8 @@ impl Default for QmmShape {
             warps: QMM_WARPS,
             ring: QMM_RING,
             dense_ring: QMM_DENSE_RING,
+            dense2_ring: QMM_DENSE2_RING,
+            head_ring: QMM_HEAD_RING,
             one_token_ring: QMM_ONE_TOKEN_RING,
             slice_cols: QMM_SLICE_COLS,
             moe_pairs8_from: MOE_PAIRS8_FROM,
@@ -269,6 +285,8 @@ impl QmmShape {
         vec![
             format!("-DQMM_RING={}", self.ring),
             format!("-DQMM_DENSE_RING={}", self.dense_ring),
+            format!("-DQMM_DENSE2_RING={}", self.dense2_ring),
+            format!("-DQMM_HEAD_RING={}", self.head_ring),
             format!("-DQMM_ONE_TOKEN_RING={}", self.one_token_ring),
             format!("-DQMM_WARPS={}", self.warps),
             format!("-DQMM_SG={QMM_SG}"),
@@ -285,9 +303,17 @@ impl QmmShape {
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
         Self::rings_and_partials(warps, self.ring, nt)
     }
-    /// `rings_and_partials` of a dense block (rings of `dense_ring` stages).
-    fn dense_smem_bytes(&self, nt: usize) -> usize {
-        Self::rings_and_partials(self.warps, self.dense_ring, nt)
+    /// The dense entry point for `ntok` tokens (`logits`: a launch with the
+    /// lm_head's epilogue), its n-tiles (4 tokens each) a warp keeps and its
+    /// ring; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
+    /// n-tiles at 184 registers, measured no faster at 16 or 64 tokens:
+    /// NOTES.md, qmm v9.)
+    fn dense_variant(&self, ntok: usize, logits: bool) -> (&'static str, usize, usize) {
+        match (ntok <= 4, logits) {
+            (true, _) => ("qmm_dense_1", 1, self.dense_ring),
+            (false, false) => ("qmm_dense_2", 2, self.dense2_ring),
+            (false, true) => ("qmm_dense_2_head", 2, self.head_ring),
+        }
     }
     /// Dynamic shared memory of a matrix block: per warp its weight ring of
     /// `ring` stages, then the partial sums of every warp (qmm.cu `qmm_run`).
@@ -345,19 +371,8 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] = &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_moe_1", "qmm_moe_1_occ3", "qmm_moe_2", "moe_router", "qmm_moe_fused"];
-
-/// The dense variant for `ntok` tokens and its n-tiles (4 tokens each) a
-/// warp keeps; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
-/// n-tiles at 184 registers, measured no faster at 16 or 64 tokens:
-/// NOTES.md, qmm v9.)
-fn dense_variant(ntok: usize) -> (&'static str, usize) {
-    if ntok <= 4 {
-        ("qmm_dense_1", 1)
-    } else {
-        ("qmm_dense_2", 2)
-    }
-}
+pub const KERNELS: &[&str] =
+    &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_dense_2_head", "qmm_moe_1", "qmm_moe_1_occ3", "qmm_moe_2", "moe_router", "qmm_moe_fused"];
 
 /// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
 /// are cut into plan items of `moe_chunk(ntok)` pairs.
@@ -505,12 +520,12 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let (name, nt) = dense_variant(ntok);
+    let (name, nt, ring) = k.qmm.dense_variant(ntok, logits);
     p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
     let threads = (k.qmm.warps * 32) as u32;
-    let smem = k.qmm.dense_smem_bytes(nt);
+    let smem = QmmShape::rings_and_partials(k.qmm.warps, ring, nt);
     let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(k.qmm.warps / k.qmm.warps_per_task(kdim)))?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
@@ -846,6 +861,23 @@ mod tests {
         for n in 1..=MAX_DECODE_BATCH {
             let (name, _) = moe_kernel(&s, n);
             assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
+        }
+    }
+
+    #[test]
+    fn dense_kernels_follow_the_shape_and_fit_an_sm() {
+        let s = QmmShape::default();
+        assert_eq!(s.dense_variant(4, true), ("qmm_dense_1", 1, s.dense_ring));
+        assert_eq!(s.dense_variant(5, false), ("qmm_dense_2", 2, s.dense2_ring));
+        assert_eq!(s.dense_variant(8, true), ("qmm_dense_2_head", 2, s.head_ring));
+        for n in 1..=MAX_DECODE_BATCH {
+            for logits in [false, true] {
+                let (name, nt, ring) = s.dense_variant(n, logits);
+                assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
+                // At least two blocks an SM (227 KiB a block at most, 1 KiB reserved each).
+                let smem = QmmShape::rings_and_partials(s.warps, ring, nt);
+                assert!(2 * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
+            }
         }
     }
 

@@ -54,7 +54,8 @@
 // group's math; the group sums come with x, written by the packing kernels.
 //
 // Weight streaming: each warp owns a ring of RING stages in shared memory
-// (QMM_RING for the experts, QMM_DENSE_RING for the dense matrices),
+// (QMM_RING for the experts, QMM_DENSE_RING for the dense matrices of 1-4
+// tokens, QMM_DENSE2_RING of 5-8, QMM_HEAD_RING for the lm_head of 5-8),
 // filled by 16-byte cp.async copies that bypass L1 (swizzled so the 8-byte
 // fragment reads are conflict-free); it keeps RING - 1 stages in flight
 // across task boundaries, its copy sources computed once per task. Dense
@@ -75,8 +76,8 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
-#error "QMM_RING, QMM_DENSE_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_DENSE2_RING) || !defined(QMM_HEAD_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
+#error "QMM_RING, QMM_DENSE_RING, QMM_DENSE2_RING, QMM_HEAD_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
 #endif
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
@@ -843,19 +844,21 @@ struct DenseJob {
     }
 };
 
-template <int NT>
+template <int NT, int RING>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, false, DenseJob, QMM_WARPS, QmmPdl::StagesBeforeWait, QMM_DENSE_RING>(job, p.x, p.csum, p.K);
+    qmm_run<NT, false, DenseJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, p.csum, p.K);
 }
 
-#define QMM_DENSE(NT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 16 / QMM_WARPS) qmm_dense_##NT(const __grid_constant__ QmmDenseParams p) { \
-        qmm_dense_body<NT>(p);                                                                       \
+// One entry point per (n-tiles, ring) that qmm.rs `dense_variant` picks.
+#define QMM_DENSE(NAME, NT, RING)                                                                    \
+    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 16 / QMM_WARPS) NAME(const __grid_constant__ QmmDenseParams p) { \
+        qmm_dense_body<NT, RING>(p);                                                                 \
     }
-QMM_DENSE(1)
-QMM_DENSE(2)
+QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING)
+QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING)
+QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
