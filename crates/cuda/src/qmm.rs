@@ -36,10 +36,12 @@ pub const QMM_DENSE_RING: usize = 5;
 /// 5, each matrix alone): in-projection 11.8 -> 10.9 us, out-projection
 /// 10.7 -> 10.2.
 pub const QMM_DENSE2_RING: usize = 6;
-/// The lm_head's ring at 5-8 tokens: two stages, so that the SM's rings
-/// leave L1 the room for the 8 tokens' packed x (64 KB a K of 2,048) that
-/// every warp reads. `qmm_probe` at 8 tokens: 177.8 -> 164.2 us (and at 64
-/// tokens 1,376.6 -> 1,276.6).
+/// The lm_head's ring from 5 tokens: two stages, so that the SM's rings
+/// leave L1 the room for the tokens' packed x (64 KB for 8 tokens of K =
+/// 2,048) that every warp reads. `qmm_probe` at 8 tokens: 177.8 -> 164.2
+/// us (64 tokens: 1,376.6 -> 1,276.6). With `QMM_DENSE2_RING`, a decode
+/// step (session 37, NOTES history 129, three rounds) at 5 tokens 3.211 ->
+/// 3.095 ms, at 8 3.794 -> 3.698; the same bits.
 pub const QMM_HEAD_RING: usize = 2;
 /// Weight stages a warp's ring holds in the one-token expert kernel
 /// (`qmm_moe_1_occ3`): at one token a warp has about one task of 4 stages,
@@ -308,11 +310,15 @@ impl QmmShape {
     /// ring; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
     /// n-tiles at 184 registers, measured no faster at 16 or 64 tokens:
     /// NOTES.md, qmm v9.)
+    /// Past 8 tokens (the batch-invariant path) the other matrices keep
+    /// `dense_ring`: rings of 6 made them slower at 64 tokens (`qmm_probe`,
+    /// session 36: in-projection 67.4 -> 75.7 us).
     fn dense_variant(&self, ntok: usize, logits: bool) -> (&'static str, usize, usize) {
-        match (ntok <= 4, logits) {
-            (true, _) => ("qmm_dense_1", 1, self.dense_ring),
-            (false, false) => ("qmm_dense_2", 2, self.dense2_ring),
-            (false, true) => ("qmm_dense_2_head", 2, self.head_ring),
+        match (ntok, logits) {
+            (0..=4, _) => ("qmm_dense_1", 1, self.dense_ring),
+            (_, true) => ("qmm_dense_2_head", 2, self.head_ring),
+            (5..=8, false) => ("qmm_dense_2", 2, self.dense2_ring),
+            _ => ("qmm_dense_2_chunks", 2, self.dense_ring),
         }
     }
     /// Dynamic shared memory of a matrix block: per warp its weight ring of
@@ -371,8 +377,18 @@ fn xnorm_max_cols(dims: &Dims) -> usize {
 }
 
 /// The entry points, for kernels.rs.
-pub const KERNELS: &[&str] =
-    &["xnorm", "qmm_dense_1", "qmm_dense_2", "qmm_dense_2_head", "qmm_moe_1", "qmm_moe_1_occ3", "qmm_moe_2", "moe_router", "qmm_moe_fused"];
+pub const KERNELS: &[&str] = &[
+    "xnorm",
+    "qmm_dense_1",
+    "qmm_dense_2",
+    "qmm_dense_2_head",
+    "qmm_dense_2_chunks",
+    "qmm_moe_1",
+    "qmm_moe_1_occ3",
+    "qmm_moe_2",
+    "moe_router",
+    "qmm_moe_fused",
+];
 
 /// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
 /// are cut into plan items of `moe_chunk(ntok)` pairs.
@@ -870,6 +886,8 @@ mod tests {
         assert_eq!(s.dense_variant(4, true), ("qmm_dense_1", 1, s.dense_ring));
         assert_eq!(s.dense_variant(5, false), ("qmm_dense_2", 2, s.dense2_ring));
         assert_eq!(s.dense_variant(8, true), ("qmm_dense_2_head", 2, s.head_ring));
+        assert_eq!(s.dense_variant(64, true), ("qmm_dense_2_head", 2, s.head_ring));
+        assert_eq!(s.dense_variant(9, false), ("qmm_dense_2_chunks", 2, s.dense_ring));
         for n in 1..=MAX_DECODE_BATCH {
             for logits in [false, true] {
                 let (name, nt, ring) = s.dense_variant(n, logits);

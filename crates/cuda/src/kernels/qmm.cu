@@ -55,7 +55,8 @@
 //
 // Weight streaming: each warp owns a ring of RING stages in shared memory
 // (QMM_RING for the experts, QMM_DENSE_RING for the dense matrices of 1-4
-// tokens, QMM_DENSE2_RING of 5-8, QMM_HEAD_RING for the lm_head of 5-8),
+// tokens and of more than 8 (chunks of 8), QMM_DENSE2_RING of 5-8,
+// QMM_HEAD_RING for the lm_head from 5),
 // filled by 16-byte cp.async copies that bypass L1 (swizzled so the 8-byte
 // fragment reads are conflict-free); it keeps RING - 1 stages in flight
 // across task boundaries, its copy sources computed once per task. Dense
@@ -859,6 +860,7 @@ __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
 QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING)
 QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING)
 QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING)
+QMM_DENSE(qmm_dense_2_chunks, 2, QMM_DENSE_RING)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
