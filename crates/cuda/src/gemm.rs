@@ -25,7 +25,7 @@ use crate::weights::QMat;
 pub const TILE_ROWS: [usize; 5] = [16, 32, 64, GEMM_TALL_ROWS, GEMM_WIDE_ROWS];
 /// The tallest tile of both bit widths, and of the grouped expert GEMMs.
 pub const GEMM_TALL_ROWS: usize = 128;
-/// The 4-bit wgmma tile wider than `GEMM_BN` rows, for dense passes of
+/// The 4-bit wgmma tile taller than `GEMM_TALL_ROWS`, for dense passes of
 /// 257-288 rows only (a 256-token chat turn with its template): two tiles
 /// of 144 instead of three of 128, each W tile dequantised once per tile.
 /// Measured on the H200 (prefill A/B, crates/cuda/NOTES.md history 127):

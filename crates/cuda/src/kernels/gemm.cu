@@ -552,7 +552,8 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
             // warpgroups of the SM already keeping the tensor cores fed; at
             // 144 rows two, so that 72 accumulators and the fragments of
             // two k16 steps fit 128 registers without spilling).
-            constexpr int WG_PARTS = BM > 128 ? 2 : 1, KP = BK / 16 / WG_PARTS;
+            // (wacc holds BM / 2 accumulators a thread: 64 at 128 rows.)
+            constexpr int WG_PARTS = BM / 2 > 64 ? 2 : 1, KP = BK / 16 / WG_PARTS;
 #pragma unroll
             for (int part = 0; part < WG_PARTS; ++part) {
                 // af[j] = k16 step ks = KP part + j: {row g words 2ks, row
