@@ -252,7 +252,7 @@ pub struct QmmShape {
     pub dense_ring: usize,
     /// The dense kernels' ring at 5-8 tokens (`QMM_DENSE2_RING`).
     pub dense2_ring: usize,
-    /// The lm_head's ring at 5-8 tokens (`QMM_HEAD_RING`).
+    /// The lm_head's ring from 5 tokens (`QMM_HEAD_RING`).
     pub head_ring: usize,
     /// The one-token expert kernel's ring (`QMM_ONE_TOKEN_RING`).
     pub one_token_ring: usize,
@@ -307,12 +307,11 @@ impl QmmShape {
     }
     /// The dense entry point for `ntok` tokens (`logits`: a launch with the
     /// lm_head's epilogue), its n-tiles (4 tokens each) a warp keeps and its
-    /// ring; more tokens than 8 run in chunks of 8. (Chunks of 16, 4
-    /// n-tiles at 184 registers, measured no faster at 16 or 64 tokens:
-    /// NOTES.md, qmm v9.)
-    /// Past 8 tokens (the batch-invariant path) the other matrices keep
-    /// `dense_ring`: rings of 6 made them slower at 64 tokens (`qmm_probe`,
-    /// session 36: in-projection 67.4 -> 75.7 us).
+    /// ring; more tokens than 8 run in chunks of 8 (chunks of 16, 4 n-tiles
+    /// at 184 registers, measured no faster at 16 or 64 tokens: NOTES.md,
+    /// qmm v9). Past 8 tokens (the batch-invariant path) the matrices other
+    /// than the lm_head keep `dense_ring`: rings of 6 made them slower at 64
+    /// tokens (`qmm_probe`, session 36: in-projection 67.4 -> 75.7 us).
     fn dense_variant(&self, ntok: usize, logits: bool) -> (&'static str, usize, usize) {
         match (ntok, logits) {
             (0..=4, _) => ("qmm_dense_1", 1, self.dense_ring),
