@@ -343,11 +343,13 @@ pub struct EngineOptions {
     /// Most requests waiting for admission; beyond it submit says QueueFull.
     pub max_queue: usize,
     /// Prompt tokens prefilled per engine step, for all requests together
-    /// (oldest first; a preempted request's recompute counts too). Every
-    /// step also runs one decode step for every generating request, so a
-    /// running stream waits at most this much prefill between two tokens
-    /// however many prompts arrive, while a long prompt takes
-    /// `prompt / prefill_chunk` steps to start. The chunks of several
+    /// (oldest first; a preempted request's recompute counts too; a prompt
+    /// whose rest past the budget is at most a quarter of it finishes in the
+    /// same step instead of taking a step for its tail). Every step also
+    /// runs one decode step for every generating request, so a running
+    /// stream waits at most this much prefill (and that quarter) between
+    /// two tokens however many prompts arrive, while a long prompt takes
+    /// about `prompt / prefill_chunk` steps to start. The chunks of several
     /// requests within it go to the backend in one `prefill_batch` call (on
     /// the GPU one pass, costing little more than one request's alone), so
     /// a larger budget starts more joining requests per step. At least 1.

@@ -5,7 +5,8 @@
 //! requests while there is room, one decode batch over every request that is
 //! generating, then at most `prefill_chunk` prompt tokens of prefill (oldest
 //! request first, chunks cut at snapshot boundaries; the chunks of several
-//! requests in one `Backend::prefill_batch` call). So a long prompt is
+//! requests in one `Backend::prefill_batch` call; a prompt whose rest past
+//! the budget is a short tail finishes in the same step: `chunk_limit`). So a long prompt is
 //! prefilled over several steps while running streams keep getting a token
 //! per step, and a new request joins the decode batch the step after its
 //! prompt is done. Every accepted request gets exactly one `Finished` or
@@ -714,9 +715,10 @@ impl Scheduler {
             let Some(h) = self.kv.holding(a.age).filter(|h| h.prefilling()) else {
                 continue;
             };
-            let (end, capture) = self.kv.chunk_plan(&a.tokens, a.prompt_len, h.fed, h.prefill_to.min(h.fed + budget));
+            let limit = chunk_limit(h.fed, h.prefill_to, budget, self.prefill_chunk);
+            let (end, capture) = self.kv.chunk_plan(&a.tokens, a.prompt_len, h.fed, limit);
             if end > h.fed {
-                budget -= end - h.fed;
+                budget = budget.saturating_sub(end - h.fed);
                 plan.push(PlannedChunk { i, age: a.age, seq: h.seq, start: h.fed, end, capture });
             }
         }
@@ -818,7 +820,7 @@ impl Scheduler {
                 k += 1;
                 continue;
             };
-            let (end, capture) = self.kv.chunk_plan(&a.tokens, a.prompt_len, start, target.min(start + budget));
+            let (end, capture) = self.kv.chunk_plan(&a.tokens, a.prompt_len, start, chunk_limit(start, target, budget, self.prefill_chunk));
             let mut planned = [PlannedChunk { i, age, seq, start, end, capture }];
             self.room_for_captures(&mut planned);
             let [PlannedChunk { capture, .. }] = planned;
@@ -847,7 +849,7 @@ impl Scheduler {
                 }
                 Err(e) => Some(Outcome::Failed(work_error(e))),
                 Ok(mut rows) => {
-                    budget -= end - start;
+                    budget = budget.saturating_sub(end - start);
                     self.prefilled(i, start, end, rows.pop().map_or(FirstToken::Missing, FirstToken::Logits))
                 }
             };
@@ -1027,3 +1029,45 @@ fn timed<R>(shared: &Shared, field: fn(&mut EngineTime) -> &mut f64, f: impl FnO
     shared.with_stats(|s| *field(&mut s.time) += dt);
     r
 }
+
+/// A step's prefill may run past its budget by at most `prefill_chunk /
+/// PREFILL_TAIL_DIV` tokens to finish a prompt.
+pub(crate) const PREFILL_TAIL_DIV: usize = 4;
+
+/// Where a prefill chunk of a request fed up to `fed`, to be prefilled up
+/// to `prefill_to`, may end with `budget` (> 0) of the step's
+/// `prefill_chunk` tokens left: at `fed + budget`, or at `prefill_to` when
+/// what would be left past the budget is at most `prefill_chunk /
+/// PREFILL_TAIL_DIV` tokens. Cut there, such a tail would cost its request
+/// a decode step and a pass of its own (a pass's cost is mostly fixed at a
+/// few hundred tokens: on the H200 a 72-token pass takes ~10 ms against
+/// ~65 for 2,048), and the request's first token would come a step after
+/// the rest of its pass's. So a step prefills at most `prefill_chunk * (1
+/// + 1 / PREFILL_TAIL_DIV)` tokens.
+pub(crate) fn chunk_limit(fed: usize, prefill_to: usize, budget: usize, prefill_chunk: usize) -> usize {
+    let limit = prefill_to.min(fed + budget);
+    if prefill_to - limit <= prefill_chunk / PREFILL_TAIL_DIV {
+        prefill_to
+    } else {
+        limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_tail_finishes_its_prompt_in_the_same_step() {
+        // Budget 64 of a 64-token step, so tails of up to 16 ride along.
+        assert_eq!(chunk_limit(0, 100, 64, 64), 64, "36 left: cut at the budget");
+        assert_eq!(chunk_limit(0, 80, 64, 64), 80, "16 left: finished now");
+        assert_eq!(chunk_limit(0, 81, 64, 64), 64, "17 left: cut");
+        assert_eq!(chunk_limit(10, 30, 64, 64), 30, "within the budget");
+        // The allowance is a share of the step's budget, not of what is left.
+        assert_eq!(chunk_limit(50, 70, 4, 64), 70, "16 past the last 4 tokens of budget");
+        assert_eq!(chunk_limit(50, 71, 4, 64), 54);
+        assert_eq!(chunk_limit(0, 5, 1, 3), 1, "a budget of 3 allows no tail");
+    }
+}
+
