@@ -61,12 +61,15 @@ fn run() -> Result<(), String> {
         ("rings of 2", QmmShape { ring: 2, dense_ring: 2, dense2_ring: 2, head_ring: 2, one_token_ring: 2, ..QmmShape::default() }, vec![]),
         ("rings of 6", QmmShape { ring: 6, dense_ring: 6, dense2_ring: 6, head_ring: 6, one_token_ring: 6, ..QmmShape::default() }, vec![]),
         ("K slices of 512, no math", QmmShape { slice_cols: 512, ..QmmShape::default() }, vec!["-DQMM_PROBE_NO_MATH".into()]),
-        // 8-warp blocks let a K = 4,096 matrix (the out-projections) split
-        // K 8 ways with slices of 512 (KQ = min(warps, K / slice)); the
-        // expert kernels spill at 8 warps (their occupancy bounds), so only
-        // the dense rows of these two mean anything.
+        // 8-warp blocks for every matrix kernel (session 38's probe before
+        // the wide entries): the expert kernels spill at 8 warps (their
+        // occupancy bounds), so only the dense rows of these two mean
+        // anything.
         ("8-warp blocks", QmmShape { warps: 8, ..QmmShape::default() }, vec![]),
         ("8-warp blocks, K slices of 512", QmmShape { warps: 8, slice_cols: 512, ..QmmShape::default() }, vec![]),
+        // Wide matrices in 16 slices (blocks of 16 warps; rings of 5 at 5-8
+        // tokens so that a block fits an SM).
+        ("wide matrices in 16 slices", QmmShape { wide_kq: 16, dense2_ring: 5, ..QmmShape::default() }, vec![]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
     // and variant numbers into the list above (default the first three).

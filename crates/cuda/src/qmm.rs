@@ -63,6 +63,18 @@ pub const QMM_WARPS: usize = 4;
 /// the grid busy for the same number of groups. Depends only on K, so a
 /// token's result never depends on its batch.
 pub const QMM_SLICE_COLS: usize = 1024;
+/// Input width from which a dense matrix is "wide": each 16-row task is
+/// split over `QMM_WIDE_KQ` warps (slices of K / `QMM_WIDE_KQ` columns) in
+/// blocks of as many warps, one task a block (the `*_wide` entries). In
+/// this model that is the out-projections (K = 4,096, 2,048 rows: 128
+/// tasks), which with 4 slices a task ran ~4 warps an SM, each a chain of
+/// 16 groups. `qmm_probe` (session 38, each matrix alone, the GDN
+/// out-projection): 1 token 5.8 -> 4.9 us, 8 tokens 10.1 -> 8.1 us. The
+/// split depends only on K, so a token's result still never depends on
+/// its batch.
+pub const QMM_WIDE_K: usize = 4096;
+/// Slices (and warps a block) of a wide matrix's task.
+pub const QMM_WIDE_KQ: usize = 8;
 /// Tokens from which the MoE plan cuts an expert's pairs into items of 8
 /// (qmm_moe_2, 156 registers) rather than 4 (qmm_moe_1, 128). Measured on
 /// the H200 (qmm_probe, revision 21db8ab): items of 4 are faster at 16 to
@@ -258,6 +270,8 @@ pub struct QmmShape {
     pub one_token_ring: usize,
     /// Columns of K a warp slice of a task takes (`QMM_SLICE_COLS`).
     pub slice_cols: usize,
+    /// Slices a wide matrix's task is split into (`QMM_WIDE_KQ`).
+    pub wide_kq: usize,
     /// Tokens from which an MoE plan item holds up to 8 pairs (qmm_moe_2)
     /// instead of 4 (`MOE_PAIRS8_FROM`). A launcher choice, not compiled in.
     pub moe_pairs8_from: usize,
@@ -276,6 +290,7 @@ impl Default for QmmShape {
             head_ring: QMM_HEAD_RING,
             one_token_ring: QMM_ONE_TOKEN_RING,
             slice_cols: QMM_SLICE_COLS,
+            wide_kq: QMM_WIDE_KQ,
             moe_pairs8_from: MOE_PAIRS8_FROM,
             moe_occ3_upto: MOE_OCC3_UPTO,
         }
@@ -293,12 +308,18 @@ impl QmmShape {
             format!("-DQMM_WARPS={}", self.warps),
             format!("-DQMM_SG={QMM_SG}"),
             format!("-DQMM_SLICE_COLS={}", self.slice_cols),
+            format!("-DQMM_WIDE_K={QMM_WIDE_K}"),
+            format!("-DQMM_WIDE_KQ={}", self.wide_kq),
             format!("-DQMM_STAGE_BYTES={QMM_STAGE_BYTES}"),
         ]
     }
     /// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
     fn warps_per_task(&self, k: usize) -> usize {
-        (k / self.slice_cols).clamp(1, self.warps)
+        if k >= QMM_WIDE_K {
+            self.wide_kq
+        } else {
+            (k / self.slice_cols).clamp(1, self.warps)
+        }
     }
     /// `rings_and_partials` of a block of `warps` warps (qmm_moe_fused runs
     /// 8) with the experts' ring.
@@ -312,12 +333,26 @@ impl QmmShape {
     /// qmm v9). Past 8 tokens (the batch-invariant path) the matrices other
     /// than the lm_head keep `dense_ring`: rings of 6 made them slower at 64
     /// tokens (`qmm_probe`, session 36: in-projection 67.4 -> 75.7 us).
-    fn dense_variant(&self, ntok: usize, logits: bool) -> (&'static str, usize, usize) {
-        match (ntok, logits) {
-            (0..=4, _) => ("qmm_dense_1", 1, self.dense_ring),
-            (_, true) => ("qmm_dense_2_head", 2, self.head_ring),
-            (5..=8, false) => ("qmm_dense_2", 2, self.dense2_ring),
-            _ => ("qmm_dense_2_chunks", 2, self.dense_ring),
+    /// A wide matrix (`QMM_WIDE_K`) takes the `*_wide` entry of the same
+    /// n-tiles and ring (blocks of `wide_kq` warps); there is no wide
+    /// lm_head entry.
+    fn dense_variant(&self, ntok: usize, logits: bool, wide: bool) -> (&'static str, usize, usize) {
+        match (ntok, logits, wide) {
+            (0..=4, _, false) => ("qmm_dense_1", 1, self.dense_ring),
+            (0..=4, _, true) => ("qmm_dense_1_wide", 1, self.dense_ring),
+            (_, true, _) => ("qmm_dense_2_head", 2, self.head_ring),
+            (5..=8, false, false) => ("qmm_dense_2", 2, self.dense2_ring),
+            (5..=8, false, true) => ("qmm_dense_2_wide", 2, self.dense2_ring),
+            (_, false, false) => ("qmm_dense_2_chunks", 2, self.dense_ring),
+            (_, false, true) => ("qmm_dense_2_chunks_wide", 2, self.dense_ring),
+        }
+    }
+    /// Warps a block of a dense launch of input width `k`.
+    fn dense_warps(&self, k: usize) -> usize {
+        if k >= QMM_WIDE_K {
+            self.wide_kq
+        } else {
+            self.warps
         }
     }
     /// Dynamic shared memory of a matrix block: per warp its weight ring of
@@ -382,6 +417,9 @@ pub const KERNELS: &[&str] = &[
     "qmm_dense_2",
     "qmm_dense_2_head",
     "qmm_dense_2_chunks",
+    "qmm_dense_1_wide",
+    "qmm_dense_2_wide",
+    "qmm_dense_2_chunks_wide",
     "qmm_moe_1",
     "qmm_moe_1_occ3",
     "qmm_moe_2",
@@ -535,13 +573,18 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let (name, nt, ring) = k.qmm.dense_variant(ntok, logits);
+    let wide = kdim >= QMM_WIDE_K;
+    if wide && logits {
+        return Err(CudaError::shape(NAME, format!("a logits matrix of input width {kdim}: the lm_head entry takes widths below {QMM_WIDE_K}")));
+    }
+    let (name, nt, ring) = k.qmm.dense_variant(ntok, logits, wide);
     p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
-    let threads = (k.qmm.warps * 32) as u32;
-    let smem = QmmShape::rings_and_partials(k.qmm.warps, ring, nt);
-    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(k.qmm.warps / k.qmm.warps_per_task(kdim)))?;
+    let warps = k.qmm.dense_warps(kdim);
+    let threads = (warps * 32) as u32;
+    let smem = QmmShape::rings_and_partials(warps, ring, nt);
+    let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(warps / k.qmm.warps_per_task(kdim)))?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
 
@@ -882,20 +925,31 @@ mod tests {
     #[test]
     fn dense_kernels_follow_the_shape_and_fit_an_sm() {
         let s = QmmShape::default();
-        assert_eq!(s.dense_variant(4, true), ("qmm_dense_1", 1, s.dense_ring));
-        assert_eq!(s.dense_variant(5, false), ("qmm_dense_2", 2, s.dense2_ring));
-        assert_eq!(s.dense_variant(8, true), ("qmm_dense_2_head", 2, s.head_ring));
-        assert_eq!(s.dense_variant(64, true), ("qmm_dense_2_head", 2, s.head_ring));
-        assert_eq!(s.dense_variant(9, false), ("qmm_dense_2_chunks", 2, s.dense_ring));
+        assert_eq!(s.dense_variant(4, true, false), ("qmm_dense_1", 1, s.dense_ring));
+        assert_eq!(s.dense_variant(5, false, false), ("qmm_dense_2", 2, s.dense2_ring));
+        assert_eq!(s.dense_variant(8, true, false), ("qmm_dense_2_head", 2, s.head_ring));
+        assert_eq!(s.dense_variant(64, true, false), ("qmm_dense_2_head", 2, s.head_ring));
+        assert_eq!(s.dense_variant(9, false, false), ("qmm_dense_2_chunks", 2, s.dense_ring));
+        assert_eq!(s.dense_variant(1, false, true), ("qmm_dense_1_wide", 1, s.dense_ring));
+        assert_eq!(s.dense_variant(8, false, true), ("qmm_dense_2_wide", 2, s.dense2_ring));
+        assert_eq!(s.dense_variant(9, false, true), ("qmm_dense_2_chunks_wide", 2, s.dense_ring));
         for n in 1..=MAX_DECODE_BATCH {
-            for logits in [false, true] {
-                let (name, nt, ring) = s.dense_variant(n, logits);
+            for (logits, wide) in [(false, false), (true, false), (false, true)] {
+                let (name, nt, ring) = s.dense_variant(n, logits, wide);
                 assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
-                // At least two blocks an SM (227 KiB a block at most, 1 KiB reserved each).
-                let smem = QmmShape::rings_and_partials(s.warps, ring, nt);
-                assert!(2 * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
+                assert_eq!(name.ends_with("_wide"), wide, "{name}");
+                let k = if wide { QMM_WIDE_K } else { 2048 };
+                let warps = s.dense_warps(k);
+                assert_eq!(warps % s.warps_per_task(k), 0, "{name}: {warps} warps, {} a task", s.warps_per_task(k));
+                // Two blocks an SM (227 KiB a block at most, 1 KiB reserved
+                // each); a wide block (one task of 8 warps) at least one.
+                let smem = QmmShape::rings_and_partials(warps, ring, nt);
+                let blocks = if wide { 1 } else { 2 };
+                assert!(blocks * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
             }
         }
+        // The K split: wide matrices by QMM_WIDE_KQ, the others by slices.
+        assert_eq!((s.warps_per_task(4096), s.warps_per_task(2048), s.warps_per_task(512)), (QMM_WIDE_KQ, 2, 1));
     }
 
     #[test]

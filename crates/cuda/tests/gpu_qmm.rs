@@ -115,8 +115,9 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
     }
     check(!solo.is_empty(), "batch 1 ran");
 
-    // The out-projection (K = 4096: four K slices, at most 32 tokens a
-    // wide pass) adds into the residual.
+    // The out-projection (K = 4096, a wide matrix: QMM_WIDE_KQ K slices a
+    // task in blocks of as many warps; 1, 5-8 and chunked entries) adds
+    // into the residual.
     let mut out_solo: Vec<Vec<f32>> = Vec::new();
     let (mix_first, h_first) = (rng.vec(d.gdn_val_dim(), -1.0, 1.0), rng.vec(d.hidden, -1.0, 1.0));
     for &n in &[1usize, 7, 40, 100] {

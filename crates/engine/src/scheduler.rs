@@ -1070,4 +1070,3 @@ mod tests {
         assert_eq!(chunk_limit(0, 5, 1, 3), 1, "a budget of 3 allows no tail");
     }
 }
-

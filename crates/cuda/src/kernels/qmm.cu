@@ -45,7 +45,10 @@
 //
 // Work split: a task is 16 output rows; KQ = K / QMM_SLICE_COLS warps (1..QMM_WARPS)
 // share a task, each taking a fixed slice of the groups; their partial sums
-// are added in slice order in shared memory. The split depends only on K,
+// are added in slice order in shared memory. Wide matrices (K >= QMM_WIDE_K,
+// the out-projections) split K over QMM_WIDE_KQ warps instead, in blocks of
+// as many warps (the *_wide dense entries): their 2,048 rows are only 128
+// tasks, so 4 slices a task left ~4 warps an SM, each a long serial chain. The split depends only on K,
 // never on the number of tokens, and every token's column is computed
 // independently, so a token's result is bit-identical whatever the batch it
 // is decoded in. A block of QMM_WARPS warps runs QMM_WARPS / KQ tasks side by
@@ -77,9 +80,11 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_DENSE2_RING) || !defined(QMM_HEAD_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS)
-#error "QMM_RING, QMM_DENSE_RING, QMM_DENSE2_RING, QMM_HEAD_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES and QMM_SLICE_COLS must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_DENSE2_RING) || !defined(QMM_HEAD_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS) || !defined(QMM_WIDE_K) || !defined(QMM_WIDE_KQ)
+#error "QMM_RING, QMM_DENSE_RING, QMM_DENSE2_RING, QMM_HEAD_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES, QMM_SLICE_COLS, QMM_WIDE_K and QMM_WIDE_KQ must be defined by the host (qmm.rs)"
 #endif
+static_assert(QMM_WIDE_KQ > QMM_WARPS && QMM_WIDE_KQ <= 16 && QMM_WIDE_K % (QMM_WIDE_KQ * QMM_SG * 64) == 0,
+              "qmm.rs QMM_WIDE_KQ: more slices than a block of QMM_WARPS holds, at most 16 warps, whole stages each");
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
 // A stage: 16 rows x QMM_SG = 4 groups of codes, then their scales and
@@ -326,7 +331,7 @@ struct KSplit {
     int K, G, KQ, GQ, SQ, wpr;
     __device__ KSplit(int k) : K(k) {
         G = k / GROUP_SIZE;
-        KQ = min(QMM_WARPS, max(1, k / QMM_SLICE_COLS));
+        KQ = k >= QMM_WIDE_K ? QMM_WIDE_KQ : min(QMM_WARPS, max(1, k / QMM_SLICE_COLS));
         GQ = QMM_SG * ((G + QMM_SG * KQ - 1) / (QMM_SG * KQ));
         SQ = GQ / QMM_SG;
         wpr = k / 8;
@@ -619,6 +624,9 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const KSplit ks(K);
     const int tpb = WARPS / ks.KQ;
+    // A wide K in a block narrower than its slices (qmm.rs routes wide
+    // matrices to the *_wide entries; never reached).
+    if (tpb == 0) __trap();
     const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
     unsigned char* ring = qsm + smem_off + warp * (RING * QMM_STAGE_BYTES);
     float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
@@ -845,22 +853,27 @@ struct DenseJob {
     }
 };
 
-template <int NT, int RING>
+template <int NT, int RING, int WARPS>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, false, DenseJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, p.csum, p.K);
+    qmm_run<NT, false, DenseJob, WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, p.csum, p.K);
 }
 
-// One entry point per (n-tiles, ring) that qmm.rs `dense_variant` picks.
-#define QMM_DENSE(NAME, NT, RING)                                                                    \
-    extern "C" __global__ void __launch_bounds__(QMM_WARPS * 32, 16 / QMM_WARPS) NAME(const __grid_constant__ QmmDenseParams p) { \
-        qmm_dense_body<NT, RING>(p);                                                                 \
+// One entry point per (n-tiles, ring, block width) that qmm.rs
+// `dense_variant` picks: QMM_WARPS warps a block, or (the *_wide entries,
+// K >= QMM_WIDE_K) QMM_WIDE_KQ, one task a block.
+#define QMM_DENSE(NAME, NT, RING, WARPS)                                                              \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, (16 / WARPS > 1 ? 16 / WARPS : 1)) NAME(const __grid_constant__ QmmDenseParams p) { \
+        qmm_dense_body<NT, RING, WARPS>(p);                                                           \
     }
-QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING)
-QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING)
-QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING)
-QMM_DENSE(qmm_dense_2_chunks, 2, QMM_DENSE_RING)
+QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING, QMM_WARPS)
+QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING, QMM_WARPS)
+QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING, QMM_WARPS)
+QMM_DENSE(qmm_dense_2_chunks, 2, QMM_DENSE_RING, QMM_WARPS)
+QMM_DENSE(qmm_dense_1_wide, 1, QMM_DENSE_RING, QMM_WIDE_KQ)
+QMM_DENSE(qmm_dense_2_wide, 2, QMM_DENSE2_RING, QMM_WIDE_KQ)
+QMM_DENSE(qmm_dense_2_chunks_wide, 2, QMM_DENSE_RING, QMM_WIDE_KQ)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
