@@ -67,9 +67,8 @@ fn run() -> Result<(), String> {
         // anything.
         ("8-warp blocks", QmmShape { warps: 8, ..QmmShape::default() }, vec![]),
         ("8-warp blocks, K slices of 512", QmmShape { warps: 8, slice_cols: 512, ..QmmShape::default() }, vec![]),
-        // Wide matrices in 16 slices (blocks of 16 warps; rings of 5 at 5-8
-        // tokens so that a block fits an SM).
-        ("wide matrices in 16 slices", QmmShape { wide_kq: 16, dense2_ring: 5, ..QmmShape::default() }, vec![]),
+        // Wide matrices in 16 slices of one stage (blocks of 16 warps).
+        ("wide matrices in 16 slices", QmmShape { wide_kq: 16, wide_ring: 2, ..QmmShape::default() }, vec![]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
     // and variant numbers into the list above (default the first three).

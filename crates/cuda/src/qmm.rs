@@ -75,6 +75,14 @@ pub const QMM_SLICE_COLS: usize = 1024;
 pub const QMM_WIDE_K: usize = 4096;
 /// Slices (and warps a block) of a wide matrix's task.
 pub const QMM_WIDE_KQ: usize = 8;
+/// Weight stages a warp's ring holds in the wide entries: a warp's slice of
+/// a task is K / (64 x 4 x QMM_WIDE_KQ) = 2 stages at K = 4,096, all
+/// requested before the dependency wait with a ring of 3; the dense rings
+/// (5, 6 at 5-8 tokens) left one 8-warp block an SM (115 KB) and made the
+/// 8-token step 1.6% slower in the graph although the matrix alone was
+/// faster (session 38, call 3), the blocks of the kernels launched early
+/// beside it having no room.
+pub const QMM_WIDE_RING: usize = 3;
 /// Tokens from which the MoE plan cuts an expert's pairs into items of 8
 /// (qmm_moe_2, 156 registers) rather than 4 (qmm_moe_1, 128). Measured on
 /// the H200 (qmm_probe, revision 21db8ab): items of 4 are faster at 16 to
@@ -272,6 +280,8 @@ pub struct QmmShape {
     pub slice_cols: usize,
     /// Slices a wide matrix's task is split into (`QMM_WIDE_KQ`).
     pub wide_kq: usize,
+    /// The wide entries' ring (`QMM_WIDE_RING`).
+    pub wide_ring: usize,
     /// Tokens from which an MoE plan item holds up to 8 pairs (qmm_moe_2)
     /// instead of 4 (`MOE_PAIRS8_FROM`). A launcher choice, not compiled in.
     pub moe_pairs8_from: usize,
@@ -291,6 +301,7 @@ impl Default for QmmShape {
             one_token_ring: QMM_ONE_TOKEN_RING,
             slice_cols: QMM_SLICE_COLS,
             wide_kq: QMM_WIDE_KQ,
+            wide_ring: QMM_WIDE_RING,
             moe_pairs8_from: MOE_PAIRS8_FROM,
             moe_occ3_upto: MOE_OCC3_UPTO,
         }
@@ -310,6 +321,7 @@ impl QmmShape {
             format!("-DQMM_SLICE_COLS={}", self.slice_cols),
             format!("-DQMM_WIDE_K={QMM_WIDE_K}"),
             format!("-DQMM_WIDE_KQ={}", self.wide_kq),
+            format!("-DQMM_WIDE_RING={}", self.wide_ring),
             format!("-DQMM_STAGE_BYTES={QMM_STAGE_BYTES}"),
         ]
     }
@@ -334,17 +346,17 @@ impl QmmShape {
     /// than the lm_head keep `dense_ring`: rings of 6 made them slower at 64
     /// tokens (`qmm_probe`, session 36: in-projection 67.4 -> 75.7 us).
     /// A wide matrix (`QMM_WIDE_K`) takes the `*_wide` entry of the same
-    /// n-tiles and ring (blocks of `wide_kq` warps); there is no wide
-    /// lm_head entry.
+    /// n-tiles (blocks of `wide_kq` warps, rings of `wide_ring`); there is
+    /// no wide lm_head entry.
     fn dense_variant(&self, ntok: usize, logits: bool, wide: bool) -> (&'static str, usize, usize) {
         match (ntok, logits, wide) {
             (0..=4, _, false) => ("qmm_dense_1", 1, self.dense_ring),
-            (0..=4, _, true) => ("qmm_dense_1_wide", 1, self.dense_ring),
+            (0..=4, _, true) => ("qmm_dense_1_wide", 1, self.wide_ring),
             (_, true, _) => ("qmm_dense_2_head", 2, self.head_ring),
             (5..=8, false, false) => ("qmm_dense_2", 2, self.dense2_ring),
-            (5..=8, false, true) => ("qmm_dense_2_wide", 2, self.dense2_ring),
+            (5..=8, false, true) => ("qmm_dense_2_wide", 2, self.wide_ring),
             (_, false, false) => ("qmm_dense_2_chunks", 2, self.dense_ring),
-            (_, false, true) => ("qmm_dense_2_chunks_wide", 2, self.dense_ring),
+            (_, false, true) => ("qmm_dense_2_chunks_wide", 2, self.wide_ring),
         }
     }
     /// Warps a block of a dense launch of input width `k`.
@@ -930,9 +942,9 @@ mod tests {
         assert_eq!(s.dense_variant(8, true, false), ("qmm_dense_2_head", 2, s.head_ring));
         assert_eq!(s.dense_variant(64, true, false), ("qmm_dense_2_head", 2, s.head_ring));
         assert_eq!(s.dense_variant(9, false, false), ("qmm_dense_2_chunks", 2, s.dense_ring));
-        assert_eq!(s.dense_variant(1, false, true), ("qmm_dense_1_wide", 1, s.dense_ring));
-        assert_eq!(s.dense_variant(8, false, true), ("qmm_dense_2_wide", 2, s.dense2_ring));
-        assert_eq!(s.dense_variant(9, false, true), ("qmm_dense_2_chunks_wide", 2, s.dense_ring));
+        assert_eq!(s.dense_variant(1, false, true), ("qmm_dense_1_wide", 1, s.wide_ring));
+        assert_eq!(s.dense_variant(8, false, true), ("qmm_dense_2_wide", 2, s.wide_ring));
+        assert_eq!(s.dense_variant(9, false, true), ("qmm_dense_2_chunks_wide", 2, s.wide_ring));
         for n in 1..=MAX_DECODE_BATCH {
             for (logits, wide) in [(false, false), (true, false), (false, true)] {
                 let (name, nt, ring) = s.dense_variant(n, logits, wide);
@@ -942,10 +954,14 @@ mod tests {
                 let warps = s.dense_warps(k);
                 assert_eq!(warps % s.warps_per_task(k), 0, "{name}: {warps} warps, {} a task", s.warps_per_task(k));
                 // Two blocks an SM (227 KiB a block at most, 1 KiB reserved
-                // each); a wide block (one task of 8 warps) at least one.
+                // each), and room beside them for a block of the kernel
+                // launched early after them.
                 let smem = QmmShape::rings_and_partials(warps, ring, nt);
-                let blocks = if wide { 1 } else { 2 };
-                assert!(blocks * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
+                assert!(2 * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
+                // A wide warp's ring holds its whole slice of a task.
+                if wide {
+                    assert!(ring > (QMM_WIDE_K / 64 / s.wide_kq).div_ceil(QMM_SG), "{name}: ring {ring}");
+                }
             }
         }
         // The K split: wide matrices by QMM_WIDE_KQ, the others by slices.

@@ -80,8 +80,8 @@
 // math left out (QMM_PROBE_NO_MATH): the arithmetic, not the memory side,
 // is what limits it now.
 
-#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_DENSE2_RING) || !defined(QMM_HEAD_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS) || !defined(QMM_WIDE_K) || !defined(QMM_WIDE_KQ)
-#error "QMM_RING, QMM_DENSE_RING, QMM_DENSE2_RING, QMM_HEAD_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES, QMM_SLICE_COLS, QMM_WIDE_K and QMM_WIDE_KQ must be defined by the host (qmm.rs)"
+#if !defined(QMM_RING) || !defined(QMM_DENSE_RING) || !defined(QMM_DENSE2_RING) || !defined(QMM_HEAD_RING) || !defined(QMM_ONE_TOKEN_RING) || !defined(QMM_WARPS) || !defined(QMM_SG) || !defined(QMM_STAGE_BYTES) || !defined(QMM_SLICE_COLS) || !defined(QMM_WIDE_K) || !defined(QMM_WIDE_KQ) || !defined(QMM_WIDE_RING)
+#error "QMM_RING, QMM_DENSE_RING, QMM_DENSE2_RING, QMM_HEAD_RING, QMM_ONE_TOKEN_RING, QMM_WARPS, QMM_SG, QMM_STAGE_BYTES, QMM_SLICE_COLS, QMM_WIDE_K, QMM_WIDE_KQ and QMM_WIDE_RING must be defined by the host (qmm.rs)"
 #endif
 static_assert(QMM_WIDE_KQ > QMM_WARPS && QMM_WIDE_KQ <= 16 && QMM_WIDE_K % (QMM_WIDE_KQ * QMM_SG * 64) == 0,
               "qmm.rs QMM_WIDE_KQ: more slices than a block of QMM_WARPS holds, at most 16 warps, whole stages each");
@@ -871,9 +871,9 @@ QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING, QMM_WARPS)
 QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING, QMM_WARPS)
 QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING, QMM_WARPS)
 QMM_DENSE(qmm_dense_2_chunks, 2, QMM_DENSE_RING, QMM_WARPS)
-QMM_DENSE(qmm_dense_1_wide, 1, QMM_DENSE_RING, QMM_WIDE_KQ)
-QMM_DENSE(qmm_dense_2_wide, 2, QMM_DENSE2_RING, QMM_WIDE_KQ)
-QMM_DENSE(qmm_dense_2_chunks_wide, 2, QMM_DENSE_RING, QMM_WIDE_KQ)
+QMM_DENSE(qmm_dense_1_wide, 1, QMM_WIDE_RING, QMM_WIDE_KQ)
+QMM_DENSE(qmm_dense_2_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ)
+QMM_DENSE(qmm_dense_2_chunks_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
