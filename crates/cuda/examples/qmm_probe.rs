@@ -67,8 +67,9 @@ fn run() -> Result<(), String> {
         // anything.
         ("8-warp blocks", QmmShape { warps: 8, ..QmmShape::default() }, vec![]),
         ("8-warp blocks, K slices of 512", QmmShape { warps: 8, slice_cols: 512, ..QmmShape::default() }, vec![]),
-        // Wide matrices in 16 slices of one stage (blocks of 16 warps).
-        ("wide matrices in 16 slices", QmmShape { wide_kq: 16, wide_ring: 2, ..QmmShape::default() }, vec![]),
+        // Wide matrices in 8 slices of two stages (blocks of 8 warps), the
+        // default's alternative.
+        ("wide matrices in 8 slices", QmmShape { wide_kq: 8, wide_ring: 3, ..QmmShape::default() }, vec![]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
     // and variant numbers into the list above (default the first three).

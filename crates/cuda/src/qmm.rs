@@ -67,22 +67,27 @@ pub const QMM_SLICE_COLS: usize = 1024;
 /// split over `QMM_WIDE_KQ` warps (slices of K / `QMM_WIDE_KQ` columns) in
 /// blocks of as many warps, one task a block (the `*_wide` entries). In
 /// this model that is the out-projections (K = 4,096, 2,048 rows: 128
-/// tasks), which with 4 slices a task ran ~4 warps an SM, each a chain of
-/// 16 groups. `qmm_probe` (session 38, each matrix alone, the GDN
-/// out-projection): 1 token 5.8 -> 4.9 us, 8 tokens 10.1 -> 8.1 us. The
-/// split depends only on K, so a token's result still never depends on
-/// its batch.
+/// tasks), which with 4 slices a task in blocks of 4 ran ~4 warps an SM,
+/// each a chain of 16 groups. The split depends only on K, so a token's
+/// result still never depends on its batch. Measured on the H200 (session
+/// 38, NOTES.md history 131), the GDN out-projection alone (`qmm_probe`)
+/// at 1 / 8 tokens: 5.8 / 10.1 us in 4 slices, 4.9 / 8.2 in 8, 5.0 / 6.9
+/// in 16; ms a greedy step at 1 / 4 / 8 tokens (two rounds, one lease):
+/// 4 slices 1.712 / 2.557 / 3.706, 8 slices (rings of 3) 1.682 / 2.458 /
+/// 3.690, 16 slices (rings of 2) 1.694 / 2.464 / 3.607.
 pub const QMM_WIDE_K: usize = 4096;
-/// Slices (and warps a block) of a wide matrix's task.
-pub const QMM_WIDE_KQ: usize = 8;
+/// Slices (and warps a block) of a wide matrix's task: 16, one stage of 4
+/// groups each at K = 4,096 (16 beat 8 by 2.3% at 8 tokens, the serving
+/// batch, and lost 0.7% at 1).
+pub const QMM_WIDE_KQ: usize = 16;
 /// Weight stages a warp's ring holds in the wide entries: a warp's slice of
-/// a task is K / (64 x 4 x QMM_WIDE_KQ) = 2 stages at K = 4,096, all
-/// requested before the dependency wait with a ring of 3; the dense rings
-/// (5, 6 at 5-8 tokens) left one 8-warp block an SM (115 KB) and made the
-/// 8-token step 1.6% slower in the graph although the matrix alone was
-/// faster (session 38, call 3), the blocks of the kernels launched early
-/// beside it having no room.
-pub const QMM_WIDE_RING: usize = 3;
+/// a task is K / (64 x 4 x QMM_WIDE_KQ) = 1 stage at K = 4,096, requested
+/// before the dependency wait with a ring of 2. The dense rings (5, 6 at
+/// 5-8 tokens) left one 8-warp block an SM (115 KB) and made the 8-token
+/// step 1.6% slower in the graph although the matrix alone was faster
+/// (session 38, call 3): the blocks of the kernels launched early beside
+/// it had no room.
+pub const QMM_WIDE_RING: usize = 2;
 /// Tokens from which the MoE plan cuts an expert's pairs into items of 8
 /// (qmm_moe_2, 156 registers) rather than 4 (qmm_moe_1, 128). Measured on
 /// the H200 (qmm_probe, revision 21db8ab): items of 4 are faster at 16 to

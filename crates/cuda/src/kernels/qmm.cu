@@ -46,9 +46,10 @@
 // Work split: a task is 16 output rows; KQ = K / QMM_SLICE_COLS warps (1..QMM_WARPS)
 // share a task, each taking a fixed slice of the groups; their partial sums
 // are added in slice order in shared memory. Wide matrices (K >= QMM_WIDE_K,
-// the out-projections) split K over QMM_WIDE_KQ warps instead, in blocks of
-// as many warps (the *_wide dense entries): their 2,048 rows are only 128
-// tasks, so 4 slices a task left ~4 warps an SM, each a long serial chain. The split depends only on K,
+// the out-projections) split K over QMM_WIDE_KQ warps instead (16: one
+// stage each), in blocks of as many warps (the *_wide dense entries): their
+// 2,048 rows are only 128 tasks, so 4 slices a task left ~4 warps an SM,
+// each a long serial chain. The split depends only on K,
 // never on the number of tokens, and every token's column is computed
 // independently, so a token's result is bit-identical whatever the batch it
 // is decoded in. A block of QMM_WARPS warps runs QMM_WARPS / KQ tasks side by
