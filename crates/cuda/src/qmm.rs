@@ -330,9 +330,13 @@ impl QmmShape {
             format!("-DQMM_STAGE_BYTES={QMM_STAGE_BYTES}"),
         ]
     }
+    /// Whether a matrix of input width `k` is wide (`QMM_WIDE_K`).
+    fn is_wide(k: usize) -> bool {
+        k >= QMM_WIDE_K
+    }
     /// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
     fn warps_per_task(&self, k: usize) -> usize {
-        if k >= QMM_WIDE_K {
+        if Self::is_wide(k) {
             self.wide_kq
         } else {
             (k / self.slice_cols).clamp(1, self.warps)
@@ -366,7 +370,7 @@ impl QmmShape {
     }
     /// Warps a block of a dense launch of input width `k`.
     fn dense_warps(&self, k: usize) -> usize {
-        if k >= QMM_WIDE_K {
+        if Self::is_wide(k) {
             self.wide_kq
         } else {
             self.warps
@@ -590,7 +594,7 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let wide = kdim >= QMM_WIDE_K;
+    let wide = QmmShape::is_wide(kdim);
     if wide && logits {
         return Err(CudaError::shape(NAME, format!("a logits matrix of input width {kdim}: the lm_head entry takes widths below {QMM_WIDE_K}")));
     }
