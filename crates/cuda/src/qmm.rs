@@ -266,6 +266,17 @@ struct MoeFusedParamsC {
 // SAFETY: plain-old-data mirroring `MoeFusedParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for MoeFusedParamsC {}
 
+/// A dense launch's entry point (`QmmShape::dense_variant`): its name, the
+/// n-tiles a warp keeps, the stages of a warp's ring and the warps of a
+/// block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DenseVariant {
+    name: &'static str,
+    nt: usize,
+    ring: usize,
+    warps: usize,
+}
+
 /// The block shape of the matrix kernels: warps a block and weight stages a
 /// warp's ring holds. Compiled into the kernels (`defines`) and read by the
 /// launchers from `Kernels::qmm`, so the two always agree.
@@ -330,13 +341,9 @@ impl QmmShape {
             format!("-DQMM_STAGE_BYTES={QMM_STAGE_BYTES}"),
         ]
     }
-    /// Whether a matrix of input width `k` is wide (`QMM_WIDE_K`).
-    fn is_wide(k: usize) -> bool {
-        k >= QMM_WIDE_K
-    }
     /// Warps sharing one task of a K-wide matrix (qmm.cu `KSplit`).
     fn warps_per_task(&self, k: usize) -> usize {
-        if Self::is_wide(k) {
+        if k >= QMM_WIDE_K {
             self.wide_kq
         } else {
             (k / self.slice_cols).clamp(1, self.warps)
@@ -347,33 +354,32 @@ impl QmmShape {
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
         Self::rings_and_partials(warps, self.ring, nt)
     }
-    /// The dense entry point for `ntok` tokens (`logits`: a launch with the
-    /// lm_head's epilogue), its n-tiles (4 tokens each) a warp keeps and its
-    /// ring; more tokens than 8 run in chunks of 8 (chunks of 16, 4 n-tiles
-    /// at 184 registers, measured no faster at 16 or 64 tokens: NOTES.md,
-    /// qmm v9). Past 8 tokens (the batch-invariant path) the matrices other
-    /// than the lm_head keep `dense_ring`: rings of 6 made them slower at 64
-    /// tokens (`qmm_probe`, session 36: in-projection 67.4 -> 75.7 us).
-    /// A wide matrix (`QMM_WIDE_K`) takes the `*_wide` entry of the same
-    /// n-tiles (blocks of `wide_kq` warps, rings of `wide_ring`); there is
-    /// no wide lm_head entry.
-    fn dense_variant(&self, ntok: usize, logits: bool, wide: bool) -> (&'static str, usize, usize) {
-        match (ntok, logits, wide) {
-            (0..=4, _, false) => ("qmm_dense_1", 1, self.dense_ring),
-            (0..=4, _, true) => ("qmm_dense_1_wide", 1, self.wide_ring),
-            (_, true, _) => ("qmm_dense_2_head", 2, self.head_ring),
-            (5..=8, false, false) => ("qmm_dense_2", 2, self.dense2_ring),
-            (5..=8, false, true) => ("qmm_dense_2_wide", 2, self.wide_ring),
-            (_, false, false) => ("qmm_dense_2_chunks", 2, self.dense_ring),
-            (_, false, true) => ("qmm_dense_2_chunks_wide", 2, self.wide_ring),
+    /// The dense entry point for `ntok` tokens of input width `k`
+    /// (`logits`: a launch with the lm_head's epilogue): its n-tiles (4
+    /// tokens each) a warp keeps, its ring and its block's warps. More
+    /// tokens than 8 run in chunks of 8 (chunks of 16, 4 n-tiles at 184
+    /// registers, measured no faster at 16 or 64 tokens: NOTES.md, qmm v9).
+    /// Past 8 tokens (the batch-invariant path) the matrices other than the
+    /// lm_head keep `dense_ring`: rings of 6 made them slower at 64 tokens
+    /// (`qmm_probe`, session 36: in-projection 67.4 -> 75.7 us). A wide
+    /// matrix (`QMM_WIDE_K`) takes the `*_wide` entry of the same n-tiles:
+    /// blocks of `wide_kq` warps, rings of `wide_ring`. None: a wide logits
+    /// matrix (there is no wide lm_head entry).
+    fn dense_variant(&self, ntok: usize, logits: bool, k: usize) -> Option<DenseVariant> {
+        let v = |name, nt, ring, warps| Some(DenseVariant { name, nt, ring, warps });
+        if k >= QMM_WIDE_K {
+            return match (ntok, logits) {
+                (_, true) => None,
+                (0..=4, false) => v("qmm_dense_1_wide", 1, self.wide_ring, self.wide_kq),
+                (5..=8, false) => v("qmm_dense_2_wide", 2, self.wide_ring, self.wide_kq),
+                _ => v("qmm_dense_2_chunks_wide", 2, self.wide_ring, self.wide_kq),
+            };
         }
-    }
-    /// Warps a block of a dense launch of input width `k`.
-    fn dense_warps(&self, k: usize) -> usize {
-        if Self::is_wide(k) {
-            self.wide_kq
-        } else {
-            self.warps
+        match (ntok, logits) {
+            (0..=4, _) => v("qmm_dense_1", 1, self.dense_ring, self.warps),
+            (_, true) => v("qmm_dense_2_head", 2, self.head_ring, self.warps),
+            (5..=8, false) => v("qmm_dense_2", 2, self.dense2_ring, self.warps),
+            _ => v("qmm_dense_2_chunks", 2, self.dense_ring, self.warps),
         }
     }
     /// Dynamic shared memory of a matrix block: per warp its weight ring of
@@ -594,15 +600,13 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let wide = QmmShape::is_wide(kdim);
-    if wide && logits {
-        return Err(CudaError::shape(NAME, format!("a logits matrix of input width {kdim}: the lm_head entry takes widths below {QMM_WIDE_K}")));
-    }
-    let (name, nt, ring) = k.qmm.dense_variant(ntok, logits, wide);
+    let DenseVariant { name, nt, ring, warps } = k
+        .qmm
+        .dense_variant(ntok, logits, kdim)
+        .ok_or_else(|| CudaError::shape(NAME, format!("a logits matrix of input width {kdim}: the lm_head entry takes widths below {QMM_WIDE_K}")))?;
     p.ntiles = tiles as i32;
     p.tok_chunk = (4 * nt) as i32;
     let tasks = tiles * ntok.div_ceil(4 * nt);
-    let warps = k.qmm.dense_warps(kdim);
     let threads = (warps * 32) as u32;
     let smem = QmmShape::rings_and_partials(warps, ring, nt);
     let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(warps / k.qmm.warps_per_task(kdim)))?;
@@ -946,21 +950,22 @@ mod tests {
     #[test]
     fn dense_kernels_follow_the_shape_and_fit_an_sm() {
         let s = QmmShape::default();
-        assert_eq!(s.dense_variant(4, true, false), ("qmm_dense_1", 1, s.dense_ring));
-        assert_eq!(s.dense_variant(5, false, false), ("qmm_dense_2", 2, s.dense2_ring));
-        assert_eq!(s.dense_variant(8, true, false), ("qmm_dense_2_head", 2, s.head_ring));
-        assert_eq!(s.dense_variant(64, true, false), ("qmm_dense_2_head", 2, s.head_ring));
-        assert_eq!(s.dense_variant(9, false, false), ("qmm_dense_2_chunks", 2, s.dense_ring));
-        assert_eq!(s.dense_variant(1, false, true), ("qmm_dense_1_wide", 1, s.wide_ring));
-        assert_eq!(s.dense_variant(8, false, true), ("qmm_dense_2_wide", 2, s.wide_ring));
-        assert_eq!(s.dense_variant(9, false, true), ("qmm_dense_2_chunks_wide", 2, s.wide_ring));
+        let of = |ntok, logits, k| s.dense_variant(ntok, logits, k).map(|v| (v.name, v.nt, v.ring));
+        assert_eq!(of(4, true, 2048), Some(("qmm_dense_1", 1, s.dense_ring)));
+        assert_eq!(of(5, false, 2048), Some(("qmm_dense_2", 2, s.dense2_ring)));
+        assert_eq!(of(8, true, 2048), Some(("qmm_dense_2_head", 2, s.head_ring)));
+        assert_eq!(of(64, true, 2048), Some(("qmm_dense_2_head", 2, s.head_ring)));
+        assert_eq!(of(9, false, 2048), Some(("qmm_dense_2_chunks", 2, s.dense_ring)));
+        assert_eq!(of(1, false, QMM_WIDE_K), Some(("qmm_dense_1_wide", 1, s.wide_ring)));
+        assert_eq!(of(8, false, QMM_WIDE_K), Some(("qmm_dense_2_wide", 2, s.wide_ring)));
+        assert_eq!(of(9, false, QMM_WIDE_K), Some(("qmm_dense_2_chunks_wide", 2, s.wide_ring)));
+        assert_eq!(of(1, true, QMM_WIDE_K), None, "no wide lm_head entry");
         for n in 1..=MAX_DECODE_BATCH {
             for (logits, wide) in [(false, false), (true, false), (false, true)] {
-                let (name, nt, ring) = s.dense_variant(n, logits, wide);
+                let k = if wide { QMM_WIDE_K } else { 2048 };
+                let DenseVariant { name, nt, ring, warps } = s.dense_variant(n, logits, k).expect("an entry point");
                 assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
                 assert_eq!(name.ends_with("_wide"), wide, "{name}");
-                let k = if wide { QMM_WIDE_K } else { 2048 };
-                let warps = s.dense_warps(k);
                 assert_eq!(warps % s.warps_per_task(k), 0, "{name}: {warps} warps, {} a task", s.warps_per_task(k));
                 // Two blocks an SM (227 KiB a block at most, 1 KiB reserved
                 // each), and room beside them for a block of the kernel
