@@ -144,7 +144,6 @@ impl CudaBackend {
         let gpu = self.model.gpu.clone();
         gpu.bind()?;
         let n = batch.len();
-        let vocab = self.model.dims.vocab;
         for (i, (&(seq, feed), st)) in batch.iter().zip(states.iter()).enumerate() {
             if batch[..i].iter().any(|b| b.0 == seq) {
                 return Err(CudaError::Invalid(format!("sequence {seq:?} appears twice in one decode batch")));
@@ -179,19 +178,7 @@ impl CudaBackend {
         }
         let mut tables = Vec::with_capacity(n);
         for (&(seq, _), st) in batch.iter().zip(states.iter_mut()) {
-            if !st.params.has_penalties() {
-                tables.push(0);
-                continue;
-            }
-            if self.table_stale(seq, st) {
-                let buf = match self.counts.entry(seq) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => e.insert(DeviceBuffer::zeroed(&gpu, vocab * 4, "sampling count table")?),
-                };
-                buf.upload_sync_at(0, &st.dense_counts(vocab))?;
-                st.set_device_copy(Some(seq));
-            }
-            tables.push(self.counts.get(&seq).map_or(0, |b| b.ptr()));
+            tables.push(self.count_table(seq, st)?);
         }
         let seqs: Vec<SeqId> = batch.iter().map(|b| b.0).collect();
         let entries = self.model.mem.reserve_next_deferred(&seqs)?;
@@ -221,6 +208,26 @@ impl CudaBackend {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         Ok(Pending { ticket, slot, seqs, asks: states.iter().map(|st| st.params.top_logprobs).collect(), tops, marks })
+    }
+
+    /// The device address of `seq`'s penalty count table for a draw with
+    /// `st`, or 0 when its parameters have no penalties; the table is made
+    /// and uploaded from the state (synchronously) when the device copy
+    /// does not match it.
+    fn count_table(&mut self, seq: SeqId, st: &mut SampleState) -> CudaResult<u64> {
+        if !st.params.has_penalties() {
+            return Ok(0);
+        }
+        if self.table_stale(seq, st) {
+            let vocab = self.model.dims.vocab;
+            let buf = match self.counts.entry(seq) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(DeviceBuffer::zeroed(&self.model.gpu, vocab * 4, "sampling count table")?),
+            };
+            buf.upload_sync_at(0, &st.dense_counts(vocab))?;
+            st.set_device_copy(Some(seq));
+        }
+        Ok(self.counts.get(&seq).map_or(0, |b| b.ptr()))
     }
 
     /// Stages and launches one checked and reserved step in step slot
@@ -450,11 +457,57 @@ impl Backend for CudaBackend {
             return lily_model::prefill_capture_split(self, parts);
         }
         self.known(parts.iter().map(|p| p.0))?;
-        let r = self.model.prefill_capture(parts);
+        let r = self.model.prefill_capture(parts, &vec![None; parts.len()]);
         if !matches!(r, Err(CudaError::Capacity(_) | CudaError::Invalid(_))) {
             self.forget_draws(parts.iter().map(|p| p.0));
         }
-        Ok(r?)
+        Ok(r?.0)
+    }
+    /// The first tokens drawn by the device sampler right after the pass
+    /// (`Model::last_rows`): no logits read back, no host draw. Declined
+    /// (drawn by the caller) where the captures need more than one pass,
+    /// and for a state asking more than `SAMPLE_TOP_MAX` top logprobs.
+    fn prefill_capture_sampling(&mut self, parts: &[lily_model::CapturePart], states: &mut [Option<SampleState>]) -> ModelResult<lily_model::CapturedDraws> {
+        if states.len() != parts.len() {
+            return Err(ModelError::Invalid(format!("{} sampling states for a prefill of {} parts", states.len(), parts.len())));
+        }
+        let captures = parts.iter().any(|p| p.2.is_some());
+        if states.iter().all(Option::is_none) || (captures && !self.model.captures_in_one_pass(parts)) {
+            return Ok((self.prefill_capture(parts)?, vec![None; parts.len()]));
+        }
+        self.known(parts.iter().map(|p| p.0))?;
+        self.model.gpu.bind()?;
+        let mut rows = Vec::with_capacity(parts.len());
+        for (p, st) in parts.iter().zip(states.iter_mut()) {
+            rows.push(match st {
+                Some(st) if st.params.top_logprobs as usize <= SAMPLE_TOP_MAX => {
+                    let table = self.count_table(p.0, st)?;
+                    Some(SampleRow::new(&st.params, st.step, table))
+                }
+                _ => None,
+            });
+        }
+        let r = if captures {
+            self.model.prefill_capture(parts, &rows)
+        } else {
+            let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
+            let no_snaps = vec![None; parts.len()];
+            self.model.prefill_batch_capturing(&whole, &vec![None; parts.len()], &rows).map(|(logits, drawn)| ((logits, no_snaps), drawn))
+        };
+        if !matches!(r, Err(CudaError::Capacity(_) | CudaError::Invalid(_))) {
+            self.forget_draws(parts.iter().map(|p| p.0));
+        }
+        let (captured, drawn) = r?;
+        for (d, st) in drawn.iter().zip(states.iter_mut()) {
+            if let (Some(d), Some(st)) = (d, st) {
+                // The sampler counted the draw in the table it was given.
+                st.record_draw(d.token);
+                if !st.params.has_penalties() {
+                    st.set_device_copy(None);
+                }
+            }
+        }
+        Ok((captured, drawn))
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.known(batch.iter().map(|b| b.0))?;

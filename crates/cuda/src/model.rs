@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph};
 use lily_core::weights::Weights;
-use lily_model::SeqId;
+use lily_model::{Sampled, SeqId};
 
 use crate::attention::{self, KvView, QOut};
 use crate::device::{copy_device, read_device, write_device, zero_device, DevSlice, Gpu, HostStage};
@@ -34,7 +34,7 @@ use crate::hgemm;
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
-use crate::sampling;
+use crate::sampling::{self, DrawIo, SampleRow};
 use crate::state::{Memory, Options};
 use crate::weights::{self, DeviceWeights, LayerDev, MixerDev, QMat};
 
@@ -66,6 +66,10 @@ struct Piece {
     capture: Option<(usize, usize)>,
 }
 
+/// A prefill's last rows as `Model::last_rows` hands them back: each
+/// row's logits (empty where it was drawn) and its draw (if asked).
+pub type LastRows = (Vec<Vec<f32>>, Vec<Option<Sampled>>);
+
 /// Rows of logits read back per copy through `Model::logits_stage` (the
 /// first tokens of a pass of several new prompts: one row each).
 const LOGITS_STAGE_ROWS: usize = 8;
@@ -89,6 +93,9 @@ pub struct Model {
     /// Page-locked memory the prefill's logits are read back through,
     /// `LOGITS_STAGE_ROWS` rows at a time.
     logits_stage: HostStage,
+    /// Where a prefill's first tokens are drawn (`last_rows`); made at
+    /// the first such draw.
+    draw_io: Option<DrawIo>,
     pub kernels: Kernels,
     pub dims: Dims,
     pub weights: DeviceWeights,
@@ -182,6 +189,7 @@ impl Model {
             knockout: Knockout::default(),
             moe_trace: None,
             logits_stage,
+            draw_io: None,
         })
     }
 
@@ -845,7 +853,7 @@ impl Model {
     /// Every part is checked and every KV block reserved before anything
     /// runs: a `Capacity` or `Invalid` error changes no sequence.
     pub fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> CudaResult<Vec<Vec<f32>>> {
-        self.prefill_batch_capturing(parts, &vec![None; parts.len()])
+        Ok(self.prefill_batch_capturing(parts, &vec![None; parts.len()], &vec![None; parts.len()])?.0)
     }
 
     /// Whether `prefill_capture` can take these capture points inside one
@@ -862,8 +870,13 @@ impl Model {
     /// the state at that chunk boundary into the new sequence's slot
     /// (`gdn::GdnCapture`), and it shares the KV blocks of those positions.
     /// A capture with no free sequence slot or KV block comes back None.
+    /// Each part with a `draws` entry has its next token drawn with it on
+    /// the device instead of its logits read back (`last_rows`).
     /// Errors as `prefill_batch`'s; the new sequences are freed then.
-    pub fn prefill_capture(&mut self, parts: &[lily_model::CapturePart]) -> CudaResult<lily_model::Captured> {
+    pub fn prefill_capture(&mut self, parts: &[lily_model::CapturePart], draws: &[Option<SampleRow>]) -> CudaResult<lily_model::CapturedDraws> {
+        if draws.len() != parts.len() {
+            return Err(CudaError::Invalid(format!("{} draws for a prefill of {} parts", draws.len(), parts.len())));
+        }
         if !self.captures_in_one_pass(parts) {
             return Err(CudaError::Invalid("prefill_capture: the capture points do not fit one pass".into()));
         }
@@ -888,8 +901,8 @@ impl Model {
             caps.push(snap.map(|s| s.1));
         }
         let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
-        let rows = match self.prefill_batch_capturing(&whole, &caps) {
-            Ok(rows) => rows,
+        let (rows, drawn) = match self.prefill_batch_capturing(&whole, &caps, draws) {
+            Ok(r) => r,
             Err(e) => {
                 for id in snaps.into_iter().flatten() {
                     self.mem.free(id);
@@ -905,13 +918,18 @@ impl Model {
                 }
             }
         }
-        Ok((rows, snaps))
+        Ok(((rows, snaps), drawn))
     }
 
-    /// `prefill_batch` with, per part, the (slot, at) a capture writes to.
-    fn prefill_batch_capturing(&mut self, parts: &[(SeqId, &[u32])], caps: &[Option<(usize, usize)>]) -> CudaResult<Vec<Vec<f32>>> {
+    /// `prefill_batch` with, per part, the (slot, at) a capture writes to
+    /// and the parameters its next token is drawn with on the device (its
+    /// logits row then empty; see `last_rows`).
+    pub fn prefill_batch_capturing(&mut self, parts: &[(SeqId, &[u32])], caps: &[Option<(usize, usize)>], draws: &[Option<SampleRow>]) -> CudaResult<LastRows> {
+        if caps.len() != parts.len() || draws.len() != parts.len() {
+            return Err(CudaError::Invalid(format!("{} captures and {} draws for a prefill of {} parts", caps.len(), draws.len(), parts.len())));
+        }
         if parts.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         self.gpu.bind()?;
         let mut lens = Vec::with_capacity(parts.len());
@@ -950,6 +968,7 @@ impl Model {
         let chunk = self.mem.opts.prefill_chunk;
         let (d, s) = (self.dims.clone(), self.mem.scratch);
         let mut out = vec![Vec::new(); parts.len()];
+        let mut drawn = vec![None; parts.len()];
         // The cursor: part `k`, of which `done` tokens are in earlier passes.
         let (mut k, mut done) = (0usize, 0usize);
         while k < parts.len() {
@@ -994,12 +1013,15 @@ impl Model {
                     copy_device(&self.gpu, s.h + (j * row_bytes) as u64, s.h + (row * row_bytes) as u64, row_bytes)?;
                 }
             }
-            for (&(part, _), logits) in ends.iter().zip(self.logits_rows(ends.len())?) {
+            let wanted: Vec<Option<SampleRow>> = ends.iter().map(|&(part, _)| draws[part]).collect();
+            let (rows, draws_here) = self.last_rows(&wanted)?;
+            for ((&(part, _), logits), d) in ends.iter().zip(rows).zip(draws_here) {
                 out[part] = logits;
+                drawn[part] = d;
             }
         }
         self.gpu.synchronize()?;
-        Ok(out)
+        Ok((out, drawn))
     }
 
     /// Final norm + lm_head of rows `first..first + n` of h (n at most
@@ -1017,18 +1039,39 @@ impl Model {
     /// Logits of the first `t` rows of h (final norm + lm_head), in groups
     /// of the decode batch size.
     fn logits_rows(&mut self, t: usize) -> CudaResult<Vec<Vec<f32>>> {
-        let vocab = self.dims.vocab;
+        Ok(self.last_rows(&vec![None; t])?.0)
+    }
+
+    /// The final norm and lm_head of the first `draws.len()` rows of h, in
+    /// groups of the decode batch size: row r's logits read back where
+    /// `draws[r]` is None, else its next token drawn on the device with
+    /// those parameters (`DrawIo::draw`) and an empty logits row: a new
+    /// prompt's first token without the ~1 MB read-back and host draw.
+    fn last_rows(&mut self, draws: &[Option<SampleRow>]) -> CudaResult<LastRows> {
+        let (t, vocab, max_batch) = (draws.len(), self.dims.vocab, self.mem.opts.max_batch);
         let s = self.mem.scratch;
-        let mut out = Vec::with_capacity(t);
+        if self.draw_io.is_none() && draws.iter().any(Option::is_some) {
+            self.draw_io = Some(DrawIo::new(&self.gpu, max_batch)?);
+        }
+        let (mut logits, mut drawn) = (Vec::with_capacity(t), Vec::with_capacity(t));
         let mut r = 0;
         while r < t {
-            let n = (t - r).min(self.mem.opts.max_batch);
+            let group = &draws[r..t.min(r + max_batch)];
+            let n = group.len();
             zero_device(&self.gpu, s.argmax, n * 8)?;
             self.logits_of_rows(r, n)?;
-            out.extend(self.logits_stage.read_rows(&self.gpu, s.logits, n, vocab)?);
+            let mut read = if group.iter().any(Option::is_none) { self.logits_stage.read_rows(&self.gpu, s.logits, n, vocab)? } else { vec![Vec::new(); n] };
+            let mut got = match &self.draw_io {
+                Some(io) if group.iter().any(Option::is_some) => io.draw(&self.gpu, &self.kernels, s.logits, group, vocab)?,
+                _ => vec![None; n],
+            };
+            for (j, want) in group.iter().enumerate() {
+                logits.push(if want.is_some() { Vec::new() } else { std::mem::take(&mut read[j]) });
+                drawn.push(got[j].take());
+            }
             r += n;
         }
-        Ok(out)
+        Ok((logits, drawn))
     }
 
     /// One decode step for a batch of distinct sequences; returns logits.

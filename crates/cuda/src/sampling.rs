@@ -9,9 +9,11 @@
 
 use cudarc::driver::DeviceRepr;
 
-use lily_model::SampleParams;
+use std::sync::Arc;
 
-use crate::device::Gpu;
+use lily_model::{SampleParams, Sampled};
+
+use crate::device::{DeviceBuffer, Gpu};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
 use crate::launch::{launch, launch_pdl};
@@ -282,6 +284,68 @@ impl SampleOut {
             top_ids: at(self.top_ids, 4 * SAMPLE_TOP_MAX),
             top_logprobs: at(self.top_logprobs, 4 * SAMPLE_TOP_MAX),
         }
+    }
+}
+
+/// Device memory for draws outside a decode step (a prefill's first
+/// tokens, `Model::last_rows`): up to `cap` rows' parameters and
+/// `sample_rows`' outputs, read back with one copy.
+pub struct DrawIo {
+    cap: usize,
+    /// SampleRow [cap].
+    params: DeviceBuffer,
+    /// u32 tokens [cap], f32 logprobs [cap], u32 top ids [cap][SAMPLE_TOP_MAX],
+    /// f32 top logprobs [cap][SAMPLE_TOP_MAX], in that order.
+    out: DeviceBuffer,
+}
+
+impl DrawIo {
+    pub fn new(gpu: &Arc<Gpu>, cap: usize) -> CudaResult<Self> {
+        let params = DeviceBuffer::zeroed(gpu, cap * std::mem::size_of::<SampleRow>(), "first-token sampling rows")?;
+        let out = DeviceBuffer::zeroed(gpu, cap * 4 * (2 + 2 * SAMPLE_TOP_MAX), "first-token draws")?;
+        Ok(DrawIo { cap, params, out })
+    }
+
+    /// Draws row r of `logits` (f32 [rows.len()][vocab]) with `rows[r]`
+    /// where that is `Some` (`sample_rows`, so the draw and the count
+    /// update of `sample_host`'s semantics); rows that are `None` are drawn
+    /// greedily and come back `None`. Waits for the stream.
+    pub fn draw(&self, gpu: &Gpu, k: &Kernels, logits: u64, rows: &[Option<SampleRow>], vocab: usize) -> CudaResult<Vec<Option<Sampled>>> {
+        let n = rows.len();
+        if n > self.cap {
+            return Err(CudaError::shape("DrawIo::draw", format!("{n} rows; room for {}", self.cap)));
+        }
+        let greedy = SampleRow::new(&SampleParams::greedy(), 0, 0);
+        let params: Vec<SampleRow> = rows.iter().map(|r| r.unwrap_or(greedy)).collect();
+        // Landed before `draw` returns: the download below waits for the stream.
+        self.params.upload_at(0, &params)?;
+        let tops = rows.iter().flatten().any(|r| r.top_logprobs > 0);
+        let base = self.out.ptr();
+        let at = |words: usize| base + (words * 4) as u64;
+        let (cap, top) = (self.cap, SAMPLE_TOP_MAX);
+        let out = SampleOut {
+            tokens: at(0),
+            logprobs: at(cap),
+            top_ids: if tops { at(2 * cap) } else { 0 },
+            top_logprobs: if tops { at(2 * cap + cap * top) } else { 0 },
+        };
+        sample_rows(gpu, k, logits, self.params.ptr(), &out, n, vocab)?;
+        let mut words = vec![0u32; if tops { cap * (2 + 2 * top) } else { 2 * cap }];
+        self.out.download_at(0, &mut words)?;
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let row = row.as_ref()?;
+                let asked = (row.top_logprobs as usize).min(top);
+                let top = (0..if tops { asked } else { 0 })
+                    .map(|j| (words[2 * cap + r * top + j], f32::from_bits(words[2 * cap + cap * top + r * top + j])))
+                    // u32::MAX marks slots beyond a row shorter than the ask.
+                    .take_while(|&(id, _)| id != u32::MAX)
+                    .collect();
+                Some(Sampled { token: words[r], logprob: f32::from_bits(words[cap + r]), top })
+            })
+            .collect())
     }
 }
 

@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 use common::{check, finish, gpu, synth_checkpoint};
 use lily_core::weights::Weights;
-use lily_cuda::dims::KV_BLOCK;
+use lily_cuda::dims::{GDN_CHUNK, KV_BLOCK};
 use lily_cuda::sampling::SAMPLE_TOP_MAX;
 use lily_cuda::{CudaBackend, Options};
 use lily_model::sample::sample_host;
@@ -361,5 +361,118 @@ fn refused_steps_start_nothing() {
     be.free(twin);
     let d = be.decode_sample(&[(a, fa)], std::slice::from_mut(&mut sa)).expect("a with room");
     check(d.len() == 1 && be.seq_len(a).expect("len") == KV_BLOCK + 1, "a decoded once room was made");
+    finish();
+}
+
+/// One `prefill_capture_sampling` call over `prompts` (part 3 captures a
+/// snapshot at `GDN_CHUNK`), drawing where `params[i]` is Some, against
+/// the same `prefill_capture` on twin sequences with each first token
+/// drawn on the host from the logits (`sample_host`, as the engine does
+/// when a backend declines). Then both sides decode a few steps with
+/// `decode_sample` (the drawn side's penalty tables made on the device by
+/// the prefill's draw, the other's uploaded from the host state).
+fn first_draws_case(label: &str, be: &mut CudaBackend, params: &[Option<SampleParams>]) {
+    let vocab = be.config().vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..params.len()).map(|i| prompt(if i == 3 { GDN_CHUNK + 6 } else { 9 + 3 * i }, vocab, 20 + i as u32)).collect();
+    let capture = |i: usize| (i == 3).then_some(GDN_CHUNK);
+    let fresh = |be: &mut CudaBackend| -> Vec<SeqId> { prompts.iter().map(|_| be.alloc().expect("alloc")).collect() };
+    let (seqs_a, seqs_b) = (fresh(be), fresh(be));
+    let init = |i: usize, sp: SampleParams| SampleState::new(sp, &prompts[i]);
+    let default_params = SampleParams::greedy();
+
+    let parts_a: Vec<lily_model::CapturePart> = seqs_a.iter().enumerate().map(|(i, &s)| (s, &prompts[i][..], capture(i))).collect();
+    let mut lent: Vec<Option<SampleState>> = params.iter().enumerate().map(|(i, p)| p.map(|sp| init(i, sp))).collect();
+    let ((rows_a, snaps_a), drawn) = be.prefill_capture_sampling(&parts_a, &mut lent).expect("prefill_capture_sampling");
+    let parts_b: Vec<lily_model::CapturePart> = seqs_b.iter().enumerate().map(|(i, &s)| (s, &prompts[i][..], capture(i))).collect();
+    let ((rows_b, snaps_b), _) = be.prefill_capture_sampling(&parts_b, &mut vec![None; params.len()]).expect("prefill_capture (reference)");
+    check(snaps_a.iter().flatten().count() == 1 && snaps_b.iter().flatten().count() == 1, format!("{label}: snapshots {snaps_a:?} / {snaps_b:?}"));
+
+    let (mut a, mut b) = (Side { seqs: seqs_a.clone(), states: vec![], firsts: vec![] }, Side { seqs: seqs_b.clone(), states: vec![], firsts: vec![] });
+    for (i, p) in params.iter().enumerate() {
+        let device = p.is_some_and(|sp| sp.top_logprobs as usize <= SAMPLE_TOP_MAX);
+        let mut host = init(i, p.unwrap_or(default_params));
+        let want = sample_host(&rows_b[i], &mut host);
+        check(rows_b[i].len() == vocab, format!("{label} part {i}: reference logits of {} entries", rows_b[i].len()));
+        let st = lent[i].take().unwrap_or_else(|| init(i, default_params));
+        let got = match (&drawn[i], device) {
+            (Some(d), true) => {
+                check(rows_a[i].is_empty(), format!("{label} part {i}: drawn, yet {} logits came back", rows_a[i].len()));
+                d.clone()
+            }
+            (None, false) => {
+                // Declined (or not asked): the logits equal the reference's
+                // bit for bit, the state is untouched, and the host draws.
+                check(rows_a[i] == rows_b[i], format!("{label} part {i}: declined, and its logits differ from the reference pass"));
+                check(st.step == 0, format!("{label} part {i}: declined, yet its state advanced to step {}", st.step));
+                let mut st2 = st.clone();
+                let d = sample_host(&rows_a[i], &mut st2);
+                a.states.push(st2);
+                a.firsts.push(d.token);
+                b.states.push(host);
+                b.firsts.push(want.token);
+                continue;
+            }
+            (d, _) => {
+                check(false, format!("{label} part {i}: device draw {d:?}, expected one: {device}"));
+                continue;
+            }
+        };
+        check(got.token == want.token, format!("{label} part {i}: device draw {} vs host {}", got.token, want.token));
+        check((got.logprob - want.logprob).abs() <= 1e-5, format!("{label} part {i}: logprob {} vs {}", got.logprob, want.logprob));
+        let ids = |s: &Sampled| s.top.iter().map(|t| t.0).collect::<Vec<_>>();
+        check(ids(&got) == ids(&want), format!("{label} part {i}: top ids {:?} vs {:?}", ids(&got), ids(&want)));
+        for (x, y) in got.top.iter().zip(&want.top) {
+            check((x.1 - y.1).abs() <= 1e-5, format!("{label} part {i}: top logprob {} vs {}", x.1, y.1));
+        }
+        check(
+            st.step == host.step && st.last_draw() == Some(want.token) && st.count_of(want.token) == host.count_of(want.token),
+            format!("{label} part {i}: state after the device draw: step {} last {:?}, host step {}", st.step, st.last_draw(), host.step),
+        );
+        a.states.push(st);
+        a.firsts.push(got.token);
+        b.states.push(host);
+        b.firsts.push(want.token);
+    }
+    // Decode steps refuse more than SAMPLE_TOP_MAX top logprobs.
+    let decoded: Vec<usize> = (0..params.len()).filter(|&i| a.states[i].params.top_logprobs as usize <= SAMPLE_TOP_MAX).collect();
+    let schedule = vec![decoded.clone(); 4];
+    let got = step_by_step(be, &mut a, &schedule);
+    let want = step_by_step(be, &mut b, &schedule);
+    for &i in &decoded {
+        let toks = |d: &Draws| d[i].iter().map(|s| s.token).collect::<Vec<_>>();
+        check(toks(&got) == toks(&want), format!("{label} part {i}: decode after the first draw {:?} vs {:?}", toks(&got), toks(&want)));
+    }
+    for s in seqs_a.iter().chain(&seqs_b).chain(snaps_a.iter().flatten()).chain(snaps_b.iter().flatten()) {
+        be.free(*s);
+    }
+}
+
+/// A new prompt's first token drawn by the device sampler inside the
+/// prefill call (`prefill_capture_sampling`: no logits read back, no host
+/// draw) equals the host's draw from that prefill's logits: token, logprob,
+/// top logprobs and the state after it (step, counts, last draw), and the
+/// decode steps that follow. Greedy, penalised and top-k / min-p rows, a
+/// part the engine does not ask to draw, and one asking more than
+/// `SAMPLE_TOP_MAX` top logprobs (declined: its logits come back); one part
+/// takes a snapshot inside the pass; the decode batch of 2 splits the last
+/// rows into groups, one holding a drawn and a declined row. On the tiny
+/// fixture and on a 4-layer model of the real width.
+#[test]
+fn first_tokens_drawn_in_the_prefill_equal_host_draws_from_its_logits() {
+    let Some(gpu) = gpu("first_tokens_drawn_in_the_prefill_equal_host_draws_from_its_logits") else { return };
+    let small_batch = || Options { max_batch: 2, max_sequences: 16, ..opts(16 * 256) };
+    let mk = |vocab: usize| {
+        let p = params(vocab);
+        vec![Some(p[1]), None, Some(p[0]), Some(p[2]), Some(SampleParams { top_logprobs: SAMPLE_TOP_MAX as u32 + 1, ..p[2] })]
+    };
+    let w = fixture();
+    let mut be = CudaBackend::from_weights(&gpu, &w, small_batch(), &mut |_, _| {}).expect("cuda backend");
+    let vocab = be.config().vocab_size;
+    first_draws_case("tiny fixture", &mut be, &mk(vocab));
+    drop(be);
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Full, 4, 12);
+    let mut be = CudaBackend::from_weights(&gpu, &w, small_batch(), &mut |_, _| {}).expect("cuda backend (full width)");
+    let vocab = be.config().vocab_size;
+    first_draws_case("full width, 4 layers", &mut be, &mk(vocab));
     finish();
 }

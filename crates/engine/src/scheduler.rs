@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use lily_core::tokenizer::Tokenizer;
 use lily_model::sample::{draw_host, sample_host};
-use lily_model::{Backend, CapturePart, Captured, Feed, InFlight, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId};
+use lily_model::{Backend, CapturePart, CapturedDraws, Feed, InFlight, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId};
 use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -66,6 +66,9 @@ enum FirstToken {
     /// Drawn already from them (`first_draws`); the state is not advanced
     /// yet.
     Drawn(Sampled),
+    /// Drawn by the backend in the prefill call
+    /// (`Backend::prefill_capture_sampling`) and recorded in the state.
+    Recorded(Sampled),
     /// The backend returned no logits.
     Missing,
 }
@@ -757,14 +760,16 @@ impl Scheduler {
     fn prefill_together(&mut self, plan: &[PlannedChunk]) -> bool {
         let mut plan = plan.to_vec();
         self.room_for_captures(&mut plan);
+        let mut states = self.lend_first_states(&plan);
         let running = &self.running;
         let parts: Vec<(SeqId, &[u32], Option<usize>)> =
             plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
-        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts);
+        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts, &mut states);
+        self.return_first_states(&plan, states);
         let err = match result {
-            Ok((rows, snaps)) if rows.len() == plan.len() && snaps.len() == plan.len() => {
+            Ok(((rows, snaps), draws)) if rows.len() == plan.len() && snaps.len() == plan.len() && draws.len() == plan.len() => {
                 self.file_captures(&plan, snaps);
-                let firsts = self.first_draws(&plan, rows);
+                let firsts = self.first_draws(&plan, rows, draws);
                 for (c, first) in plan.iter().zip(firsts) {
                     // By age: a request retired above shifts the indices.
                     if let Some(i) = self.find(c.age) {
@@ -775,7 +780,7 @@ impl Scheduler {
                 }
                 return true;
             }
-            Ok((rows, snaps)) => {
+            Ok(((rows, snaps), _)) => {
                 for s in snaps.into_iter().flatten() {
                     self.backend.free(s);
                 }
@@ -824,11 +829,13 @@ impl Scheduler {
             let mut planned = [PlannedChunk { i, age, seq, start, end, capture }];
             self.room_for_captures(&mut planned);
             let [PlannedChunk { capture, .. }] = planned;
+            let mut states = self.lend_first_states(&planned);
             let chunk = &self.running[i].tokens[start..end];
-            let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &[(seq, chunk, capture.map(|at| at - start))]);
-            let result = result.map(|(rows, snaps)| {
+            let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &[(seq, chunk, capture.map(|at| at - start))], &mut states);
+            self.return_first_states(&planned, states);
+            let result = result.map(|((rows, snaps), draws)| {
                 self.file_captures(&planned, snaps);
-                rows
+                (rows, draws)
             });
             let outcome = match result {
                 // Out of memory with every snapshot evicted: the youngest
@@ -848,9 +855,13 @@ impl Scheduler {
                     continue;
                 }
                 Err(e) => Some(Outcome::Failed(work_error(e))),
-                Ok(mut rows) => {
+                Ok((mut rows, mut draws)) => {
                     budget = budget.saturating_sub(end - start);
-                    self.prefilled(i, start, end, rows.pop().map_or(FirstToken::Missing, FirstToken::Logits))
+                    let first = match draws.pop().flatten() {
+                        Some(drawn) => FirstToken::Recorded(drawn),
+                        None => rows.pop().map_or(FirstToken::Missing, FirstToken::Logits),
+                    };
+                    self.prefilled(i, start, end, first)
                 }
             };
             if let Some(o) = outcome {
@@ -869,25 +880,47 @@ impl Scheduler {
         end >= target && a.generated() == 0
     }
 
-    /// The first tokens of the requests whose prompts a batched prefill
-    /// just finished, drawn on threads at once (each draw reads ~1 MB of
-    /// logits, ~1 ms; a pass of 8 new prompts would otherwise hold the
-    /// engine thread, and with it the device, ~8 ms); the other chunks'
-    /// logits pass through unread. The draws are `sample_host`'s (pure in
-    /// the logits and the request's state), so the tokens are the same.
-    fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>) -> Vec<FirstToken> {
-        let states: Vec<Option<&SampleState>> =
-            plan.iter().map(|c| self.find(c.age).filter(|&i| self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling)).collect();
-        if states.iter().flatten().count() < 2 {
-            return rows.into_iter().map(FirstToken::Logits).collect();
+    /// The sampling states a prefill of `plan` may draw the first token
+    /// with (`Backend::prefill_capture_sampling`): lent for the chunks
+    /// that finish a new request's prompt, None for the others.
+    fn lend_first_states(&mut self, plan: &[PlannedChunk]) -> Vec<Option<SampleState>> {
+        plan.iter().map(|c| self.ends_prompt(c.i, c.end).then(|| self.lend_state(c.i))).collect()
+    }
+
+    /// Puts back what `lend_first_states` lent (before any request of
+    /// `plan` leaves `running`).
+    fn return_first_states(&mut self, plan: &[PlannedChunk], states: Vec<Option<SampleState>>) {
+        for (c, st) in plan.iter().zip(states) {
+            if let Some(st) = st {
+                self.running[c.i].sampling = st;
+            }
         }
-        rows.into_par_iter()
-            .zip(states)
-            .map(|(logits, state)| match state {
-                Some(st) => FirstToken::Drawn(draw_host(&logits, st)),
-                None => FirstToken::Logits(logits),
-            })
-            .collect()
+    }
+
+    /// The first tokens of the requests whose prompts a batched prefill
+    /// just finished: the backend's draws where it made them, the others
+    /// drawn on threads at once (each host draw reads ~1 MB of logits, ~1
+    /// ms; a pass of 8 new prompts would otherwise hold the engine thread,
+    /// and with it the device, ~8 ms); the other chunks' logits pass
+    /// through unread. The host draws are `sample_host`'s (pure in the
+    /// logits and the request's state), so the tokens are the same.
+    fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) -> Vec<FirstToken> {
+        let states: Vec<Option<&SampleState>> = plan
+            .iter()
+            .zip(&draws)
+            .map(|(c, d)| self.find(c.age).filter(|&i| d.is_none() && self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling))
+            .collect();
+        let on_threads = states.iter().flatten().count() >= 2;
+        let first = |((logits, state), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, state) {
+            (Some(d), _) => FirstToken::Recorded(d),
+            (None, Some(st)) if on_threads => FirstToken::Drawn(draw_host(&logits, st)),
+            (None, _) => FirstToken::Logits(logits),
+        };
+        if on_threads {
+            rows.into_par_iter().zip(states).zip(draws).map(first).collect()
+        } else {
+            rows.into_iter().zip(states).zip(draws).map(first).collect()
+        }
     }
 
     /// Request `i`'s sequence consumed `tokens[start..end]`, and `first`
@@ -920,6 +953,10 @@ impl Scheduler {
             FirstToken::Drawn(picked) => {
                 self.running[i].sampling.record_draw(picked.token);
                 tracing::debug!(request = self.running[i].id, "first token drawn (with other prompts' on threads)");
+                self.emit(i, picked)
+            }
+            FirstToken::Recorded(picked) => {
+                tracing::debug!(request = self.running[i].id, "first token drawn by the backend");
                 self.emit(i, picked)
             }
             FirstToken::Missing => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
@@ -1011,9 +1048,15 @@ fn placeholder_state() -> SampleState {
 
 /// One `prefill_capture` call (snapshots evicted for room), its time added
 /// to the engine's prefill time and logged with its size at debug level.
-fn prefill_pass(shared: &Shared, kv: &mut KvLedger, backend: &mut dyn Backend, parts: &[CapturePart]) -> ModelResult<Captured> {
+fn prefill_pass(
+    shared: &Shared,
+    kv: &mut KvLedger,
+    backend: &mut dyn Backend,
+    parts: &[CapturePart],
+    states: &mut [Option<SampleState>],
+) -> ModelResult<CapturedDraws> {
     let t0 = Instant::now();
-    let result = kv.evicting(backend, |b| b.prefill_capture(parts));
+    let result = kv.evicting(backend, |b| b.prefill_capture_sampling(parts, states));
     let dt = t0.elapsed().as_secs_f64();
     shared.with_stats(|s| s.time.prefill_s += dt);
     let tokens: usize = parts.iter().map(|p| p.1.len()).sum();

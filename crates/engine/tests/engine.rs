@@ -461,6 +461,53 @@ fn first_tokens_of_prompts_prefilled_together_equal_each_alone() {
 }
 
 #[test]
+fn first_tokens_the_backend_draws_in_the_prefill_equal_the_host_draws() {
+    // A backend that draws first tokens in the prefill call (the CUDA
+    // backend's device sampler) records them in the states itself: each
+    // request's tokens and logprobs (penalties included, which count the
+    // first draw) must equal a run where the engine draws every first
+    // token from the logits, alone and with prompts prefilled together,
+    // with some parts declined (the fake draws only on even sequence ids).
+    let req = |seed: u64| GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_k: 30,
+            repetition_penalty: 1.2,
+            frequency_penalty: 0.5,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        },
+        logprobs: Some(2),
+        ..GenerateRequest::new(pseudo_prompt(12 + seed as usize, seed as u32), 6)
+    };
+    let run = |draws_first: bool, together: bool| {
+        let (fake, probe) = Fake::new(Mode::Hash);
+        let fake = if draws_first { fake.draws_first() } else { fake };
+        let h = start(fake.batched_prefill().pipelined(), opts());
+        let outs: Vec<_> = if together {
+            let subs: Vec<_> = (1..=8).map(|seed| h.submit(req(seed)).expect("submit")).collect();
+            subs.into_iter().map(collect).collect()
+        } else {
+            (1..=8).map(|seed| collect(h.submit(req(seed)).expect("submit"))).collect()
+        };
+        no_violations(&probe);
+        let drawn = probe.lock().expect("probe").first_draws;
+        (outs, drawn)
+    };
+    let (want, none) = run(false, false);
+    assert_eq!(none, 0);
+    for together in [false, true] {
+        let (got, drawn) = run(true, together);
+        assert!(drawn > 0 && drawn < 8, "the fake drew {drawn} of 8 first tokens (together: {together})");
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!((g.finish, g.completion_tokens), (Some(FinishReason::Length), 6), "request {k}");
+            assert_eq!(g.ids, w.ids, "request {k} (together: {together})");
+            assert_eq!(g.logprobs, w.logprobs, "request {k} (together: {together})");
+        }
+    }
+}
+
+#[test]
 fn logprobs_report_chosen_and_alternatives() {
     let (fake, _probe) = Fake::new(Mode::Count);
     let h = start(fake, opts());

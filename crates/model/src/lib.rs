@@ -79,6 +79,9 @@ pub type CapturePart<'a> = (SeqId, &'a [u32], Option<usize>);
 /// What `Backend::prefill_capture` returns: each part's last-position
 /// logits and its snapshot, in part order.
 pub type Captured = (Vec<Vec<f32>>, Vec<Option<SeqId>>);
+/// What `Backend::prefill_capture_sampling` returns: `Captured` and each
+/// part's draw, if the backend drew it, in part order.
+pub type CapturedDraws = (Captured, Vec<Option<Sampled>>);
 
 /// A model on some device, serving many sequences.
 pub trait Backend: Send {
@@ -135,6 +138,23 @@ pub trait Backend: Send {
     /// overrides it to take the snapshots inside one pass.
     fn prefill_capture(&mut self, parts: &[CapturePart]) -> ModelResult<Captured> {
         prefill_capture_split(self, parts)
+    }
+
+    /// `prefill_capture`, and for each part whose `states` entry is `Some`
+    /// (one entry per part) its next token drawn from its last-position
+    /// logits, where the backend can do that without handing the logits
+    /// over (a device sampler): the draw is `sample::sample_host`'s, as in
+    /// `decode_sample`, that state has recorded it (`record_draw`), and the
+    /// part's logits row comes back empty. A backend may decline any part:
+    /// its draw is `None`, its state untouched and its logits returned, for
+    /// the caller to draw from. The default declines every part.
+    ///
+    /// Errors as `prefill_capture`'s; on an error no state has advanced.
+    fn prefill_capture_sampling(&mut self, parts: &[CapturePart], states: &mut [Option<SampleState>]) -> ModelResult<CapturedDraws> {
+        if states.len() != parts.len() {
+            return Err(ModelError::Invalid(format!("{} sampling states for a prefill of {} parts", states.len(), parts.len())));
+        }
+        Ok((self.prefill_capture(parts)?, vec![None; parts.len()]))
     }
 
     /// Appends one token to each sequence of the batch (distinct sequences)

@@ -23,7 +23,10 @@ use lily_core::tokenizer::Tokenizer;
 use lily_core::ModelConfig;
 use lily_engine::{Event, FinishReason, RequestStream};
 use lily_model::sample::{philox_uniform, sample_host, Distribution};
-use lily_model::{Backend, Feed, InFlight, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
+use lily_model::{
+    Backend, CapturePart, CapturedDraws, Feed, InFlight, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId,
+    MAX_IN_FLIGHT,
+};
 
 pub const VOCAB: usize = 256;
 pub const EOS: u32 = 255;
@@ -78,6 +81,8 @@ pub struct Probe {
     pub fed: Vec<(SeqId, u32)>,
     /// Breaches of the pipelining contract by the engine.
     pub violations: Vec<String>,
+    /// First tokens drawn in `prefill_capture_sampling` (`draws_first`).
+    pub first_draws: usize,
 }
 
 /// Decode steps in flight, as a device would hold them.
@@ -101,6 +106,7 @@ pub struct Fake {
     gate: Option<Arc<Mutex<()>>>,
     pipe: Option<Pipe>,
     batch_prefill: bool,
+    draws_first: bool,
     seqs: HashMap<SeqId, Vec<u32>>,
     next: u64,
     probe: Arc<Mutex<Probe>>,
@@ -123,6 +129,7 @@ impl Fake {
             gate: None,
             pipe: None,
             batch_prefill: false,
+            draws_first: false,
             seqs: HashMap::new(),
             next: 1,
             probe: probe.clone(),
@@ -184,6 +191,16 @@ impl Fake {
     /// runs it; otherwise it is the trait's default, a `prefill` per part.
     pub fn batched_prefill(mut self) -> Self {
         self.batch_prefill = true;
+        self
+    }
+
+    /// `prefill_capture_sampling` draws the first tokens itself (with
+    /// `lily_model`'s host math, recording them in the states), as a
+    /// device sampler does, for the parts on sequences of even id; it
+    /// declines the others (a backend may decline any part), whose logits
+    /// the engine draws from.
+    pub fn draws_first(mut self) -> Self {
+        self.draws_first = true;
         self
     }
 
@@ -374,6 +391,25 @@ impl Backend for Fake {
             out.push(self.logits(&h));
         }
         Ok(out)
+    }
+    fn prefill_capture_sampling(&mut self, parts: &[CapturePart], states: &mut [Option<SampleState>]) -> ModelResult<CapturedDraws> {
+        if states.len() != parts.len() {
+            return Err(ModelError::Invalid("one sampling state entry per part".into()));
+        }
+        let (mut rows, snaps) = self.prefill_capture(parts)?;
+        let mut draws = Vec::with_capacity(parts.len());
+        for ((row, st), part) in rows.iter_mut().zip(states.iter_mut()).zip(parts) {
+            draws.push(match st {
+                Some(st) if self.draws_first && part.0 .0 % 2 == 0 => {
+                    let d = sample_host(row, st);
+                    row.clear();
+                    Some(d)
+                }
+                _ => None,
+            });
+        }
+        self.lock().first_draws += draws.iter().flatten().count();
+        Ok(((rows, snaps), draws))
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.lock().logits_decodes += 1;
