@@ -93,8 +93,8 @@ pub struct Model {
     /// Page-locked memory the prefill's logits are read back through,
     /// `LOGITS_STAGE_ROWS` rows at a time.
     logits_stage: HostStage,
-    /// Where a prefill's first tokens are drawn (`last_rows`); made at
-    /// the first such draw.
+    /// Where a prefill's first tokens are drawn (`last_rows`); made by the
+    /// first prefill that asks for a draw, before its pass runs.
     draw_io: Option<DrawIo>,
     pub kernels: Kernels,
     pub dims: Dims,
@@ -961,6 +961,11 @@ impl Model {
                 self.mem.num_blocks
             )));
         }
+        // Made before anything runs, so that running out of memory for it
+        // changes no sequence (the `Capacity` contract).
+        if self.draw_io.is_none() && draws.iter().any(Option::is_some) {
+            self.draw_io = Some(DrawIo::new(&self.gpu, self.mem.opts.max_batch)?);
+        }
         for (&(seq, tokens), &len) in parts.iter().zip(&lens) {
             self.mem.reserve(seq, len + tokens.len())?;
         }
@@ -1051,7 +1056,7 @@ impl Model {
         let (t, vocab, max_batch) = (draws.len(), self.dims.vocab, self.mem.opts.max_batch);
         let s = self.mem.scratch;
         if self.draw_io.is_none() && draws.iter().any(Option::is_some) {
-            self.draw_io = Some(DrawIo::new(&self.gpu, max_batch)?);
+            return Err(CudaError::Invalid("last_rows: draws asked before the draw buffers were made (prefill_batch_capturing makes them)".into()));
         }
         let (mut logits, mut drawn) = (Vec::with_capacity(t), Vec::with_capacity(t));
         let mut r = 0;
