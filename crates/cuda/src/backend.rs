@@ -37,7 +37,7 @@ use crate::dims::KV_BLOCK;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::feed::{self, FeedStageParams};
 use crate::model::{Head, Model};
-use crate::runahead::{put, word, InLayout, OutLayout, StepIo, IO_SLOTS};
+use crate::runahead::{put, InLayout, OutLayout, StepIo, IO_SLOTS};
 use crate::sampling::{self, SampleRow, SAMPLE_TOP_MAX};
 use crate::state::Options;
 
@@ -347,21 +347,9 @@ impl CudaBackend {
         let l = OutLayout::new(n);
         let mut draws = Vec::with_capacity(n);
         for (r, st) in states.iter_mut().enumerate() {
-            let token = word(buf, l.tokens, r)?;
-            let logprob = f32::from_bits(word(buf, l.logprobs, r)?);
-            let mut top = Vec::new();
-            if p.tops {
-                for j in 0..p.asks[r] as usize {
-                    let id = word(buf, l.top_ids, r * SAMPLE_TOP_MAX + j)?;
-                    // u32::MAX marks slots beyond a row shorter than the ask.
-                    if id == u32::MAX {
-                        break;
-                    }
-                    top.push((id, f32::from_bits(word(buf, l.top_logprobs, r * SAMPLE_TOP_MAX + j)?)));
-                }
-            }
-            st.end_draw(token);
-            draws.push(Sampled { token, logprob, top });
+            let d = l.draw(buf, r, p.asks[r] as usize, p.tops)?;
+            st.end_draw(d.token);
+            draws.push(d);
         }
         Ok(draws)
     }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{result, CudaEvent, PinnedHostSlice};
 
-use lily_model::MAX_IN_FLIGHT;
+use lily_model::{Sampled, MAX_IN_FLIGHT};
 
 use crate::device::{DeviceBuffer, Gpu};
 use crate::error::{CudaError, CudaResult, DriverContext};
@@ -84,6 +84,37 @@ impl OutLayout {
         } else {
             self.top_ids
         }
+    }
+
+    /// Where `sample_rows` writes these outputs when they start at device
+    /// address `base` (the top arrays only when `tops`).
+    pub fn sample_out(&self, base: u64, tops: bool) -> SampleOut {
+        SampleOut {
+            tokens: base + self.tokens as u64,
+            logprobs: base + self.logprobs as u64,
+            top_ids: if tops { base + self.top_ids as u64 } else { 0 },
+            top_logprobs: if tops { base + self.top_logprobs as u64 } else { 0 },
+        }
+    }
+
+    /// Row `r`'s draw from these outputs read back into `buf`: its token,
+    /// logprob and, when `tops`, its first `asked` top logprobs (up to a
+    /// slot past the row's vocabulary limit).
+    pub fn draw(&self, buf: &[u8], r: usize, asked: usize, tops: bool) -> CudaResult<Sampled> {
+        let token = word(buf, self.tokens, r)?;
+        let logprob = f32::from_bits(word(buf, self.logprobs, r)?);
+        let mut top = Vec::new();
+        if tops {
+            for j in 0..asked.min(SAMPLE_TOP_MAX) {
+                let id = word(buf, self.top_ids, r * SAMPLE_TOP_MAX + j)?;
+                // u32::MAX marks slots beyond a row shorter than the ask.
+                if id == u32::MAX {
+                    break;
+                }
+                top.push((id, f32::from_bits(word(buf, self.top_logprobs, r * SAMPLE_TOP_MAX + j)?)));
+            }
+        }
+        Ok(Sampled { token, logprob, top })
     }
 }
 
@@ -181,13 +212,7 @@ impl StepIo {
             Some(p) => p,
             None => s.dev.at(s.out_at)?,
         };
-        let l = OutLayout::new(n);
-        Ok(SampleOut {
-            tokens: base + l.tokens as u64,
-            logprobs: base + l.logprobs as u64,
-            top_ids: if tops { base + l.top_ids as u64 } else { 0 },
-            top_logprobs: if tops { base + l.top_logprobs as u64 } else { 0 },
-        })
+        Ok(OutLayout::new(n).sample_out(base, tops))
     }
 
     /// Waits until slot `k`'s last use is over, then returns its host input
@@ -275,7 +300,7 @@ pub fn put<T: Staged>(buf: &mut [u8], at: usize, data: &[T]) -> CudaResult<()> {
 }
 
 /// The u32 word `i` of an output array at byte `at`.
-pub fn word(buf: &[u8], at: usize, i: usize) -> CudaResult<u32> {
+fn word(buf: &[u8], at: usize, i: usize) -> CudaResult<u32> {
     let o = at + 4 * i;
     buf.get(o..o + 4)
         .and_then(|b| b.try_into().ok())
@@ -286,6 +311,26 @@ pub fn word(buf: &[u8], at: usize, i: usize) -> CudaResult<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_draw_reads_its_words_and_stops_its_top_list_at_the_marker() {
+        let o = OutLayout::new(2);
+        let mut buf = vec![0u8; o.bytes(true)];
+        let mut set = |at: usize, i: usize, v: u32| buf[at + 4 * i..at + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
+        set(o.tokens, 1, 77);
+        set(o.logprobs, 1, (-0.5f32).to_bits());
+        for (j, id) in [77u32, 3, u32::MAX, 9].into_iter().enumerate() {
+            set(o.top_ids, SAMPLE_TOP_MAX + j, id);
+            set(o.top_logprobs, SAMPLE_TOP_MAX + j, (-(j as f32)).to_bits());
+        }
+        let d = o.draw(&buf, 1, 4, true).expect("draw");
+        assert_eq!((d.token, d.logprob, d.top), (77, -0.5, vec![(77, -0.0), (3, -1.0)]));
+        assert_eq!(o.draw(&buf, 1, 1, true).expect("draw").top, vec![(77, -0.0)], "only the ask");
+        assert!(o.draw(&buf, 1, 4, false).expect("draw").top.is_empty(), "no top arrays read back");
+        assert!(o.draw(&buf[..o.bytes(false)], 1, 4, true).is_err(), "top arrays past the buffer");
+        let out = o.sample_out(1000, false);
+        assert_eq!((out.tokens, out.logprobs, out.top_ids, out.top_logprobs), (1000, 1008, 0, 0));
+    }
 
     #[test]
     fn layouts_pack_without_overlap() {

@@ -17,6 +17,7 @@ use crate::device::{DeviceBuffer, Gpu};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
 use crate::launch::{launch, launch_pdl};
+use crate::runahead::OutLayout;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -289,20 +290,20 @@ impl SampleOut {
 
 /// Device memory for draws outside a decode step (a prefill's first
 /// tokens, `Model::last_rows`): up to `cap` rows' parameters and
-/// `sample_rows`' outputs, read back with one copy.
+/// `sample_rows`' outputs (laid out as a decode step's, `OutLayout`), read
+/// back with one copy.
 pub struct DrawIo {
     cap: usize,
     /// SampleRow [cap].
     params: DeviceBuffer,
-    /// u32 tokens [cap], f32 logprobs [cap], u32 top ids [cap][SAMPLE_TOP_MAX],
-    /// f32 top logprobs [cap][SAMPLE_TOP_MAX], in that order.
+    /// The outputs of up to `cap` rows (`OutLayout` of the rows drawn).
     out: DeviceBuffer,
 }
 
 impl DrawIo {
     pub fn new(gpu: &Arc<Gpu>, cap: usize) -> CudaResult<Self> {
         let params = DeviceBuffer::zeroed(gpu, cap * std::mem::size_of::<SampleRow>(), "first-token sampling rows")?;
-        let out = DeviceBuffer::zeroed(gpu, cap * 4 * (2 + 2 * SAMPLE_TOP_MAX), "first-token draws")?;
+        let out = DeviceBuffer::zeroed(gpu, OutLayout::new(cap).bytes(true), "first-token draws")?;
         Ok(DrawIo { cap, params, out })
     }
 
@@ -320,32 +321,11 @@ impl DrawIo {
         // Landed before `draw` returns: the download below waits for the stream.
         self.params.upload_at(0, &params)?;
         let tops = rows.iter().flatten().any(|r| r.top_logprobs > 0);
-        let base = self.out.ptr();
-        let at = |words: usize| base + (words * 4) as u64;
-        let (cap, top) = (self.cap, SAMPLE_TOP_MAX);
-        let out = SampleOut {
-            tokens: at(0),
-            logprobs: at(cap),
-            top_ids: if tops { at(2 * cap) } else { 0 },
-            top_logprobs: if tops { at(2 * cap + cap * top) } else { 0 },
-        };
-        sample_rows(gpu, k, logits, self.params.ptr(), &out, n, vocab)?;
-        let mut words = vec![0u32; if tops { cap * (2 + 2 * top) } else { 2 * cap }];
-        self.out.download_at(0, &mut words)?;
-        Ok(rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| {
-                let row = row.as_ref()?;
-                let asked = (row.top_logprobs as usize).min(top);
-                let top = (0..if tops { asked } else { 0 })
-                    .map(|j| (words[2 * cap + r * top + j], f32::from_bits(words[2 * cap + cap * top + r * top + j])))
-                    // u32::MAX marks slots beyond a row shorter than the ask.
-                    .take_while(|&(id, _)| id != u32::MAX)
-                    .collect();
-                Some(Sampled { token: words[r], logprob: f32::from_bits(words[cap + r]), top })
-            })
-            .collect())
+        let l = OutLayout::new(n);
+        sample_rows(gpu, k, logits, self.params.ptr(), &l.sample_out(self.out.ptr(), tops), n, vocab)?;
+        let mut buf = vec![0u8; l.bytes(tops)];
+        self.out.download_at(0, &mut buf)?;
+        rows.iter().enumerate().map(|(r, row)| row.as_ref().map(|row| l.draw(&buf, r, row.top_logprobs as usize, tops)).transpose()).collect()
     }
 }
 
