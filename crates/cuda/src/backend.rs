@@ -459,8 +459,7 @@ impl Backend for CudaBackend {
         if states.len() != parts.len() {
             return Err(ModelError::Invalid(format!("{} sampling states for a prefill of {} parts", states.len(), parts.len())));
         }
-        let captures = parts.iter().any(|p| p.2.is_some());
-        if states.iter().all(Option::is_none) || (captures && !self.model.captures_in_one_pass(parts)) {
+        if states.iter().all(Option::is_none) || (parts.iter().any(|p| p.2.is_some()) && !self.model.captures_in_one_pass(parts)) {
             return Ok((self.prefill_capture(parts)?, vec![None; parts.len()]));
         }
         self.known(parts.iter().map(|p| p.0))?;
@@ -475,13 +474,7 @@ impl Backend for CudaBackend {
                 _ => None,
             });
         }
-        let r = if captures {
-            self.model.prefill_capture(parts, &rows)
-        } else {
-            let whole: Vec<(SeqId, &[u32])> = parts.iter().map(|p| (p.0, p.1)).collect();
-            let no_snaps = vec![None; parts.len()];
-            self.model.prefill_batch_capturing(&whole, &vec![None; parts.len()], &rows).map(|(logits, drawn)| ((logits, no_snaps), drawn))
-        };
+        let r = self.model.prefill_capture(parts, &rows);
         if !matches!(r, Err(CudaError::Capacity(_) | CudaError::Invalid(_))) {
             self.forget_draws(parts.iter().map(|p| p.0));
         }

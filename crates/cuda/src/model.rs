@@ -866,7 +866,8 @@ impl Model {
 
     /// `prefill_batch`, and for each part with a capture point `at` a new
     /// sequence holding its state after `at` tokens, taken inside the one
-    /// pass (`captures_in_one_pass` must hold): the DeltaNet layers write
+    /// pass (`captures_in_one_pass` must hold when any part captures;
+    /// without captures the parts may take several passes): the DeltaNet layers write
     /// the state at that chunk boundary into the new sequence's slot
     /// (`gdn::GdnCapture`), and it shares the KV blocks of those positions.
     /// A capture with no free sequence slot or KV block comes back None.
@@ -877,7 +878,7 @@ impl Model {
         if draws.len() != parts.len() {
             return Err(CudaError::Invalid(format!("{} draws for a prefill of {} parts", draws.len(), parts.len())));
         }
-        if !self.captures_in_one_pass(parts) {
+        if parts.iter().any(|p| p.2.is_some()) && !self.captures_in_one_pass(parts) {
             return Err(CudaError::Invalid("prefill_capture: the capture points do not fit one pass".into()));
         }
         // Checked before any snapshot is allocated, so an error leaks none.
@@ -924,7 +925,7 @@ impl Model {
     /// `prefill_batch` with, per part, the (slot, at) a capture writes to
     /// and the parameters its next token is drawn with on the device (its
     /// logits row then empty; see `last_rows`).
-    pub fn prefill_batch_capturing(&mut self, parts: &[(SeqId, &[u32])], caps: &[Option<(usize, usize)>], draws: &[Option<SampleRow>]) -> CudaResult<LastRows> {
+    fn prefill_batch_capturing(&mut self, parts: &[(SeqId, &[u32])], caps: &[Option<(usize, usize)>], draws: &[Option<SampleRow>]) -> CudaResult<LastRows> {
         if caps.len() != parts.len() || draws.len() != parts.len() {
             return Err(CudaError::Invalid(format!("{} captures and {} draws for a prefill of {} parts", caps.len(), draws.len(), parts.len())));
         }
