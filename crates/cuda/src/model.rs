@@ -41,7 +41,8 @@ use crate::weights::{self, DeviceWeights, LayerDev, MixerDev, QMat};
 /// What the end of a decode step produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Head {
-    /// Logits of every token in `scratch.logits` (and argmax keys).
+    /// Logits of every token in `scratch.logits` (and, on the qmm path,
+    /// whose lm_head epilogue leaves them for free, the argmax keys).
     Logits,
     /// Greedy: argmax folded into the next step's inputs on the GPU.
     Greedy,
@@ -417,9 +418,12 @@ impl Model {
         qmm::combine_norm_f16(&self.gpu, &self.kernels, &self.dims, dec.h, (dec.moe.y, dec.moe.topk_w), gain, self.mem.scratch.xn, n)
     }
 
-    /// The final norm and the lm_head on the GEMM path: logits, then each
-    /// row's argmax key (what the qmm head's epilogue leaves).
-    fn head_decode_gemm(&self, n: usize, combine_prev: bool) -> CudaResult<()> {
+    /// The final norm and the lm_head on the GEMM path: logits, then, for a
+    /// greedy step, each row's argmax key (what the qmm head's epilogue
+    /// leaves for free). A `Head::Logits` step's keys would be a pass over
+    /// every logit (64 x 1 MB at 64 rows) that nothing reads: the sampler
+    /// and the host take the logits.
+    fn head_decode_gemm(&self, n: usize, combine_prev: bool, head: Head) -> CudaResult<()> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         if combine_prev {
             self.combine_norm_f16_now(self.weights.final_norm, n)?;
@@ -427,7 +431,10 @@ impl Model {
             gemm::rmsnorm_f16(g, k, s.h, self.weights.final_norm, s.xn, n, d.rms_eps)?;
         }
         self.dense_gemms(s.xn, d.hidden, n, &[Seg { w: &self.weights.lm_head, up: None, out: GemmOut::Store(s.logits), ldc: d.vocab }])?;
-        sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)
+        if head == Head::Greedy {
+            sampling::argmax_rows(g, k, s.logits, s.argmax, n, d.vocab)?;
+        }
+        Ok(())
     }
 
     /// xn = RMSNorm(h) in fp16 (unless `normed`: the previous layer's MoE
@@ -618,7 +625,7 @@ impl Model {
             for i in 0..d.layers {
                 self.layer_decode_gemm(i, n, i > 0)?;
             }
-            self.head_decode_gemm(n, d.layers > 0)?;
+            self.head_decode_gemm(n, d.layers > 0, head)?;
         } else {
             for i in 0..d.layers {
                 self.layer_decode(i, n, i > 0)?;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use lily_model::{SampleParams, Sampled};
 
-use crate::device::{DeviceBuffer, Gpu};
+use crate::device::{zero_device, DeviceBuffer, Gpu};
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
 use crate::launch::{launch, launch_pdl};
@@ -54,19 +54,32 @@ struct ArgmaxRowsParams {
 // SAFETY: plain-old-data mirroring `ArgmaxRowsParams` in sampling.cu.
 unsafe impl DeviceRepr for ArgmaxRowsParams {}
 
-/// keys[r] = packed argmax of logits row r (f32 [rows][cols]).
+/// keys[r] = packed argmax of logits row r (f32 [rows][cols]): the keys are
+/// cleared, then `ceil(cols / ARGMAX_CHUNK)` blocks a row each merge the
+/// largest key of their columns (atomicMax, so the result does not depend
+/// on the order the blocks finish).
 pub fn argmax_rows(gpu: &Gpu, k: &Kernels, logits: u64, keys: u64, rows: usize, cols: usize) -> CudaResult<()> {
     if rows == 0 {
         return Ok(());
     }
+    if cols == 0 || cols > i32::MAX as usize || rows > u16::MAX as usize {
+        return Err(CudaError::shape("argmax_rows", format!("{rows} rows of {cols} logits")));
+    }
+    zero_device(gpu, keys, rows * 8)?;
     let p = ArgmaxRowsParams { logits, keys, cols: cols as i32 };
-    launch(gpu, k, "argmax_rows", (rows as u32, 1, 1), 256, 0, &p)
+    launch(gpu, k, "argmax_rows", (cols.div_ceil(ARGMAX_CHUNK) as u32, rows as u32, 1), ARGMAX_THREADS, 0, &p)
 }
 
 /// Token id of a packed argmax key (see argmax_key in common.cuh).
 pub fn key_index(key: u64) -> u32 {
     0xffff_ffffu32 - (key & 0xffff_ffff) as u32
 }
+
+/// Logits one `argmax_rows` block reduces (a multiple of 4 x
+/// `ARGMAX_THREADS`: whole 16-byte loads, 8 a thread in flight).
+pub const ARGMAX_CHUNK: usize = 8192;
+/// Threads of an `argmax_rows` block.
+pub const ARGMAX_THREADS: u32 = 256;
 
 /// Threads of a `sample_rows` block (SAMPLE_THREADS in sampling.cu).
 pub const SAMPLE_THREADS: u32 = 512;
@@ -216,6 +229,8 @@ pub(crate) fn count_asserted_fields(source: &str, file: &str, defs: &[String]) -
 /// checks with static_asserts.
 pub fn defines() -> Vec<String> {
     let mut v = vec![
+        format!("-DARGMAX_CHUNK={ARGMAX_CHUNK}"),
+        format!("-DARGMAX_THREADS={ARGMAX_THREADS}"),
         format!("-DSAMPLE_THREADS={SAMPLE_THREADS}"),
         format!("-DSAMPLE_TOP_MAX={SAMPLE_TOP_MAX}"),
         format!("-DSAMPLE_FAST_CHUNKS={SAMPLE_FAST_CHUNKS}"),

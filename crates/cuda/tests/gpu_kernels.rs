@@ -854,12 +854,20 @@ fn argmax_rows_and_finish_advance_the_step() {
     let k = Kernels::load(&gpu, &d).expect("kernels");
     let mut rng = Rng::new(1400);
     let (rows, cols) = (5, d.vocab);
+    let chunk = sampling::ARGMAX_CHUNK;
     let mut logits = rng.vec(rows * cols, -5.0, 5.0);
     // Row 1 has a tie at its maximum: the first index wins.
     logits[cols + 17] = 9.0;
     logits[cols + 18] = 9.0;
+    // Row 2: a tie across two blocks' columns (the first block's wins).
+    logits[2 * cols + chunk - 1] = 9.0;
+    logits[2 * cols + chunk] = 9.0;
+    // Row 3: the maximum in the last, partial block; row 4: in a middle one.
+    logits[4 * cols - 2] = 9.5;
+    logits[4 * cols + 3 * chunk + 5] = 8.0;
     let lb = upload(&gpu, &logits);
-    let keys = zeros(&gpu, rows * 8);
+    // Stale keys larger than any logit's: the launcher clears them.
+    let keys = upload(&gpu, &vec![u64::MAX; rows]);
     sampling::argmax_rows(&gpu, &k, lb.ptr(), keys.ptr(), rows, cols).expect("argmax_rows");
     let tokens = zeros(&gpu, rows * 4);
     let out_ids = zeros(&gpu, 3 * rows * 4);
@@ -871,6 +879,20 @@ fn argmax_rows_and_finish_advance_the_step() {
         check(toks[r] as usize == argmax(&logits[r * cols..(r + 1) * cols]), format!("argmax row {r}"));
     }
     check(toks[1] == 17, format!("tie goes to the first index: {}", toks[1]));
+    check(toks[2] as usize == chunk - 1, format!("a tie across blocks goes to the first index: {}", toks[2]));
+    check(toks[3] as usize == cols - 2 && toks[4] as usize == 3 * chunk + 5, format!("maxima in the last and a middle block: {toks:?}"));
+    // A row length that is no multiple of 4 (each row unaligned: the scalar
+    // path), against the reference argmax.
+    let (rows2, cols2) = (3, 2 * chunk + 1001);
+    let odd = rng.vec(rows2 * cols2, -3.0, 3.0);
+    let ob = upload(&gpu, &odd);
+    let keys2 = zeros(&gpu, rows2 * 8);
+    sampling::argmax_rows(&gpu, &k, ob.ptr(), keys2.ptr(), rows2, cols2).expect("argmax_rows (odd width)");
+    let got: Vec<u64> = download(&gpu, keys2.ptr(), rows2);
+    for r in 0..rows2 {
+        let want = argmax(&odd[r * cols2..(r + 1) * cols2]);
+        check(sampling::key_index(got[r]) as usize == want, format!("odd width row {r}: {} want {want}", sampling::key_index(got[r])));
+    }
     let ids: Vec<u32> = download(&gpu, out_ids.ptr(), 3 * rows);
     check(ids[rows..2 * rows] == toks[..], "ids land in the step's row");
     check(download::<i32>(&gpu, pos.ptr(), rows) == vec![6, 7, 8, 9, 10], "positions advance");

@@ -38,34 +38,61 @@ extern "C" __global__ void argmax_finish(const __grid_constant__ ArgmaxFinishPar
 }
 
 // argmax_rows: keys[r] = argmax_key of the largest logits[r][c] (ties: the
-// smaller c). grid (rows), block 256. Used when the logits come from the
-// GEMM path (batch decode) rather than the fused GEMV.
+// smaller c). Used when the logits come from the GEMM path (greedy batch
+// decode) rather than the fused GEMV. grid (ceil(cols / ARGMAX_CHUNK),
+// rows), block ARGMAX_THREADS: block (x, r) reduces columns
+// [x ARGMAX_CHUNK, (x + 1) ARGMAX_CHUNK) of row r and merges its key by
+// atomicMax into keys[r], which the launcher clears first (the maximum of
+// the blocks' keys, so the order they land in does not matter). A thread
+// holds ARGMAX_CHUNK / ARGMAX_THREADS / 4 16-byte loads in flight: one block
+// a row walking 248,320 logits one load at a time took ~390 us at 64 rows,
+// a DRAM round trip an iteration.
+#if !defined(ARGMAX_CHUNK) || !defined(ARGMAX_THREADS) || ARGMAX_CHUNK % (4 * ARGMAX_THREADS) != 0
+#error "ARGMAX_CHUNK (a multiple of 4 ARGMAX_THREADS) and ARGMAX_THREADS come from sampling.rs"
+#endif
+#define ARGMAX_LOADS (ARGMAX_CHUNK / (4 * ARGMAX_THREADS))
 struct ArgmaxRowsParams {
     const float* logits;   // [rows][cols]
-    u64* keys;             // [rows]
+    u64* keys;             // [rows], zero on entry
     int cols;
 };
 
-extern "C" __global__ void __launch_bounds__(256) argmax_rows(const __grid_constant__ ArgmaxRowsParams p) {
-    __shared__ u64 red[8];
-    const float* row = p.logits + (size_t)blockIdx.x * p.cols;
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const __grid_constant__ ArgmaxRowsParams p) {
+    __shared__ u64 red[ARGMAX_THREADS / 32];
+    const int cols = p.cols;
+    const float* row = p.logits + (size_t)blockIdx.y * cols;
+    const int c0 = blockIdx.x * ARGMAX_CHUNK;
+    const int c1 = min(cols, c0 + ARGMAX_CHUNK);
     u64 best = 0ull;
-    for (int c = threadIdx.x; c < p.cols; c += blockDim.x) {
-        const u64 k = argmax_key(row[c], (u32)c);
-        if (k > best) best = k;
+    if ((cols & 3) == 0 && (reinterpret_cast<size_t>(p.logits) & 15) == 0) {
+        // Whole 16-byte groups (the real vocabulary): all loads first.
+        float4 v[ARGMAX_LOADS];
+#pragma unroll
+        for (int i = 0; i < ARGMAX_LOADS; ++i) {
+            const int c = c0 + 4 * (threadIdx.x + i * ARGMAX_THREADS);
+            v[i] = c < c1 ? *reinterpret_cast<const float4*>(row + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < ARGMAX_LOADS; ++i) {
+            const int c = c0 + 4 * (threadIdx.x + i * ARGMAX_THREADS);
+            if (c < c1) {
+                const u64 k0 = argmax_key(v[i].x, (u32)c), k1 = argmax_key(v[i].y, (u32)c + 1);
+                const u64 k2 = argmax_key(v[i].z, (u32)c + 2), k3 = argmax_key(v[i].w, (u32)c + 3);
+                best = max(best, max(max(k0, k1), max(k2, k3)));
+            }
+        }
+    } else {
+        for (int c = c0 + threadIdx.x; c < c1; c += ARGMAX_THREADS) best = max(best, argmax_key(row[c], (u32)c));
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const u64 other = __shfl_xor_sync(FULL_MASK, best, o);
-        if (other > best) best = other;
-    }
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(FULL_MASK, best, o));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = best;
     __syncthreads();
     if (threadIdx.x == 0) {
         u64 b = 0ull;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w)
-            if (red[w] > b) b = red[w];
-        p.keys[blockIdx.x] = b;
+#pragma unroll
+        for (int w = 0; w < ARGMAX_THREADS / 32; ++w) b = max(b, red[w]);
+        atomicMax(reinterpret_cast<unsigned long long*>(p.keys + blockIdx.y), (unsigned long long)b);
     }
 }
 
