@@ -37,8 +37,8 @@ use crate::dims::KV_BLOCK;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::feed::{self, FeedStageParams};
 use crate::model::{Head, Model};
-use crate::runahead::{put, InLayout, OutLayout, StepIo, IO_SLOTS};
-use crate::sampling::{self, SampleRow, SAMPLE_TOP_MAX};
+use crate::runahead::{put, InLayout, StepIo, IO_SLOTS};
+use crate::sampling::{self, OutLayout, SampleRow, SAMPLE_TOP_MAX};
 use crate::state::Options;
 
 pub struct CudaBackend {

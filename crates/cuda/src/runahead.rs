@@ -12,19 +12,20 @@
 //! There are `MAX_IN_FLIGHT + 1` step slots: a step uses one no uncollected
 //! step holds, so a new step is staged while the ones before it still run,
 //! and a synchronous `decode_sample` finds one too. This file owns the
-//! layouts and the copies; backend.rs owns what goes in and what the draws
-//! mean, feed.rs and sampling.rs the launches.
+//! input layout and the copies (the outputs' layout, `OutLayout`, is
+//! sampling.rs', whose kernel writes them); backend.rs owns what goes in
+//! and what the draws mean, feed.rs and sampling.rs the launches.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{result, CudaEvent, PinnedHostSlice};
 
-use lily_model::{Sampled, MAX_IN_FLIGHT};
+use lily_model::MAX_IN_FLIGHT;
 
 use crate::device::{DeviceBuffer, Gpu};
 use crate::error::{CudaError, CudaResult, DriverContext};
-use crate::sampling::{SampleOut, SampleRow, SAMPLE_TOP_MAX};
+use crate::sampling::{OutLayout, SampleOut, SampleRow};
 
 /// Step slots: one per step in flight, and one more for a synchronous step.
 pub const IO_SLOTS: usize = MAX_IN_FLIGHT + 1;
@@ -57,64 +58,6 @@ impl InLayout {
         let bt_at = prev + 4 * n;
         let bt_block = bt_at + 4 * m;
         InLayout { rows: 0, tokens, pos, slot, prev, bt_at, bt_block, bytes: bt_block + 4 * m }
-    }
-}
-
-/// Byte offsets of one step's outputs for `n` rows, as `sample_rows`
-/// writes them and the host reads them: tokens u32 [n], logprobs f32 [n],
-/// top ids u32 [n][SAMPLE_TOP_MAX], top logprobs f32 [n][SAMPLE_TOP_MAX].
-/// `bytes(false)` covers the first two only (no row asked for top
-/// logprobs, so only they come back).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutLayout {
-    pub n: usize,
-    pub tokens: usize,
-    pub logprobs: usize,
-    pub top_ids: usize,
-    pub top_logprobs: usize,
-}
-
-impl OutLayout {
-    pub fn new(n: usize) -> Self {
-        OutLayout { n, tokens: 0, logprobs: 4 * n, top_ids: 8 * n, top_logprobs: 8 * n + 4 * n * SAMPLE_TOP_MAX }
-    }
-    pub fn bytes(&self, tops: bool) -> usize {
-        if tops {
-            self.top_logprobs + 4 * self.n * SAMPLE_TOP_MAX
-        } else {
-            self.top_ids
-        }
-    }
-
-    /// Where `sample_rows` writes these outputs when they start at device
-    /// address `base` (the top arrays only when `tops`).
-    pub fn sample_out(&self, base: u64, tops: bool) -> SampleOut {
-        SampleOut {
-            tokens: base + self.tokens as u64,
-            logprobs: base + self.logprobs as u64,
-            top_ids: if tops { base + self.top_ids as u64 } else { 0 },
-            top_logprobs: if tops { base + self.top_logprobs as u64 } else { 0 },
-        }
-    }
-
-    /// Row `r`'s draw from these outputs read back into `buf`: its token,
-    /// logprob and, when `tops`, its first `asked` top logprobs (up to a
-    /// slot past the row's vocabulary limit).
-    pub fn draw(&self, buf: &[u8], r: usize, asked: usize, tops: bool) -> CudaResult<Sampled> {
-        let token = word(buf, self.tokens, r)?;
-        let logprob = f32::from_bits(word(buf, self.logprobs, r)?);
-        let mut top = Vec::new();
-        if tops {
-            for j in 0..asked.min(SAMPLE_TOP_MAX) {
-                let id = word(buf, self.top_ids, r * SAMPLE_TOP_MAX + j)?;
-                // u32::MAX marks slots beyond a row shorter than the ask.
-                if id == u32::MAX {
-                    break;
-                }
-                top.push((id, f32::from_bits(word(buf, self.top_logprobs, r * SAMPLE_TOP_MAX + j)?)));
-            }
-        }
-        Ok(Sampled { token, logprob, top })
     }
 }
 
@@ -299,38 +242,10 @@ pub fn put<T: Staged>(buf: &mut [u8], at: usize, data: &[T]) -> CudaResult<()> {
     Ok(())
 }
 
-/// The u32 word `i` of an output array at byte `at`.
-fn word(buf: &[u8], at: usize, i: usize) -> CudaResult<u32> {
-    let o = at + 4 * i;
-    buf.get(o..o + 4)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_ne_bytes)
-        .ok_or_else(|| CudaError::Invalid(format!("output word {i} at {at} past a {}-byte buffer", buf.len())))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_row_draw_reads_its_words_and_stops_its_top_list_at_the_marker() {
-        let o = OutLayout::new(2);
-        let mut buf = vec![0u8; o.bytes(true)];
-        let mut set = |at: usize, i: usize, v: u32| buf[at + 4 * i..at + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
-        set(o.tokens, 1, 77);
-        set(o.logprobs, 1, (-0.5f32).to_bits());
-        for (j, id) in [77u32, 3, u32::MAX, 9].into_iter().enumerate() {
-            set(o.top_ids, SAMPLE_TOP_MAX + j, id);
-            set(o.top_logprobs, SAMPLE_TOP_MAX + j, (-(j as f32)).to_bits());
-        }
-        let d = o.draw(&buf, 1, 4, true).expect("draw");
-        assert_eq!((d.token, d.logprob, d.top), (77, -0.5, vec![(77, -0.0), (3, -1.0)]));
-        assert_eq!(o.draw(&buf, 1, 1, true).expect("draw").top, vec![(77, -0.0)], "only the ask");
-        assert!(o.draw(&buf, 1, 4, false).expect("draw").top.is_empty(), "no top arrays read back");
-        assert!(o.draw(&buf[..o.bytes(false)], 1, 4, true).is_err(), "top arrays past the buffer");
-        let out = o.sample_out(1000, false);
-        assert_eq!((out.tokens, out.logprobs, out.top_ids, out.top_logprobs), (1000, 1008, 0, 0));
-    }
+    use crate::sampling::word;
 
     #[test]
     fn layouts_pack_without_overlap() {
