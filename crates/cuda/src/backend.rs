@@ -380,11 +380,11 @@ impl CudaBackend {
     /// all known. As after `prefill`, a prefilled sequence's last input is
     /// no draw, unless the batch was refused before anything ran
     /// (`Capacity`, `Invalid`).
-    fn prefill_parts<T>(&mut self, seqs: &[SeqId], run: impl FnOnce(&mut Model) -> CudaResult<T>) -> ModelResult<T> {
-        self.known(seqs.iter().copied())?;
+    fn prefill_parts<T>(&mut self, seqs: impl Iterator<Item = SeqId> + Clone, run: impl FnOnce(&mut Model) -> CudaResult<T>) -> ModelResult<T> {
+        self.known(seqs.clone())?;
         let r = run(&mut self.model);
         if !matches!(r, Err(CudaError::Capacity(_) | CudaError::Invalid(_))) {
-            self.forget_draws(seqs.iter().copied());
+            self.forget_draws(seqs);
         }
         Ok(r?)
     }
@@ -442,8 +442,7 @@ impl Backend for CudaBackend {
         Ok(logits)
     }
     fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
-        let seqs: Vec<SeqId> = parts.iter().map(|p| p.0).collect();
-        self.prefill_parts(&seqs, |m| m.prefill_batch(parts))
+        self.prefill_parts(parts.iter().map(|p| p.0), |m| m.prefill_batch(parts))
     }
     fn prefill_capture(&mut self, parts: &[lily_model::CapturePart]) -> ModelResult<lily_model::Captured> {
         // One pass when the points allow it; otherwise prefixes, forks and
@@ -451,8 +450,7 @@ impl Backend for CudaBackend {
         if parts.iter().all(|p| p.2.is_none()) || !self.model.captures_in_one_pass(parts) {
             return lily_model::prefill_capture_split(self, parts);
         }
-        let seqs: Vec<SeqId> = parts.iter().map(|p| p.0).collect();
-        Ok(self.prefill_parts(&seqs, |m| m.prefill_capture(parts, &vec![None; parts.len()]))?.0)
+        Ok(self.prefill_parts(parts.iter().map(|p| p.0), |m| m.prefill_capture(parts, &vec![None; parts.len()]))?.0)
     }
     /// The first tokens drawn by the device sampler right after the pass
     /// (`Model::last_rows`): no logits read back, no host draw. Declined
@@ -465,8 +463,8 @@ impl Backend for CudaBackend {
         if states.iter().all(Option::is_none) || (parts.iter().any(|p| p.2.is_some()) && !self.model.captures_in_one_pass(parts)) {
             return Ok((self.prefill_capture(parts)?, vec![None; parts.len()]));
         }
-        let seqs: Vec<SeqId> = parts.iter().map(|p| p.0).collect();
-        self.known(seqs.iter().copied())?;
+        // Known before their count tables are made below.
+        self.known(parts.iter().map(|p| p.0))?;
         self.model.gpu.bind()?;
         let mut rows = Vec::with_capacity(parts.len());
         for (p, st) in parts.iter().zip(states.iter_mut()) {
@@ -478,7 +476,7 @@ impl Backend for CudaBackend {
                 _ => None,
             });
         }
-        let (captured, drawn) = self.prefill_parts(&seqs, |m| m.prefill_capture(parts, &rows))?;
+        let (captured, drawn) = self.prefill_parts(parts.iter().map(|p| p.0), |m| m.prefill_capture(parts, &rows))?;
         for (d, st) in drawn.iter().zip(states.iter_mut()) {
             if let (Some(d), Some(st)) = (d, st) {
                 // The sampler counted the draw in the table it was given.
