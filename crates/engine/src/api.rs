@@ -296,13 +296,19 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Gauge: (free, total) tokens of the backend's KV pool, when it has one.
     pub kv_tokens: Option<(usize, usize)>,
+    /// Times an engine with nothing running held its first prefill for
+    /// requests still arriving (`EngineOptions::arrival_wait`), and the
+    /// requests those waits gathered beyond the first.
+    pub arrival_waits: u64,
+    pub arrival_gathered: u64,
     /// Where the engine thread's time goes (seconds since start): `step_s`
     /// in engine steps that had work; of it, `decode_submit_s` inside
     /// `submit_decode` (staging and launching a step), `decode_wait_s`
     /// inside `collect_decode` (blocked until the device finishes a step:
     /// the device is the bottleneck while this grows with `step_s`) and
     /// `prefill_s` inside prefill calls. The rest is host work: admission,
-    /// detokenising, streaming.
+    /// detokenising, streaming. `arrival_wait_s`, outside the steps: waiting
+    /// for arriving requests before a first prefill.
     pub time: EngineTime,
 }
 
@@ -313,6 +319,7 @@ pub struct EngineTime {
     pub decode_submit_s: f64,
     pub decode_wait_s: f64,
     pub prefill_s: f64,
+    pub arrival_wait_s: f64,
 }
 
 /// What is being served.
@@ -367,6 +374,14 @@ pub struct EngineOptions {
     /// to stream tokens. A request that stops has had one more step
     /// computed, whose draw is discarded. Same tokens either way.
     pub run_ahead: bool,
+    /// Longest an engine with nothing running waits, once a request has
+    /// come, for the requests a front end is still preparing (`Arrival`s
+    /// held: rendered and tokenized but not yet submitted), so that requests
+    /// which arrive together start in one prefill pass instead of the first
+    /// alone and the rest after it. It waits only while such requests exist
+    /// (a lone request never waits) and never while a stream is generating.
+    /// Zero disables it.
+    pub arrival_wait: Duration,
 }
 
 impl Default for EngineOptions {
@@ -382,7 +397,35 @@ impl Default for EngineOptions {
             prefix_cache_max_entries: 64,
             snapshot_interval: 256,
             run_ahead: true,
+            arrival_wait: DEFAULT_ARRIVAL_WAIT,
         }
+    }
+}
+
+/// `EngineOptions::arrival_wait` by default. Measured on the H200 (8
+/// streaming clients that send their next request when the last one ends,
+/// docs/perf/2026-12-02-h200-s17-5e0d8fc-prefill-passes.txt): every round
+/// prefilled one request alone (265 tokens, 20 ms) and the other seven in
+/// the next pass (71 ms), because the first was submitted while the rest
+/// were still being tokenized (~1.1 ms each). A request the HTTP layer holds
+/// is submitted within about that, so a few milliseconds gather a burst;
+/// the bound only matters when a front end holds an `Arrival` for long.
+pub const DEFAULT_ARRIVAL_WAIT: Duration = Duration::from_millis(4);
+
+/// A request a front end has taken and is still preparing (rendering,
+/// tokenizing) before it calls `EngineHandle::submit`; take it with
+/// `EngineHandle::arrival` as the request comes in and drop it once the
+/// request is submitted or refused. While any is held, an engine with
+/// nothing running waits for them before its first prefill (at most
+/// `EngineOptions::arrival_wait`), so requests that come together share one
+/// prefill pass.
+pub struct Arrival {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.shared.arriving.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -409,6 +452,8 @@ pub(crate) struct Shared {
     pub(crate) max_queue: usize,
     /// Submitted and not yet admitted (the engine decrements on admission).
     pub(crate) waiting: AtomicUsize,
+    /// Requests a front end has taken and not yet submitted (`Arrival`).
+    pub(crate) arriving: AtomicUsize,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) next_id: AtomicU64,
     pub(crate) stats: Mutex<EngineStats>,
@@ -423,6 +468,7 @@ impl Shared {
             info,
             max_queue,
             waiting: AtomicUsize::new(0),
+            arriving: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             stats: Mutex::new(EngineStats::default()),
@@ -487,6 +533,12 @@ impl EngineHandle {
         }
         shared.with_stats(|s| s.requests_submitted += 1);
         Ok(RequestStream { id, rx, cancel })
+    }
+
+    /// Announces a request that will be submitted soon (see `Arrival`).
+    pub fn arrival(&self) -> Arrival {
+        self.shared.arriving.fetch_add(1, Ordering::SeqCst);
+        Arrival { shared: self.shared.clone() }
     }
 
     /// Counters and gauges for `/metrics`.

@@ -201,6 +201,17 @@ impl Scheduler {
         self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
     }
 
+    /// Requests wait for admission and nothing runs: holding the first
+    /// prefill back stalls no stream (`engine::gather_arrivals`).
+    pub(crate) fn only_waiting(&self) -> bool {
+        !self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// Requests received and not yet admitted.
+    pub(crate) fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// One engine step (see the file comment).
     pub(crate) fn step(&mut self) {
         let t0 = Instant::now();

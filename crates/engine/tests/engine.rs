@@ -1034,3 +1034,80 @@ fn preemption_while_a_step_is_in_flight_collects_it_first() {
     assert!(calls.windows(2).any(|w| matches!(w[0], Call::Refused("prefill" | "decode")) && matches!(w[1], Call::Collect { .. })), "{calls:?}");
     assert_only_snapshots_hold_sequences(&probe, &h);
 }
+
+fn first_prefill_parts(calls: &[Call]) -> Option<usize> {
+    calls.iter().find_map(|c| match c {
+        Call::PrefillBatch { parts } => Some(parts.len()),
+        Call::Prefill { .. } => Some(1),
+        _ => None,
+    })
+}
+
+/// Requests that a front end announced (`EngineHandle::arrival`) and is
+/// still preparing when the first one reaches an idle engine start in one
+/// prefill pass with it, however far apart they are submitted, while any
+/// is still announced; without the wait the first is prefilled alone.
+#[test]
+fn requests_arriving_together_share_the_first_prefill_pass() {
+    for wait in [Duration::from_secs(30), Duration::ZERO] {
+        let (fake, probe) = Fake::new(Mode::Count);
+        let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: wait, ..opts() });
+        let arrivals: Vec<_> = (0..4).map(|_| h.arrival()).collect();
+        let mut streams = Vec::new();
+        for (i, a) in arrivals.into_iter().enumerate() {
+            streams.push(h.submit(greedy(vec![A + i as u32; 3 + i], 4)).expect("submit"));
+            drop(a);
+            // Far longer than the engine's quiet gap (GATHER_QUIET).
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for (i, s) in streams.into_iter().enumerate() {
+            let c = collect(s);
+            assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Length), 4), "wait {wait:?}, request {i}: {c:?}");
+        }
+        let calls = probe.lock().expect("probe").calls.clone();
+        let s = h.stats();
+        if wait.is_zero() {
+            assert_eq!(first_prefill_parts(&calls), Some(1), "{calls:?}");
+            assert_eq!((s.arrival_waits, s.arrival_gathered), (0, 0));
+        } else {
+            assert_eq!(first_prefill_parts(&calls), Some(4), "{calls:?}");
+            assert_eq!((s.arrival_waits, s.arrival_gathered), (1, 3));
+        }
+    }
+}
+
+/// An announced request that never comes holds an idle engine's first
+/// prefill back for the limit and no longer.
+#[test]
+fn an_arrival_that_never_comes_holds_the_first_prefill_only_for_the_limit() {
+    let (fake, _probe) = Fake::new(Mode::Count);
+    let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: Duration::from_millis(50), ..opts() });
+    let held = h.arrival();
+    let c = collect(h.submit(greedy(vec![A], 3)).expect("submit"));
+    assert_eq!((c.finish, c.completion_tokens), (Some(FinishReason::Length), 3), "{c:?}");
+    let s = h.stats();
+    assert_eq!((s.arrival_waits, s.arrival_gathered), (1, 0));
+    assert!(s.time.arrival_wait_s >= 0.05, "waited {} s", s.time.arrival_wait_s);
+    drop(held);
+}
+
+/// The engine waits for nothing when no request is announced, nor while a
+/// stream is generating (it would stall it): with a limit of an hour,
+/// both requests here start at once.
+#[test]
+fn no_arrival_wait_for_a_lone_request_or_beside_a_running_stream() {
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(fake.batched_prefill().delay(Duration::from_millis(2)), EngineOptions { arrival_wait: Duration::from_secs(3600), ..opts() });
+    let prefills = || probe.lock().expect("probe").calls.iter().filter(|c| matches!(c, Call::PrefillBatch { .. } | Call::Prefill { .. })).count();
+    let mut first = h.submit(greedy(vec![A], 200)).expect("submit");
+    assert!(eventually(Duration::from_secs(20), || prefills() == 1), "a lone request waited");
+    wait_started(&mut first);
+    let held = h.arrival();
+    let second = h.submit(greedy(vec![A + 1], 3)).expect("submit");
+    assert!(eventually(Duration::from_secs(20), || prefills() == 2), "a request beside a running stream waited");
+    assert_eq!(h.stats().arrival_waits, 0);
+    let c = collect(second);
+    assert_eq!(c.finish, Some(FinishReason::Length));
+    drop(held);
+    first.cancel();
+}

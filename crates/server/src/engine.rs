@@ -14,9 +14,20 @@ use lily_engine::{EngineHandle, EngineStats, Event, GenerateRequest, ModelInfo, 
 /// Events of one request; dropping it cancels the request.
 pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
 
+/// Held by a handler from a request's arrival until it is submitted or
+/// refused; dropping it says so (`Generator::arrival`).
+pub type ArrivalGuard = Box<dyn Send>;
+
 pub trait Generator: Send + Sync + 'static {
     /// Queues a request; `Err` means nothing was started.
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError>;
+    /// Announces a request that this front end will submit once it is
+    /// rendered and tokenized; held until then (`lily_engine::Arrival`: an
+    /// idle engine waits for it before a prefill it could share). None where
+    /// the generator has no use for it.
+    fn arrival(&self) -> Option<ArrivalGuard> {
+        None
+    }
     fn stats(&self) -> EngineStats;
     fn model_info(&self) -> ModelInfo;
     /// Stop taking requests and finish the accepted ones.
@@ -27,6 +38,10 @@ impl Generator for EngineHandle {
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
         let stream = EngineHandle::submit(self, req)?;
         Ok(Box::pin(stream))
+    }
+
+    fn arrival(&self) -> Option<ArrivalGuard> {
+        Some(Box::new(EngineHandle::arrival(self)))
     }
 
     fn stats(&self) -> EngineStats {

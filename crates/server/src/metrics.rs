@@ -164,6 +164,8 @@ impl Metrics {
         gauge(&mut out, "lily_prefix_cache_held_tokens", "Tokens covered by held snapshots.", stats.prefix_cache_held_tokens as i64);
         counter(&mut out, "lily_decode_steps_total", "Decode steps run.", stats.decode_steps);
         counter(&mut out, "lily_engine_preemptions_total", "Requests paused to give KV memory to older ones (recomputed later).", stats.preemptions);
+        counter(&mut out, "lily_engine_arrival_waits_total", "Times an idle engine held its first prefill for requests still arriving.", stats.arrival_waits);
+        counter(&mut out, "lily_engine_arrival_gathered_total", "Requests those waits added to the first prefill.", stats.arrival_gathered);
         let seconds = |out: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}");
         };
@@ -172,6 +174,12 @@ impl Metrics {
         seconds(&mut out, "lily_engine_decode_submit_seconds_total", "Of it, staging and launching decode steps.", t.decode_submit_s);
         seconds(&mut out, "lily_engine_decode_wait_seconds_total", "Of it, waiting for the device to finish decode steps.", t.decode_wait_s);
         seconds(&mut out, "lily_engine_prefill_seconds_total", "Of it, in prefill calls.", t.prefill_s);
+        seconds(
+            &mut out,
+            "lily_engine_arrival_wait_seconds_total",
+            "Outside the steps: waiting for arriving requests before a first prefill.",
+            t.arrival_wait_s,
+        );
         if let Some((free, total)) = stats.kv_tokens {
             gauge(&mut out, "lily_kv_cache_free_tokens", "Free tokens in the KV pool.", free as i64);
             gauge(&mut out, "lily_kv_cache_total_tokens", "Tokens the KV pool holds.", total as i64);
@@ -206,7 +214,7 @@ mod tests {
         m.record_usage(10, 5, 4);
         m.ttft.observe(Duration::from_millis(30));
         m.request_duration.observe(Duration::from_secs(2));
-        let time = lily_engine::EngineTime { step_s: 2.5, decode_submit_s: 0.25, decode_wait_s: 1.5, prefill_s: 0.125 };
+        let time = lily_engine::EngineTime { step_s: 2.5, decode_submit_s: 0.25, decode_wait_s: 1.5, prefill_s: 0.125, arrival_wait_s: 0.0625 };
         let stats = EngineStats { decode_batch_sizes: vec![0, 3, 2, 0, 1], time, ..EngineStats::default() };
         let text = m.render(&stats);
         assert!(text.contains("lily_http_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"));
@@ -224,6 +232,7 @@ mod tests {
         assert!(text.contains("lily_engine_decode_submit_seconds_total 0.250000\n"));
         assert!(text.contains("lily_engine_decode_wait_seconds_total 1.500000\n"));
         assert!(text.contains("lily_engine_prefill_seconds_total 0.125000\n"));
+        assert!(text.contains("lily_engine_arrival_wait_seconds_total 0.062500\n"));
         // Every sample line is `name{labels} value` with a numeric value, and
         // every metric has HELP and TYPE lines.
         for line in text.lines() {

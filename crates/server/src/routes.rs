@@ -93,6 +93,9 @@ fn start(app: &AppState, prompt: Vec<u32>, gen: &GenerationPlan, forced: Option<
 
 pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    // Held until the request is submitted (or refused): an idle engine waits
+    // for it before starting a prefill that it could share.
+    let arrival = app.engine.arrival();
     let req = read_request(&app, body, |r: &ChatCompletionRequest| &r.model)?;
     let plan = chat_plan(&req, &app.config.limits, &app.config.sampling_defaults)?;
     check_accepting(&app)?;
@@ -118,6 +121,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
     };
     tracing::debug!(prompt_tokens = prompt.len(), since_arrival_us = arrived.elapsed().as_micros() as u64, "chat prompt rendered and tokenized");
     let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
+    drop(arrival);
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
     let asm = if plan.single_call { asm.single_call() } else { asm };
@@ -130,6 +134,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
 
 pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    let arrival = app.engine.arrival();
     let req = read_request(&app, body, |r: &CompletionRequest| &r.model)?;
     let plan = completion_plan(&req, &app.config.sampling_defaults)?;
     check_accepting(&app)?;
@@ -150,6 +155,7 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, B
         }
     };
     let driver = start(&app, prompt, &plan.gen, None, false)?;
+    drop(arrival);
     let meta = Meta::new("cmpl-", &app.info.name, &plan.gen);
     let echo = if plan.echo { prompt_text } else { String::new() };
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);

@@ -169,6 +169,10 @@ impl Generator for ScriptedGenerator {
         })))
     }
 
+    fn arrival(&self) -> Option<crate::engine::ArrivalGuard> {
+        self.inner.arrival()
+    }
+
     fn stats(&self) -> EngineStats {
         self.inner.stats()
     }

@@ -80,6 +80,12 @@ pub struct Args {
     /// else 512.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..=65536))]
     prefill_chunk: Option<u64>,
+    /// When nothing is running and a request comes while others are still
+    /// being tokenized, wait up to this many milliseconds for them, so that
+    /// requests sent together start in one prefill pass (a lone request
+    /// never waits). 0 disables it.
+    #[arg(long, default_value_t = lily_engine::DEFAULT_ARRIVAL_WAIT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    arrival_wait_ms: u64,
     /// Decode every step batch-invariantly: a request's tokens the same
     /// whatever other requests run beside it (CUDA; by default steps of 16
     /// or more sequences run their dense matrices on the faster fp16 GEMM,
@@ -241,6 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_batch: args.max_concurrent,
         max_queue: args.max_queue,
         max_seq_len: args.max_seq,
+        arrival_wait: Duration::from_millis(args.arrival_wait_ms),
         ..EngineOptions::default()
     };
     // Room for every running request plus the prefix cache's snapshots.

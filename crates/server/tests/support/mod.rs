@@ -40,6 +40,18 @@ pub struct Counters {
     pub live: AtomicUsize,
     pub cancelled: AtomicUsize,
     pub finished: AtomicUsize,
+    /// Arrival guards handed out and not yet dropped (`Generator::arrival`).
+    pub arriving: AtomicUsize,
+    /// `arriving` as each submit saw it.
+    pub arriving_at_submit: Mutex<Vec<usize>>,
+}
+
+struct ArrivalCount(Arc<Counters>);
+
+impl Drop for ArrivalCount {
+    fn drop(&mut self) {
+        self.0.arriving.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 pub struct FakeEngine {
@@ -176,7 +188,13 @@ impl Run {
 }
 
 impl Generator for FakeEngine {
+    fn arrival(&self) -> Option<lily_server::engine::ArrivalGuard> {
+        self.counters.arriving.fetch_add(1, Ordering::SeqCst);
+        Some(Box::new(ArrivalCount(self.counters.clone())))
+    }
+
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
+        self.counters.arriving_at_submit.lock().unwrap().push(self.counters.arriving.load(Ordering::SeqCst));
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
         }
