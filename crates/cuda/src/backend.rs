@@ -30,7 +30,7 @@ use cudarc::driver::CudaEvent;
 
 use lily_core::weights::Weights;
 use lily_core::ModelConfig;
-use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
+use lily_model::{Backend, Feed, InFlight, LogitsWanted, MixedSteps, ModelError, ModelResult, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
 
 use crate::device::{copy_device, DeviceBuffer, Gpu};
 use crate::dims::KV_BLOCK;
@@ -39,7 +39,11 @@ use crate::feed::{self, FeedStageParams};
 use crate::model::{Head, Model};
 use crate::runahead::{put, InLayout, StepIo, IO_SLOTS};
 use crate::sampling::{self, OutLayout, SampleRow, SAMPLE_TOP_MAX};
-use crate::state::Options;
+use crate::state::{DecodeMatrices, Options};
+
+/// Longest context of a decode row that rides in a prefill pass
+/// (`Backend::mixed_steps`).
+pub const MIX_CONTEXT_MAX: usize = 8192;
 
 pub struct CudaBackend {
     model: Model,
@@ -565,6 +569,23 @@ impl Backend for CudaBackend {
     /// with 512, TTFT p99 1.5 s against 2.6 s (ITL p99 179 ms against 88).
     fn preferred_prefill_chunk(&self) -> Option<usize> {
         Some(2048)
+    }
+    /// Decode rows in a prefill pass take the prefill path (the fp16
+    /// GEMMs, the chunked DeltaNet, the prefill attention), so a stream's
+    /// logits move by that path's ~1e-4 against its decode steps': never
+    /// under `--batch-invariant`. Nor past `MIX_CONTEXT_MAX` tokens of
+    /// context, where the prefill attention's one-row query tiles would
+    /// read a long cache once per query head. Below it the pass saves a
+    /// whole decode step's weight reads, but the one-token pieces cost
+    /// launches of their own (the chunked DeltaNet takes `gdn::MAX_PIECES`
+    /// pieces a launch group) and the H200 has not measured the balance
+    /// yet: `Possible`, on with `--mixed-steps on`.
+    fn mixed_steps(&self, longest_context: usize) -> MixedSteps {
+        if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || longest_context > MIX_CONTEXT_MAX {
+            MixedSteps::Never
+        } else {
+            MixedSteps::Possible
+        }
     }
     fn memory_in_use(&self) -> Option<u64> {
         Some(self.model.gpu.allocated())

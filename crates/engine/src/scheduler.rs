@@ -46,7 +46,7 @@ use lily_model::{Backend, CapturePart, CapturedDraws, Feed, InFlight, ModelError
 use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, Shared, Submission};
+use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, MixPolicy, Shared, Submission};
 use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{logprob_report, request_seed, sample_params};
@@ -84,6 +84,15 @@ struct PlannedChunk {
     start: usize,
     end: usize,
     capture: Option<usize>,
+}
+
+/// A generating request's row in a mixed step (`Scheduler::mixed_step`):
+/// its age, sequence, and the token the step feeds it.
+#[derive(Clone, Copy, Debug)]
+struct DecodeRow {
+    age: Age,
+    seq: SeqId,
+    token: u32,
 }
 
 /// Which running request gave its KV memory back, and how.
@@ -160,6 +169,9 @@ pub(crate) struct Scheduler {
     /// Whether the next step is submitted before the last one is collected
     /// (`EngineOptions::run_ahead`).
     run_ahead: bool,
+    /// When a step's decode rows ride in its prefill call
+    /// (`EngineOptions::mixed_steps`).
+    mix: MixPolicy,
 }
 
 /// A decode step in flight.
@@ -188,6 +200,7 @@ impl Scheduler {
             running: Vec::new(),
             in_flight: VecDeque::new(),
             run_ahead: opts.run_ahead,
+            mix: opts.mixed_steps,
         }
     }
 
@@ -223,8 +236,10 @@ impl Scheduler {
         let busy = !self.is_idle();
         self.reap();
         self.admit();
-        self.decode_step();
-        self.prefill_step();
+        if !self.mixed_step() {
+            self.decode_step();
+            self.prefill_step();
+        }
         if busy {
             let dt = t0.elapsed().as_secs_f64();
             self.shared.with_stats(|s| s.time.step_s += dt);
@@ -702,6 +717,167 @@ impl Scheduler {
         tracing::info!(request = a.id, tokens = a.tokens.len(), "out of KV memory: preempted, will be recomputed");
         self.shared.with_stats(|s| s.preemptions += 1);
         Some(Released::Paused(age))
+    }
+
+    // ----- mixed steps -----------------------------------------------------
+
+    /// The decode step and the prefill of this step as one prefill call,
+    /// when both are due and the backend takes decode rows in it
+    /// (`EngineOptions::mixed_steps`, `Backend::mixed_steps`): each
+    /// generating request is a one-token part beside the prompt chunks, so
+    /// every weight is read once for both, and its draw is streamed as a
+    /// decode step's would be. The steps in flight are collected first (a
+    /// prefill takes its tokens from the host, so this step gives up
+    /// running ahead). False when the step is not mixed or the call
+    /// failed: the caller then runs the decode step and the prefill apart,
+    /// which settle out of memory (preemption) and faults (one request at
+    /// a time) as usual.
+    fn mixed_step(&mut self) -> bool {
+        if self.mix == MixPolicy::Off || !self.mix_due() {
+            return false;
+        }
+        // Collecting may end requests (stops, cancels), so the rows and
+        // the plan are made after it.
+        self.drain();
+        let rows = self.decode_rows();
+        let plan = self.prefill_plan();
+        if rows.is_empty() || plan.is_empty() {
+            return false;
+        }
+        self.mixed_pass(&rows, plan)
+    }
+
+    /// Whether this step has both a decode batch and prompt chunks, and
+    /// the backend takes those decode rows in a prefill call.
+    fn mix_due(&self) -> bool {
+        let longest = self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).map(|h| h.fed + 1).max();
+        let Some(longest) = longest else {
+            return false;
+        };
+        self.mix.mixes(self.backend.mixed_steps(longest)) && !self.prefill_plan().is_empty()
+    }
+
+    /// Every generating request that holds no step in flight (all of
+    /// them, after `drain`), with the token its next step feeds.
+    fn decode_rows(&self) -> Vec<DecodeRow> {
+        self.running
+            .iter()
+            .filter_map(|a| {
+                let h = self.kv.holding(a.age).filter(|h| !h.prefilling() && h.ahead == 0 && a.generated() < a.max_tokens)?;
+                Some(DecodeRow { age: a.age, seq: h.seq, token: *a.tokens.get(h.fed)? })
+            })
+            .collect()
+    }
+
+    /// Runs `plan`'s chunks and `rows` in one `prefill_capture_sampling`
+    /// call (chunks first). False when it failed: with `Capacity` nothing
+    /// changed; after another error the requests whose sequence moved
+    /// (state unknown) have failed here and the rest are untouched.
+    fn mixed_pass(&mut self, rows: &[DecodeRow], mut plan: Vec<PlannedChunk>) -> bool {
+        self.room_for_captures(&mut plan);
+        let mut states = self.lend_first_states(&plan);
+        for r in rows {
+            let st = self.find(r.age).map(|i| self.lend_state(i));
+            states.push(st);
+        }
+        let fed: Vec<[u32; 1]> = rows.iter().map(|r| [r.token]).collect();
+        let running = &self.running;
+        let mut parts: Vec<CapturePart> = plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
+        parts.extend(rows.iter().zip(&fed).map(|(r, t)| (r.seq, &t[..], None)));
+        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts, &mut states);
+        let row_states = states.split_off(plan.len());
+        self.return_first_states(&plan, states);
+        for (r, st) in rows.iter().zip(row_states) {
+            if let (Some(i), Some(st)) = (self.find(r.age), st) {
+                self.running[i].sampling = st;
+            }
+        }
+        let n = plan.len() + rows.len();
+        let err = match result {
+            Ok(((mut logits, mut snaps), mut draws)) if logits.len() == n && snaps.len() == n && draws.len() == n => {
+                for s in snaps.split_off(plan.len()).into_iter().flatten() {
+                    self.backend.free(s);
+                }
+                let (row_logits, row_draws) = (logits.split_off(plan.len()), draws.split_off(plan.len()));
+                self.count_decode_step(rows.len());
+                self.shared.with_stats(|s| s.mixed_steps += 1);
+                self.decoded_in_pass(rows, row_logits, row_draws);
+                self.file_captures(&plan, snaps);
+                let firsts = self.first_draws(&plan, logits, draws);
+                for (c, first) in plan.iter().zip(firsts) {
+                    if let Some(i) = self.find(c.age) {
+                        if let Some(o) = self.prefilled(i, c.start, c.end, first) {
+                            self.retire(i, o);
+                        }
+                    }
+                }
+                return true;
+            }
+            Ok(((logits, snaps), _)) => {
+                for s in snaps.into_iter().flatten() {
+                    self.backend.free(s);
+                }
+                ModelError::Device(format!("prefill_capture returned {} rows of logits for {n} parts", logits.len()))
+            }
+            Err(ModelError::Capacity(m)) => {
+                tracing::debug!(parts = n, "mixed step out of memory ({m}); decoding and prefilling apart");
+                return false;
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(parts = n, error = %err, "mixed step failed; decoding and prefilling apart");
+        let before = plan.iter().map(|c| (c.age, c.seq, c.start)).chain(rows.iter().filter_map(|r| Some((r.age, r.seq, self.kv.holding(r.age)?.fed))));
+        let moved: Vec<Age> = before.filter(|&(_, seq, len)| !self.backend.seq_len(seq).is_ok_and(|n| n == len)).map(|(age, _, _)| age).collect();
+        for age in moved {
+            if let Some(i) = self.find(age) {
+                let e = ModelError::Device(format!("mixed step failed part-way: {err}"));
+                self.retire(i, Outcome::Failed(work_error(e)));
+            }
+        }
+        false
+    }
+
+    /// The decode rows of a mixed step ran: each sequence consumed its
+    /// token, and its draw (the backend's, or made here from its logits
+    /// with the request's state, as `collect_decode` would) is streamed.
+    fn decoded_in_pass(&mut self, rows: &[DecodeRow], logits: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) {
+        for r in rows {
+            if let Some(h) = self.kv.holding_mut(r.age) {
+                h.fed += 1;
+            }
+        }
+        // Host draws (the backend declined) on threads when there are
+        // several: each reads a whole row of logits.
+        let declined = draws.iter().filter(|d| d.is_none()).count();
+        let states: Vec<Option<&SampleState>> = rows.iter().map(|r| self.find(r.age).map(|i| &self.running[i].sampling)).collect();
+        let pick = |((row, st), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, st) {
+            (Some(d), _) => Ok(d),
+            (None, Some(st)) if !row.is_empty() => Err(Some(draw_host(&row, st))),
+            (None, _) => Err(None),
+        };
+        let picked: Vec<Result<Sampled, Option<Sampled>>> = if declined >= 2 {
+            logits.into_par_iter().zip(states).zip(draws).map(pick).collect()
+        } else {
+            logits.into_iter().zip(states).zip(draws).map(pick).collect()
+        };
+        for (r, p) in rows.iter().zip(picked) {
+            let Some(i) = self.find(r.age) else {
+                continue;
+            };
+            let outcome = match p {
+                // Drawn by the backend: already recorded in the state.
+                Ok(d) => self.emit(i, d),
+                Err(Some(d)) => {
+                    self.running[i].sampling.record_draw(d.token);
+                    self.emit(i, d)
+                }
+                Err(None) => Some(Outcome::Failed(EngineError::Backend("a mixed step returned no logits for a decode row".into()))),
+            };
+            match outcome {
+                Some(o) => self.retire(i, o),
+                None => self.maybe_snapshot(i),
+            }
+        }
     }
 
     // ----- prefill ---------------------------------------------------------
