@@ -45,6 +45,9 @@ use crate::state::{DecodeMatrices, Options};
 /// (`Backend::mixed_steps`).
 pub const MIX_CONTEXT_MAX: usize = 8192;
 
+/// Most decode rows that ride in a prefill pass (`Backend::mixed_steps`).
+pub const MIX_ROWS_MAX: usize = 16;
+
 pub struct CudaBackend {
     model: Model,
     config: ModelConfig,
@@ -575,13 +578,17 @@ impl Backend for CudaBackend {
     /// logits move by that path's ~1e-4 against its decode steps': never
     /// under `--batch-invariant`. Nor past `MIX_CONTEXT_MAX` tokens of
     /// context, where the prefill attention's one-row query tiles would
-    /// read a long cache once per query head. Below it the pass saves a
-    /// whole decode step's weight reads, but the one-token pieces cost
-    /// launches of their own (the chunked DeltaNet takes `gdn::MAX_PIECES`
-    /// pieces a launch group) and the H200 has not measured the balance
-    /// yet: `Possible`, on with `--mixed-steps on`.
-    fn mixed_steps(&self, longest_context: usize) -> MixedSteps {
-        if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || longest_context > MIX_CONTEXT_MAX {
+    /// read a long cache once per query head, nor for more than
+    /// `MIX_ROWS_MAX` rows: the chunked DeltaNet pads each one-token piece
+    /// to a whole 64-row chunk, so 64 rows would cost its chunk kernels
+    /// about what 4,096 prompt tokens do (~8 ms a pass at 4K, against the
+    /// ~12 ms decode step they save; routing the rows' mixers through the
+    /// decode kernels would remove that). Within both the pass saves a
+    /// whole decode step's weight reads for a few launches and padded
+    /// chunks, a balance the H200 has not measured yet: `Possible`, on
+    /// with `--mixed-steps on`.
+    fn mixed_steps(&self, rows: usize, longest_context: usize) -> MixedSteps {
+        if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || longest_context > MIX_CONTEXT_MAX || rows > MIX_ROWS_MAX {
             MixedSteps::Never
         } else {
             MixedSteps::Possible

@@ -750,11 +750,11 @@ impl Scheduler {
     /// Whether this step has both a decode batch and prompt chunks, and
     /// the backend takes those decode rows in a prefill call.
     fn mix_due(&self) -> bool {
-        let longest = self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).map(|h| h.fed + 1).max();
-        let Some(longest) = longest else {
+        let contexts: Vec<usize> = self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).map(|h| h.fed + 1).collect();
+        let Some(&longest) = contexts.iter().max() else {
             return false;
         };
-        self.mix.mixes(self.backend.mixed_steps(longest)) && !self.prefill_plan().is_empty()
+        self.mix.mixes(self.backend.mixed_steps(contexts.len(), longest)) && !self.prefill_plan().is_empty()
     }
 
     /// Every generating request that holds no step in flight (all of
