@@ -58,12 +58,13 @@ enum Outcome {
     Failed(EngineError),
 }
 
-/// What a prefill chunk hands `Scheduler::prefilled` for a request's first
-/// token.
-enum FirstToken {
+/// What a prefill call hands back for a request's next token: a prompt's
+/// first (`Scheduler::prefilled`) or a mixed step's decode row
+/// (`Scheduler::decoded_in_pass`).
+enum NextToken {
     /// The last position's logits (drawn there, if the prompt ended).
     Logits(Vec<f32>),
-    /// Drawn already from them (`first_draws`); the state is not advanced
+    /// Drawn already from them (`next_tokens`); the state is not advanced
     /// yet.
     Drawn(Sampled),
     /// Drawn by the backend in the prefill call
@@ -846,34 +847,13 @@ impl Scheduler {
                 h.fed += 1;
             }
         }
-        // Host draws (the backend declined) on threads when there are
-        // several: each reads a whole row of logits.
-        let declined = draws.iter().filter(|d| d.is_none()).count();
         let states: Vec<Option<&SampleState>> = rows.iter().map(|r| self.find(r.age).map(|i| &self.running[i].sampling)).collect();
-        let pick = |((row, st), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, st) {
-            (Some(d), _) => Ok(d),
-            (None, Some(st)) if !row.is_empty() => Err(Some(draw_host(&row, st))),
-            (None, _) => Err(None),
-        };
-        let picked: Vec<Result<Sampled, Option<Sampled>>> = if declined >= 2 {
-            logits.into_par_iter().zip(states).zip(draws).map(pick).collect()
-        } else {
-            logits.into_iter().zip(states).zip(draws).map(pick).collect()
-        };
-        for (r, p) in rows.iter().zip(picked) {
+        let next = next_tokens(logits, states, draws);
+        for (r, next) in rows.iter().zip(next) {
             let Some(i) = self.find(r.age) else {
                 continue;
             };
-            let outcome = match p {
-                // Drawn by the backend: already recorded in the state.
-                Ok(d) => self.emit(i, d),
-                Err(Some(d)) => {
-                    self.running[i].sampling.record_draw(d.token);
-                    self.emit(i, d)
-                }
-                Err(None) => Some(Outcome::Failed(EngineError::Backend("a mixed step returned no logits for a decode row".into()))),
-            };
-            match outcome {
+            match self.emit_next(i, next) {
                 Some(o) => self.retire(i, o),
                 None => self.maybe_snapshot(i),
             }
@@ -1050,8 +1030,8 @@ impl Scheduler {
                 Ok((mut rows, mut draws)) => {
                     budget = budget.saturating_sub(end - start);
                     let first = match draws.pop().flatten() {
-                        Some(drawn) => FirstToken::Recorded(drawn),
-                        None => rows.pop().map_or(FirstToken::Missing, FirstToken::Logits),
+                        Some(drawn) => NextToken::Recorded(drawn),
+                        None => rows.pop().map_or(NextToken::Missing, NextToken::Logits),
                     };
                     self.prefilled(i, start, end, first)
                 }
@@ -1090,29 +1070,12 @@ impl Scheduler {
     }
 
     /// The first tokens of the requests whose prompts a batched prefill
-    /// just finished: the backend's draws where it made them, the others
-    /// drawn on threads at once (each host draw reads ~1 MB of logits, ~1
-    /// ms; a pass of 8 new prompts would otherwise hold the engine thread,
-    /// and with it the device, ~8 ms); the other chunks' logits pass
-    /// through unread. The host draws are `sample_host`'s (pure in the
-    /// logits and the request's state), so the tokens are the same.
-    fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) -> Vec<FirstToken> {
-        let states: Vec<Option<&SampleState>> = plan
-            .iter()
-            .zip(&draws)
-            .map(|(c, d)| self.find(c.age).filter(|&i| d.is_none() && self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling))
-            .collect();
-        let on_threads = states.iter().flatten().count() >= 2;
-        let first = |((logits, state), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, state) {
-            (Some(d), _) => FirstToken::Recorded(d),
-            (None, Some(st)) if on_threads => FirstToken::Drawn(draw_host(&logits, st)),
-            (None, _) => FirstToken::Logits(logits),
-        };
-        if on_threads {
-            rows.into_par_iter().zip(states).zip(draws).map(first).collect()
-        } else {
-            rows.into_iter().zip(states).zip(draws).map(first).collect()
-        }
+    /// just finished (`next_tokens`); the other chunks' logits pass
+    /// through unread.
+    fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) -> Vec<NextToken> {
+        let states: Vec<Option<&SampleState>> =
+            plan.iter().map(|c| self.find(c.age).filter(|&i| self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling)).collect();
+        next_tokens(rows, states, draws)
     }
 
     /// Request `i`'s sequence consumed `tokens[start..end]`, and `first`
@@ -1120,7 +1083,7 @@ impl Scheduler {
     /// them, offers a snapshot, and draws the first token when that was the
     /// end of a new request's prompt. Returns how the request ends, if it
     /// does.
-    fn prefilled(&mut self, i: usize, start: usize, end: usize, first: FirstToken) -> Option<Outcome> {
+    fn prefilled(&mut self, i: usize, start: usize, end: usize, first: NextToken) -> Option<Outcome> {
         let age = self.running[i].age;
         self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
         if let Some(h) = self.kv.holding_mut(age) {
@@ -1133,25 +1096,30 @@ impl Scheduler {
             // sampled from already.
             return None;
         }
-        match first {
-            FirstToken::Logits(logits) => {
-                // The first token, on the host with the same math as every
-                // later one.
+        self.emit_next(i, first)
+    }
+
+    /// Emits request `i`'s next token from what a prefill call handed back
+    /// (drawing it here from logits), and says whether the request ends.
+    fn emit_next(&mut self, i: usize, next: NextToken) -> Option<Outcome> {
+        match next {
+            NextToken::Logits(logits) => {
+                // On the host with the same math as every other token.
                 let t0 = Instant::now();
                 let picked = sample_host(&logits, &mut self.running[i].sampling);
-                tracing::debug!(request = self.running[i].id, draw_ms = t0.elapsed().as_secs_f64() * 1e3, "first token drawn");
+                tracing::debug!(request = self.running[i].id, draw_ms = t0.elapsed().as_secs_f64() * 1e3, "token drawn from a prefill call's logits");
                 self.emit(i, picked)
             }
-            FirstToken::Drawn(picked) => {
+            NextToken::Drawn(picked) => {
                 self.running[i].sampling.record_draw(picked.token);
-                tracing::debug!(request = self.running[i].id, "first token drawn (with other prompts' on threads)");
+                tracing::debug!(request = self.running[i].id, "token drawn from a prefill call's logits (with others', on threads)");
                 self.emit(i, picked)
             }
-            FirstToken::Recorded(picked) => {
-                tracing::debug!(request = self.running[i].id, "first token drawn by the backend");
+            NextToken::Recorded(picked) => {
+                tracing::debug!(request = self.running[i].id, "token drawn by the backend in a prefill call");
                 self.emit(i, picked)
             }
-            FirstToken::Missing => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
+            NextToken::Missing => Some(Outcome::Failed(EngineError::Backend("a prefill call returned no logits".into()))),
         }
     }
 
@@ -1229,6 +1197,29 @@ impl Scheduler {
             return Some(Outcome::Finished(FinishReason::Cancelled));
         }
         reason.map(Outcome::Finished)
+    }
+}
+
+/// The next tokens a prefill call hands back, row by row: the backend's
+/// draws where it made them; for the rows with a state to draw with
+/// (`states[k]`), whose draw the backend declined, drawn here from their
+/// logits, on threads at once when there are several (each host draw reads
+/// ~1 MB of logits, ~1 ms; a pass of 8 new prompts would otherwise hold
+/// the engine thread, and with it the device, ~8 ms). The other rows'
+/// logits pass through. The host draws are `sample_host`'s (pure in the
+/// logits and the request's state), so the tokens are the same.
+fn next_tokens(rows: Vec<Vec<f32>>, states: Vec<Option<&SampleState>>, draws: Vec<Option<Sampled>>) -> Vec<NextToken> {
+    let on_threads = states.iter().zip(&draws).filter(|(st, d)| st.is_some() && d.is_none()).count() >= 2;
+    let next = |((logits, state), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, state) {
+        (Some(d), _) => NextToken::Recorded(d),
+        (None, _) if logits.is_empty() => NextToken::Missing,
+        (None, Some(st)) if on_threads => NextToken::Drawn(draw_host(&logits, st)),
+        (None, _) => NextToken::Logits(logits),
+    };
+    if on_threads {
+        rows.into_par_iter().zip(states).zip(draws).map(next).collect()
+    } else {
+        rows.into_iter().zip(states).zip(draws).map(next).collect()
     }
 }
 
