@@ -9,7 +9,9 @@
 //! the budget is a short tail finishes in the same step: `chunk_limit`). So a long prompt is
 //! prefilled over several steps while running streams keep getting a token
 //! per step, and a new request joins the decode batch the step after its
-//! prompt is done. Every accepted request gets exactly one `Finished` or
+//! prompt is done. Where the backend takes them (`EngineOptions::mixed_steps`,
+//! `Backend::mixed_steps`), a step with both runs its decode batch inside
+//! that prefill call, a one-token part per request (`mixed_step`). Every accepted request gets exactly one `Finished` or
 //! `Failed`; a backend error fails only the request(s) it concerns.
 //!
 //! Decode runs ahead of the host (`Backend::submit_decode`): a step's batch
@@ -745,7 +747,7 @@ impl Scheduler {
         if rows.is_empty() || plan.is_empty() {
             return false;
         }
-        self.mixed_pass(&rows, plan)
+        self.prefill_together(&rows, plan)
     }
 
     /// Whether this step has both a decode batch and prompt chunks, and
@@ -770,11 +772,15 @@ impl Scheduler {
             .collect()
     }
 
-    /// Runs `plan`'s chunks and `rows` in one `prefill_capture_sampling`
-    /// call (chunks first). False when it failed: with `Capacity` nothing
-    /// changed; after another error the requests whose sequence moved
-    /// (state unknown) have failed here and the rest are untouched.
-    fn mixed_pass(&mut self, rows: &[DecodeRow], mut plan: Vec<PlannedChunk>) -> bool {
+    /// Runs `plan`'s chunks and the decode `rows` (a mixed step; none for
+    /// a batched prefill) in one `prefill_capture_sampling` call, chunks
+    /// first (snapshots evicted for room first). False when the call
+    /// failed: with `Capacity` nothing changed; after another error the
+    /// requests whose sequence moved (state unknown) have failed here, and
+    /// the rest are untouched. Either way the caller goes on apart (the
+    /// decode step, then one request's chunk at a time).
+    fn prefill_together(&mut self, rows: &[DecodeRow], mut plan: Vec<PlannedChunk>) -> bool {
+        let what = if rows.is_empty() { "batched prefill" } else { "mixed step" };
         self.room_for_captures(&mut plan);
         let mut states = self.lend_first_states(&plan);
         for r in rows {
@@ -799,13 +805,16 @@ impl Scheduler {
                 for s in snaps.split_off(plan.len()).into_iter().flatten() {
                     self.backend.free(s);
                 }
-                let (row_logits, row_draws) = (logits.split_off(plan.len()), draws.split_off(plan.len()));
-                self.count_decode_step(rows.len());
-                self.shared.with_stats(|s| s.mixed_steps += 1);
-                self.decoded_in_pass(rows, row_logits, row_draws);
+                if !rows.is_empty() {
+                    self.count_decode_step(rows.len());
+                    self.shared.with_stats(|s| s.mixed_steps += 1);
+                    let (row_logits, row_draws) = (logits.split_off(plan.len()), draws.split_off(plan.len()));
+                    self.decoded_in_pass(rows, row_logits, row_draws);
+                }
                 self.file_captures(&plan, snaps);
                 let firsts = self.first_draws(&plan, logits, draws);
                 for (c, first) in plan.iter().zip(firsts) {
+                    // By age: a request retired above shifts the indices.
                     if let Some(i) = self.find(c.age) {
                         if let Some(o) = self.prefilled(i, c.start, c.end, first) {
                             self.retire(i, o);
@@ -821,17 +830,18 @@ impl Scheduler {
                 ModelError::Device(format!("prefill_capture returned {} rows of logits for {n} parts", logits.len()))
             }
             Err(ModelError::Capacity(m)) => {
-                tracing::debug!(parts = n, "mixed step out of memory ({m}); decoding and prefilling apart");
+                tracing::debug!(parts = n, "{what} out of memory ({m}); going on apart");
                 return false;
             }
             Err(e) => e,
         };
-        tracing::warn!(parts = n, error = %err, "mixed step failed; decoding and prefilling apart");
+        tracing::warn!(parts = n, error = %err, "{what} failed; going on apart");
+        // Each part's sequence length before the call.
         let before = plan.iter().map(|c| (c.age, c.seq, c.start)).chain(rows.iter().filter_map(|r| Some((r.age, r.seq, self.kv.holding(r.age)?.fed))));
         let moved: Vec<Age> = before.filter(|&(_, seq, len)| !self.backend.seq_len(seq).is_ok_and(|n| n == len)).map(|(age, _, _)| age).collect();
         for age in moved {
             if let Some(i) = self.find(age) {
-                let e = ModelError::Device(format!("mixed step failed part-way: {err}"));
+                let e = ModelError::Device(format!("{what} failed part-way: {err}"));
                 self.retire(i, Outcome::Failed(work_error(e)));
             }
         }
@@ -872,7 +882,7 @@ impl Scheduler {
     /// preemption and a fault fails only its own request.
     fn prefill_step(&mut self) {
         let plan = self.prefill_plan();
-        if plan.len() > 1 && self.prefill_together(&plan) {
+        if plan.len() > 1 && self.prefill_together(&[], plan) {
             return;
         }
         self.prefill_one_by_one();
@@ -922,60 +932,6 @@ impl Scheduler {
                 _ => self.backend.free(snap),
             }
         }
-    }
-
-    /// Runs the chunks of `plan` in one `prefill_capture` call (snapshots
-    /// evicted for room first). False when the call failed: with
-    /// `Capacity` nothing changed; after another error the requests whose
-    /// sequence moved (state unknown) have failed here, and the rest are
-    /// untouched. Either way the caller goes on one request at a time.
-    fn prefill_together(&mut self, plan: &[PlannedChunk]) -> bool {
-        let mut plan = plan.to_vec();
-        self.room_for_captures(&mut plan);
-        let mut states = self.lend_first_states(&plan);
-        let running = &self.running;
-        let parts: Vec<(SeqId, &[u32], Option<usize>)> =
-            plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
-        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts, &mut states);
-        self.return_first_states(&plan, states);
-        let err = match result {
-            Ok(((rows, snaps), draws)) if rows.len() == plan.len() && snaps.len() == plan.len() && draws.len() == plan.len() => {
-                self.file_captures(&plan, snaps);
-                let firsts = self.first_draws(&plan, rows, draws);
-                for (c, first) in plan.iter().zip(firsts) {
-                    // By age: a request retired above shifts the indices.
-                    if let Some(i) = self.find(c.age) {
-                        if let Some(o) = self.prefilled(i, c.start, c.end, first) {
-                            self.retire(i, o);
-                        }
-                    }
-                }
-                return true;
-            }
-            Ok(((rows, snaps), _)) => {
-                for s in snaps.into_iter().flatten() {
-                    self.backend.free(s);
-                }
-                ModelError::Device(format!("prefill_capture returned {} rows of logits for {} parts", rows.len(), plan.len()))
-            }
-            Err(ModelError::Capacity(m)) => {
-                tracing::debug!(parts = plan.len(), "batched prefill out of memory ({m}); prefilling one request at a time");
-                return false;
-            }
-            Err(e) => e,
-        };
-        tracing::warn!(parts = plan.len(), error = %err, "batched prefill failed; retrying requests one by one");
-        for c in &plan {
-            let (age, seq, start) = (c.age, c.seq, c.start);
-            if self.backend.seq_len(seq).is_ok_and(|n| n == start) {
-                continue;
-            }
-            if let Some(i) = self.find(age) {
-                let e = ModelError::Device(format!("batched prefill failed part-way: {err}"));
-                self.retire(i, Outcome::Failed(work_error(e)));
-            }
-        }
-        false
     }
 
     /// `prefill_step` one request at a time: each chunk its own `prefill`

@@ -905,16 +905,13 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
 
 // ----- running ahead ---------------------------------------------------------
 
-fn no_violations(probe: &Mutex<Probe>) {
-    assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
-}
-
-#[test]
-fn running_ahead_gives_the_same_tokens_as_not() {
-    // Seeded, penalised sampling with stop ids and stop strings, so some
-    // requests stop at a step the run-ahead already fed the next one.
-    let requests: Vec<GenerateRequest> = (0..6u32)
-        .map(|k| GenerateRequest {
+/// Seeded, penalised sampling with stop ids, a stop string and logprobs,
+/// one request per prompt length (with Hash logits a token fed twice or
+/// skipped changes everything after it).
+fn penalised_requests(prompt_lens: &[usize], max_tokens: usize) -> Vec<GenerateRequest> {
+    (0u32..)
+        .zip(prompt_lens)
+        .map(|(k, &len)| GenerateRequest {
             sampling: SamplingParams {
                 temperature: 0.9,
                 top_k: 40,
@@ -927,9 +924,19 @@ fn running_ahead_gives_the_same_tokens_as_not() {
             stop_token_ids: (0..12).map(|j| 20 + 17 * j + k).collect(),
             stop_strings: vec!["q".into()],
             logprobs: Some(2),
-            ..GenerateRequest::new(pseudo_prompt(12 + k as usize, 60 + k), 40)
+            ..GenerateRequest::new(pseudo_prompt(len, 60 + k), max_tokens)
         })
-        .collect();
+        .collect()
+}
+
+fn no_violations(probe: &Mutex<Probe>) {
+    assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
+}
+
+#[test]
+fn running_ahead_gives_the_same_tokens_as_not() {
+    // Some requests stop at a step the run-ahead already fed the next one.
+    let requests = penalised_requests(&[12, 13, 14, 15, 16, 17], 40);
     let run = |run_ahead: bool, pipelined: bool| {
         let (fake, probe) = Fake::new(Mode::Hash);
         let fake = if pipelined { fake.pipelined() } else { fake };
@@ -1192,27 +1199,11 @@ fn a_mixed_step_runs_the_decode_rows_inside_the_prefill_call() {
 
 #[test]
 fn mixed_steps_give_the_same_tokens_as_steps_apart() {
-    // Seeded, penalised sampling with stops and logprobs (Hash logits: a
-    // token fed twice or skipped changes everything after it), prompts
-    // cut into 8-token chunks so that prompts are prefilled beside
-    // generating requests for many steps; the backend draws the rows of
-    // even sequences itself and hands the others' logits back.
-    let requests: Vec<GenerateRequest> = (0..6u32)
-        .map(|k| GenerateRequest {
-            sampling: SamplingParams {
-                temperature: 0.9,
-                top_k: 40,
-                presence_penalty: 0.4,
-                frequency_penalty: 0.3,
-                repetition_penalty: 1.2,
-                seed: Some(200 + u64::from(k)),
-                ..SamplingParams::default()
-            },
-            stop_token_ids: (0..12).map(|j| 21 + 17 * j + k).collect(),
-            logprobs: Some(2),
-            ..GenerateRequest::new(pseudo_prompt(12 + 5 * k as usize, 70 + k), 30)
-        })
-        .collect();
+    // Penalised sampling with stops; prompts cut into 8-token chunks so
+    // that prompts are prefilled beside generating requests for many
+    // steps; the backend draws the rows of even sequences itself and hands
+    // the others' logits back.
+    let requests = penalised_requests(&[12, 17, 22, 27, 32, 37], 30);
     let run = |fake: Fake, mix: MixPolicy| {
         let h = start(fake.delay(Duration::from_micros(200)), EngineOptions { prefill_chunk: 8, mixed_steps: mix, ..opts() });
         let outs: Vec<_> = requests
