@@ -7,7 +7,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lily_engine::{Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest, MixPolicy, SamplingParams, SubmitError};
+use lily_engine::{Engine, EngineError, EngineHandle, EngineOptions, EngineStats, FinishReason, GenerateRequest, MixPolicy, SamplingParams, SubmitError};
 use lily_model::{MixedSteps, SeqId};
 use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS};
 
@@ -152,14 +152,12 @@ fn prefill_between_decodes(calls: &[Call]) -> Vec<usize> {
     windows
 }
 
-#[test]
-fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
-    // Three 100-token prompts arrive at once beside a running stream: they
-    // share one 32-token prefill budget per step (plus, to finish a prompt,
-    // a tail of at most a quarter of it), and the stream gets a decode step
-    // between every two budgets.
+/// A greedy stream of 60 tokens runs while three 100-token prompts (2
+/// tokens each) arrive at once, with a 32-token prefill budget a step;
+/// checks every request's tokens (Count logits) and that every sequence is
+/// freed, and returns the backend's calls and the engine's counters.
+fn three_prompts_beside_a_stream(fake: Fake, probe: &Mutex<Probe>) -> (Vec<Call>, EngineStats) {
     let gate = Arc::new(Mutex::new(()));
-    let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.gate(gate.clone()), EngineOptions { prefill_chunk: 32, ..opts() });
     let held = gate.lock().expect("gate");
     let mut stream = h.submit(greedy(vec![A], 60)).expect("submit");
@@ -172,9 +170,21 @@ fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
     assert_eq!(stream.ids, (1..=60).map(|k| A + k).collect::<Vec<_>>());
     for (c, p) in longs.iter().zip(&prompts) {
         assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
-        assert_eq!(c.ids[0], (p[99] + 1) % 256);
+        assert_eq!(c.ids, vec![(p[99] + 1) % 256, (p[99] + 2) % 256]);
     }
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
     let calls = probe.lock().expect("probe").calls.clone();
+    (calls, h.stats())
+}
+
+#[test]
+fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
+    // Three 100-token prompts arrive at once beside a running stream: they
+    // share one 32-token prefill budget per step (plus, to finish a prompt,
+    // a tail of at most a quarter of it), and the stream gets a decode step
+    // between every two budgets.
+    let (fake, probe) = Fake::new(Mode::Count);
+    let (calls, _) = three_prompts_beside_a_stream(fake, &probe);
     let windows = prefill_between_decodes(&calls);
     assert_eq!(windows.iter().sum::<usize>(), 301);
     assert!(windows.iter().all(|&n| n <= 32 + 32 / 4), "{windows:?}");
@@ -1143,23 +1153,8 @@ fn a_mixed_step_runs_the_decode_rows_inside_the_prefill_call() {
     // prefilled, the running stream's token rides in each prefill call as
     // a one-token part and no decode step runs apart; the budget per call
     // is the same.
-    let gate = Arc::new(Mutex::new(()));
     let (fake, probe) = Fake::new(Mode::Count);
-    let h = start(mixing(fake, MixedSteps::Pays).gate(gate.clone()), EngineOptions { prefill_chunk: 32, ..opts() });
-    let held = gate.lock().expect("gate");
-    let mut stream = h.submit(greedy(vec![A], 60)).expect("submit");
-    let started = wait_started(&mut stream);
-    let prompts: Vec<Vec<u32>> = (0..3).map(|k| pseudo_prompt(100, 20 + k)).collect();
-    let longs: Vec<_> = prompts.iter().map(|p| h.submit(greedy(p.clone(), 2)).expect("submit")).collect();
-    drop(held);
-    let longs: Vec<_> = longs.into_iter().map(collect).collect();
-    let stream = collect_rest(stream, started);
-    assert_eq!(stream.ids, (1..=60).map(|k| A + k).collect::<Vec<_>>());
-    for (c, p) in longs.iter().zip(&prompts) {
-        assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
-        assert_eq!(c.ids, vec![(p[99] + 1) % 256, (p[99] + 2) % 256]);
-    }
-    let calls = probe.lock().expect("probe").calls.clone();
+    let (calls, s) = three_prompts_beside_a_stream(mixing(fake, MixedSteps::Pays), &probe);
     let stream_seq = calls
         .iter()
         .find_map(|c| match c {
@@ -1189,12 +1184,10 @@ fn a_mixed_step_runs_the_decode_rows_inside_the_prefill_call() {
     let (first, last) = (passes[0].0, passes[passes.len() - 1].0);
     let apart = calls[first..last].iter().filter(|c| matches!(c, Call::Decode { .. } | Call::Collect { .. })).count();
     assert_eq!(apart, 0, "a decode step apart while prompts were prefilled: {calls:?}");
-    let s = h.stats();
     assert!(s.mixed_steps >= passes.len() as u64, "{s:?}");
     // Counted as decode steps of the stream (the long prompts' second
     // tokens may ride too).
     assert!(s.decode_steps >= s.mixed_steps, "{s:?}");
-    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
 }
 
 #[test]
