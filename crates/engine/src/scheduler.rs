@@ -753,11 +753,11 @@ impl Scheduler {
     /// Whether this step has both a decode batch and prompt chunks, and
     /// the backend takes those decode rows in a prefill call.
     fn mix_due(&self) -> bool {
-        let contexts: Vec<usize> = self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).map(|h| h.fed + 1).collect();
-        let Some(&longest) = contexts.iter().max() else {
-            return false;
-        };
-        self.mix.mixes(self.backend.mixed_steps(contexts.len(), longest)) && !self.prefill_plan().is_empty()
+        // (rows, longest context) of the generating requests, every step:
+        // one pass, nothing allocated.
+        let (rows, longest) =
+            self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).fold((0, 0), |(n, m), h| (n + 1, m.max(h.fed + 1)));
+        rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows, longest)) && !self.prefill_plan().is_empty()
     }
 
     /// Every generating request that holds no step in flight (all of
