@@ -283,9 +283,6 @@ impl Backend for CpuBackend {
         if !matches!(self.engine, Engine::Fast(_)) {
             return lily_model::prefill_each(self, parts);
         }
-        if let Some(k) = parts.iter().position(|p| p.1.is_empty()) {
-            return Err(ModelError::Invalid(format!("part {k} of a prefill batch has no tokens")));
-        }
         let mut done = vec![0usize; parts.len()];
         let mut out = vec![Vec::new(); parts.len()];
         while let Some(first) = done.iter().zip(parts).position(|(&d, p)| d < p.1.len()) {

@@ -49,7 +49,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, MixPolicy, Shared, Submission};
-use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
+use crate::kv::{model_error, work_error, Acquired, Age, Holding, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{logprob_report, request_seed, sample_params};
 use crate::text::TextStream;
@@ -474,12 +474,9 @@ impl Scheduler {
         let mut members = Vec::new();
         let mut batch = Vec::new();
         for a in &self.running {
-            let Some(h) = self.kv.holding(a.age) else {
+            let Some(h) = self.decodes_next(a) else {
                 continue;
             };
-            if h.prefilling() || a.generated() + h.ahead >= a.max_tokens {
-                continue;
-            }
             let feed = if h.ahead > 0 { Feed::Previous } else { Feed::Token(a.tokens[h.fed]) };
             members.push(a.age);
             batch.push((h.seq, feed));
@@ -489,6 +486,13 @@ impl Scheduler {
         while self.in_flight.len() > keep {
             self.collect_oldest();
         }
+    }
+
+    /// Request `a`'s sequence when a decode step is due for it: it holds
+    /// one, has finished its prefill, and its steps in flight do not
+    /// already produce its last token (`max_tokens`).
+    fn decodes_next(&self, a: &Active) -> Option<&Holding> {
+        self.kv.holding(a.age).filter(|h| !h.prefilling() && a.generated() + h.ahead < a.max_tokens)
     }
 
     /// Submits one decode step for `members` (request ages, batch order);
@@ -755,8 +759,7 @@ impl Scheduler {
     fn mix_due(&self) -> bool {
         // (rows, longest context) of the generating requests, every step:
         // one pass, nothing allocated.
-        let (rows, longest) =
-            self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).fold((0, 0), |(n, m), h| (n + 1, m.max(h.fed + 1)));
+        let (rows, longest) = self.running.iter().filter_map(|a| self.decodes_next(a)).fold((0, 0), |(n, m), h| (n + 1, m.max(h.fed + 1)));
         rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows, longest)) && !self.prefill_plan().is_empty()
     }
 
@@ -766,7 +769,7 @@ impl Scheduler {
         self.running
             .iter()
             .filter_map(|a| {
-                let h = self.kv.holding(a.age).filter(|h| !h.prefilling() && h.ahead == 0 && a.generated() < a.max_tokens)?;
+                let h = self.decodes_next(a).filter(|h| h.ahead == 0)?;
                 Some(DecodeRow { age: a.age, seq: h.seq, token: *a.tokens.get(h.fed)? })
             })
             .collect()
