@@ -89,9 +89,8 @@ pub struct Args {
     /// Run a step's decode rows inside its prefill pass when prompts are
     /// being prefilled beside generating streams (every weight read once
     /// for both): `auto` where the backend has measured it to pay (the CPU),
-    /// `on` wherever the backend allows it (CUDA too, for up to 16 streams
-    /// below 8,192 tokens of context, not with --batch-invariant), `off`
-    /// never.
+    /// `on` wherever the backend allows it (CUDA too, not with
+    /// --batch-invariant), `off` never.
     #[arg(long, value_enum, default_value_t = MixedStepsArg::Auto)]
     mixed_steps: MixedStepsArg,
     /// Decode every step batch-invariantly: a request's tokens the same
