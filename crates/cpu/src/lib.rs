@@ -309,7 +309,7 @@ impl Backend for CpuBackend {
         Ok(out)
     }
 
-    fn mixed_steps(&self, _rows: usize, _longest_context: usize) -> MixedSteps {
+    fn mixed_steps(&self, _rows: usize) -> MixedSteps {
         // A decode step is this same forward over one-token spans, so
         // carrying them beside prompt chunks changes nothing but the rows
         // a weight read serves (and the summation order, as any batch).

@@ -576,7 +576,7 @@ impl Backend for CudaBackend {
     /// it pays on the H200 (docs/perf/2026-12-05-h200-s44.md): 64 clients
     /// 3,960 -> 4,130 tok/s, TTFT p50 195 -> 170 ms; 8 clients arriving at
     /// random 1,493 -> 1,578 tok/s.
-    fn mixed_steps(&self, rows: usize, _longest_context: usize) -> MixedSteps {
+    fn mixed_steps(&self, rows: usize) -> MixedSteps {
         if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || rows > self.model.mem.opts.max_batch {
             MixedSteps::Never
         } else {

@@ -757,10 +757,9 @@ impl Scheduler {
     /// Whether this step has both a decode batch and prompt chunks, and
     /// the backend takes those decode rows in a prefill call.
     fn mix_due(&self) -> bool {
-        // (rows, longest context) of the generating requests, every step:
-        // one pass, nothing allocated.
-        let (rows, longest) = self.running.iter().filter_map(|a| self.decodes_next(a)).fold((0, 0), |(n, m), h| (n + 1, m.max(h.fed + 1)));
-        rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows, longest)) && !self.prefill_plan().is_empty()
+        // The generating requests' rows, every step: nothing allocated.
+        let rows = self.running.iter().filter(|a| self.decodes_next(a).is_some()).count();
+        rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows)) && !self.prefill_plan().is_empty()
     }
 
     /// Every generating request that holds no step in flight (all of
