@@ -740,7 +740,7 @@ impl Scheduler {
     /// which settle out of memory (preemption) and faults (one request at
     /// a time) as usual.
     fn mixed_step(&mut self) -> bool {
-        if self.mix == MixPolicy::Off || !self.mix_due() {
+        if !self.mix_due() {
             return false;
         }
         // Collecting may end requests (stops, cancels), so the rows and
@@ -755,11 +755,16 @@ impl Scheduler {
     }
 
     /// Whether this step has both a decode batch and prompt chunks, and
-    /// the backend takes those decode rows in a prefill call.
+    /// the backend takes those decode rows in a prefill call. Runs every
+    /// step, so it builds no plan: `prefill_plan` is non-empty exactly when
+    /// a request is still prefilling (its budget is at least one token, and
+    /// the first such request gets a chunk of at least one).
     fn mix_due(&self) -> bool {
-        // The generating requests' rows, every step: nothing allocated.
+        if self.mix == MixPolicy::Off || !self.running.iter().any(|a| self.kv.holding(a.age).is_some_and(Holding::prefilling)) {
+            return false;
+        }
         let rows = self.running.iter().filter(|a| self.decodes_next(a).is_some()).count();
-        rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows)) && !self.prefill_plan().is_empty()
+        rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows))
     }
 
     /// Every generating request that holds no step in flight (all of

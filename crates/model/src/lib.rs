@@ -87,8 +87,9 @@ pub type CapturedDraws = (Captured, Vec<Option<Sampled>>);
 /// (`Backend::mixed_steps`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MixedSteps {
-    /// Not on this backend (a promise it keeps would break, e.g. batch
-    /// invariance, or its prefill path is slow at that context).
+    /// Not on this backend, or not for that many rows (a promise it keeps
+    /// would break, e.g. batch invariance, or its decode scratch is too
+    /// small).
     Never,
     /// It gives the same tokens up to numerics the backend documents, but
     /// its speed is not established: only when the operator asks.
