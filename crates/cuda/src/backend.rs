@@ -140,6 +140,17 @@ impl CudaBackend {
     /// Every check and every reservation comes before anything is queued:
     /// on an error no state has advanced and no sequence has moved (a
     /// count table may have been made from its state).
+    /// Makes the step buffers on first use (sized for every sequence the
+    /// backend holds; their addresses never change after, which the cached
+    /// served-step graphs rely on).
+    fn step_io(&mut self) -> CudaResult<()> {
+        if self.io.is_none() {
+            let seqs = self.model.mem.opts.max_sequences;
+            self.io = Some(StepIo::new(&self.model.gpu, seqs, seqs)?);
+        }
+        Ok(())
+    }
+
     fn launch(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> CudaResult<Pending> {
         let gpu = self.model.gpu.clone();
         gpu.bind()?;
@@ -168,10 +179,7 @@ impl CudaBackend {
         }
         let busy: Vec<usize> = self.pending.iter().map(|p| p.slot).collect();
         let slot = (0..IO_SLOTS).find(|k| !busy.contains(k)).ok_or_else(|| CudaError::Invalid(format!("all {IO_SLOTS} step slots are in use")))?;
-        if self.io.is_none() {
-            let seqs = self.model.mem.opts.max_sequences;
-            self.io = Some(StepIo::new(&gpu, seqs, seqs)?);
-        }
+        self.step_io()?;
         let rows_cap = self.io.as_ref().map_or(0, |io| io.rows);
         if n > rows_cap {
             return Err(CudaError::Invalid(format!("decode step of {n} sequences; this backend holds at most {rows_cap}")));
@@ -304,29 +312,9 @@ impl CudaBackend {
         let vocab = model.dims.vocab;
         let block_table = model.mem.block_table.ptr();
         let at = |off: usize, first: usize, bytes: usize| io.dev_in(off + first * bytes);
-        let feed_at = |first: usize, cnt: usize| -> CudaResult<FeedStageParams> {
-            // Only the first group writes the step's block-table entries.
-            let count = if first == 0 { layout.bt_count } else { layout.bt_none };
-            Ok(FeedStageParams {
-                in_tokens: at(layout.tokens, first, 4)?,
-                in_pos: at(layout.pos, first, 4)?,
-                in_slot: at(layout.slot, first, 4)?,
-                in_prev: at(layout.prev, first, 4)?,
-                bt_at: at(layout.bt_at, 0, 0)?,
-                bt_block: at(layout.bt_block, 0, 0)?,
-                n_bt: at(count, 0, 0)?,
-                last: io.last.ptr(),
-                tokens: s.tokens,
-                pos: s.pos,
-                slots: s.slot,
-                block_table,
-                n: cnt as i32,
-            })
-        };
+        let feed_at = |first: usize, cnt: usize| feed_params(io, &layout, first, cnt, s.tokens, s.pos, s.slot, block_table);
         if n <= group && !timed {
-            let feed = feed_at(0, n)?;
-            let served = ServedStep { feed, rows: at(layout.rows, 0, 0)?, out, keep: sampling::KeepDraws { slots: feed.in_slot, last: io.last.ptr() } };
-            model.run_served_step(n, &served)?;
+            model.run_served_step(n, &served_step(io, model, n, tops)?)?;
         } else {
             for first in (0..n).step_by(group) {
                 let cnt = group.min(n - first);
@@ -407,6 +395,40 @@ impl CudaBackend {
         }
         Ok(r?)
     }
+}
+
+/// `feed_stage`'s parameters for rows `first..first + cnt` of a step
+/// staged in `io` with `layout`; only the first group writes the step's
+/// block-table entries (the others read the zero count `bt_none`).
+#[allow(clippy::too_many_arguments)]
+fn feed_params(io: &StepIo, layout: &InLayout, first: usize, cnt: usize, tokens: u64, pos: u64, slots: u64, block_table: u64) -> CudaResult<FeedStageParams> {
+    let at = |off: usize, bytes: usize| io.dev_in(off + first * bytes);
+    let count = if first == 0 { layout.bt_count } else { layout.bt_none };
+    Ok(FeedStageParams {
+        in_tokens: at(layout.tokens, 4)?,
+        in_pos: at(layout.pos, 4)?,
+        in_slot: at(layout.slot, 4)?,
+        in_prev: at(layout.prev, 4)?,
+        bt_at: io.dev_in(layout.bt_at)?,
+        bt_block: io.dev_in(layout.bt_block)?,
+        n_bt: io.dev_in(count)?,
+        last: io.last.ptr(),
+        tokens,
+        pos,
+        slots,
+        block_table,
+        n: cnt as i32,
+    })
+}
+
+/// What a served step of `n` sequences (one group) hands the model
+/// (`Model::run_served_step`): the same for every step of that size, so
+/// its graph is captured once.
+fn served_step(io: &StepIo, model: &Model, n: usize, tops: bool) -> CudaResult<ServedStep> {
+    let s = model.mem.scratch;
+    let layout = InLayout::new(n);
+    let feed = feed_params(io, &layout, 0, n, s.tokens, s.pos, s.slot, model.mem.block_table.ptr())?;
+    Ok(ServedStep { feed, rows: io.dev_in(layout.rows)?, out: io.dev_out(n, tops)?, keep: sampling::KeepDraws { slots: feed.in_slot, last: io.last.ptr() } })
 }
 
 impl Backend for CudaBackend {
@@ -584,6 +606,21 @@ impl Backend for CudaBackend {
     /// with 512, TTFT p99 1.5 s against 2.6 s (ITL p99 179 ms against 88).
     fn preferred_prefill_chunk(&self) -> Option<usize> {
         Some(2048)
+    }
+    /// Captures the served-step graph of every batch size up to
+    /// `max_batch` (as far as the backend holds; without top logprobs), so
+    /// that no step pays for its size's capture (~400 launches recorded
+    /// and instantiated) while every running stream waits.
+    fn prepare_decode(&mut self, max_batch: usize) -> ModelResult<usize> {
+        self.model.gpu.bind().map_err(ModelError::from)?;
+        self.step_io()?;
+        let io = self.io.as_ref().ok_or_else(|| ModelError::Invalid("step buffers missing".into()))?;
+        let sizes = max_batch.min(io.rows).min(self.model.mem.opts.max_batch);
+        for n in 1..=sizes {
+            let served = served_step(io, &self.model, n, false)?;
+            self.model.prepare_served_step(n, &served)?;
+        }
+        Ok(sizes)
     }
     fn memory_in_use(&self) -> Option<u64> {
         Some(self.model.gpu.allocated())

@@ -688,21 +688,43 @@ impl Model {
         }
         let tops = io.out.top_ids != 0;
         let vocab = self.dims.vocab;
-        self.run_graph((n, StepEnd::Served { tops }), Some(*io), |m| {
-            feed::stage(&m.gpu, &m.kernels, &io.feed)?;
-            m.step_launches(n, Head::Logits)?;
-            sampling::sample_rows_keeping(&m.gpu, &m.kernels, m.mem.scratch.logits, io.rows, &io.out, io.keep, n, vocab)
-        })
+        self.run_graph((n, StepEnd::Served { tops }), Some(*io), |m| m.served_launches(n, io, vocab))
     }
 
-    /// Runs `launches` through the graph cached for `key`, capturing it
-    /// first (again when a served step's addresses changed), or directly
-    /// when graphs are off.
+    /// Captures the graph of a served step of `n` tokens ahead of its first
+    /// use (`run_served_step` replays it), without running it.
+    pub fn prepare_served_step(&mut self, n: usize, io: &ServedStep) -> CudaResult<()> {
+        if io.feed.n as usize != n {
+            return Err(CudaError::shape("prepare_served_step", format!("a feed of {} rows for a step of {n}", io.feed.n)));
+        }
+        if !self.mem.opts.use_graphs {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        let tops = io.out.top_ids != 0;
+        let vocab = self.dims.vocab;
+        self.cached_graph((n, StepEnd::Served { tops }), Some(*io), |m| m.served_launches(n, io, vocab)).map(|_| ())
+    }
+
+    fn served_launches(&self, n: usize, io: &ServedStep, vocab: usize) -> CudaResult<()> {
+        feed::stage(&self.gpu, &self.kernels, &io.feed)?;
+        self.step_launches(n, Head::Logits)?;
+        sampling::sample_rows_keeping(&self.gpu, &self.kernels, self.mem.scratch.logits, io.rows, &io.out, io.keep, n, vocab)
+    }
+
+    /// Runs `launches` through the graph cached for `key` (see
+    /// `cached_graph`), or directly when graphs are off.
     fn run_graph(&mut self, key: (usize, StepEnd), served: Option<ServedStep>, launches: impl Fn(&Self) -> CudaResult<()>) -> CudaResult<()> {
         self.gpu.bind()?;
         if !self.mem.opts.use_graphs {
             return launches(self);
         }
+        self.cached_graph(key, served, launches)?.exec.launch().ctx("cuGraphLaunch")
+    }
+
+    /// The graph cached for `key`, captured from `launches` first when
+    /// there is none or a served step's addresses changed.
+    fn cached_graph(&mut self, key: (usize, StepEnd), served: Option<ServedStep>, launches: impl Fn(&Self) -> CudaResult<()>) -> CudaResult<&Graph> {
         if self.graphs.get(&key).is_some_and(|g| g.served != served) {
             self.graphs.remove(&key);
         }
@@ -715,10 +737,7 @@ impl Model {
             let graph = graph.ctx("cuStreamEndCapture")?.ok_or_else(|| CudaError::Driver { what: "graph capture".into(), message: "empty graph".into() })?;
             self.graphs.insert(key, Graph { exec: graph, served });
         }
-        match self.graphs.get(&key) {
-            Some(gr) => gr.exec.launch().ctx("cuGraphLaunch"),
-            None => Err(CudaError::Driver { what: "graph cache".into(), message: "graph missing after capture".into() }),
-        }
+        self.graphs.get(&key).ok_or_else(|| CudaError::Driver { what: "graph cache".into(), message: "graph missing after capture".into() })
     }
 
     // ---- prefill -------------------------------------------------------------

@@ -288,6 +288,16 @@ pub trait Backend: Send {
         None
     }
 
+    /// Readies pipelined decode steps of 1..=`max_batch` sequences before
+    /// the first requests (the CUDA backend captures each batch size's
+    /// step graph, which the first step of that size would otherwise pay
+    /// for while every running stream waits); returns how many sizes it
+    /// prepared. Nothing else changes: no sequence, no state.
+    fn prepare_decode(&mut self, max_batch: usize) -> ModelResult<usize> {
+        let _ = max_batch;
+        Ok(0)
+    }
+
     /// Bytes of device memory in use (weights + state), if the backend knows.
     fn memory_in_use(&self) -> Option<u64> {
         None
