@@ -136,10 +136,6 @@ impl CudaBackend {
         st.params.has_penalties() && (st.device_copy() != Some(seq) || !self.counts.contains_key(&seq))
     }
 
-    /// Queues one sampled step (see the file comment) in a free step slot.
-    /// Every check and every reservation comes before anything is queued:
-    /// on an error no state has advanced and no sequence has moved (a
-    /// count table may have been made from its state).
     /// Makes the step buffers on first use (sized for every sequence the
     /// backend holds; their addresses never change after, which the cached
     /// served-step graphs rely on).
@@ -151,6 +147,10 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Queues one sampled step (see the file comment) in a free step slot.
+    /// Every check and every reservation comes before anything is queued:
+    /// on an error no state has advanced and no sequence has moved (a
+    /// count table may have been made from its state).
     fn launch(&mut self, batch: &[(SeqId, Feed)], states: &mut [SampleState]) -> CudaResult<Pending> {
         let gpu = self.model.gpu.clone();
         gpu.bind()?;
