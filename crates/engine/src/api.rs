@@ -414,11 +414,13 @@ pub const DEFAULT_ARRIVAL_WAIT: Duration = Duration::from_millis(4);
 
 /// A request a front end has taken and is still preparing (rendering,
 /// tokenizing) before it calls `EngineHandle::submit`; take it with
-/// `EngineHandle::arrival` as the request comes in and drop it once the
-/// request is submitted or refused. While any is held, an engine with
-/// nothing running waits for them before its first prefill (at most
-/// `EngineOptions::arrival_wait`), so requests that come together share one
-/// prefill pass.
+/// `EngineHandle::arrival` as the request comes in and drop it when the
+/// request is ready, just before `submit` (or when it is refused). While
+/// any is held, an engine with nothing running waits for them before its
+/// first prefill (at most `EngineOptions::arrival_wait`), so requests that
+/// come together share one prefill pass. Dropped after `submit` instead,
+/// it would make an idle engine that takes the request wait for the
+/// request itself.
 pub struct Arrival {
     shared: Arc<Shared>,
 }

@@ -14,17 +14,17 @@ use lily_engine::{EngineHandle, EngineStats, Event, GenerateRequest, ModelInfo, 
 /// Events of one request; dropping it cancels the request.
 pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
 
-/// Held by a handler from a request's arrival until it is submitted or
-/// refused; dropping it says so (`Generator::arrival`).
+/// Held by a handler from a request's arrival until it is ready to be
+/// submitted, or refused; dropping it says so (`Generator::arrival`).
 pub type ArrivalGuard = Box<dyn Send>;
 
 pub trait Generator: Send + Sync + 'static {
     /// Queues a request; `Err` means nothing was started.
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError>;
     /// Announces a request that this front end will submit once it is
-    /// rendered and tokenized; held until then (`lily_engine::Arrival`: an
-    /// idle engine waits for it before a prefill it could share). None where
-    /// the generator has no use for it.
+    /// rendered and tokenized; held until just before `submit`
+    /// (`lily_engine::Arrival`: an idle engine waits for it before a
+    /// prefill it could share). None where the generator has no use for it.
     fn arrival(&self) -> Option<ArrivalGuard> {
         None
     }

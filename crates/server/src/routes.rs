@@ -93,7 +93,7 @@ fn start(app: &AppState, prompt: Vec<u32>, gen: &GenerationPlan, forced: Option<
 
 pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    // Held until the request is submitted (or refused): an idle engine waits
+    // Held while the request is prepared (or refused): an idle engine waits
     // for it before starting a prefill that it could share.
     let arrival = app.engine.arrival();
     let req = read_request(&app, body, |r: &ChatCompletionRequest| &r.model)?;
@@ -120,8 +120,11 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
         .await?
     };
     tracing::debug!(prompt_tokens = prompt.len(), since_arrival_us = arrived.elapsed().as_micros() as u64, "chat prompt rendered and tokenized");
-    let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
+    // Released before the request is queued, so that an idle engine taking
+    // it never waits for it; the gap until it is queued is far shorter than
+    // the engine's quiet gap (engine::GATHER_QUIET).
     drop(arrival);
+    let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
     let asm = if plan.single_call { asm.single_call() } else { asm };
@@ -154,8 +157,8 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, B
             (ids, text)
         }
     };
-    let driver = start(&app, prompt, &plan.gen, None, false)?;
     drop(arrival);
+    let driver = start(&app, prompt, &plan.gen, None, false)?;
     let meta = Meta::new("cmpl-", &app.info.name, &plan.gen);
     let echo = if plan.echo { prompt_text } else { String::new() };
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);

@@ -40,7 +40,9 @@ pub struct Counters {
     pub live: AtomicUsize,
     pub cancelled: AtomicUsize,
     pub finished: AtomicUsize,
-    /// Arrival guards handed out and not yet dropped (`Generator::arrival`).
+    /// Arrival guards handed out, and those not yet dropped
+    /// (`Generator::arrival`).
+    pub announced: AtomicUsize,
     pub arriving: AtomicUsize,
     /// `arriving` as each submit saw it.
     pub arriving_at_submit: Mutex<Vec<usize>>,
@@ -189,6 +191,7 @@ impl Run {
 
 impl Generator for FakeEngine {
     fn arrival(&self) -> Option<lily_server::engine::ArrivalGuard> {
+        self.counters.announced.fetch_add(1, Ordering::SeqCst);
         self.counters.arriving.fetch_add(1, Ordering::SeqCst);
         Some(Box::new(ArrivalCount(self.counters.clone())))
     }
