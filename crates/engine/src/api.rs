@@ -413,14 +413,15 @@ impl Default for EngineOptions {
 pub const DEFAULT_ARRIVAL_WAIT: Duration = Duration::from_millis(4);
 
 /// A request a front end has taken and is still preparing (rendering,
-/// tokenizing) before it calls `EngineHandle::submit`; take it with
-/// `EngineHandle::arrival` as the request comes in and drop it when the
-/// request is ready, just before `submit` (or when it is refused). While
-/// any is held, an engine with nothing running waits for them before its
-/// first prefill (at most `EngineOptions::arrival_wait`), so requests that
-/// come together share one prefill pass. Dropped after `submit` instead,
-/// it would make an idle engine that takes the request wait for the
-/// request itself.
+/// tokenizing); take it with `EngineHandle::arrival` as the request comes
+/// in, and hand it over with the request (`EngineHandle::submit_announced`:
+/// the engine drops it once the request is in its queue) or drop it if the
+/// request is refused. While any is held, an engine with nothing running
+/// waits for them before its first prefill (at most
+/// `EngineOptions::arrival_wait`), so requests that come together share one
+/// prefill pass; handed over, it ends exactly when its request is queued,
+/// so the engine neither waits for a request it already has nor starts
+/// between a request's announcement and its arrival in the queue.
 pub struct Arrival {
     shared: Arc<Shared>,
 }
@@ -437,6 +438,9 @@ pub(crate) struct Submission {
     pub(crate) req: GenerateRequest,
     pub(crate) events: UnboundedSender<Event>,
     pub(crate) cancel: Arc<AtomicBool>,
+    /// Its front end's announcement (`Arrival` or the like), dropped by the
+    /// engine thread once the request is queued.
+    pub(crate) arrival: Option<Box<dyn Send>>,
 }
 
 /// Messages to the engine thread.
@@ -514,6 +518,17 @@ impl EngineHandle {
     /// Validates and queues a request. On success the stream yields its
     /// events; dropping the stream cancels the request.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        self.submit_inner(req, None)
+    }
+
+    /// `submit` for a request announced by `arrival` (see `Arrival`), which
+    /// the engine releases once the request is in its queue (or which is
+    /// dropped here if the request is refused).
+    pub fn submit_announced(&self, req: GenerateRequest, arrival: Box<dyn Send>) -> Result<RequestStream, SubmitError> {
+        self.submit_inner(req, Some(arrival))
+    }
+
+    fn submit_inner(&self, req: GenerateRequest, arrival: Option<Box<dyn Send>>) -> Result<RequestStream, SubmitError> {
         let shared = &self.shared;
         if shared.shutting_down.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
@@ -528,7 +543,7 @@ impl EngineHandle {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let sub = Submission { id, req, events: tx, cancel: cancel.clone() };
+        let sub = Submission { id, req, events: tx, cancel: cancel.clone(), arrival };
         if self.commands.send(Command::Submit(sub)).is_err() {
             shared.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::ShuttingDown);

@@ -73,7 +73,12 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>, arrival
     // Whether a step ran since the engine last went idle.
     let mut worked = false;
     let intake = |sched: &mut Scheduler, cmd: Command, draining: &mut bool| match cmd {
-        Command::Submit(sub) => sched.enqueue(sub),
+        Command::Submit(mut sub) => {
+            // Queued first, then the announcement ends (`Arrival`).
+            let arrival = sub.arrival.take();
+            sched.enqueue(sub);
+            drop(arrival);
+        }
         Command::Shutdown => *draining = true,
     };
     loop {
@@ -137,8 +142,8 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>, arrival
 
 /// While gathering, how long the queue may stay quiet, with no request
 /// being prepared, before the pass starts anyway: requests of one burst
-/// reach the server a fraction of a millisecond apart, so one may be taken
-/// just after the one before it was submitted.
+/// reach the server a fraction of a millisecond apart, so the next one may
+/// be announced just after the one before it was queued.
 const GATHER_QUIET: Duration = Duration::from_micros(500);
 /// How often a gathering engine looks at the arrival count while requests
 /// are being prepared (one that is refused never reaches the queue).
@@ -146,8 +151,8 @@ const GATHER_POLL: Duration = Duration::from_micros(100);
 
 /// Holds the first prefill of an engine with nothing running while a front
 /// end is preparing more requests (`Arrival`s held), taking each as it is
-/// submitted, until none is being prepared and the queue has been quiet for
-/// `GATHER_QUIET`, or `limit` has passed since the wait began. Returns at
+/// submitted, until for `GATHER_QUIET` none has been prepared and none
+/// queued, or `limit` has passed since the wait began. Returns at
 /// once when nothing is arriving, so a lone request never waits. Measured
 /// without it: a burst of 8 started as one pass of 1 prompt and one of 7
 /// (`DEFAULT_ARRIVAL_WAIT`).
@@ -169,6 +174,8 @@ fn gather_arrivals(
         let now = Instant::now();
         let Some(left) = limit.checked_sub(now - start).filter(|l| !l.is_zero()) else { break };
         let wait = if shared.arriving.load(Ordering::SeqCst) > 0 {
+            // The quiet gap counts from the last request being prepared.
+            last = now;
             GATHER_POLL
         } else {
             match GATHER_QUIET.checked_sub(now - last).filter(|q| !q.is_zero()) {

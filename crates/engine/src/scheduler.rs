@@ -395,7 +395,7 @@ impl Scheduler {
 
     fn start(&mut self, sub: Submission, seq: SeqId, cached: usize) {
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let Submission { id, req, events, cancel } = sub;
+        let Submission { id, req, events, cancel, .. } = sub;
         let GenerateRequest { prompt, max_tokens, sampling, stop_strings, stop_token_ids, logprobs, deadline } = req;
         let prompt_len = prompt.len();
         let mut stop_ids = self.eos.clone();

@@ -1055,9 +1055,8 @@ fn requests_arriving_together_share_the_first_prefill_pass() {
         let arrivals: Vec<_> = (0..4).map(|_| h.arrival()).collect();
         let mut streams = Vec::new();
         for (i, a) in arrivals.into_iter().enumerate() {
-            // Released just before the submit, as the server does.
-            drop(a);
-            streams.push(h.submit(greedy(vec![A + i as u32; 3 + i], 4)).expect("submit"));
+            // Handed over with the request, as the server does.
+            streams.push(h.submit_announced(greedy(vec![A + i as u32; 3 + i], 4), Box::new(a)).expect("submit"));
             // Far longer than the engine's quiet gap (GATHER_QUIET).
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -1100,9 +1099,8 @@ fn no_arrival_wait_for_a_lone_request_or_beside_a_running_stream() {
     let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.batched_prefill().delay(Duration::from_millis(2)), EngineOptions { arrival_wait: Duration::from_secs(3600), ..opts() });
     let prefills = || probe.lock().expect("probe").calls.iter().filter(|c| matches!(c, Call::PrefillBatch { .. } | Call::Prefill { .. })).count();
-    // Announced and released just before its submit, as the server does.
-    drop(h.arrival());
-    let mut first = h.submit(greedy(vec![A], 200)).expect("submit");
+    // Announced, as the server does: its own announcement ends as it is queued.
+    let mut first = h.submit_announced(greedy(vec![A], 200), Box::new(h.arrival())).expect("submit");
     assert!(eventually(Duration::from_secs(20), || prefills() == 1), "a lone request waited");
     wait_started(&mut first);
     let held = h.arrival();

@@ -21,7 +21,7 @@ use futures::StreamExt;
 use lily_core::tokenizer::{Tokenizer, STOP_IDS, THINK_END_ID};
 use lily_engine::{EngineError, Event, FinishReason, GenerateRequest, SubmitError, TokenLogprob};
 
-use crate::engine::{EventStream, Generator};
+use crate::engine::{ArrivalGuard, EventStream, Generator};
 use crate::error::ApiError;
 
 /// One thing that happened to the request.
@@ -110,9 +110,11 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// Submits `req`. `forced`: a call to force; `thinking`: the prompt ends
-    /// inside a think block (so the call comes after it); when not thinking,
-    /// the caller has already appended `forced.opening` to the prompt.
+    /// Submits `req`, announced by `arrival` if the handler took one
+    /// (`Generator::arrival`). `forced`: a call to force; `thinking`: the
+    /// prompt ends inside a think block (so the call comes after it); when
+    /// not thinking, the caller has already appended `forced.opening` to the
+    /// prompt.
     pub fn start(
         engine: Arc<dyn Generator>,
         tokenizer: Arc<Tokenizer>,
@@ -120,6 +122,7 @@ impl Driver {
         forced: Option<ForcedCall>,
         thinking: bool,
         timeout: Option<Duration>,
+        arrival: Option<ArrivalGuard>,
     ) -> Result<Self, ApiError> {
         let context = engine.model_info().context_length;
         let base = req.clone();
@@ -133,7 +136,11 @@ impl Driver {
             Some(call) => preamble = Some(call.opening),
             None => {}
         }
-        let stream = engine.submit(req).map_err(submit_error)?;
+        let stream = match arrival {
+            Some(a) => engine.submit_announced(req, a),
+            None => engine.submit(req),
+        }
+        .map_err(submit_error)?;
         Ok(Driver {
             engine,
             tokenizer,

@@ -14,19 +14,25 @@ use lily_engine::{EngineHandle, EngineStats, Event, GenerateRequest, ModelInfo, 
 /// Events of one request; dropping it cancels the request.
 pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
 
-/// Held by a handler from a request's arrival until it is ready to be
-/// submitted, or refused; dropping it says so (`Generator::arrival`).
+/// Held by a handler from a request's arrival until it is submitted with
+/// it (`Generator::submit_announced`) or refused (`Generator::arrival`).
 pub type ArrivalGuard = Box<dyn Send>;
 
 pub trait Generator: Send + Sync + 'static {
     /// Queues a request; `Err` means nothing was started.
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError>;
     /// Announces a request that this front end will submit once it is
-    /// rendered and tokenized; held until just before `submit`
+    /// rendered and tokenized, with `submit_announced`
     /// (`lily_engine::Arrival`: an idle engine waits for it before a
     /// prefill it could share). None where the generator has no use for it.
     fn arrival(&self) -> Option<ArrivalGuard> {
         None
+    }
+    /// `submit` for a request announced by `arrival`, which ends once the
+    /// request is queued (by default: just before it is submitted).
+    fn submit_announced(&self, req: GenerateRequest, arrival: ArrivalGuard) -> Result<EventStream, SubmitError> {
+        drop(arrival);
+        self.submit(req)
     }
     fn stats(&self) -> EngineStats;
     fn model_info(&self) -> ModelInfo;
@@ -42,6 +48,11 @@ impl Generator for EngineHandle {
 
     fn arrival(&self) -> Option<ArrivalGuard> {
         Some(Box::new(EngineHandle::arrival(self)))
+    }
+
+    fn submit_announced(&self, req: GenerateRequest, arrival: ArrivalGuard) -> Result<EventStream, SubmitError> {
+        let stream = EngineHandle::submit_announced(self, req, arrival)?;
+        Ok(Box::pin(stream))
     }
 
     fn stats(&self) -> EngineStats {

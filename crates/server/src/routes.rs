@@ -21,6 +21,7 @@ use lily_engine::GenerateRequest;
 use serde::de::DeserializeOwned;
 
 use crate::driver::{Driver, ForcedCall};
+use crate::engine::ArrivalGuard;
 use crate::error::ApiError;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, ModelCard, ModelList};
 use crate::output::ChatAssembler;
@@ -75,8 +76,16 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + S
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::internal(format!("worker task failed: {e}"))))
 }
 
-/// Builds the engine request once the prompt is known and submits it.
-fn start(app: &AppState, prompt: Vec<u32>, gen: &GenerationPlan, forced: Option<ForcedCall>, thinking: bool) -> Result<Driver, ApiError> {
+/// Builds the engine request once the prompt is known and submits it with
+/// its announcement.
+fn start(
+    app: &AppState,
+    prompt: Vec<u32>,
+    gen: &GenerationPlan,
+    forced: Option<ForcedCall>,
+    thinking: bool,
+    arrival: Option<ArrivalGuard>,
+) -> Result<Driver, ApiError> {
     let room = app.info.context_length.saturating_sub(prompt.len());
     // With no limit asked for, generate up to the context; at least 1 so an
     // over-long prompt is reported as such by the engine.
@@ -86,15 +95,16 @@ fn start(app: &AppState, prompt: Vec<u32>, gen: &GenerationPlan, forced: Option<
     req.stop_strings = gen.stop.clone();
     req.logprobs = gen.logprobs;
     req.deadline = app.config.request_timeout.map(|d| Instant::now() + d);
-    Driver::start(app.engine.clone(), app.tokenizer.clone(), req, forced, thinking, app.config.request_timeout)
+    Driver::start(app.engine.clone(), app.tokenizer.clone(), req, forced, thinking, app.config.request_timeout, arrival)
 }
 
 // ---------------------------------------------------------------- chat ----
 
 pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    // Held while the request is prepared (or refused): an idle engine waits
-    // for it before starting a prefill that it could share.
+    // Held while the request is prepared and handed over with it (the
+    // engine ends it once the request is queued), or dropped if it is
+    // refused: an idle engine waits for it before a prefill it could share.
     let arrival = app.engine.arrival();
     let req = read_request(&app, body, |r: &ChatCompletionRequest| &r.model)?;
     let plan = chat_plan(&req, &app.config.limits, &app.config.sampling_defaults)?;
@@ -120,11 +130,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
         .await?
     };
     tracing::debug!(prompt_tokens = prompt.len(), since_arrival_us = arrived.elapsed().as_micros() as u64, "chat prompt rendered and tokenized");
-    // Released before the request is queued, so that an idle engine taking
-    // it never waits for it; the gap until it is queued is far shorter than
-    // the engine's quiet gap (engine::GATHER_QUIET).
-    drop(arrival);
-    let driver = start(&app, prompt, &plan.gen, forced, plan.thinking)?;
+    let driver = start(&app, prompt, &plan.gen, forced, plan.thinking, arrival)?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
     let asm = if plan.single_call { asm.single_call() } else { asm };
@@ -157,8 +163,7 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, B
             (ids, text)
         }
     };
-    drop(arrival);
-    let driver = start(&app, prompt, &plan.gen, None, false)?;
+    let driver = start(&app, prompt, &plan.gen, None, false, arrival)?;
     let meta = Meta::new("cmpl-", &app.info.name, &plan.gen);
     let echo = if plan.echo { prompt_text } else { String::new() };
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);

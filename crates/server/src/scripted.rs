@@ -24,7 +24,7 @@ use lily_core::tokenizer::{Tokenizer, STOP_IDS};
 use lily_engine::{EngineStats, Event, FinishReason, GenerateRequest, ModelInfo, SubmitError, TokenLogprob};
 use serde::Deserialize;
 
-use crate::engine::{EventStream, Generator};
+use crate::engine::{ArrivalGuard, EventStream, Generator};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -142,15 +142,23 @@ impl Replay {
     }
 }
 
-impl Generator for ScriptedGenerator {
-    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
+impl ScriptedGenerator {
+    /// The inner generator's submit, announced or not.
+    fn inner_submit(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
+        match arrival {
+            Some(a) => self.inner.submit_announced(req, a),
+            None => self.inner.submit(req),
+        }
+    }
+
+    fn submit_scripted(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
         let prompt = self.tokenizer.decode(&req.prompt).unwrap_or_default();
         let rule = self.script.rules.iter().find(|r| prompt.contains(&r.when_prompt_contains));
         let Some(rule) = rule else {
-            return self.inner.submit(req);
+            return self.inner_submit(req, arrival);
         };
         let tokens = self.tokenizer.encode_with_specials(&rule.reply).map_err(|e| SubmitError::Invalid(format!("scripted reply cannot be encoded: {e}")))?;
-        let inner = self.inner.submit(req.clone())?;
+        let inner = self.inner_submit(req.clone(), arrival)?;
         tracing::info!(rule = %rule.when_prompt_contains, "test script: replacing the model's reply");
         let replay = Replay {
             inner: Some(inner),
@@ -168,8 +176,18 @@ impl Generator for ScriptedGenerator {
             Some((e, r))
         })))
     }
+}
 
-    fn arrival(&self) -> Option<crate::engine::ArrivalGuard> {
+impl Generator for ScriptedGenerator {
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
+        self.submit_scripted(req, None)
+    }
+
+    fn submit_announced(&self, req: GenerateRequest, arrival: ArrivalGuard) -> Result<EventStream, SubmitError> {
+        self.submit_scripted(req, Some(arrival))
+    }
+
+    fn arrival(&self) -> Option<ArrivalGuard> {
         self.inner.arrival()
     }
 

@@ -641,10 +641,10 @@ async fn concurrent_requests_all_complete() {
 
 /// A generation request is announced to the engine (`Generator::arrival`)
 /// while it is rendered and tokenized, so an idle engine can wait for it,
-/// and the announcement ends before it is submitted (an idle engine that
-/// takes it must not wait for the request itself), or when it is refused,
-/// whatever the endpoint: a guard left held would make every idle engine
-/// wait its limit.
+/// and the announcement is handed over with the request
+/// (`submit_announced`: the engine ends it once the request is queued) or
+/// ends when the request is refused, whatever the endpoint: a guard left
+/// held would make every idle engine wait its limit.
 #[tokio::test]
 async fn requests_are_announced_until_submitted_or_refused() {
     let (engine, app) = default_app(&[("", "Hi.")]);
@@ -654,7 +654,7 @@ async fn requests_are_announced_until_submitted_or_refused() {
     let resp = send(&app, post("/v1/completions", &json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(engine.counters.announced.load(Ordering::SeqCst), 2, "both requests were announced");
-    assert_eq!(*engine.counters.arriving_at_submit.lock().unwrap(), vec![0, 0], "each announcement ended before its submit");
+    assert_eq!(*engine.counters.arriving_at_submit.lock().unwrap(), vec![1, 1], "each request was submitted with its announcement");
     assert_eq!(engine.counters.arriving.load(Ordering::SeqCst), 0);
     // Refused before the engine sees it (an invalid parameter), and refused by it.
     let resp = send(&app, post("/v1/chat/completions", &chat(json!({"temperature": -1.0})))).await;

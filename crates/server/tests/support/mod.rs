@@ -44,7 +44,7 @@ pub struct Counters {
     /// (`Generator::arrival`).
     pub announced: AtomicUsize,
     pub arriving: AtomicUsize,
-    /// `arriving` as each submit saw it.
+    /// `arriving` as each announced submit saw it.
     pub arriving_at_submit: Mutex<Vec<usize>>,
 }
 
@@ -196,8 +196,16 @@ impl Generator for FakeEngine {
         Some(Box::new(ArrivalCount(self.counters.clone())))
     }
 
-    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
+    /// Records the arrivals held as the request is queued (its own among
+    /// them), then ends its own, as the engine does.
+    fn submit_announced(&self, req: GenerateRequest, arrival: lily_server::engine::ArrivalGuard) -> Result<EventStream, SubmitError> {
         self.counters.arriving_at_submit.lock().unwrap().push(self.counters.arriving.load(Ordering::SeqCst));
+        let r = self.submit(req);
+        drop(arrival);
+        r
+    }
+
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
         }
