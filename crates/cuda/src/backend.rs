@@ -612,6 +612,9 @@ impl Backend for CudaBackend {
     /// that no step pays for its size's capture (~400 launches recorded
     /// and instantiated) while every running stream waits.
     fn prepare_decode(&mut self, max_batch: usize) -> ModelResult<usize> {
+        if !self.model.mem.opts.use_graphs {
+            return Ok(0);
+        }
         self.model.gpu.bind().map_err(ModelError::from)?;
         self.step_io()?;
         let io = self.io.as_ref().ok_or_else(|| ModelError::Invalid("step buffers missing".into()))?;
