@@ -376,7 +376,7 @@ pub struct EngineOptions {
     pub run_ahead: bool,
     /// Longest an engine with nothing running waits, once a request has
     /// come, for the requests a front end is still preparing (`Arrival`s
-    /// held: rendered and tokenized but not yet submitted), so that requests
+    /// held: being rendered and tokenized, not yet queued), so that requests
     /// which arrive together start in one prefill pass instead of the first
     /// alone and the rest after it. It waits only while such requests exist
     /// (a lone request never waits) and never while a stream is generating.
@@ -458,7 +458,7 @@ pub(crate) struct Shared {
     pub(crate) max_queue: usize,
     /// Submitted and not yet admitted (the engine decrements on admission).
     pub(crate) waiting: AtomicUsize,
-    /// Requests a front end has taken and not yet submitted (`Arrival`).
+    /// Requests a front end has announced that are not yet queued (`Arrival`).
     pub(crate) arriving: AtomicUsize,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) next_id: AtomicU64,
@@ -518,17 +518,13 @@ impl EngineHandle {
     /// Validates and queues a request. On success the stream yields its
     /// events; dropping the stream cancels the request.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, SubmitError> {
-        self.submit_inner(req, None)
+        self.submit_announced(req, None)
     }
 
     /// `submit` for a request announced by `arrival` (see `Arrival`), which
     /// the engine releases once the request is in its queue (or which is
     /// dropped here if the request is refused).
-    pub fn submit_announced(&self, req: GenerateRequest, arrival: Box<dyn Send>) -> Result<RequestStream, SubmitError> {
-        self.submit_inner(req, Some(arrival))
-    }
-
-    fn submit_inner(&self, req: GenerateRequest, arrival: Option<Box<dyn Send>>) -> Result<RequestStream, SubmitError> {
+    pub fn submit_announced(&self, req: GenerateRequest, arrival: Option<Box<dyn Send>>) -> Result<RequestStream, SubmitError> {
         let shared = &self.shared;
         if shared.shutting_down.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);

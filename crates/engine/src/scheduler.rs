@@ -198,13 +198,18 @@ impl Scheduler {
     /// Nothing to do: no request waiting or running, no step in flight
     /// (whose sequences are freed as it is collected).
     pub(crate) fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
+        self.waiting.is_empty() && self.runs_nothing()
     }
 
     /// Requests wait for admission and nothing runs: holding the first
     /// prefill back stalls no stream (`engine::gather_arrivals`).
     pub(crate) fn only_waiting(&self) -> bool {
-        !self.waiting.is_empty() && self.running.is_empty() && self.in_flight.is_empty()
+        !self.waiting.is_empty() && self.runs_nothing()
+    }
+
+    /// No request admitted and no step in flight.
+    fn runs_nothing(&self) -> bool {
+        self.running.is_empty() && self.in_flight.is_empty()
     }
 
     /// Requests received and not yet admitted.

@@ -1056,7 +1056,7 @@ fn requests_arriving_together_share_the_first_prefill_pass() {
         let mut streams = Vec::new();
         for (i, a) in arrivals.into_iter().enumerate() {
             // Handed over with the request, as the server does.
-            streams.push(h.submit_announced(greedy(vec![A + i as u32; 3 + i], 4), Box::new(a)).expect("submit"));
+            streams.push(h.submit_announced(greedy(vec![A + i as u32; 3 + i], 4), Some(Box::new(a))).expect("submit"));
             // Far longer than the engine's quiet gap (GATHER_QUIET).
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -1100,7 +1100,7 @@ fn no_arrival_wait_for_a_lone_request_or_beside_a_running_stream() {
     let h = start(fake.batched_prefill().delay(Duration::from_millis(2)), EngineOptions { arrival_wait: Duration::from_secs(3600), ..opts() });
     let prefills = || probe.lock().expect("probe").calls.iter().filter(|c| matches!(c, Call::PrefillBatch { .. } | Call::Prefill { .. })).count();
     // Announced, as the server does: its own announcement ends as it is queued.
-    let mut first = h.submit_announced(greedy(vec![A], 200), Box::new(h.arrival())).expect("submit");
+    let mut first = h.submit_announced(greedy(vec![A], 200), Some(Box::new(h.arrival()))).expect("submit");
     assert!(eventually(Duration::from_secs(20), || prefills() == 1), "a lone request waited");
     wait_started(&mut first);
     let held = h.arrival();

@@ -136,11 +136,7 @@ impl Driver {
             Some(call) => preamble = Some(call.opening),
             None => {}
         }
-        let stream = match arrival {
-            Some(a) => engine.submit_announced(req, a),
-            None => engine.submit(req),
-        }
-        .map_err(submit_error)?;
+        let stream = engine.submit_announced(req, arrival).map_err(submit_error)?;
         Ok(Driver {
             engine,
             tokenizer,

@@ -28,9 +28,10 @@ pub trait Generator: Send + Sync + 'static {
     fn arrival(&self) -> Option<ArrivalGuard> {
         None
     }
-    /// `submit` for a request announced by `arrival`, which ends once the
-    /// request is queued (by default: just before it is submitted).
-    fn submit_announced(&self, req: GenerateRequest, arrival: ArrivalGuard) -> Result<EventStream, SubmitError> {
+    /// `submit` for a request announced by `arrival` (if the handler took
+    /// one), which ends once the request is queued (by default: just before
+    /// it is submitted).
+    fn submit_announced(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
         drop(arrival);
         self.submit(req)
     }
@@ -50,7 +51,7 @@ impl Generator for EngineHandle {
         Some(Box::new(EngineHandle::arrival(self)))
     }
 
-    fn submit_announced(&self, req: GenerateRequest, arrival: ArrivalGuard) -> Result<EventStream, SubmitError> {
+    fn submit_announced(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
         let stream = EngineHandle::submit_announced(self, req, arrival)?;
         Ok(Box::pin(stream))
     }

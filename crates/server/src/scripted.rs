@@ -142,23 +142,19 @@ impl Replay {
     }
 }
 
-impl ScriptedGenerator {
-    /// The inner generator's submit, announced or not.
-    fn inner_submit(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
-        match arrival {
-            Some(a) => self.inner.submit_announced(req, a),
-            None => self.inner.submit(req),
-        }
+impl Generator for ScriptedGenerator {
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
+        self.submit_announced(req, None)
     }
 
-    fn submit_scripted(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
+    fn submit_announced(&self, req: GenerateRequest, arrival: Option<ArrivalGuard>) -> Result<EventStream, SubmitError> {
         let prompt = self.tokenizer.decode(&req.prompt).unwrap_or_default();
         let rule = self.script.rules.iter().find(|r| prompt.contains(&r.when_prompt_contains));
         let Some(rule) = rule else {
-            return self.inner_submit(req, arrival);
+            return self.inner.submit_announced(req, arrival);
         };
         let tokens = self.tokenizer.encode_with_specials(&rule.reply).map_err(|e| SubmitError::Invalid(format!("scripted reply cannot be encoded: {e}")))?;
-        let inner = self.inner_submit(req.clone(), arrival)?;
+        let inner = self.inner.submit_announced(req.clone(), arrival)?;
         tracing::info!(rule = %rule.when_prompt_contains, "test script: replacing the model's reply");
         let replay = Replay {
             inner: Some(inner),
@@ -175,16 +171,6 @@ impl ScriptedGenerator {
             let e = r.next().await?;
             Some((e, r))
         })))
-    }
-}
-
-impl Generator for ScriptedGenerator {
-    fn submit(&self, req: GenerateRequest) -> Result<EventStream, SubmitError> {
-        self.submit_scripted(req, None)
-    }
-
-    fn submit_announced(&self, req: GenerateRequest, arrival: ArrivalGuard) -> Result<EventStream, SubmitError> {
-        self.submit_scripted(req, Some(arrival))
     }
 
     fn arrival(&self) -> Option<ArrivalGuard> {

@@ -198,7 +198,7 @@ impl Generator for FakeEngine {
 
     /// Records the arrivals held as the request is queued (its own among
     /// them), then ends its own, as the engine does.
-    fn submit_announced(&self, req: GenerateRequest, arrival: lily_server::engine::ArrivalGuard) -> Result<EventStream, SubmitError> {
+    fn submit_announced(&self, req: GenerateRequest, arrival: Option<lily_server::engine::ArrivalGuard>) -> Result<EventStream, SubmitError> {
         self.counters.arriving_at_submit.lock().unwrap().push(self.counters.arriving.load(Ordering::SeqCst));
         let r = self.submit(req);
         drop(arrival);
