@@ -261,7 +261,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let sizing =
         Sizing { max_seq: args.max_seq, max_sequences: sequences, kv_tokens: args.kv_cache_tokens.map(|n| n as usize), batch_invariant: args.batch_invariant };
-    let backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
+    let mut backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
         Ok(b) => b,
         Err(e) if demo && args.device != Device::Cuda => {
             // A demo cache written by an older build: make it again, once.
@@ -278,7 +278,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Decode steps of every batch size readied now (CUDA: their graphs
     // captured), not by the first step of each size while streams wait.
     let prepare = Instant::now();
-    let mut backend = backend;
     let prepared = backend.prepare_decode(args.max_concurrent).context("preparing the decode steps")?;
     let prepared_s = prepare.elapsed().as_secs_f64();
     let backend_name = backend.name();
