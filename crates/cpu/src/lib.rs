@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use lily_core::weights::Weights;
 use lily_core::ModelConfig;
-use lily_model::{Backend, LogitsWanted, ModelError, ModelResult, SeqId};
+use lily_model::{Backend, LogitsWanted, MixedSteps, ModelError, ModelResult, SeqId};
 
 pub use fast::FastModel;
 pub use reference::DeltaRule;
@@ -50,6 +50,9 @@ pub const DEFAULT_MAX_SEQUENCES: usize = 256;
 /// Tokens per fast-path prefill call: bounds the activation memory of a long
 /// prompt while keeping each weight row's reads shared by many tokens.
 pub const PREFILL_CHUNK: usize = 256;
+
+/// Most rows in one forward of `prefill_batch` (several parts' pieces).
+pub const BATCH_ROWS: usize = 4 * PREFILL_CHUNK;
 
 /// The model on the CPU behind `lily_model::Backend`.
 pub struct CpuBackend {
@@ -266,20 +269,57 @@ impl Backend for CpuBackend {
     }
 
     /// Every part checked first (room, token ids), so a refusal changes no
-    /// sequence; then the fast path runs every part through one forward
-    /// when each fits its prefill chunk (each matrix row block read once
-    /// for all of them); otherwise, and for the reference, part by part.
+    /// sequence; then the fast path runs the parts together, each matrix
+    /// row block read once for all of them: each forward takes the next
+    /// piece (up to `PREFILL_CHUNK` tokens) of every part not done yet, as
+    /// many as fit `BATCH_ROWS` rows, so a part's pieces run in order and a
+    /// short part (a one-token decode row of a mixed step) shares the first
+    /// forward with the long ones. The reference runs part by part.
     fn prefill_batch(&mut self, parts: &[(SeqId, &[u32])]) -> ModelResult<Vec<Vec<f32>>> {
         lily_model::check_batch_room(self, parts)?;
         for (_, tokens) in parts {
             self.check_tokens(tokens)?;
         }
-        if !matches!(self.engine, Engine::Fast(_)) || parts.iter().any(|p| p.1.len() > PREFILL_CHUNK) {
+        if !matches!(self.engine, Engine::Fast(_)) {
             return lily_model::prefill_each(self, parts);
         }
-        let work: Vec<(SeqId, &[u32], LogitsWanted)> = parts.iter().map(|&(seq, tokens)| (seq, tokens, LogitsWanted::Last)).collect();
-        let out = self.run(&work)?;
-        out.into_iter().zip(parts).map(|(rows, (seq, _))| lily_model::last_row(*seq, rows)).collect()
+        if let Some(k) = parts.iter().position(|p| p.1.is_empty()) {
+            return Err(ModelError::Invalid(format!("part {k} of a prefill batch has no tokens")));
+        }
+        let mut done = vec![0usize; parts.len()];
+        let mut out = vec![Vec::new(); parts.len()];
+        while let Some(first) = done.iter().zip(parts).position(|(&d, p)| d < p.1.len()) {
+            let mut work: Vec<(SeqId, &[u32], LogitsWanted)> = Vec::new();
+            let mut which = Vec::new();
+            let mut rows = 0;
+            for (k, &(seq, tokens)) in parts.iter().enumerate().skip(first) {
+                let take = (tokens.len() - done[k]).min(PREFILL_CHUNK);
+                if take == 0 || (rows + take > BATCH_ROWS && !work.is_empty()) {
+                    continue;
+                }
+                work.push((seq, &tokens[done[k]..done[k] + take], LogitsWanted::Last));
+                which.push(k);
+                rows += take;
+            }
+            let got = self.run(&work)?;
+            for ((k, rows), (seq, piece, _)) in which.into_iter().zip(got).zip(&work) {
+                done[k] += piece.len();
+                if done[k] == parts[k].1.len() {
+                    out[k] = lily_model::last_row(*seq, rows)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn mixed_steps(&self, _rows: usize, _longest_context: usize) -> MixedSteps {
+        // A decode step is this same forward over one-token spans, so
+        // carrying them beside prompt chunks changes nothing but the rows
+        // a weight read serves (and the summation order, as any batch).
+        match self.engine {
+            Engine::Fast(_) => MixedSteps::Pays,
+            Engine::Reference(_) => MixedSteps::Never,
+        }
     }
 
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use lily_core::weights::Weights;
 use lily_core::Format;
 use lily_cpu::CpuBackend;
-use lily_model::{Backend, LogitsWanted, ModelError};
+use lily_model::{Backend, LogitsWanted, MixedSteps, ModelError};
 
 fn backends(w: &Arc<Weights>) -> Vec<(&'static str, CpuBackend)> {
     vec![("reference", CpuBackend::reference(w.clone())), ("fast", CpuBackend::new(w.clone()).unwrap())]
@@ -158,6 +158,45 @@ fn prefill_batch_equals_prefilling_each_sequence_alone() {
         let err = small.prefill_batch(&[(a, &parts[2]), (a, &parts[2])]).unwrap_err();
         assert!(matches!(err, ModelError::Invalid(_)), "{name}: {err}");
         assert_eq!((small.seq_len(a).unwrap(), small.seq_len(b).unwrap()), (0, 0), "{name}");
+    }
+}
+
+#[test]
+fn decode_rows_in_a_prefill_batch_equal_decode_steps() {
+    // A mixed step's call: a prompt longer than one forward's piece (so
+    // it spans several forwards) beside one-token parts of sequences that
+    // hold a context. Each part equals its own prefill or decode step, and
+    // the sequences go on alike.
+    let (_dir, w) = common::tiny(Format::MlxQ4, 4, 21);
+    let vocab = w.config.vocab_size;
+    let ctx = common::tokens(40, vocab, 22);
+    let long = common::tokens(lily_cpu::PREFILL_CHUNK + 50, vocab, 23);
+    for (name, mut be) in backends(&w) {
+        let mixed: Vec<_> = (0..3).map(|_| be.alloc().unwrap()).collect();
+        let apart: Vec<_> = (0..3).map(|_| be.alloc().unwrap()).collect();
+        for s in [mixed[1], apart[1]] {
+            be.prefill(s, &ctx, LogitsWanted::Last).unwrap();
+        }
+        for s in [mixed[2], apart[2]] {
+            be.prefill(s, &ctx[..13], LogitsWanted::Last).unwrap();
+        }
+        let got = be.prefill_batch(&[(mixed[1], &[5]), (mixed[0], &long), (mixed[2], &[9])]).unwrap();
+        let want = vec![
+            be.decode(&[(apart[1], 5)]).unwrap().remove(0),
+            be.prefill(apart[0], &long, LogitsWanted::Last).unwrap().remove(0),
+            be.decode(&[(apart[2], 9)]).unwrap().remove(0),
+        ];
+        assert_close(&format!("{name}: decode rows and a long prompt in one prefill_batch"), &got, &want);
+        let lens: Vec<usize> = mixed.iter().map(|s| be.seq_len(*s).unwrap()).collect();
+        assert_eq!(lens, vec![long.len(), 41, 14], "{name}");
+        let next: Vec<_> = mixed.iter().map(|s| (*s, 7)).collect();
+        let solo: Vec<_> = apart.iter().map(|s| (*s, 7)).collect();
+        assert_close(&format!("{name}: decode after the mixed call"), &be.decode(&next).unwrap(), &be.decode(&solo).unwrap());
+        // Only the fast path says mixing pays: the reference runs part by
+        // part.
+        let said = be.mixed_steps(2, 41);
+        assert_eq!(said == MixedSteps::Pays, name == "fast", "{name}: {said:?}");
+        assert_eq!(said == MixedSteps::Never, name == "reference", "{name}: {said:?}");
     }
 }
 

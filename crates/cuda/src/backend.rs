@@ -30,7 +30,7 @@ use cudarc::driver::CudaEvent;
 
 use lily_core::weights::Weights;
 use lily_core::ModelConfig;
-use lily_model::{Backend, Feed, InFlight, LogitsWanted, ModelError, ModelResult, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
+use lily_model::{Backend, Feed, InFlight, LogitsWanted, MixedSteps, ModelError, ModelResult, SampleState, Sampled, SeqId, MAX_IN_FLIGHT};
 
 use crate::device::{copy_device, DeviceBuffer, Gpu};
 use crate::dims::KV_BLOCK;
@@ -39,7 +39,14 @@ use crate::feed::{self, FeedStageParams};
 use crate::model::{Head, Model, ServedStep};
 use crate::runahead::{put, InLayout, StepIo, IO_SLOTS};
 use crate::sampling::{self, OutLayout, SampleRow, SAMPLE_TOP_MAX};
-use crate::state::Options;
+use crate::state::{DecodeMatrices, Options};
+
+/// Longest context of a decode row that rides in a prefill pass
+/// (`Backend::mixed_steps`).
+pub const MIX_CONTEXT_MAX: usize = 8192;
+
+/// Most decode rows that ride in a prefill pass (`Backend::mixed_steps`).
+pub const MIX_ROWS_MAX: usize = 16;
 
 pub struct CudaBackend {
     model: Model,
@@ -624,6 +631,27 @@ impl Backend for CudaBackend {
             self.model.prepare_served_step(n, &served)?;
         }
         Ok(sizes)
+    }
+    /// Decode rows in a prefill pass take the prefill path (the fp16
+    /// GEMMs, the chunked DeltaNet, the prefill attention), so a stream's
+    /// logits move by that path's ~1e-4 against its decode steps': never
+    /// under `--batch-invariant`. Nor past `MIX_CONTEXT_MAX` tokens of
+    /// context, where the prefill attention's one-row query tiles would
+    /// read a long cache once per query head, nor for more than
+    /// `MIX_ROWS_MAX` rows: the chunked DeltaNet pads each one-token piece
+    /// to a whole 64-row chunk, so 64 rows would cost its chunk kernels
+    /// about what 4,096 prompt tokens do (~8 ms a pass at 4K, against the
+    /// ~12 ms decode step they save; routing the rows' mixers through the
+    /// decode kernels would remove that). Within both the pass saves a
+    /// whole decode step's weight reads for a few launches and padded
+    /// chunks, a balance the H200 has not measured yet: `Possible`, on
+    /// with `--mixed-steps on`.
+    fn mixed_steps(&self, rows: usize, longest_context: usize) -> MixedSteps {
+        if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || longest_context > MIX_CONTEXT_MAX || rows > MIX_ROWS_MAX {
+            MixedSteps::Never
+        } else {
+            MixedSteps::Possible
+        }
     }
     fn memory_in_use(&self) -> Option<u64> {
         Some(self.model.gpu.allocated())

@@ -487,6 +487,70 @@ fn prefill_batch_equals_prefilling_each_sequence_alone() {
     checks.finish();
 }
 
+/// A mixed step's call (`Backend::mixed_steps`): one-token parts of
+/// sequences that hold a context, beside a prompt chunk, in one
+/// `prefill_batch` pass. Each row runs the prefill path, so it is gated
+/// as the prefill path against the decode path (the gate of "prefill-then-
+/// decode equals one long prefill"); the chunk beside them as a pass of
+/// another shape (the "passes of 128 rows" gate); the rows' sequences then
+/// decode like those that took the decode step; and what the backend says
+/// of mixed steps: possible by default, never when batch-invariant, past
+/// `MIX_CONTEXT_MAX` tokens of context or `MIX_ROWS_MAX` rows.
+#[test]
+fn decode_rows_in_a_prefill_pass_equal_decode_steps() {
+    let Some(gpu) = gpu("decode_rows_in_a_prefill_pass_equal_decode_steps") else { return };
+    let (_dir, w) = synth_checkpoint(lily_synth::Preset::Tiny, 4, 31);
+    let vocab = w.config.vocab_size;
+    let mut checks = Checks::default();
+    let mut be = CudaBackend::from_weights(&gpu, &w, small_opts(1024), &mut |_, _| {}).expect("cuda backend");
+    let contexts: Vec<Vec<u32>> = [40usize, 75, 9].iter().enumerate().map(|(k, &n)| tokens(n, vocab, 300 + k as u64)).collect();
+    let chunk = tokens(100, vocab, 310);
+    let fed = tokens(3, vocab, 311);
+    let hold = |be: &mut CudaBackend| -> Vec<SeqId> {
+        contexts
+            .iter()
+            .map(|c| {
+                let s = be.alloc().expect("alloc");
+                be.prefill(s, c, LogitsWanted::Last).expect("context");
+                s
+            })
+            .collect()
+    };
+    let (mixed, apart) = (hold(&mut be), hold(&mut be));
+    let (new_m, new_a) = (be.alloc().expect("alloc"), be.alloc().expect("alloc"));
+    let mut parts: Vec<(SeqId, &[u32])> = vec![(new_m, &chunk[..])];
+    parts.extend(mixed.iter().zip(&fed).map(|(s, t)| (*s, std::slice::from_ref(t))));
+    let got = be.prefill_batch(&parts).expect("mixed prefill_batch");
+    let rows_apart = be.decode(&apart.iter().zip(&fed).map(|(s, t)| (*s, *t)).collect::<Vec<_>>()).expect("decode step");
+    let chunk_alone = be.prefill(new_a, &chunk, LogitsWanted::Last).expect("chunk alone");
+    let lens: Vec<usize> = mixed.iter().map(|s| be.seq_len(*s).expect("len")).collect();
+    checks.check(lens == vec![41, 76, 10] && be.seq_len(new_m).ok() == Some(100), format!("lengths after the mixed call {lens:?}"));
+    let mut st = Stats::default();
+    st.add("decode rows in a prefill pass vs a decode step", &got[1..], &rows_apart);
+    st.gate(&mut checks, "decode rows in a prefill pass vs a decode step", 0.9, 3e-2, 3e-1);
+    let mut stc = Stats::default();
+    stc.add("a chunk beside decode rows vs alone", &got[..1], &chunk_alone);
+    stc.gate(&mut checks, "a chunk beside decode rows vs alone", 1.0, 3e-3, 3e-2);
+    // The next step, a decode step on both sides.
+    let next = |seqs: &[SeqId]| -> Vec<(SeqId, u32)> { seqs.iter().map(|s| (*s, 7)).collect() };
+    let after_mixed = be.decode(&next(&mixed)).expect("decode after the mixed call");
+    let after_apart = be.decode(&next(&apart)).expect("decode after the decode step");
+    let mut sta = Stats::default();
+    sta.add("decode after a mixed call vs after a decode step", &after_mixed, &after_apart);
+    sta.gate(&mut checks, "decode after a mixed call vs after a decode step", 0.9, 3e-2, 3e-1);
+
+    use lily_model::MixedSteps;
+    checks.check(be.mixed_steps(3, 76) == MixedSteps::Possible, format!("default options: {:?}", be.mixed_steps(3, 76)));
+    checks.check(be.mixed_steps(3, lily_cuda::MIX_CONTEXT_MAX + 1) == MixedSteps::Never, "past MIX_CONTEXT_MAX");
+    checks.check(be.mixed_steps(lily_cuda::MIX_ROWS_MAX + 1, 76) == MixedSteps::Never, "past MIX_ROWS_MAX");
+    drop(be);
+    let mut invariant = small_opts(1024);
+    invariant.decode_matrices = lily_cuda::DecodeMatrices::BATCH_INVARIANT;
+    let be = CudaBackend::from_weights(&gpu, &w, invariant, &mut |_, _| {}).expect("batch-invariant backend");
+    checks.check(be.mixed_steps(3, 76) == MixedSteps::Never, "batch-invariant: never");
+    checks.finish();
+}
+
 /// Prefix snapshots inside a prefill (`Backend::prefill_capture`): in one
 /// pass the DeltaNet layers also write the state after `at` tokens (a whole
 /// number of chunks) into a new sequence that shares the KV of those

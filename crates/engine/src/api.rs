@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use lily_model::MixedSteps;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// Most alternatives `GenerateRequest::logprobs` may ask for (OpenAI's limit).
@@ -301,6 +302,9 @@ pub struct EngineStats {
     /// requests those waits gathered beyond the first.
     pub arrival_waits: u64,
     pub arrival_gathered: u64,
+    /// Decode steps that rode in a prefill call beside prompt chunks
+    /// (`EngineOptions::mixed_steps`; counted in `decode_steps` too).
+    pub mixed_steps: u64,
     /// Where the engine thread's time goes (seconds since start): `step_s`
     /// in engine steps that had work; of it, `decode_submit_s` inside
     /// `submit_decode` (staging and launching a step), `decode_wait_s`
@@ -382,6 +386,36 @@ pub struct EngineOptions {
     /// (a lone request never waits) and never while a stream is generating.
     /// Zero disables it.
     pub arrival_wait: Duration,
+    /// Whether a step whose decode batch and prompt chunks are both due
+    /// runs them as one prefill call, every generating request a one-token
+    /// part beside the chunks (`Backend::mixed_steps`): each weight is then
+    /// read once for both, and running streams wait for one pass instead
+    /// of a decode step and a pass.
+    pub mixed_steps: MixPolicy,
+}
+
+/// When the engine mixes its decode rows into the prefill call
+/// (`EngineOptions::mixed_steps`), by what the backend says of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MixPolicy {
+    /// Where the backend says it pays (`MixedSteps::Pays`).
+    #[default]
+    Auto,
+    /// Wherever the backend allows it (`Pays` or `Possible`).
+    On,
+    /// Never: a decode step and the prefill apart, every step.
+    Off,
+}
+
+impl MixPolicy {
+    /// Whether a backend that says `said` gets mixed steps.
+    pub fn mixes(self, said: MixedSteps) -> bool {
+        match self {
+            MixPolicy::Auto => said == MixedSteps::Pays,
+            MixPolicy::On => said != MixedSteps::Never,
+            MixPolicy::Off => false,
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -398,6 +432,7 @@ impl Default for EngineOptions {
             snapshot_interval: 256,
             run_ahead: true,
             arrival_wait: DEFAULT_ARRIVAL_WAIT,
+            mixed_steps: MixPolicy::Auto,
         }
     }
 }

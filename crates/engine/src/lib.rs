@@ -19,7 +19,7 @@ mod scheduler;
 pub mod text;
 
 pub use api::{
-    Arrival, EngineError, EngineHandle, EngineOptions, EngineStats, EngineTime, Event, FinishReason, GenerateRequest, ModelInfo, RequestStream, SamplingParams,
-    SubmitError, TokenLogprob, DEFAULT_ARRIVAL_WAIT, MAX_TOP_LOGPROBS,
+    Arrival, EngineError, EngineHandle, EngineOptions, EngineStats, EngineTime, Event, FinishReason, GenerateRequest, MixPolicy, ModelInfo, RequestStream,
+    SamplingParams, SubmitError, TokenLogprob, DEFAULT_ARRIVAL_WAIT, MAX_TOP_LOGPROBS,
 };
 pub use engine::Engine;

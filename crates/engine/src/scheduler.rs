@@ -9,7 +9,9 @@
 //! the budget is a short tail finishes in the same step: `chunk_limit`). So a long prompt is
 //! prefilled over several steps while running streams keep getting a token
 //! per step, and a new request joins the decode batch the step after its
-//! prompt is done. Every accepted request gets exactly one `Finished` or
+//! prompt is done. Where the backend takes them (`EngineOptions::mixed_steps`,
+//! `Backend::mixed_steps`), a step with both runs its decode batch inside
+//! that prefill call, a one-token part per request (`mixed_step`). Every accepted request gets exactly one `Finished` or
 //! `Failed`; a backend error fails only the request(s) it concerns.
 //!
 //! Decode runs ahead of the host (`Backend::submit_decode`): a step's batch
@@ -46,7 +48,7 @@ use lily_model::{Backend, CapturePart, CapturedDraws, Feed, InFlight, ModelError
 use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, Shared, Submission};
+use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, MixPolicy, Shared, Submission};
 use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{logprob_report, request_seed, sample_params};
@@ -58,12 +60,13 @@ enum Outcome {
     Failed(EngineError),
 }
 
-/// What a prefill chunk hands `Scheduler::prefilled` for a request's first
-/// token.
-enum FirstToken {
+/// What a prefill call hands back for a request's next token: a prompt's
+/// first (`Scheduler::prefilled`) or a mixed step's decode row
+/// (`Scheduler::decoded_in_pass`).
+enum NextToken {
     /// The last position's logits (drawn there, if the prompt ended).
     Logits(Vec<f32>),
-    /// Drawn already from them (`first_draws`); the state is not advanced
+    /// Drawn already from them (`next_tokens`); the state is not advanced
     /// yet.
     Drawn(Sampled),
     /// Drawn by the backend in the prefill call
@@ -84,6 +87,15 @@ struct PlannedChunk {
     start: usize,
     end: usize,
     capture: Option<usize>,
+}
+
+/// A generating request's row in a mixed step (`Scheduler::mixed_step`):
+/// its age, sequence, and the token the step feeds it.
+#[derive(Clone, Copy, Debug)]
+struct DecodeRow {
+    age: Age,
+    seq: SeqId,
+    token: u32,
 }
 
 /// Which running request gave its KV memory back, and how.
@@ -160,6 +172,9 @@ pub(crate) struct Scheduler {
     /// Whether the next step is submitted before the last one is collected
     /// (`EngineOptions::run_ahead`).
     run_ahead: bool,
+    /// When a step's decode rows ride in its prefill call
+    /// (`EngineOptions::mixed_steps`).
+    mix: MixPolicy,
 }
 
 /// A decode step in flight.
@@ -188,6 +203,7 @@ impl Scheduler {
             running: Vec::new(),
             in_flight: VecDeque::new(),
             run_ahead: opts.run_ahead,
+            mix: opts.mixed_steps,
         }
     }
 
@@ -223,8 +239,10 @@ impl Scheduler {
         let busy = !self.is_idle();
         self.reap();
         self.admit();
-        self.decode_step();
-        self.prefill_step();
+        if !self.mixed_step() {
+            self.decode_step();
+            self.prefill_step();
+        }
         if busy {
             let dt = t0.elapsed().as_secs_f64();
             self.shared.with_stats(|s| s.time.step_s += dt);
@@ -704,6 +722,154 @@ impl Scheduler {
         Some(Released::Paused(age))
     }
 
+    // ----- mixed steps -----------------------------------------------------
+
+    /// The decode step and the prefill of this step as one prefill call,
+    /// when both are due and the backend takes decode rows in it
+    /// (`EngineOptions::mixed_steps`, `Backend::mixed_steps`): each
+    /// generating request is a one-token part beside the prompt chunks, so
+    /// every weight is read once for both, and its draw is streamed as a
+    /// decode step's would be. The steps in flight are collected first (a
+    /// prefill takes its tokens from the host, so this step gives up
+    /// running ahead). False when the step is not mixed or the call
+    /// failed: the caller then runs the decode step and the prefill apart,
+    /// which settle out of memory (preemption) and faults (one request at
+    /// a time) as usual.
+    fn mixed_step(&mut self) -> bool {
+        if self.mix == MixPolicy::Off || !self.mix_due() {
+            return false;
+        }
+        // Collecting may end requests (stops, cancels), so the rows and
+        // the plan are made after it.
+        self.drain();
+        let rows = self.decode_rows();
+        let plan = self.prefill_plan();
+        if rows.is_empty() || plan.is_empty() {
+            return false;
+        }
+        self.prefill_together(&rows, plan)
+    }
+
+    /// Whether this step has both a decode batch and prompt chunks, and
+    /// the backend takes those decode rows in a prefill call.
+    fn mix_due(&self) -> bool {
+        let contexts: Vec<usize> = self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).map(|h| h.fed + 1).collect();
+        let Some(&longest) = contexts.iter().max() else {
+            return false;
+        };
+        self.mix.mixes(self.backend.mixed_steps(contexts.len(), longest)) && !self.prefill_plan().is_empty()
+    }
+
+    /// Every generating request that holds no step in flight (all of
+    /// them, after `drain`), with the token its next step feeds.
+    fn decode_rows(&self) -> Vec<DecodeRow> {
+        self.running
+            .iter()
+            .filter_map(|a| {
+                let h = self.kv.holding(a.age).filter(|h| !h.prefilling() && h.ahead == 0 && a.generated() < a.max_tokens)?;
+                Some(DecodeRow { age: a.age, seq: h.seq, token: *a.tokens.get(h.fed)? })
+            })
+            .collect()
+    }
+
+    /// Runs `plan`'s chunks and the decode `rows` (a mixed step; none for
+    /// a batched prefill) in one `prefill_capture_sampling` call, chunks
+    /// first (snapshots evicted for room first). False when the call
+    /// failed: with `Capacity` nothing changed; after another error the
+    /// requests whose sequence moved (state unknown) have failed here, and
+    /// the rest are untouched. Either way the caller goes on apart (the
+    /// decode step, then one request's chunk at a time).
+    fn prefill_together(&mut self, rows: &[DecodeRow], mut plan: Vec<PlannedChunk>) -> bool {
+        let what = if rows.is_empty() { "batched prefill" } else { "mixed step" };
+        self.room_for_captures(&mut plan);
+        let mut states = self.lend_first_states(&plan);
+        for r in rows {
+            let st = self.find(r.age).map(|i| self.lend_state(i));
+            states.push(st);
+        }
+        let fed: Vec<[u32; 1]> = rows.iter().map(|r| [r.token]).collect();
+        let running = &self.running;
+        let mut parts: Vec<CapturePart> = plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
+        parts.extend(rows.iter().zip(&fed).map(|(r, t)| (r.seq, &t[..], None)));
+        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts, &mut states);
+        let row_states = states.split_off(plan.len());
+        self.return_first_states(&plan, states);
+        for (r, st) in rows.iter().zip(row_states) {
+            if let (Some(i), Some(st)) = (self.find(r.age), st) {
+                self.running[i].sampling = st;
+            }
+        }
+        let n = plan.len() + rows.len();
+        let err = match result {
+            Ok(((mut logits, mut snaps), mut draws)) if logits.len() == n && snaps.len() == n && draws.len() == n => {
+                for s in snaps.split_off(plan.len()).into_iter().flatten() {
+                    self.backend.free(s);
+                }
+                if !rows.is_empty() {
+                    self.count_decode_step(rows.len());
+                    self.shared.with_stats(|s| s.mixed_steps += 1);
+                    let (row_logits, row_draws) = (logits.split_off(plan.len()), draws.split_off(plan.len()));
+                    self.decoded_in_pass(rows, row_logits, row_draws);
+                }
+                self.file_captures(&plan, snaps);
+                let firsts = self.first_draws(&plan, logits, draws);
+                for (c, first) in plan.iter().zip(firsts) {
+                    // By age: a request retired above shifts the indices.
+                    if let Some(i) = self.find(c.age) {
+                        if let Some(o) = self.prefilled(i, c.start, c.end, first) {
+                            self.retire(i, o);
+                        }
+                    }
+                }
+                return true;
+            }
+            Ok(((logits, snaps), _)) => {
+                for s in snaps.into_iter().flatten() {
+                    self.backend.free(s);
+                }
+                ModelError::Device(format!("prefill_capture returned {} rows of logits for {n} parts", logits.len()))
+            }
+            Err(ModelError::Capacity(m)) => {
+                tracing::debug!(parts = n, "{what} out of memory ({m}); going on apart");
+                return false;
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(parts = n, error = %err, "{what} failed; going on apart");
+        // Each part's sequence length before the call.
+        let before = plan.iter().map(|c| (c.age, c.seq, c.start)).chain(rows.iter().filter_map(|r| Some((r.age, r.seq, self.kv.holding(r.age)?.fed))));
+        let moved: Vec<Age> = before.filter(|&(_, seq, len)| !self.backend.seq_len(seq).is_ok_and(|n| n == len)).map(|(age, _, _)| age).collect();
+        for age in moved {
+            if let Some(i) = self.find(age) {
+                let e = ModelError::Device(format!("{what} failed part-way: {err}"));
+                self.retire(i, Outcome::Failed(work_error(e)));
+            }
+        }
+        false
+    }
+
+    /// The decode rows of a mixed step ran: each sequence consumed its
+    /// token, and its draw (the backend's, or made here from its logits
+    /// with the request's state, as `collect_decode` would) is streamed.
+    fn decoded_in_pass(&mut self, rows: &[DecodeRow], logits: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) {
+        for r in rows {
+            if let Some(h) = self.kv.holding_mut(r.age) {
+                h.fed += 1;
+            }
+        }
+        let states: Vec<Option<&SampleState>> = rows.iter().map(|r| self.find(r.age).map(|i| &self.running[i].sampling)).collect();
+        let next = next_tokens(logits, states, draws);
+        for (r, next) in rows.iter().zip(next) {
+            let Some(i) = self.find(r.age) else {
+                continue;
+            };
+            match self.emit_next(i, next) {
+                Some(o) => self.retire(i, o),
+                None => self.maybe_snapshot(i),
+            }
+        }
+    }
+
     // ----- prefill ---------------------------------------------------------
 
     /// At most `prefill_chunk` prompt tokens of the requests still
@@ -716,7 +882,7 @@ impl Scheduler {
     /// preemption and a fault fails only its own request.
     fn prefill_step(&mut self) {
         let plan = self.prefill_plan();
-        if plan.len() > 1 && self.prefill_together(&plan) {
+        if plan.len() > 1 && self.prefill_together(&[], plan) {
             return;
         }
         self.prefill_one_by_one();
@@ -766,60 +932,6 @@ impl Scheduler {
                 _ => self.backend.free(snap),
             }
         }
-    }
-
-    /// Runs the chunks of `plan` in one `prefill_capture` call (snapshots
-    /// evicted for room first). False when the call failed: with
-    /// `Capacity` nothing changed; after another error the requests whose
-    /// sequence moved (state unknown) have failed here, and the rest are
-    /// untouched. Either way the caller goes on one request at a time.
-    fn prefill_together(&mut self, plan: &[PlannedChunk]) -> bool {
-        let mut plan = plan.to_vec();
-        self.room_for_captures(&mut plan);
-        let mut states = self.lend_first_states(&plan);
-        let running = &self.running;
-        let parts: Vec<(SeqId, &[u32], Option<usize>)> =
-            plan.iter().map(|c| (c.seq, &running[c.i].tokens[c.start..c.end], c.capture.map(|at| at - c.start))).collect();
-        let result = prefill_pass(&self.shared, &mut self.kv, self.backend.as_mut(), &parts, &mut states);
-        self.return_first_states(&plan, states);
-        let err = match result {
-            Ok(((rows, snaps), draws)) if rows.len() == plan.len() && snaps.len() == plan.len() && draws.len() == plan.len() => {
-                self.file_captures(&plan, snaps);
-                let firsts = self.first_draws(&plan, rows, draws);
-                for (c, first) in plan.iter().zip(firsts) {
-                    // By age: a request retired above shifts the indices.
-                    if let Some(i) = self.find(c.age) {
-                        if let Some(o) = self.prefilled(i, c.start, c.end, first) {
-                            self.retire(i, o);
-                        }
-                    }
-                }
-                return true;
-            }
-            Ok(((rows, snaps), _)) => {
-                for s in snaps.into_iter().flatten() {
-                    self.backend.free(s);
-                }
-                ModelError::Device(format!("prefill_capture returned {} rows of logits for {} parts", rows.len(), plan.len()))
-            }
-            Err(ModelError::Capacity(m)) => {
-                tracing::debug!(parts = plan.len(), "batched prefill out of memory ({m}); prefilling one request at a time");
-                return false;
-            }
-            Err(e) => e,
-        };
-        tracing::warn!(parts = plan.len(), error = %err, "batched prefill failed; retrying requests one by one");
-        for c in &plan {
-            let (age, seq, start) = (c.age, c.seq, c.start);
-            if self.backend.seq_len(seq).is_ok_and(|n| n == start) {
-                continue;
-            }
-            if let Some(i) = self.find(age) {
-                let e = ModelError::Device(format!("batched prefill failed part-way: {err}"));
-                self.retire(i, Outcome::Failed(work_error(e)));
-            }
-        }
-        false
     }
 
     /// `prefill_step` one request at a time: each chunk its own `prefill`
@@ -874,8 +986,8 @@ impl Scheduler {
                 Ok((mut rows, mut draws)) => {
                     budget = budget.saturating_sub(end - start);
                     let first = match draws.pop().flatten() {
-                        Some(drawn) => FirstToken::Recorded(drawn),
-                        None => rows.pop().map_or(FirstToken::Missing, FirstToken::Logits),
+                        Some(drawn) => NextToken::Recorded(drawn),
+                        None => rows.pop().map_or(NextToken::Missing, NextToken::Logits),
                     };
                     self.prefilled(i, start, end, first)
                 }
@@ -914,29 +1026,12 @@ impl Scheduler {
     }
 
     /// The first tokens of the requests whose prompts a batched prefill
-    /// just finished: the backend's draws where it made them, the others
-    /// drawn on threads at once (each host draw reads ~1 MB of logits, ~1
-    /// ms; a pass of 8 new prompts would otherwise hold the engine thread,
-    /// and with it the device, ~8 ms); the other chunks' logits pass
-    /// through unread. The host draws are `sample_host`'s (pure in the
-    /// logits and the request's state), so the tokens are the same.
-    fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) -> Vec<FirstToken> {
-        let states: Vec<Option<&SampleState>> = plan
-            .iter()
-            .zip(&draws)
-            .map(|(c, d)| self.find(c.age).filter(|&i| d.is_none() && self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling))
-            .collect();
-        let on_threads = states.iter().flatten().count() >= 2;
-        let first = |((logits, state), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, state) {
-            (Some(d), _) => FirstToken::Recorded(d),
-            (None, Some(st)) if on_threads => FirstToken::Drawn(draw_host(&logits, st)),
-            (None, _) => FirstToken::Logits(logits),
-        };
-        if on_threads {
-            rows.into_par_iter().zip(states).zip(draws).map(first).collect()
-        } else {
-            rows.into_iter().zip(states).zip(draws).map(first).collect()
-        }
+    /// just finished (`next_tokens`); the other chunks' logits pass
+    /// through unread.
+    fn first_draws(&self, plan: &[PlannedChunk], rows: Vec<Vec<f32>>, draws: Vec<Option<Sampled>>) -> Vec<NextToken> {
+        let states: Vec<Option<&SampleState>> =
+            plan.iter().map(|c| self.find(c.age).filter(|&i| self.ends_prompt(i, c.end)).map(|i| &self.running[i].sampling)).collect();
+        next_tokens(rows, states, draws)
     }
 
     /// Request `i`'s sequence consumed `tokens[start..end]`, and `first`
@@ -944,7 +1039,7 @@ impl Scheduler {
     /// them, offers a snapshot, and draws the first token when that was the
     /// end of a new request's prompt. Returns how the request ends, if it
     /// does.
-    fn prefilled(&mut self, i: usize, start: usize, end: usize, first: FirstToken) -> Option<Outcome> {
+    fn prefilled(&mut self, i: usize, start: usize, end: usize, first: NextToken) -> Option<Outcome> {
         let age = self.running[i].age;
         self.shared.with_stats(|s| s.prefill_tokens += (end - start) as u64);
         if let Some(h) = self.kv.holding_mut(age) {
@@ -957,25 +1052,30 @@ impl Scheduler {
             // sampled from already.
             return None;
         }
-        match first {
-            FirstToken::Logits(logits) => {
-                // The first token, on the host with the same math as every
-                // later one.
+        self.emit_next(i, first)
+    }
+
+    /// Emits request `i`'s next token from what a prefill call handed back
+    /// (drawing it here from logits), and says whether the request ends.
+    fn emit_next(&mut self, i: usize, next: NextToken) -> Option<Outcome> {
+        match next {
+            NextToken::Logits(logits) => {
+                // On the host with the same math as every other token.
                 let t0 = Instant::now();
                 let picked = sample_host(&logits, &mut self.running[i].sampling);
-                tracing::debug!(request = self.running[i].id, draw_ms = t0.elapsed().as_secs_f64() * 1e3, "first token drawn");
+                tracing::debug!(request = self.running[i].id, draw_ms = t0.elapsed().as_secs_f64() * 1e3, "token drawn from a prefill call's logits");
                 self.emit(i, picked)
             }
-            FirstToken::Drawn(picked) => {
+            NextToken::Drawn(picked) => {
                 self.running[i].sampling.record_draw(picked.token);
-                tracing::debug!(request = self.running[i].id, "first token drawn (with other prompts' on threads)");
+                tracing::debug!(request = self.running[i].id, "token drawn from a prefill call's logits (with others', on threads)");
                 self.emit(i, picked)
             }
-            FirstToken::Recorded(picked) => {
-                tracing::debug!(request = self.running[i].id, "first token drawn by the backend");
+            NextToken::Recorded(picked) => {
+                tracing::debug!(request = self.running[i].id, "token drawn by the backend in a prefill call");
                 self.emit(i, picked)
             }
-            FirstToken::Missing => Some(Outcome::Failed(EngineError::Backend("prefill returned no logits".into()))),
+            NextToken::Missing => Some(Outcome::Failed(EngineError::Backend("a prefill call returned no logits".into()))),
         }
     }
 
@@ -1053,6 +1153,29 @@ impl Scheduler {
             return Some(Outcome::Finished(FinishReason::Cancelled));
         }
         reason.map(Outcome::Finished)
+    }
+}
+
+/// The next tokens a prefill call hands back, row by row: the backend's
+/// draws where it made them; for the rows with a state to draw with
+/// (`states[k]`), whose draw the backend declined, drawn here from their
+/// logits, on threads at once when there are several (each host draw reads
+/// ~1 MB of logits, ~1 ms; a pass of 8 new prompts would otherwise hold
+/// the engine thread, and with it the device, ~8 ms). The other rows'
+/// logits pass through. The host draws are `sample_host`'s (pure in the
+/// logits and the request's state), so the tokens are the same.
+fn next_tokens(rows: Vec<Vec<f32>>, states: Vec<Option<&SampleState>>, draws: Vec<Option<Sampled>>) -> Vec<NextToken> {
+    let on_threads = states.iter().zip(&draws).filter(|(st, d)| st.is_some() && d.is_none()).count() >= 2;
+    let next = |((logits, state), drawn): ((Vec<f32>, Option<&SampleState>), Option<Sampled>)| match (drawn, state) {
+        (Some(d), _) => NextToken::Recorded(d),
+        (None, _) if logits.is_empty() => NextToken::Missing,
+        (None, Some(st)) if on_threads => NextToken::Drawn(draw_host(&logits, st)),
+        (None, _) => NextToken::Logits(logits),
+    };
+    if on_threads {
+        rows.into_par_iter().zip(states).zip(draws).map(next).collect()
+    } else {
+        rows.into_iter().zip(states).zip(draws).map(next).collect()
     }
 }
 

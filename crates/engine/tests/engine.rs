@@ -7,7 +7,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lily_engine::{Engine, EngineError, EngineHandle, EngineOptions, FinishReason, GenerateRequest, SamplingParams, SubmitError};
+use lily_engine::{Engine, EngineError, EngineHandle, EngineOptions, EngineStats, FinishReason, GenerateRequest, MixPolicy, SamplingParams, SubmitError};
+use lily_model::{MixedSteps, SeqId};
 use support::{collect, collect_rest, decode, tokenizer, wait_started, Call, Fake, Mode, Probe, A, EOS};
 
 fn opts() -> EngineOptions {
@@ -151,14 +152,12 @@ fn prefill_between_decodes(calls: &[Call]) -> Vec<usize> {
     windows
 }
 
-#[test]
-fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
-    // Three 100-token prompts arrive at once beside a running stream: they
-    // share one 32-token prefill budget per step (plus, to finish a prompt,
-    // a tail of at most a quarter of it), and the stream gets a decode step
-    // between every two budgets.
+/// A greedy stream of 60 tokens runs while three 100-token prompts (2
+/// tokens each) arrive at once, with a 32-token prefill budget a step;
+/// checks every request's tokens (Count logits) and that every sequence is
+/// freed, and returns the backend's calls and the engine's counters.
+fn three_prompts_beside_a_stream(fake: Fake, probe: &Mutex<Probe>) -> (Vec<Call>, EngineStats) {
     let gate = Arc::new(Mutex::new(()));
-    let (fake, probe) = Fake::new(Mode::Count);
     let h = start(fake.gate(gate.clone()), EngineOptions { prefill_chunk: 32, ..opts() });
     let held = gate.lock().expect("gate");
     let mut stream = h.submit(greedy(vec![A], 60)).expect("submit");
@@ -171,9 +170,21 @@ fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
     assert_eq!(stream.ids, (1..=60).map(|k| A + k).collect::<Vec<_>>());
     for (c, p) in longs.iter().zip(&prompts) {
         assert_eq!(c.finish, Some(FinishReason::Length), "{c:?}");
-        assert_eq!(c.ids[0], (p[99] + 1) % 256);
+        assert_eq!(c.ids, vec![(p[99] + 1) % 256, (p[99] + 2) % 256]);
     }
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
     let calls = probe.lock().expect("probe").calls.clone();
+    (calls, h.stats())
+}
+
+#[test]
+fn prefill_per_step_is_bounded_while_prompts_arrive_together() {
+    // Three 100-token prompts arrive at once beside a running stream: they
+    // share one 32-token prefill budget per step (plus, to finish a prompt,
+    // a tail of at most a quarter of it), and the stream gets a decode step
+    // between every two budgets.
+    let (fake, probe) = Fake::new(Mode::Count);
+    let (calls, _) = three_prompts_beside_a_stream(fake, &probe);
     let windows = prefill_between_decodes(&calls);
     assert_eq!(windows.iter().sum::<usize>(), 301);
     assert!(windows.iter().all(|&n| n <= 32 + 32 / 4), "{windows:?}");
@@ -790,8 +801,9 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
             ..GenerateRequest::new(pseudo_prompt(20 + 3 * k as usize, 40 + k), 30)
         })
         .collect();
-    let run = |pool: Option<usize>, batched: bool| {
+    let run = |pool: Option<usize>, batched: bool, mixed: bool| {
         let (fake, probe) = Fake::new(Mode::Hash);
+        let fake = if mixed { fake.mixed(MixedSteps::Pays) } else { fake };
         // The tight pool also runs on a pipelining fake that checks the
         // engine never frees or prefills a sequence a step computes on.
         let fake = match pool {
@@ -816,12 +828,12 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
         let calls = probe.lock().expect("probe").calls.clone();
         (outs, h.stats(), calls)
     };
-    let (roomy, _, _) = run(None, false);
+    let (roomy, _, _) = run(None, false, false);
     // The tight pool with prefill one call per request, then with the
     // chunks of several requests in one call (a batch refused for memory
     // falls back to one request at a time, where preemption settles it).
     for batched in [false, true] {
-        let (tight, stats, calls) = run(Some(120), batched);
+        let (tight, stats, calls) = run(Some(120), batched, false);
         assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
         assert_eq!(stats.requests_failed, 0, "{stats:?}");
         for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
@@ -833,6 +845,14 @@ fn preempted_requests_are_recomputed_to_the_same_tokens() {
         assert_eq!(batches > 0, batched, "prefill batches of several requests: {calls:?}");
         let refused = calls.contains(&Call::Refused("prefill_batch"));
         assert_eq!(refused, batched, "a batch refused for memory, then run one request at a time: {calls:?}");
+    }
+    // Mixed steps on the tight pool: a mixed call refused for memory runs
+    // its decode step and prefill apart, where preemption settles it.
+    let (tight, stats, _) = run(Some(120), true, true);
+    assert!(stats.preemptions > 0 && stats.mixed_steps > 0, "{stats:?}");
+    assert_eq!(stats.requests_failed, 0, "{stats:?}");
+    for (k, (t, r)) in tight.iter().zip(&roomy).enumerate() {
+        assert_eq!((t.finish, &t.ids, &t.text), (r.finish, &r.ids, &r.text), "mixed, request {k}");
     }
 }
 
@@ -895,16 +915,13 @@ fn a_request_that_does_not_fit_beside_running_ones_waits_for_memory() {
 
 // ----- running ahead ---------------------------------------------------------
 
-fn no_violations(probe: &Mutex<Probe>) {
-    assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
-}
-
-#[test]
-fn running_ahead_gives_the_same_tokens_as_not() {
-    // Seeded, penalised sampling with stop ids and stop strings, so some
-    // requests stop at a step the run-ahead already fed the next one.
-    let requests: Vec<GenerateRequest> = (0..6u32)
-        .map(|k| GenerateRequest {
+/// Seeded, penalised sampling with stop ids, a stop string and logprobs,
+/// one request per prompt length (with Hash logits a token fed twice or
+/// skipped changes everything after it).
+fn penalised_requests(prompt_lens: &[usize], max_tokens: usize) -> Vec<GenerateRequest> {
+    (0u32..)
+        .zip(prompt_lens)
+        .map(|(k, &len)| GenerateRequest {
             sampling: SamplingParams {
                 temperature: 0.9,
                 top_k: 40,
@@ -917,9 +934,19 @@ fn running_ahead_gives_the_same_tokens_as_not() {
             stop_token_ids: (0..12).map(|j| 20 + 17 * j + k).collect(),
             stop_strings: vec!["q".into()],
             logprobs: Some(2),
-            ..GenerateRequest::new(pseudo_prompt(12 + k as usize, 60 + k), 40)
+            ..GenerateRequest::new(pseudo_prompt(len, 60 + k), max_tokens)
         })
-        .collect();
+        .collect()
+}
+
+fn no_violations(probe: &Mutex<Probe>) {
+    assert_eq!(probe.lock().expect("probe").violations, Vec::<String>::new());
+}
+
+#[test]
+fn running_ahead_gives_the_same_tokens_as_not() {
+    // Some requests stop at a step the run-ahead already fed the next one.
+    let requests = penalised_requests(&[12, 13, 14, 15, 16, 17], 40);
     let run = |run_ahead: bool, pipelined: bool| {
         let (fake, probe) = Fake::new(Mode::Hash);
         let fake = if pipelined { fake.pipelined() } else { fake };
@@ -1111,4 +1138,133 @@ fn no_arrival_wait_for_a_lone_request_or_beside_a_running_stream() {
     assert_eq!(c.finish, Some(FinishReason::Length));
     drop(held);
     first.cancel();
+}
+
+/// A fake that runs a step's decode rows inside its prefill call
+/// (`Backend::mixed_steps` says `said`), its prefill batches one call each.
+fn mixing(fake: Fake, said: MixedSteps) -> Fake {
+    fake.batched_prefill().mixed(said)
+}
+
+#[test]
+fn a_mixed_step_runs_the_decode_rows_inside_the_prefill_call() {
+    // As `prefill_per_step_is_bounded_while_prompts_arrive_together`, on a
+    // backend whose prefill takes decode rows: while the three prompts are
+    // prefilled, the running stream's token rides in each prefill call as
+    // a one-token part and no decode step runs apart; the budget per call
+    // is the same.
+    let (fake, probe) = Fake::new(Mode::Count);
+    let (calls, s) = three_prompts_beside_a_stream(mixing(fake, MixedSteps::Pays), &probe);
+    let stream_seq = calls
+        .iter()
+        .find_map(|c| match c {
+            Call::Prefill { seq, tokens: 1 } => Some(*seq),
+            _ => None,
+        })
+        .expect("the stream's prompt prefill");
+    // The calls that prefilled the long prompts, in order.
+    let passes: Vec<(usize, &Vec<(SeqId, usize)>)> = calls
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match c {
+            Call::PrefillBatch { parts } if parts.iter().any(|p| p.0 != stream_seq && p.1 > 1) => Some((i, parts)),
+            _ => None,
+        })
+        .collect();
+    // Prompt chunks here are longer than a token; a one-token part is a
+    // decode row (the stream's, or a long prompt's second token).
+    let chunk_tokens = |parts: &[(SeqId, usize)]| parts.iter().filter(|p| p.1 > 1).map(|p| p.1).sum::<usize>();
+    let prompt_tokens: usize = passes.iter().map(|(_, parts)| chunk_tokens(parts)).sum();
+    assert_eq!(prompt_tokens, 300, "{calls:?}");
+    assert!(passes.len() >= 300usize.div_ceil(40), "{calls:?}");
+    for (_, parts) in &passes {
+        assert!(parts.contains(&(stream_seq, 1)), "a prefill call without the stream's decode row: {parts:?}");
+        assert!(chunk_tokens(parts) <= 32 + 32 / 4, "{parts:?}");
+    }
+    let (first, last) = (passes[0].0, passes[passes.len() - 1].0);
+    let apart = calls[first..last].iter().filter(|c| matches!(c, Call::Decode { .. } | Call::Collect { .. })).count();
+    assert_eq!(apart, 0, "a decode step apart while prompts were prefilled: {calls:?}");
+    assert!(s.mixed_steps >= passes.len() as u64, "{s:?}");
+    // Counted as decode steps of the stream (the long prompts' second
+    // tokens may ride too).
+    assert!(s.decode_steps >= s.mixed_steps, "{s:?}");
+}
+
+#[test]
+fn mixed_steps_give_the_same_tokens_as_steps_apart() {
+    // Penalised sampling with stops; prompts cut into 8-token chunks so
+    // that prompts are prefilled beside generating requests for many
+    // steps; the backend draws the rows of even sequences itself and hands
+    // the others' logits back.
+    let requests = penalised_requests(&[12, 17, 22, 27, 32, 37], 30);
+    let run = |fake: Fake, mix: MixPolicy| {
+        let h = start(fake.delay(Duration::from_micros(200)), EngineOptions { prefill_chunk: 8, mixed_steps: mix, ..opts() });
+        let outs: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                // One at a time, so every prompt after the first arrives
+                // beside generating requests.
+                let s = h.submit(r.clone()).expect("submit");
+                std::thread::sleep(Duration::from_millis(2));
+                std::thread::spawn(move || collect(s))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().expect("collect"))
+            .collect();
+        (outs, h.stats())
+    };
+    let (fake, _) = Fake::new(Mode::Hash);
+    let (apart, s) = run(fake, MixPolicy::Off);
+    assert_eq!(s.mixed_steps, 0);
+    let stopped = apart.iter().filter(|c| c.finish == Some(FinishReason::Stop)).count();
+    assert!(stopped >= 1, "no early stop to test: {apart:?}");
+    // Auto mixes where the backend says it pays, On also where it is only
+    // possible; Auto leaves a merely possible backend alone.
+    for (label, said, mix, mixes) in [
+        ("pays, auto", MixedSteps::Pays, MixPolicy::Auto, true),
+        ("possible, on", MixedSteps::Possible, MixPolicy::On, true),
+        ("possible, auto", MixedSteps::Possible, MixPolicy::Auto, false),
+        ("never, on", MixedSteps::Never, MixPolicy::On, false),
+    ] {
+        let (fake, probe) = Fake::new(Mode::Hash);
+        let (mixed, s) = run(mixing(fake, said).pipelined().draws_first(), mix);
+        no_violations(&probe);
+        assert_eq!(s.mixed_steps > 0, mixes, "{label}: {s:?}");
+        assert_eq!(s.requests_failed, 0, "{label}: {s:?}");
+        for (k, (m, a)) in mixed.iter().zip(&apart).enumerate() {
+            assert_eq!(m.ids, a.ids, "{label}, request {k}");
+            assert_eq!((&m.text, m.finish), (&a.text, a.finish), "{label}, request {k}");
+            assert_eq!(m.logprobs, a.logprobs, "{label}, request {k}");
+        }
+        assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0), "{label}");
+    }
+}
+
+#[test]
+fn a_fault_in_a_mixed_step_fails_only_its_request() {
+    // The stream feeds the poison (A + 10) at its sixth decode, while a
+    // long prompt is still being prefilled beside it: the mixed call is
+    // refused whole (changing no sequence), the step runs apart, where the
+    // decode fault is isolated to the stream, and the prompt goes on.
+    let gate = Arc::new(Mutex::new(()));
+    let (fake, probe) = Fake::new(Mode::Count);
+    let h = start(mixing(fake, MixedSteps::Pays).poison(A + 10).gate(gate.clone()), EngineOptions { prefill_chunk: 16, ..opts() });
+    let held = gate.lock().expect("gate");
+    let mut stream = h.submit(greedy(vec![A + 4], 20)).expect("submit");
+    let started = wait_started(&mut stream);
+    let prompt: Vec<u32> = (0..200).map(|i| 100 + i % 100).collect();
+    let long = h.submit(greedy(prompt.clone(), 3)).expect("submit");
+    let other = h.submit(greedy(vec![A + 20], 30)).expect("submit");
+    drop(held);
+    let (long, other) = (collect(long), collect(other));
+    let stream = collect_rest(stream, started);
+    assert!(matches!(stream.failed, Some(EngineError::Backend(_))), "{stream:?}");
+    assert_eq!(stream.ids, (5..=10).map(|k| A + k).collect::<Vec<_>>(), "the stream's tokens before the fault");
+    assert_eq!((long.finish, long.ids), (Some(FinishReason::Length), vec![200, 201, 202]));
+    assert_eq!((other.finish, other.ids), (Some(FinishReason::Length), (21..=50).map(|k| A + k).collect::<Vec<_>>()));
+    let s = h.stats();
+    assert_eq!(s.requests_failed, 1, "{s:?}");
+    assert!(s.mixed_steps > 0, "{s:?}");
+    assert!(eventually(Duration::from_secs(2), || probe.lock().expect("probe").live == 0));
 }

@@ -83,6 +83,20 @@ pub type Captured = (Vec<Vec<f32>>, Vec<Option<SeqId>>);
 /// part's draw, if the backend drew it, in part order.
 pub type CapturedDraws = (Captured, Vec<Option<Sampled>>);
 
+/// What a backend says of carrying decode rows in a prefill call
+/// (`Backend::mixed_steps`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixedSteps {
+    /// Not on this backend (a promise it keeps would break, e.g. batch
+    /// invariance, or its prefill path is slow at that context).
+    Never,
+    /// It gives the same tokens up to numerics the backend documents, but
+    /// its speed is not established: only when the operator asks.
+    Possible,
+    /// Measured to pay: the engine mixes by default.
+    Pays,
+}
+
 /// A model on some device, serving many sequences.
 pub trait Backend: Send {
     /// Short name for logs and `/v1/models` (e.g. "cpu", "cuda:0 NVIDIA H200").
@@ -296,6 +310,18 @@ pub trait Backend: Send {
     fn prepare_decode(&mut self, max_batch: usize) -> ModelResult<usize> {
         let _ = max_batch;
         Ok(0)
+    }
+
+    /// Whether decode rows may ride in a prefill call on this backend: when
+    /// an engine step has both a decode step for the generating sequences
+    /// and prompt chunks to prefill, one `prefill_capture_sampling` call
+    /// can take each generating sequence as a one-token part beside the
+    /// chunks, so every weight is read once for both (a mixed step).
+    /// `rows` is the number of decode rows, `longest_context` the longest
+    /// sequence among them. The default, `Never`, keeps the two apart.
+    fn mixed_steps(&self, rows: usize, longest_context: usize) -> MixedSteps {
+        let _ = (rows, longest_context);
+        MixedSteps::Never
     }
 
     /// Bytes of device memory in use (weights + state), if the backend knows.

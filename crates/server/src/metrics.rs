@@ -166,6 +166,7 @@ impl Metrics {
         counter(&mut out, "lily_engine_preemptions_total", "Requests paused to give KV memory to older ones (recomputed later).", stats.preemptions);
         counter(&mut out, "lily_engine_arrival_waits_total", "Times an idle engine held its first prefill for requests still arriving.", stats.arrival_waits);
         counter(&mut out, "lily_engine_arrival_gathered_total", "Requests those waits added to the first prefill.", stats.arrival_gathered);
+        counter(&mut out, "lily_engine_mixed_steps_total", "Decode steps run inside a prefill pass, beside prompt chunks.", stats.mixed_steps);
         let seconds = |out: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v:.6}");
         };

@@ -8,7 +8,8 @@
 //! `lily_model`'s host math) and counts the calls that hand logits back,
 //! can pipeline decode steps as a device does (`pipelined`: draws kept
 //! until collected, `Feed::Previous` from its own record, counts mirrored)
-//! while checking the engine keeps the pipelining contract, fails any call that touches a
+//! while checking the engine keeps the pipelining contract, say what
+//! `Backend::mixed_steps` says (`mixed`), fails any call that touches a
 //! "poison" token, to test fault isolation, and can share one token pool
 //! among all sequences (snapshots included), as the CUDA backend shares its
 //! KV blocks, to test running out of memory.
@@ -24,7 +25,7 @@ use lily_core::ModelConfig;
 use lily_engine::{Event, FinishReason, RequestStream};
 use lily_model::sample::{philox_uniform, sample_host, Distribution};
 use lily_model::{
-    Backend, CapturePart, CapturedDraws, Feed, InFlight, KvRoom, LogitsWanted, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId,
+    Backend, CapturePart, CapturedDraws, Feed, InFlight, KvRoom, LogitsWanted, MixedSteps, ModelError, ModelResult, SampleParams, SampleState, Sampled, SeqId,
     MAX_IN_FLIGHT,
 };
 
@@ -107,6 +108,7 @@ pub struct Fake {
     pipe: Option<Pipe>,
     batch_prefill: bool,
     draws_first: bool,
+    mixed: MixedSteps,
     seqs: HashMap<SeqId, Vec<u32>>,
     next: u64,
     probe: Arc<Mutex<Probe>>,
@@ -130,6 +132,7 @@ impl Fake {
             pipe: None,
             batch_prefill: false,
             draws_first: false,
+            mixed: MixedSteps::Never,
             seqs: HashMap::new(),
             next: 1,
             probe: probe.clone(),
@@ -201,6 +204,13 @@ impl Fake {
     /// the engine draws from.
     pub fn draws_first(mut self) -> Self {
         self.draws_first = true;
+        self
+    }
+
+    /// What `Backend::mixed_steps` says (at any context); `Never` unless
+    /// set.
+    pub fn mixed(mut self, said: MixedSteps) -> Self {
+        self.mixed = said;
         self
     }
 
@@ -410,6 +420,9 @@ impl Backend for Fake {
         }
         self.lock().first_draws += draws.iter().flatten().count();
         Ok(((rows, snaps), draws))
+    }
+    fn mixed_steps(&self, _rows: usize, _longest_context: usize) -> MixedSteps {
+        self.mixed
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {
         self.lock().logits_decodes += 1;

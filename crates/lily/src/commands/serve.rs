@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lily_core::chat::ChatTemplate;
 use lily_core::tokenizer::Tokenizer;
-use lily_engine::{Engine, EngineOptions, SamplingParams};
+use lily_engine::{Engine, EngineOptions, MixPolicy, SamplingParams};
 use lily_server::validate::Limits;
 use lily_server::{AppState, Generator, ServerConfig};
 
@@ -86,6 +86,14 @@ pub struct Args {
     /// never waits). 0 disables it.
     #[arg(long, default_value_t = lily_engine::DEFAULT_ARRIVAL_WAIT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
     arrival_wait_ms: u64,
+    /// Run a step's decode rows inside its prefill pass when prompts are
+    /// being prefilled beside generating streams (every weight read once
+    /// for both): `auto` where the backend has measured it to pay (the CPU),
+    /// `on` wherever the backend allows it (CUDA too, for up to 16 streams
+    /// below 8,192 tokens of context, not with --batch-invariant), `off`
+    /// never.
+    #[arg(long, value_enum, default_value_t = MixedStepsArg::Auto)]
+    mixed_steps: MixedStepsArg,
     /// Decode every step batch-invariantly: a request's tokens the same
     /// whatever other requests run beside it (CUDA; by default steps of 16
     /// or more sequences run their dense matrices on the faster fp16 GEMM,
@@ -108,6 +116,24 @@ pub struct Args {
     /// start-up and in /v1/models.
     #[arg(long, hide = true)]
     test_script_file: Option<PathBuf>,
+}
+
+/// `--mixed-steps` (`lily_engine::MixPolicy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MixedStepsArg {
+    Auto,
+    On,
+    Off,
+}
+
+impl From<MixedStepsArg> for MixPolicy {
+    fn from(a: MixedStepsArg) -> Self {
+        match a {
+            MixedStepsArg::Auto => MixPolicy::Auto,
+            MixedStepsArg::On => MixPolicy::On,
+            MixedStepsArg::Off => MixPolicy::Off,
+        }
+    }
 }
 
 fn cache_root() -> PathBuf {
@@ -248,6 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_queue: args.max_queue,
         max_seq_len: args.max_seq,
         arrival_wait: Duration::from_millis(args.arrival_wait_ms),
+        mixed_steps: args.mixed_steps.into(),
         ..EngineOptions::default()
     };
     // Room for every running request plus the prefix cache's snapshots.
