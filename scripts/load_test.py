@@ -159,6 +159,9 @@ def main(argv=None):
     lock = threading.Lock()
     # Every response is checked, warm-up included; tokens count the load only.
     counts = {"ok": 0, "failed": 0, "disconnected": 0, "load_ok": 0, "completion_tokens": 0}
+    # Latencies of the load's complete requests: time to the first token,
+    # and every gap between two token chunks.
+    ttfts, gaps = [], []
     failures = []
     finish = {}
 
@@ -183,6 +186,9 @@ def main(argv=None):
                     if tally:
                         counts["load_ok"] += 1
                         counts["completion_tokens"] += r.completion_tokens or 0
+                        if r.ttft is not None:
+                            ttfts.append(r.ttft)
+                        gaps.extend(r.gaps)
                     finish[r.finish_reason] = finish.get(r.finish_reason, 0) + 1
                 else:
                     counts["failed"] += 1
@@ -261,6 +267,8 @@ def main(argv=None):
         "requests_ok_during_load": counts["load_ok"],
         "completion_tokens": counts["completion_tokens"],
         "output_tok_s": counts["completion_tokens"] / wall if wall > 0 else None,
+        "ttft_s": {"p50": sb.percentile(ttfts, 50), "p99": sb.percentile(ttfts, 99)},
+        "itl_s": {"p50": sb.percentile(gaps, 50), "p99": sb.percentile(gaps, 99)},
         "finish_reasons": finish,
         "failure_samples": failures,
         "server_idle_after": idle,
@@ -283,6 +291,9 @@ def main(argv=None):
     print(f"{args.clients} clients for {wall:.1f} s (after {args.warmup_s:g} s of warm-up): {counts['ok']} complete, {counts['failed']} failed, "
           f"{counts['disconnected']} disconnected on purpose; {counts['completion_tokens']} tokens "
           f"({report['output_tok_s']:.1f} tok/s)")
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
+    print(f"  TTFT p50 {ms(report['ttft_s']['p50'])} p99 {ms(report['ttft_s']['p99'])} ms, "
+          f"ITL p50 {ms(report['itl_s']['p50'])} p99 {ms(report['itl_s']['p99'])} ms")
     for f_ in failures[:10]:
         print(f"  FAILED {f_}")
     if not idle:

@@ -90,5 +90,10 @@ def test_load_script_sixteen_clients_twenty_seconds(cache_dir, log_dir, tmp_path
     assert report["rss_kib"]["back_to_baseline"] is True, summary
     assert report["server_after"]["lily_engine_running"] == 0, summary
     assert report["server_metrics_delta"]["lily_engine_failures_total"] == 0, summary
+    # Latencies of the load's complete requests (what mixed steps and the
+    # prefill budget trade against each other).
+    ttft, itl = report["ttft_s"], report["itl_s"]
+    assert ttft["p50"] is not None and 0 < ttft["p50"] <= ttft["p99"], summary
+    assert itl["p50"] is not None and 0 < itl["p50"] <= itl["p99"], summary
     assert proc.returncode == 0, summary
     assert "panicked" not in server.log_path.read_text(errors="replace")

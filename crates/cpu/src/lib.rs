@@ -283,9 +283,6 @@ impl Backend for CpuBackend {
         if !matches!(self.engine, Engine::Fast(_)) {
             return lily_model::prefill_each(self, parts);
         }
-        if let Some(k) = parts.iter().position(|p| p.1.is_empty()) {
-            return Err(ModelError::Invalid(format!("part {k} of a prefill batch has no tokens")));
-        }
         let mut done = vec![0usize; parts.len()];
         let mut out = vec![Vec::new(); parts.len()];
         while let Some(first) = done.iter().zip(parts).position(|(&d, p)| d < p.1.len()) {
@@ -312,7 +309,7 @@ impl Backend for CpuBackend {
         Ok(out)
     }
 
-    fn mixed_steps(&self, _rows: usize, _longest_context: usize) -> MixedSteps {
+    fn mixed_steps(&self, _rows: usize) -> MixedSteps {
         // A decode step is this same forward over one-token spans, so
         // carrying them beside prompt chunks changes nothing but the rows
         // a weight read serves (and the summation order, as any batch).

@@ -41,13 +41,6 @@ use crate::runahead::{put, InLayout, StepIo, IO_SLOTS};
 use crate::sampling::{self, OutLayout, SampleRow, SAMPLE_TOP_MAX};
 use crate::state::{DecodeMatrices, Options};
 
-/// Longest context of a decode row that rides in a prefill pass
-/// (`Backend::mixed_steps`).
-pub const MIX_CONTEXT_MAX: usize = 8192;
-
-/// Most decode rows that ride in a prefill pass (`Backend::mixed_steps`).
-pub const MIX_ROWS_MAX: usize = 16;
-
 pub struct CudaBackend {
     model: Model,
     config: ModelConfig,
@@ -632,25 +625,21 @@ impl Backend for CudaBackend {
         }
         Ok(sizes)
     }
-    /// Decode rows in a prefill pass take the prefill path (the fp16
-    /// GEMMs, the chunked DeltaNet, the prefill attention), so a stream's
-    /// logits move by that path's ~1e-4 against its decode steps': never
-    /// under `--batch-invariant`. Nor past `MIX_CONTEXT_MAX` tokens of
-    /// context, where the prefill attention's one-row query tiles would
-    /// read a long cache once per query head, nor for more than
-    /// `MIX_ROWS_MAX` rows: the chunked DeltaNet pads each one-token piece
-    /// to a whole 64-row chunk, so 64 rows would cost its chunk kernels
-    /// about what 4,096 prompt tokens do (~8 ms a pass at 4K, against the
-    /// ~12 ms decode step they save; routing the rows' mixers through the
-    /// decode kernels would remove that). Within both the pass saves a
-    /// whole decode step's weight reads for a few launches and padded
-    /// chunks, a balance the H200 has not measured yet: `Possible`, on
-    /// with `--mixed-steps on`.
-    fn mixed_steps(&self, rows: usize, longest_context: usize) -> MixedSteps {
-        if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || longest_context > MIX_CONTEXT_MAX || rows > MIX_ROWS_MAX {
+    /// Decode rows in a prefill pass run the pass's matrices (the prefill
+    /// path's fp16 GEMMs, ~1e-4 from the decode kernels' exact ones) and
+    /// the decode kernels' mixer (`Model`'s `decode_rows`), so a stream's
+    /// logits move by that much against its decode steps': never under
+    /// `--batch-invariant`, nor for more rows than a decode step takes
+    /// (`max_batch`, the decode mixer's scratch). Otherwise the pass saves
+    /// a whole decode step's weight reads for a few more matrix rows, and
+    /// it pays on the H200 (docs/perf/2026-12-05-h200-s44.md): 64 clients
+    /// 3,960 -> 4,130 tok/s, TTFT p50 195 -> 170 ms; 8 clients arriving at
+    /// random 1,493 -> 1,578 tok/s.
+    fn mixed_steps(&self, rows: usize) -> MixedSteps {
+        if self.model.mem.opts.decode_matrices == DecodeMatrices::BATCH_INVARIANT || rows > self.model.mem.opts.max_batch {
             MixedSteps::Never
         } else {
-            MixedSteps::Possible
+            MixedSteps::Pays
         }
     }
     fn memory_in_use(&self) -> Option<u64> {

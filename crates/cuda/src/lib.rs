@@ -37,7 +37,7 @@ pub mod state;
 pub mod synth;
 pub mod weights;
 
-pub use backend::{CudaBackend, MIX_CONTEXT_MAX, MIX_ROWS_MAX};
+pub use backend::CudaBackend;
 pub use device::{driver_present, Gpu};
 pub use dims::Dims;
 pub use error::{CudaError, CudaResult};

@@ -97,6 +97,25 @@ struct Piece {
     capture: Option<(usize, usize)>,
 }
 
+/// How many of a pass's last pieces are a mixed step's decode rows
+/// (`Backend::mixed_steps`): one token continuing a sequence (position
+/// past 0), no snapshot, on the pass's last rows, at most `max_batch` (the
+/// decode scratch: f32 queries, split-KV partials). Their mixer runs on the
+/// decode kernels (`gdn_decode`, `attn_decode`), the same math as a decode
+/// step's, instead of the prefill's: the chunked DeltaNet would pad each
+/// to a whole 64-row chunk, and the prefill attention would read its
+/// context through a one-row query tile.
+fn decode_rows(pieces: &[Piece], t: usize, max_batch: usize) -> usize {
+    let n = pieces.iter().rev().take_while(|p| p.len == 1 && p.p0 > 0 && p.capture.is_none()).count().min(max_batch);
+    // Rows t - n .. t, one each, in order (pieces are laid out so).
+    let contiguous = pieces[pieces.len() - n..].iter().enumerate().all(|(j, p)| p.row0 == t - n + j);
+    if contiguous {
+        n
+    } else {
+        0
+    }
+}
+
 /// A prefill's last rows as `Model::last_rows` hands them back: each
 /// row's logits (empty where it was drawn) and its draw (if asked).
 pub type LastRows = (Vec<Vec<f32>>, Vec<Option<Sampled>>);
@@ -763,6 +782,11 @@ impl Model {
         self.in_proj_gemm_from(l, t, i > 0, in_dequantised)?;
         // Row r of proj and of the mixer output, as the kernels lay them out.
         let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
+        // A mixed step's decode rows (`decode_rows`: rows r0..t) take the
+        // decode kernels' mixer; the prompts' pieces the prefill's.
+        let nd = decode_rows(pieces, t, self.mem.opts.max_batch);
+        let (pieces, r0) = (&pieces[..pieces.len() - nd], t - nd);
+        let row_i32 = |base: u64| base + (r0 * 4) as u64;
         match &l.mixer {
             MixerDev::DeltaNet(w) => {
                 // Every piece in one set of launches: the recurrences of
@@ -783,13 +807,21 @@ impl Model {
                 // whose serial chain leaves the GPU mostly idle.
                 let hook: Option<gdn::BeforeState> = if ahead { Some(&start_ahead) } else { None };
                 gdn::prefill_pieces_with(g, k, d, w, &runs, ps, &s.gdn_scratch(), hook)?;
+                if nd > 0 {
+                    let mix = MixOut::F16(s.mix_f16 + (r0 * d.gdn_val_dim() * 2) as u64);
+                    gdn::decode(g, k, d, w, &self.gdn_state(i), proj_row(r0), ps, row_i32(s.pos), row_i32(s.slot), mix, nd)?;
+                }
                 self.mark("prefill gdn (chunked)")?;
             }
             MixerDev::Attention(w) => {
                 let kv = self.kv_view(i);
                 // q/k norms, rotation and the cache stores take every row's
-                // own position and slot.
-                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), t)?;
+                // own position and slot; the decode rows' queries in f32
+                // for the decode attention.
+                attention::prep(g, k, d, w, self.weights.inv_freq, s.proj, ps, s.pos, s.slot, &kv, QOut::F16(s.q_f16), r0)?;
+                if nd > 0 {
+                    attention::prep(g, k, d, w, self.weights.inv_freq, proj_row(r0), ps, row_i32(s.pos), row_i32(s.slot), &kv, QOut::F32(s.q_f32), nd)?;
+                }
                 if ahead {
                     start_ahead()?;
                 }
@@ -798,6 +830,10 @@ impl Model {
                 let runs: Vec<attention::PrefillPiece> =
                     pieces.iter().map(|p| attention::PrefillPiece { block_table: self.mem.bt_row(p.slot), row0: p.row0, t: p.len, p0: p.p0 }).collect();
                 attention::prefill_pieces(g, k, d, s.q_f16, kv.k, kv.v, s.proj, ps, &runs, MixOut::F16(s.mix_f16))?;
+                if nd > 0 {
+                    let mix = MixOut::F16(s.mix_f16 + (r0 * d.attn_out_dim() * 2) as u64);
+                    attention::decode(g, k, d, s.q_f32, &kv, row_i32(s.pos), row_i32(s.slot), &s.attn_decode(), proj_row(r0), ps, mix, nd)?;
+                }
                 self.mark("prefill attention")?;
             }
         }
@@ -1366,7 +1402,7 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
-    use super::Knockout;
+    use super::{decode_rows, Knockout, Piece};
 
     #[test]
     fn knockout_names_match_their_bits() {
@@ -1378,5 +1414,49 @@ mod tests {
         assert_eq!(Knockout::parse("router+down").unwrap(), Knockout(Knockout::ROUTER.0 | Knockout::DOWN.0));
         assert_eq!(Knockout::parse("").unwrap(), Knockout::default());
         assert!(Knockout::parse("routers").unwrap_err().contains("routers"));
+    }
+
+    /// A pass laid out as `prefill_batch_capturing` lays it: each piece's
+    /// rows after the previous one's.
+    fn pass(pieces: &[(usize, usize, bool)]) -> (Vec<Piece>, usize) {
+        let mut row0 = 0;
+        let out = pieces
+            .iter()
+            .enumerate()
+            .map(|(slot, &(p0, len, capture))| {
+                let p = Piece { slot, p0, row0, len, capture: capture.then_some((99, 64)) };
+                row0 += len;
+                p
+            })
+            .collect();
+        (out, row0)
+    }
+
+    #[test]
+    fn decode_rows_are_the_trailing_one_token_continuations() {
+        let rows = |pieces: &[(usize, usize, bool)], max_batch: usize| {
+            let (p, t) = pass(pieces);
+            decode_rows(&p, t, max_batch)
+        };
+        // A prompt chunk, then three sequences' next tokens.
+        assert_eq!(rows(&[(0, 100, false), (40, 1, false), (75, 1, false), (9, 1, false)], 64), 3);
+        // Rows alone, and no rows.
+        assert_eq!(rows(&[(40, 1, false), (75, 1, false)], 64), 2);
+        assert_eq!(rows(&[(0, 100, false)], 64), 0);
+        assert_eq!(rows(&[], 64), 0);
+        // Only the trailing run: a one-token piece before a prompt chunk
+        // stays with the prefill.
+        assert_eq!(rows(&[(40, 1, false), (0, 100, false), (9, 1, false)], 64), 1);
+        // A fresh sequence's one-token prompt (nothing to continue) and a
+        // piece that takes a snapshot are not decode rows.
+        assert_eq!(rows(&[(0, 100, false), (40, 1, false), (0, 1, false)], 64), 0);
+        assert_eq!(rows(&[(0, 100, false), (40, 1, true), (9, 1, false)], 64), 1);
+        // At most a decode batch: the rest stay with the prefill.
+        assert_eq!(rows(&[(0, 10, false), (40, 1, false), (75, 1, false), (9, 1, false)], 2), 2);
+        // Rows not on the pass's last rows (a layout this function does
+        // not know) take the prefill path.
+        let (mut p, t) = pass(&[(0, 10, false), (40, 1, false), (75, 1, false)]);
+        p.swap(1, 2);
+        assert_eq!(decode_rows(&p, t, 64), 0);
     }
 }

@@ -489,13 +489,14 @@ fn prefill_batch_equals_prefilling_each_sequence_alone() {
 
 /// A mixed step's call (`Backend::mixed_steps`): one-token parts of
 /// sequences that hold a context, beside a prompt chunk, in one
-/// `prefill_batch` pass. Each row runs the prefill path, so it is gated
-/// as the prefill path against the decode path (the gate of "prefill-then-
-/// decode equals one long prefill"); the chunk beside them as a pass of
-/// another shape (the "passes of 128 rows" gate); the rows' sequences then
-/// decode like those that took the decode step; and what the backend says
-/// of mixed steps: possible by default, never when batch-invariant, past
-/// `MIX_CONTEXT_MAX` tokens of context or `MIX_ROWS_MAX` rows.
+/// `prefill_batch` pass. Each row runs the pass's matrices (the prefill
+/// path's fp16 GEMMs) and the decode kernels' mixer, so it is gated as the
+/// prefill path against the decode path (the gate of "prefill-then-decode
+/// equals one long prefill"); the chunk beside them as a pass of another
+/// shape (the "passes of 128 rows" gate); then a pass of rows alone (no
+/// prompt rows before them) against a decode step, and a decode step after
+/// it on both sides; and what the backend says of mixed steps: possible by
+/// default up to a decode batch of rows, never when batch-invariant.
 #[test]
 fn decode_rows_in_a_prefill_pass_equal_decode_steps() {
     let Some(gpu) = gpu("decode_rows_in_a_prefill_pass_equal_decode_steps") else { return };
@@ -531,23 +532,30 @@ fn decode_rows_in_a_prefill_pass_equal_decode_steps() {
     let mut stc = Stats::default();
     stc.add("a chunk beside decode rows vs alone", &got[..1], &chunk_alone);
     stc.gate(&mut checks, "a chunk beside decode rows vs alone", 1.0, 3e-3, 3e-2);
-    // The next step, a decode step on both sides.
+    // A pass of decode rows alone, then a decode step on both sides.
+    let rows_only: Vec<(SeqId, &[u32])> = mixed.iter().map(|s| (*s, &fed[1..2])).collect();
+    let got = be.prefill_batch(&rows_only).expect("a pass of decode rows alone");
+    let want = be.decode(&apart.iter().map(|s| (*s, fed[1])).collect::<Vec<_>>()).expect("decode step");
+    let mut alone = Stats::default();
+    alone.add("a pass of decode rows alone vs a decode step", &got, &want);
+    alone.gate(&mut checks, "a pass of decode rows alone vs a decode step", 0.9, 3e-2, 3e-1);
     let next = |seqs: &[SeqId]| -> Vec<(SeqId, u32)> { seqs.iter().map(|s| (*s, 7)).collect() };
-    let after_mixed = be.decode(&next(&mixed)).expect("decode after the mixed call");
-    let after_apart = be.decode(&next(&apart)).expect("decode after the decode step");
+    let after_mixed = be.decode(&next(&mixed)).expect("decode after the mixed calls");
+    let after_apart = be.decode(&next(&apart)).expect("decode after the decode steps");
     let mut sta = Stats::default();
-    sta.add("decode after a mixed call vs after a decode step", &after_mixed, &after_apart);
-    sta.gate(&mut checks, "decode after a mixed call vs after a decode step", 0.9, 3e-2, 3e-1);
+    sta.add("decode after mixed calls vs after decode steps", &after_mixed, &after_apart);
+    sta.gate(&mut checks, "decode after mixed calls vs after decode steps", 0.9, 3e-2, 3e-1);
 
     use lily_model::MixedSteps;
-    checks.check(be.mixed_steps(3, 76) == MixedSteps::Possible, format!("default options: {:?}", be.mixed_steps(3, 76)));
-    checks.check(be.mixed_steps(3, lily_cuda::MIX_CONTEXT_MAX + 1) == MixedSteps::Never, "past MIX_CONTEXT_MAX");
-    checks.check(be.mixed_steps(lily_cuda::MIX_ROWS_MAX + 1, 76) == MixedSteps::Never, "past MIX_ROWS_MAX");
+    let max_batch = small_opts(1024).max_batch;
+    checks.check(be.mixed_steps(3) == MixedSteps::Pays, format!("default options: {:?}", be.mixed_steps(3)));
+    checks.check(be.mixed_steps(max_batch) == MixedSteps::Pays, "a full decode batch");
+    checks.check(be.mixed_steps(max_batch + 1) == MixedSteps::Never, "more rows than a decode step takes");
     drop(be);
     let mut invariant = small_opts(1024);
     invariant.decode_matrices = lily_cuda::DecodeMatrices::BATCH_INVARIANT;
     let be = CudaBackend::from_weights(&gpu, &w, invariant, &mut |_, _| {}).expect("batch-invariant backend");
-    checks.check(be.mixed_steps(3, 76) == MixedSteps::Never, "batch-invariant: never");
+    checks.check(be.mixed_steps(3) == MixedSteps::Never, "batch-invariant: never");
     checks.finish();
 }
 

@@ -49,7 +49,7 @@ use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{EngineError, EngineOptions, EngineTime, Event, FinishReason, GenerateRequest, MixPolicy, Shared, Submission};
-use crate::kv::{model_error, work_error, Acquired, Age, KvFit, KvLedger};
+use crate::kv::{model_error, work_error, Acquired, Age, Holding, KvFit, KvLedger};
 use crate::prefix_cache::PrefixCache;
 use crate::sampling::{logprob_report, request_seed, sample_params};
 use crate::text::TextStream;
@@ -474,12 +474,9 @@ impl Scheduler {
         let mut members = Vec::new();
         let mut batch = Vec::new();
         for a in &self.running {
-            let Some(h) = self.kv.holding(a.age) else {
+            let Some(h) = self.decodes_next(a) else {
                 continue;
             };
-            if h.prefilling() || a.generated() + h.ahead >= a.max_tokens {
-                continue;
-            }
             let feed = if h.ahead > 0 { Feed::Previous } else { Feed::Token(a.tokens[h.fed]) };
             members.push(a.age);
             batch.push((h.seq, feed));
@@ -489,6 +486,13 @@ impl Scheduler {
         while self.in_flight.len() > keep {
             self.collect_oldest();
         }
+    }
+
+    /// Request `a`'s sequence when a decode step is due for it: it holds
+    /// one, has finished its prefill, and its steps in flight do not
+    /// already produce its last token (`max_tokens`).
+    fn decodes_next(&self, a: &Active) -> Option<&Holding> {
+        self.kv.holding(a.age).filter(|h| !h.prefilling() && a.generated() + h.ahead < a.max_tokens)
     }
 
     /// Submits one decode step for `members` (request ages, batch order);
@@ -753,11 +757,9 @@ impl Scheduler {
     /// Whether this step has both a decode batch and prompt chunks, and
     /// the backend takes those decode rows in a prefill call.
     fn mix_due(&self) -> bool {
-        let contexts: Vec<usize> = self.running.iter().filter_map(|a| self.kv.holding(a.age).filter(|h| !h.prefilling())).map(|h| h.fed + 1).collect();
-        let Some(&longest) = contexts.iter().max() else {
-            return false;
-        };
-        self.mix.mixes(self.backend.mixed_steps(contexts.len(), longest)) && !self.prefill_plan().is_empty()
+        // The generating requests' rows, every step: nothing allocated.
+        let rows = self.running.iter().filter(|a| self.decodes_next(a).is_some()).count();
+        rows > 0 && self.mix.mixes(self.backend.mixed_steps(rows)) && !self.prefill_plan().is_empty()
     }
 
     /// Every generating request that holds no step in flight (all of
@@ -766,7 +768,7 @@ impl Scheduler {
         self.running
             .iter()
             .filter_map(|a| {
-                let h = self.kv.holding(a.age).filter(|h| !h.prefilling() && h.ahead == 0 && a.generated() < a.max_tokens)?;
+                let h = self.decodes_next(a).filter(|h| h.ahead == 0)?;
                 Some(DecodeRow { age: a.age, seq: h.seq, token: *a.tokens.get(h.fed)? })
             })
             .collect()

@@ -317,10 +317,10 @@ pub trait Backend: Send {
     /// and prompt chunks to prefill, one `prefill_capture_sampling` call
     /// can take each generating sequence as a one-token part beside the
     /// chunks, so every weight is read once for both (a mixed step).
-    /// `rows` is the number of decode rows, `longest_context` the longest
-    /// sequence among them. The default, `Never`, keeps the two apart.
-    fn mixed_steps(&self, rows: usize, longest_context: usize) -> MixedSteps {
-        let _ = (rows, longest_context);
+    /// `rows` is the number of decode rows. The default, `Never`, keeps the
+    /// two apart.
+    fn mixed_steps(&self, rows: usize) -> MixedSteps {
+        let _ = rows;
         MixedSteps::Never
     }
 

@@ -421,7 +421,7 @@ impl Backend for Fake {
         self.lock().first_draws += draws.iter().flatten().count();
         Ok(((rows, snaps), draws))
     }
-    fn mixed_steps(&self, _rows: usize, _longest_context: usize) -> MixedSteps {
+    fn mixed_steps(&self, _rows: usize) -> MixedSteps {
         self.mixed
     }
     fn decode(&mut self, batch: &[(SeqId, u32)]) -> ModelResult<Vec<Vec<f32>>> {

@@ -88,10 +88,9 @@ pub struct Args {
     arrival_wait_ms: u64,
     /// Run a step's decode rows inside its prefill pass when prompts are
     /// being prefilled beside generating streams (every weight read once
-    /// for both): `auto` where the backend has measured it to pay (the CPU),
-    /// `on` wherever the backend allows it (CUDA too, for up to 16 streams
-    /// below 8,192 tokens of context, not with --batch-invariant), `off`
-    /// never.
+    /// for both): `auto` where the backend has measured it to pay (the CPU;
+    /// CUDA up to a decode batch of rows, not with --batch-invariant), `on`
+    /// also where a backend only allows it, `off` never.
     #[arg(long, value_enum, default_value_t = MixedStepsArg::Auto)]
     mixed_steps: MixedStepsArg,
     /// Decode every step batch-invariantly: a request's tokens the same
