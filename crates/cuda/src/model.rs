@@ -688,10 +688,12 @@ impl Model {
     /// mixer over every piece's rows in one set of launches (each piece from
     /// its own state).
     ///
+    /// `nd`: the pass's trailing decode rows (`decode_rows`, the same for
+    /// every layer), whose mixer runs on the decode kernels.
     /// `in_dequantised`: the previous layer had the side stream dequantise
     /// this one's in-projections (`dequantise_ahead`). Returns whether this
     /// layer did so for the next one.
-    fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize, in_dequantised: bool) -> CudaResult<bool> {
+    fn layer_prefill(&self, i: usize, pieces: &[Piece], t: usize, nd: usize, in_dequantised: bool) -> CudaResult<bool> {
         let (g, k, d, s) = (&*self.gpu, &self.kernels, &self.dims, &self.mem.scratch);
         let l = &self.weights.layers[i];
         let ps = d.proj_stride();
@@ -703,9 +705,8 @@ impl Model {
         self.in_proj_gemm_from(l, t, i > 0, in_dequantised)?;
         // Row r of proj and of the mixer output, as the kernels lay them out.
         let proj_row = |r: usize| s.proj + (r * ps * 4) as u64;
-        // A mixed step's decode rows (`decode_rows`: rows r0..t) take the
-        // decode kernels' mixer; the prompts' pieces the prefill's.
-        let nd = decode_rows(pieces, t, self.mem.opts.max_batch);
+        // A mixed step's decode rows (rows r0..t) take the decode kernels'
+        // mixer; the prompts' pieces the prefill's.
         let (pieces, r0) = (&pieces[..pieces.len() - nd], t - nd);
         let row_i32 = |base: u64| base + (r0 * 4) as u64;
         match &l.mixer {
@@ -821,9 +822,10 @@ impl Model {
         write_device(&self.gpu, s.slot, slots)?;
         embed::embed(&self.gpu, &self.kernels, d, &self.weights.embed, s.tokens, s.h, s.argmax, t)?;
         self.mark("embed")?;
+        let nd = decode_rows(pieces, t, self.mem.opts.max_batch);
         let mut in_dequantised = false;
         for i in 0..d.layers {
-            in_dequantised = self.layer_prefill(i, pieces, t, in_dequantised)?;
+            in_dequantised = self.layer_prefill(i, pieces, t, nd, in_dequantised)?;
         }
         Ok(())
     }
