@@ -2,7 +2,10 @@
 //! the template rendered with and without markers, then the encode), the
 //! host work before a request reaches the engine.
 //!
-//!   cargo run -p lily-core --release --example render_bench -- CHECKPOINT_DIR
+//!   cargo run -p lily-core --release --example render_bench -- CHECKPOINT_DIR [TEXT_FILE]
+//!
+//! With TEXT_FILE it also times `encode` of that file's text (e.g. source
+//! code or prose whose words are mostly not in the BPE model's cache yet).
 use std::path::Path;
 use std::time::Instant;
 
@@ -22,7 +25,7 @@ fn main() {
         &["the", "of", "and", "to", "in", "is", "was", "for", "on", "as", "with", "by", "at", "from", "that", "this", "people", "years", "world", "city"];
     let body: Vec<&str> = (0..238).map(|i| WORDS[(i * 7 + i / 3) % WORDS.len()]).collect();
     let req = ChatRenderRequest { messages: vec![ChatMessage::user(format!("Request 1.\n{}", body.join(" ")))], ..Default::default() };
-    let n = 200;
+    let n = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
     let mut phases = [0f64; 3];
     let mut len = 0;
     for _ in 0..n {
@@ -46,4 +49,19 @@ fn main() {
         us(phases[1]),
         us(phases[2])
     );
+    if let Some(file) = std::env::args().nth(2) {
+        let text = std::fs::read_to_string(&file).expect("text file");
+        for pass in ["first", "second"] {
+            let t0 = Instant::now();
+            let ids = tok.encode(&text).expect("encode");
+            let took = t0.elapsed();
+            println!(
+                "{file}: {} bytes, {} tokens, {pass} encode {:.1} ms ({:.0} ns a byte)",
+                text.len(),
+                ids.len(),
+                took.as_secs_f64() * 1e3,
+                took.as_secs_f64() * 1e9 / text.len() as f64
+            );
+        }
+    }
 }

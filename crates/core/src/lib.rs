@@ -6,6 +6,7 @@
 //! tokenizer (`tokenizer`) and the chat template (`chat`). It owns no model
 //! math and no GPU code.
 
+mod ascii_split;
 pub mod chat;
 pub mod config;
 pub mod error;

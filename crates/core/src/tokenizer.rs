@@ -32,6 +32,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::ascii_split;
 use crate::error::{Error, Result};
 
 /// The 33 special tokens of Qwen3.5/3.6 in id order, starting at
@@ -182,6 +183,11 @@ pub struct Tokenizer {
     /// Bytes an added token can start with (all of Qwen's start with `<`).
     special_first_byte: [bool; 256],
     table: Arc<DecodeTable>,
+    /// The byte-level alphabet's characters for the ASCII bytes, when the
+    /// file's normaliser and pre-tokenizer are Qwen's (`qwen_pipeline`):
+    /// ASCII text is then split by `ascii_split` and only the BPE model runs
+    /// in the library. `None` keeps the library's whole pipeline.
+    ascii_alphabet: Option<[char; 128]>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -287,7 +293,16 @@ impl Tokenizer {
             return Err(Error::Tokenizer("vocabulary bytes exceed 4 GiB".into()));
         }
 
-        Ok(Self { inner, specials, special_first_byte, table: Arc::new(table) })
+        let ascii_alphabet = qwen_pipeline(&inner).then(|| {
+            let mut alphabet = ['\0'; 128];
+            for (c, b) in &char_to_byte {
+                if let Some(slot) = alphabet.get_mut(*b as usize) {
+                    *slot = *c;
+                }
+            }
+            alphabet
+        });
+        Ok(Self { inner, specials, special_first_byte, table: Arc::new(table), ascii_alphabet })
     }
 
     /// Number of token ids the tokenizer defines (highest id + 1): 248,077 for
@@ -397,10 +412,57 @@ impl Tokenizer {
         if text.is_empty() {
             return Ok(());
         }
+        if let Some(alphabet) = self.ascii_alphabet.as_ref().filter(|_| text.is_ascii()) {
+            return self.encode_ascii_into(text.as_bytes(), alphabet, out);
+        }
+        self.encode_with_library_into(text, out)
+    }
+
+    /// The library's whole pipeline: NFC, the split regex, the byte-level
+    /// mapping, BPE.
+    fn encode_with_library_into(&self, text: &str, out: &mut Vec<u32>) -> Result<()> {
         let enc = self.inner.encode_fast(text, false).map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
         out.extend_from_slice(enc.get_ids());
         Ok(())
     }
+
+    /// ASCII text split by `ascii_split` (the same pieces as the regex), each
+    /// piece mapped to the byte-level alphabet and encoded by the library's
+    /// BPE model (with its cache of merged words).
+    fn encode_ascii_into(&self, text: &[u8], alphabet: &[char; 128], out: &mut Vec<u32>) -> Result<()> {
+        use tokenizers::Model;
+        let model = self.inner.get_model();
+        let mut piece = String::with_capacity(64);
+        for range in ascii_split::pieces(text) {
+            piece.clear();
+            piece.extend(text[range].iter().map(|&b| alphabet[b as usize]));
+            let tokens = model.tokenize(&piece).map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
+            out.extend(tokens.iter().map(|t| t.id));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the loaded file normalises with NFC (or not at all) and
+/// pre-tokenizes with exactly Qwen's split regex then the byte-level mapping
+/// without a prefix space or regex of its own: the pipeline `ascii_split`
+/// reproduces for ASCII text.
+fn qwen_pipeline(inner: &tokenizers::Tokenizer) -> bool {
+    let normalizer = inner.get_normalizer().map(serde_json::to_value);
+    let nfc = match normalizer {
+        None => true,
+        Some(Ok(v)) => v == serde_json::json!({ "type": "NFC" }),
+        Some(Err(_)) => false,
+    };
+    let expected = serde_json::json!({
+        "type": "Sequence",
+        "pretokenizers": [
+            { "type": "Split", "pattern": { "Regex": ascii_split::QWEN_SPLIT }, "behavior": "Isolated", "invert": false },
+            { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false },
+        ],
+    });
+    let pre = inner.get_pre_tokenizer().map(serde_json::to_value);
+    nfc && matches!(pre, Some(Ok(v)) if v == expected)
 }
 
 /// Incremental detokeniser: push ids as they are generated, get back the text
@@ -461,5 +523,141 @@ impl StreamDecoder {
     /// Bytes held back waiting for the rest of a character (at most 3).
     pub fn pending_bytes(&self) -> usize {
         self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn library_ids(t: &Tokenizer, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        t.encode_with_library_into(text, &mut out).unwrap();
+        out
+    }
+
+    /// Encodes ASCII `text` by the tokenizer's own route (the ASCII path)
+    /// and by the library's whole pipeline; returns the token count.
+    fn assert_paths_agree(t: &Tokenizer, text: &str) -> usize {
+        let mut fast = Vec::new();
+        t.encode_plain_into(text, &mut fast).unwrap();
+        assert_eq!(fast, library_ids(t, text), "{text:?}");
+        fast.len()
+    }
+
+    /// ASCII text with every case of the split's alternatives: contractions
+    /// in both cases and cut short, whitespace runs of each kind before
+    /// letters, digits, punctuation and the end, control characters, and
+    /// special-token text (plain text to `encode`).
+    fn random_ascii(rng: &mut ChaCha8Rng) -> String {
+        const PIECES: &[&str] = &[
+            "'s",
+            "'S",
+            "'t",
+            "'re",
+            "'RE",
+            "'Ve",
+            "'m",
+            "'ll",
+            "'LL",
+            "'d",
+            "'",
+            "'r",
+            "'l",
+            "'v",
+            "it",
+            "The",
+            "hello",
+            "WORLD",
+            "x",
+            "_start",
+            " ",
+            "  ",
+            "   ",
+            "\t",
+            "\n",
+            "\r\n",
+            "\r",
+            "\x0b",
+            "\x0c",
+            " \n ",
+            "\n\n",
+            "0",
+            "42",
+            "3.14",
+            ",",
+            ".",
+            "...",
+            "!?",
+            "<|im_start|>",
+            "</think>",
+            "<tool_call>",
+            "{\"a\": 1}",
+            "()",
+            "=>",
+            "\x00",
+            "\x1f",
+            "\x7f",
+            "-",
+            "--",
+            "#",
+            "@",
+            "~`",
+            "\\",
+        ];
+        let mut s = String::new();
+        for _ in 0..rng.random_range(1..24) {
+            if rng.random_range(0..4) == 0 {
+                s.push(char::from(rng.random_range(0u8..128)));
+            } else {
+                s.push_str(PIECES[rng.random_range(0..PIECES.len())]);
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn the_shipped_tokenizer_takes_the_ascii_path() {
+        let t = Tokenizer::embedded().unwrap();
+        assert!(t.ascii_alphabet.is_some(), "the embedded tokenizer.json's normaliser or pre-tokenizer no longer matches qwen_pipeline");
+    }
+
+    #[test]
+    fn the_ascii_path_encodes_like_the_library() {
+        let t = Tokenizer::embedded().unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(0xa5c1);
+        let mut texts: Vec<String> = (0..4000).map(|_| random_ascii(&mut rng)).collect();
+        // Every ASCII character alone, after a space, doubled and tripled.
+        for b in 0u8..128 {
+            let c = char::from(b);
+            texts.extend([c.to_string(), format!(" {c}"), format!("{c}{c}"), format!("a{c}{c}{c}b"), format!("  {c}x")]);
+        }
+        for text in &texts {
+            assert_paths_agree(&t, text);
+        }
+    }
+
+    /// Real ASCII text: this crate's sources and the model's chat template
+    /// (lines with other characters left out), whole and line by line.
+    #[test]
+    fn the_ascii_path_encodes_sources_like_the_library() {
+        let t = Tokenizer::embedded().unwrap();
+        for source in [include_str!("tokenizer.rs"), include_str!("chat.rs"), include_str!("weights.rs"), include_str!("../assets/chat_template.jinja")] {
+            let text: String = source.lines().filter(|l| l.is_ascii()).flat_map(|l| [l, "\n"]).collect();
+            assert!(assert_paths_agree(&t, &text) > 1000);
+            for line in text.lines() {
+                assert_paths_agree(&t, line);
+            }
+        }
+    }
+
+    #[test]
+    fn non_ascii_text_keeps_the_library_pipeline() {
+        let t = Tokenizer::embedded().unwrap();
+        for text in ["caf\u{e9} it's", "e\u{301}t\u{e9}", "\u{a0}x", "x\u{2028}y", "\u{17f}'\u{17f}"] {
+            assert_eq!(t.encode(text).unwrap(), library_ids(&t, text), "{text:?}");
+        }
     }
 }
