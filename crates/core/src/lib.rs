@@ -6,11 +6,11 @@
 //! tokenizer (`tokenizer`) and the chat template (`chat`). It owns no model
 //! math and no GPU code.
 
-mod ascii_split;
 pub mod chat;
 pub mod config;
 pub mod error;
 pub mod quant;
+mod split;
 pub mod tensors;
 pub mod tokenizer;
 pub mod weights;

@@ -32,8 +32,8 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::ascii_split;
 use crate::error::{Error, Result};
+use crate::split;
 
 /// The 33 special tokens of Qwen3.5/3.6 in id order, starting at
 /// [`FIRST_SPECIAL_ID`]. The embedded tokenizer.json is checked against this
@@ -183,11 +183,11 @@ pub struct Tokenizer {
     /// Bytes an added token can start with (all of Qwen's start with `<`).
     special_first_byte: [bool; 256],
     table: Arc<DecodeTable>,
-    /// The byte-level alphabet's characters for the ASCII bytes, when the
-    /// file's normaliser and pre-tokenizer are Qwen's (`qwen_pipeline`):
-    /// ASCII text is then split by `ascii_split` and only the BPE model runs
-    /// in the library. `None` keeps the library's whole pipeline.
-    ascii_alphabet: Option<[char; 128]>,
+    /// The byte-level alphabet (each byte's character), when the file's
+    /// normaliser and pre-tokenizer are Qwen's (`qwen_pipeline`): text in
+    /// NFC is then cut by `split` and only the BPE model runs in the
+    /// library. `None` keeps the library's whole pipeline.
+    byte_alphabet: Option<[char; 256]>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -293,16 +293,14 @@ impl Tokenizer {
             return Err(Error::Tokenizer("vocabulary bytes exceed 4 GiB".into()));
         }
 
-        let ascii_alphabet = qwen_pipeline(&inner).then(|| {
-            let mut alphabet = ['\0'; 128];
+        let byte_alphabet = qwen_pipeline(&inner).then(|| {
+            let mut alphabet = ['\0'; 256];
             for (c, b) in &char_to_byte {
-                if let Some(slot) = alphabet.get_mut(*b as usize) {
-                    *slot = *c;
-                }
+                alphabet[*b as usize] = *c;
             }
             alphabet
         });
-        Ok(Self { inner, specials, special_first_byte, table: Arc::new(table), ascii_alphabet })
+        Ok(Self { inner, specials, special_first_byte, table: Arc::new(table), byte_alphabet })
     }
 
     /// Number of token ids the tokenizer defines (highest id + 1): 248,077 for
@@ -412,10 +410,10 @@ impl Tokenizer {
         if text.is_empty() {
             return Ok(());
         }
-        if let Some(alphabet) = self.ascii_alphabet.as_ref().filter(|_| text.is_ascii()) {
-            return self.encode_ascii_into(text.as_bytes(), alphabet, out);
+        match &self.byte_alphabet {
+            Some(alphabet) if in_nfc(text) => self.encode_split_into(text, alphabet, out),
+            _ => self.encode_with_library_into(text, out),
         }
-        self.encode_with_library_into(text, out)
     }
 
     /// The library's whole pipeline: NFC, the split regex, the byte-level
@@ -426,16 +424,16 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// ASCII text split by `ascii_split` (the same pieces as the regex), each
-    /// piece mapped to the byte-level alphabet and encoded by the library's
-    /// BPE model (with its cache of merged words).
-    fn encode_ascii_into(&self, text: &[u8], alphabet: &[char; 128], out: &mut Vec<u32>) -> Result<()> {
+    /// Text in NFC cut by `split` (the same pieces as the regex), each piece
+    /// mapped to the byte-level alphabet and encoded by the library's BPE
+    /// model (with its cache of merged words).
+    fn encode_split_into(&self, text: &str, alphabet: &[char; 256], out: &mut Vec<u32>) -> Result<()> {
         use tokenizers::Model;
         let model = self.inner.get_model();
         let mut piece = String::with_capacity(64);
-        for range in ascii_split::pieces(text) {
+        for range in split::pieces(text) {
             piece.clear();
-            piece.extend(text[range].iter().map(|&b| alphabet[b as usize]));
+            piece.extend(text.as_bytes()[range].iter().map(|&b| alphabet[b as usize]));
             let tokens = model.tokenize(&piece).map_err(|e| Error::Tokenizer(format!("encode: {e}")))?;
             out.extend(tokens.iter().map(|t| t.id));
         }
@@ -443,10 +441,19 @@ impl Tokenizer {
     }
 }
 
+/// Whether NFC leaves `text` as it is, by the quick check (a "maybe" counts
+/// as no). The check's tables (`unicode-normalization`) may be of a newer
+/// Unicode version than the library's normaliser; text that is in NFC by
+/// the newer one is also left as it is by the older one (normalisation
+/// stability), which is all the split needs.
+fn in_nfc(text: &str) -> bool {
+    text.is_ascii() || unicode_normalization::is_nfc_quick(text.chars()) == unicode_normalization::IsNormalized::Yes
+}
+
 /// Whether the loaded file normalises with NFC (or not at all) and
 /// pre-tokenizes with exactly Qwen's split regex then the byte-level mapping
-/// without a prefix space or regex of its own: the pipeline `ascii_split`
-/// reproduces for ASCII text.
+/// without a prefix space or regex of its own: the pipeline `split`
+/// reproduces for text in NFC.
 fn qwen_pipeline(inner: &tokenizers::Tokenizer) -> bool {
     let normalizer = inner.get_normalizer().map(serde_json::to_value);
     let nfc = match normalizer {
@@ -457,7 +464,7 @@ fn qwen_pipeline(inner: &tokenizers::Tokenizer) -> bool {
     let expected = serde_json::json!({
         "type": "Sequence",
         "pretokenizers": [
-            { "type": "Split", "pattern": { "Regex": ascii_split::QWEN_SPLIT }, "behavior": "Isolated", "invert": false },
+            { "type": "Split", "pattern": { "Regex": split::QWEN_SPLIT }, "behavior": "Isolated", "invert": false },
             { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false },
         ],
     });
@@ -538,8 +545,8 @@ mod tests {
         out
     }
 
-    /// Encodes ASCII `text` by the tokenizer's own route (the ASCII path)
-    /// and by the library's whole pipeline; returns the token count.
+    /// Encodes `text` by the tokenizer's own route (the hand split for text
+    /// in NFC) and by the library's whole pipeline; returns the token count.
     fn assert_paths_agree(t: &Tokenizer, text: &str) -> usize {
         let mut fast = Vec::new();
         t.encode_plain_into(text, &mut fast).unwrap();
@@ -618,14 +625,56 @@ mod tests {
         s
     }
 
-    #[test]
-    fn the_shipped_tokenizer_takes_the_ascii_path() {
-        let t = Tokenizer::embedded().unwrap();
-        assert!(t.ascii_alphabet.is_some(), "the embedded tokenizer.json's normaliser or pre-tokenizer no longer matches qwen_pipeline");
+    /// Text from many scripts and from every plane (assigned or not, private
+    /// use, noncharacters), with marks, Unicode spaces and numbers, the long
+    /// s after an apostrophe, and ASCII pieces between them.
+    fn random_unicode(rng: &mut ChaCha8Rng) -> String {
+        const RANGES: &[(u32, u32)] = &[
+            (0x80, 0x24f),
+            (0x250, 0x36f),
+            (0x370, 0x52f),
+            (0x530, 0x8ff),
+            (0x900, 0xdff),
+            (0xe00, 0x10ff),
+            (0x1100, 0x1fff),
+            (0x2000, 0x206f),
+            (0x2070, 0x2bff),
+            (0x2e80, 0x33ff),
+            (0x3400, 0x4dbf),
+            (0x4e00, 0x9fff),
+            (0xa000, 0xd7ff),
+            (0xe000, 0xf8ff),
+            (0xf900, 0xffff),
+            (0x10000, 0x1ffff),
+            (0x20000, 0x3ffff),
+            (0xe0000, 0x10ffff),
+        ];
+        const PIECES: &[&str] =
+            &[" ", "  ", "\n", "\r\n", "\t", "'", "'s", "'\u{17f}", "'LL", "x", "The", "1", ",", "\u{a0}", "\u{3000}", "\u{2028}", "\u{85}", "\u{301}"];
+        let mut s = String::new();
+        for _ in 0..rng.random_range(1..16) {
+            if rng.random_range(0..3) == 0 {
+                s.push_str(PIECES[rng.random_range(0..PIECES.len())]);
+            } else {
+                let (lo, hi) = RANGES[rng.random_range(0..RANGES.len())];
+                for _ in 0..rng.random_range(1..4) {
+                    if let Some(c) = char::from_u32(rng.random_range(lo..=hi)) {
+                        s.push(c);
+                    }
+                }
+            }
+        }
+        s
     }
 
     #[test]
-    fn the_ascii_path_encodes_like_the_library() {
+    fn the_shipped_tokenizer_splits_by_hand() {
+        let t = Tokenizer::embedded().unwrap();
+        assert!(t.byte_alphabet.is_some(), "the embedded tokenizer.json's normaliser or pre-tokenizer no longer matches qwen_pipeline");
+    }
+
+    #[test]
+    fn the_hand_split_encodes_ascii_like_the_library() {
         let t = Tokenizer::embedded().unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(0xa5c1);
         let mut texts: Vec<String> = (0..4000).map(|_| random_ascii(&mut rng)).collect();
@@ -639,25 +688,56 @@ mod tests {
         }
     }
 
-    /// Real ASCII text: this crate's sources and the model's chat template
-    /// (lines with other characters left out), whole and line by line.
     #[test]
-    fn the_ascii_path_encodes_sources_like_the_library() {
+    fn the_hand_split_encodes_unicode_like_the_library() {
+        let t = Tokenizer::embedded().unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(0x0ca5e);
+        let mut split = 0;
+        for _ in 0..6000 {
+            let text = random_unicode(&mut rng);
+            split += usize::from(in_nfc(&text));
+            assert_paths_agree(&t, &text);
+        }
+        // Most of them take the hand split (the rest are not in NFC).
+        assert!(split > 4000, "only {split} of 6000 in NFC");
+    }
+
+    /// Each code point of the planes in use (one in 61 elsewhere) in
+    /// contexts that exercise its class: after a letter, before a number,
+    /// after a space, doubled, after an apostrophe.
+    #[test]
+    fn the_hand_split_classifies_every_code_point_like_the_library() {
+        let t = Tokenizer::embedded().unwrap();
+        let points = (0x80..0x32000u32).chain((0x32000..=0x10ffff).step_by(61)).chain(0xe0000..0xe0200);
+        let mut text = String::new();
+        for c in points.filter_map(char::from_u32) {
+            text.clear();
+            text.extend(['a', c, '1', ' ', c, c, '\'', c, ' ', c]);
+            assert_paths_agree(&t, &text);
+        }
+    }
+
+    /// Real text: this crate's sources and the model's chat template, whole
+    /// and line by line.
+    #[test]
+    fn the_hand_split_encodes_sources_like_the_library() {
         let t = Tokenizer::embedded().unwrap();
         for source in [include_str!("tokenizer.rs"), include_str!("chat.rs"), include_str!("weights.rs"), include_str!("../assets/chat_template.jinja")] {
-            let text: String = source.lines().filter(|l| l.is_ascii()).flat_map(|l| [l, "\n"]).collect();
-            assert!(assert_paths_agree(&t, &text) > 1000);
-            for line in text.lines() {
+            assert!(assert_paths_agree(&t, source) > 1000);
+            for line in source.lines() {
                 assert_paths_agree(&t, line);
             }
         }
     }
 
     #[test]
-    fn non_ascii_text_keeps_the_library_pipeline() {
-        let t = Tokenizer::embedded().unwrap();
-        for text in ["caf\u{e9} it's", "e\u{301}t\u{e9}", "\u{a0}x", "x\u{2028}y", "\u{17f}'\u{17f}"] {
-            assert_eq!(t.encode(text).unwrap(), library_ids(&t, text), "{text:?}");
+    fn text_not_in_nfc_keeps_the_library_pipeline() {
+        // Decomposed accents, and a pair NFC reorders.
+        for text in ["e\u{301}t\u{e9}", "a\u{301}\u{316}"] {
+            assert!(!in_nfc(text), "{text:?}");
+            let t = Tokenizer::embedded().unwrap();
+            assert_paths_agree(&t, text);
         }
+        assert!(in_nfc("caf\u{e9} \u{4e2d}"));
     }
 }

@@ -75,12 +75,14 @@ fn template_error(e: lily_core::Error) -> ApiError {
 
 /// Prompts of at most this many bytes of ASCII text are rendered and
 /// tokenized on the request's own task; the rest on a blocking thread. ASCII
-/// encodes at ~35 ns a byte at worst (`lily_core`'s ASCII split, words new
-/// to the BPE cache), so the task is held for at most ~0.3 ms, while the
+/// encodes at ~50 ns a byte at worst (the tokenizer's hand split, words new
+/// to the BPE cache), so the task is held for at most ~0.4 ms, while the
 /// hand-over to a blocking thread cost ~70-140 us of a ~0.3-0.45 ms
 /// preparation on the CPU demo (one client, 265-token prompts). Other text
-/// takes the library's path (~400 ns a byte) and long prompts take
-/// milliseconds: those never hold an async worker.
+/// can cost several times more a byte (CJK's long pieces are BPE merges,
+/// ~180 ns a byte; text not in NFC takes the library's whole pipeline,
+/// ~400) and long prompts take milliseconds: those never hold an async
+/// worker.
 const INLINE_PROMPT_BYTES: usize = 8 << 10;
 
 /// Whether `texts` are all ASCII and `INLINE_PROMPT_BYTES` or fewer in all.
