@@ -55,6 +55,12 @@ pub(crate) enum Class {
 /// that are not `Other`, with their class.
 struct Table(Vec<(u32, u32, Class)>);
 
+/// Builds the class table now (regex-syntax parsing its classes, ~0.1 ms),
+/// so that the first request with non-ASCII text does not pay for it.
+pub(crate) fn build_tables() {
+    table();
+}
+
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {

@@ -294,6 +294,7 @@ impl Tokenizer {
         }
 
         let byte_alphabet = qwen_pipeline(&inner).then(|| {
+            split::build_tables();
             let mut alphabet = ['\0'; 256];
             for (c, b) in &char_to_byte {
                 alphabet[*b as usize] = *c;
