@@ -2,11 +2,12 @@
 //! health and metrics.
 //!
 //! A generation request goes: body bytes -> strict parse -> plan
-//! (`validate.rs`) -> chat template and tokens (on a blocking thread, but
-//! for small ASCII prompts: long prompts take a while) -> `Driver::start` (engine submit: queue-full and
-//! context errors come back here as proper HTTP statuses) -> the endpoint's
-//! answer shape (`shapes.rs`) -> `respond`, which collects the response or
-//! streams it (`respond.rs`). The handlers differ only up to the shape.
+//! (`validate.rs`) -> chat template and tokens (small ASCII prompts on the
+//! request's task, others on a blocking thread: long prompts take a while)
+//! -> `Driver::start` (engine submit: queue-full and context errors come
+//! back here as proper HTTP statuses) -> the endpoint's answer shape
+//! (`shapes.rs`) -> `respond`, which collects the response or streams it
+//! (`respond.rs`). The handlers differ only up to the shape.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -108,10 +109,14 @@ fn chat_renders_inline(render: &ChatRenderRequest) -> bool {
 }
 
 /// Runs a prompt's preparation on the request's task when `inline` (small
-/// ASCII prompts), else on a blocking thread.
+/// ASCII prompts), else on a blocking thread. Either way a panic in it
+/// becomes a JSON 500 for this request, not a dropped connection.
 async fn prepare_prompt<T: Send + 'static>(inline: bool, f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
     if inline {
-        f()
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+            let why = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            Err(ApiError::internal(format!("preparing the prompt panicked: {why}")))
+        })
     } else {
         tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::internal(format!("worker task failed: {e}"))))
     }
@@ -297,5 +302,17 @@ mod tests {
         assert!(!chat_renders_inline(&with_tools));
         assert!(small_ascii(["abc", "def"]));
         assert!(!small_ascii(["\u{a0}"]));
+    }
+
+    #[test]
+    fn a_panic_while_preparing_is_an_internal_error_either_way() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for inline in [true, false] {
+            let got = rt.block_on(prepare_prompt(inline, || -> Result<(), ApiError> { panic!("template bug") }));
+            let err = got.expect_err("a panic must not pass as a prompt");
+            assert_eq!(err.status, StatusCode::INTERNAL_SERVER_ERROR, "inline {inline}");
+            assert!(err.message.contains("template bug"), "{}", err.message);
+            assert!(rt.block_on(prepare_prompt(inline, || Ok(7))).is_ok_and(|v| v == 7));
+        }
     }
 }
