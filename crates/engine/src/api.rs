@@ -380,10 +380,12 @@ pub struct EngineOptions {
     pub run_ahead: bool,
     /// Longest an engine with nothing running waits, once a request has
     /// come, for the requests a front end is still preparing (`Arrival`s
-    /// held: being rendered and tokenized, not yet queued), so that requests
-    /// which arrive together start in one prefill pass instead of the first
-    /// alone and the rest after it. It waits only while such requests exist
-    /// (a lone request never waits) and never while a stream is generating.
+    /// held: being rendered and tokenized, not yet queued) and for the
+    /// follow-ups of requests that ended together with the last one, so
+    /// that requests which arrive together start in one prefill pass
+    /// instead of the first alone and the rest after it. It waits only
+    /// while such requests exist or are expected (a lone request after a
+    /// lone request never waits) and never while a stream is generating.
     /// Zero disables it.
     pub arrival_wait: Duration,
     /// Whether a step whose decode batch and prompt chunks are both due
@@ -442,10 +444,15 @@ impl Default for EngineOptions {
 /// docs/perf/2026-12-02-h200-s17-5e0d8fc-prefill-passes.txt): every round
 /// prefilled one request alone (265 tokens, 20 ms) and the other seven in
 /// the next pass (71 ms), because the first was submitted while the rest
-/// were still being tokenized (~1.1 ms each). A request the HTTP layer holds
-/// is submitted within about that, so a few milliseconds gather a burst;
-/// the bound only matters when a front end holds an `Arrival` for long.
-pub const DEFAULT_ARRIVAL_WAIT: Duration = Duration::from_millis(4);
+/// were still being tokenized (~1.1 ms each). With the wait (4 ms then),
+/// session 44's 8-client rounds gathered all 7 in 3.0-4.1 ms from the
+/// first request's submission (Python client threads ~0.45 ms apart); a
+/// request is now prepared in ~0.3 ms instead of ~1 ms, so the first is
+/// submitted sooner and the same burst takes ~1 ms longer from there:
+/// 6 ms. The bound matters only while requests keep coming (or a front
+/// end holds an `Arrival` for long); expected ones that do not come cost a
+/// quarter of it (`engine::gather_arrivals`).
+pub const DEFAULT_ARRIVAL_WAIT: Duration = Duration::from_millis(6);
 
 /// A request a front end has taken and is still preparing (rendering,
 /// tokenizing); take it with `EngineHandle::arrival` as the request comes

@@ -10,7 +10,8 @@
 //! every accepted request has finished. Each time it goes idle after work it
 //! hands the freed heap back to the OS (`release_freed_heap`). Before the
 //! first step after nothing ran, it waits briefly for requests the front end
-//! is still preparing (`gather_arrivals`), so a burst starts in one prefill.
+//! is still preparing, and for the follow-ups of requests that ended
+//! together (`gather_arrivals`, `Burst`), so a burst starts in one prefill.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -72,6 +73,7 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>, arrival
     let mut draining = false;
     // Whether a step ran since the engine last went idle.
     let mut worked = false;
+    let mut burst = Burst::default();
     let intake = |sched: &mut Scheduler, cmd: Command, draining: &mut bool| match cmd {
         Command::Submit(mut sub) => {
             // Queued first, then the announcement ends (`Arrival`).
@@ -123,10 +125,14 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>, arrival
             continue;
         }
         if !draining && sched.only_waiting() {
-            gather_arrivals(&mut sched, &rx, &shared, arrival_wait, &mut draining, intake);
+            let expected = burst.take_expected(EXPECT_WITHIN.max(arrival_wait));
+            gather_arrivals(&mut sched, &rx, &shared, arrival_wait, expected, &mut draining, intake);
         }
         worked = true;
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| sched.step())) {
+        let ended_before = sched.ended();
+        let stepped = catch_unwind(AssertUnwindSafe(|| sched.step()));
+        burst.count(sched.ended() - ended_before);
+        if let Err(panic) = stepped {
             let why = panic_message(&panic);
             tracing::error!("engine step panicked: {why}; failing the requests in flight");
             if catch_unwind(AssertUnwindSafe(|| sched.fail_all(&format!("engine step panicked: {why}")))).is_err() {
@@ -140,6 +146,54 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>, arrival
     }
 }
 
+/// Requests that end within this of each other count as ending together
+/// (`Burst`): a few decode steps.
+const ENDED_TOGETHER: Duration = Duration::from_millis(10);
+/// How soon after requests ended together the next one must reach an idle
+/// engine for the others to be expected too: a client sends its next
+/// request within a few milliseconds of the last one's end. (An arrival
+/// wait longer than this keeps the expectation as long.)
+const EXPECT_WITHIN: Duration = Duration::from_millis(50);
+
+/// Requests that ended together, so that when the next one reaches an idle
+/// engine it waits for the others' clients too (each a request that ended
+/// and will likely send another: benchmark rounds, agents working in
+/// step). A request's announcement (`Arrival`) covers only its own
+/// preparation, which with the tokenizer's hand split and inline
+/// preparation (~0.3 ms) ends before the next client's request comes
+/// (~0.4-0.6 ms apart from a Python client's threads): without this a
+/// lockstep burst started as one pass of 1 prompt and one of 7.
+#[derive(Default)]
+struct Burst {
+    ended: usize,
+    last_end: Option<Instant>,
+}
+
+impl Burst {
+    /// Counts requests that ended in a step.
+    fn count(&mut self, ended: u64) {
+        if ended == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if self.last_end.is_none_or(|t| now - t > ENDED_TOGETHER) {
+            self.ended = 0;
+        }
+        self.ended += ended as usize;
+        self.last_end = Some(now);
+    }
+
+    /// How many more requests to expect besides the one that came: the
+    /// others that ended with its predecessor, if that was within `window`.
+    /// Taken once.
+    fn take_expected(&mut self, window: Duration) -> usize {
+        let recent = self.last_end.is_some_and(|t| t.elapsed() <= window);
+        let expected = if recent { self.ended.saturating_sub(1) } else { 0 };
+        *self = Burst::default();
+        expected
+    }
+}
+
 /// While gathering, how long the queue may stay quiet, with no request
 /// being prepared, before the pass starts anyway: requests of one burst
 /// reach the server a fraction of a millisecond apart, so the next one may
@@ -150,21 +204,25 @@ const GATHER_QUIET: Duration = Duration::from_micros(500);
 const GATHER_POLL: Duration = Duration::from_micros(100);
 
 /// Holds the first prefill of an engine with nothing running while a front
-/// end is preparing more requests (`Arrival`s held), taking each as it is
-/// submitted, until for `GATHER_QUIET` none has been prepared and none
-/// queued, or `limit` has passed since the wait began. Returns at
-/// once when nothing is arriving, so a lone request never waits. Measured
-/// without it: a burst of 8 started as one pass of 1 prompt and one of 7
-/// (`DEFAULT_ARRIVAL_WAIT`).
+/// end is preparing more requests (`Arrival`s held) or while fewer than
+/// `expected` more have come (`Burst`), taking each as it is submitted,
+/// until for the quiet gap none has been prepared and none queued, or
+/// `limit` has passed since the wait began. The gap is `GATHER_QUIET`, or
+/// a quarter of `limit` while expected requests are missing; once they are
+/// all here and none is being prepared the wait ends at once. Returns at
+/// once when nothing is arriving or expected, so a lone request never
+/// waits. Measured without it: a burst of 8 started as one pass of 1 prompt
+/// and one of 7 (`DEFAULT_ARRIVAL_WAIT`).
 fn gather_arrivals(
     sched: &mut Scheduler,
     rx: &Receiver<Command>,
     shared: &Shared,
     limit: Duration,
+    expected: usize,
     draining: &mut bool,
     intake: impl Fn(&mut Scheduler, Command, &mut bool),
 ) {
-    if limit.is_zero() || shared.arriving.load(Ordering::SeqCst) == 0 {
+    if limit.is_zero() || (shared.arriving.load(Ordering::SeqCst) == 0 && expected == 0) {
         return;
     }
     let start = Instant::now();
@@ -173,12 +231,16 @@ fn gather_arrivals(
     loop {
         let now = Instant::now();
         let Some(left) = limit.checked_sub(now - start).filter(|l| !l.is_zero()) else { break };
+        let missing = sched.waiting_len() - before < expected;
         let wait = if shared.arriving.load(Ordering::SeqCst) > 0 {
             // The quiet gap counts from the last request being prepared.
             last = now;
             GATHER_POLL
+        } else if expected > 0 && !missing {
+            break;
         } else {
-            match GATHER_QUIET.checked_sub(now - last).filter(|q| !q.is_zero()) {
+            let gap = if missing { limit / 4 } else { GATHER_QUIET };
+            match gap.checked_sub(now - last).filter(|q| !q.is_zero()) {
                 Some(q) => q,
                 None => break,
             }
@@ -200,7 +262,7 @@ fn gather_arrivals(
     }
     let waited = start.elapsed();
     let gathered = sched.waiting_len().saturating_sub(before);
-    tracing::debug!(gathered, waited_us = waited.as_micros() as u64, "held the first prefill for arriving requests");
+    tracing::debug!(gathered, expected, waited_us = waited.as_micros() as u64, "held the first prefill for arriving requests");
     shared.with_stats(|s| {
         s.arrival_waits += 1;
         s.arrival_gathered += gathered as u64;

@@ -175,6 +175,9 @@ pub(crate) struct Scheduler {
     /// When a step's decode rows ride in its prefill call
     /// (`EngineOptions::mixed_steps`).
     mix: MixPolicy,
+    /// Requests ended so far (finished or failed), for the engine loop's
+    /// count of requests that end together (`engine::Burst`).
+    ended: std::cell::Cell<u64>,
 }
 
 /// A decode step in flight.
@@ -204,7 +207,13 @@ impl Scheduler {
             in_flight: VecDeque::new(),
             run_ahead: opts.run_ahead,
             mix: opts.mixed_steps,
+            ended: std::cell::Cell::new(0),
         }
+    }
+
+    /// Requests ended so far, finished or failed.
+    pub(crate) fn ended(&self) -> u64 {
+        self.ended.get()
     }
 
     pub(crate) fn enqueue(&mut self, sub: Submission) {
@@ -294,6 +303,7 @@ impl Scheduler {
     /// (prompt, completion, cached) tokens go into a `Finished`.
     fn final_event(&self, outcome: Outcome, tokens: (usize, usize, usize)) -> Event {
         let (prompt_tokens, completion_tokens, cached_tokens) = tokens;
+        self.ended.set(self.ended.get() + 1);
         match outcome {
             Outcome::Finished(reason) => {
                 self.shared.with_stats(|s| {

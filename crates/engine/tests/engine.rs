@@ -1140,6 +1140,93 @@ fn no_arrival_wait_for_a_lone_request_or_beside_a_running_stream() {
     first.cancel();
 }
 
+fn prefill_parts(calls: &[Call]) -> Vec<usize> {
+    calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::PrefillBatch { parts } => Some(parts.len()),
+            Call::Prefill { .. } => Some(1),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Four requests announced together (so that, with an arrival wait, they
+/// share a pass and end in the same step), run to their end.
+fn four_end_together(h: &EngineHandle, first: u32) {
+    let arrivals: Vec<_> = (0..4).map(|_| h.arrival()).collect();
+    let streams: Vec<_> =
+        arrivals.into_iter().enumerate().map(|(i, a)| h.submit_announced(greedy(vec![first + i as u32; 3], 2), Some(Box::new(a))).expect("submit")).collect();
+    for s in streams {
+        assert_eq!(collect(s).finish, Some(FinishReason::Length));
+    }
+}
+
+/// When several requests end together, the next one to reach the idle
+/// engine brings the others' follow-ups with it (a benchmark round, agents
+/// in step): the engine waits for them even though none is announced yet,
+/// and they start in one prefill pass. Without the wait the first starts
+/// alone.
+#[test]
+fn follow_ups_of_requests_that_ended_together_share_one_pass() {
+    for wait in [Duration::from_secs(30), Duration::ZERO] {
+        let (fake, probe) = Fake::new(Mode::Count);
+        let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: wait, ..opts() });
+        four_end_together(&h, A);
+        let before = h.stats();
+        let mut streams = Vec::new();
+        for i in 0..4 {
+            // Not announced; far apart for the engine, well inside the
+            // expected gap (a quarter of the limit).
+            streams.push(h.submit(greedy(vec![A + 10 + i; 4], 2)).expect("submit"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for s in streams {
+            assert_eq!(collect(s).finish, Some(FinishReason::Length));
+        }
+        let parts = prefill_parts(&probe.lock().expect("probe").calls);
+        let s = h.stats();
+        if wait.is_zero() {
+            assert_eq!(parts.last(), Some(&1), "wait {wait:?}: {parts:?}");
+            assert_eq!(s.arrival_waits, 0);
+        } else {
+            // The first four shared a pass too (announced).
+            assert_eq!(parts.first(), Some(&4), "{parts:?}");
+            assert_eq!(parts.last(), Some(&4), "{parts:?}");
+            assert_eq!((s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered), (1, 3));
+        }
+    }
+}
+
+/// An expected follow-up that does not come holds the first prefill for a
+/// quarter of the limit, not all of it.
+#[test]
+fn expected_follow_ups_that_do_not_come_cost_a_quarter_of_the_limit() {
+    let (fake, _probe) = Fake::new(Mode::Count);
+    let limit = Duration::from_secs(2);
+    let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: limit, ..opts() });
+    four_end_together(&h, A);
+    let before = h.stats();
+    let c = collect(h.submit(greedy(vec![A + 10; 3], 2)).expect("submit"));
+    assert_eq!(c.finish, Some(FinishReason::Length));
+    let s = h.stats();
+    assert_eq!((s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered), (1, 0));
+    let waited = s.time.arrival_wait_s - before.time.arrival_wait_s;
+    assert!(waited >= (limit / 4).as_secs_f64() && waited < limit.as_secs_f64(), "waited {waited} s");
+}
+
+/// A request after a lone request's end expects nobody: it starts at once.
+#[test]
+fn a_request_after_a_lone_request_never_waits() {
+    let (fake, _probe) = Fake::new(Mode::Count);
+    let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: Duration::from_secs(3600), ..opts() });
+    for i in 0..3 {
+        let c = collect(h.submit(greedy(vec![A + i; 3], 2)).expect("submit"));
+        assert_eq!(c.finish, Some(FinishReason::Length));
+    }
+    assert_eq!(h.stats().arrival_waits, 0);
+}
+
 /// A fake that runs a step's decode rows inside its prefill call
 /// (`Backend::mixed_steps` says `said`), its prefill batches one call each.
 fn mixing(fake: Fake, said: MixedSteps) -> Fake {
