@@ -209,7 +209,9 @@ const GATHER_POLL: Duration = Duration::from_micros(100);
 /// until for the quiet gap none has been prepared and none queued, or
 /// `limit` has passed since the wait began. The gap is `GATHER_QUIET`, or
 /// a quarter of `limit` while expected requests are missing; once they are
-/// all here and none is being prepared the wait ends at once. Returns at
+/// all here and none is being prepared, or the waiting prompts fill a
+/// prefill pass (64 clients' follow-ups fill several), the wait ends at
+/// once. Returns at
 /// once when nothing is arriving or expected, so a lone request never
 /// waits. Measured without it: a burst of 8 started as one pass of 1 prompt
 /// and one of 7 (`DEFAULT_ARRIVAL_WAIT`).
@@ -231,6 +233,9 @@ fn gather_arrivals(
     loop {
         let now = Instant::now();
         let Some(left) = limit.checked_sub(now - start).filter(|l| !l.is_zero()) else { break };
+        if sched.pass_is_full() {
+            break;
+        }
         let missing = sched.waiting_len() - before < expected;
         let wait = if shared.arriving.load(Ordering::SeqCst) > 0 {
             // The quiet gap counts from the last request being prepared.

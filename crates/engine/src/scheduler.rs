@@ -242,6 +242,14 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Whether the waiting requests' prompts already fill a prefill pass
+    /// (`prefill_chunk` tokens and the short tails `chunk_limit` lets
+    /// finish with them): more would wait for a later pass anyway.
+    pub(crate) fn pass_is_full(&self) -> bool {
+        let most = self.prefill_chunk + self.prefill_chunk / PREFILL_TAIL_DIV;
+        self.waiting.iter().map(|w| w.req.prompt.len()).sum::<usize>() >= most
+    }
+
     /// One engine step (see the file comment).
     pub(crate) fn step(&mut self) {
         let t0 = Instant::now();

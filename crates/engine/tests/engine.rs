@@ -1215,6 +1215,31 @@ fn expected_follow_ups_that_do_not_come_cost_a_quarter_of_the_limit() {
     assert!(waited >= (limit / 4).as_secs_f64() && waited < limit.as_secs_f64(), "waited {waited} s");
 }
 
+/// The gather stops once the waiting prompts fill a prefill pass: the
+/// follow-ups past it would wait for a later pass anyway.
+#[test]
+fn the_gather_stops_once_a_pass_is_full() {
+    let (fake, _probe) = Fake::new(Mode::Count);
+    let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: Duration::from_secs(30), prefill_chunk: 16, ..opts() });
+    four_end_together(&h, A);
+    let before = h.stats();
+    let mut streams = Vec::new();
+    // Two of the three expected, 10 tokens each: the second fills the
+    // pass (16 tokens and a tail of up to 4), so the third is not waited
+    // for (a quarter of the limit, 7.5 s).
+    for i in 0..2 {
+        streams.push(h.submit(greedy(vec![A + 10 + i; 10], 2)).expect("submit"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for s in streams {
+        assert_eq!(collect(s).finish, Some(FinishReason::Length));
+    }
+    let s = h.stats();
+    assert_eq!((s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered), (1, 1));
+    let waited = s.time.arrival_wait_s - before.time.arrival_wait_s;
+    assert!(waited < 5.0, "waited {waited} s");
+}
+
 /// A request after a lone request's end expects nobody: it starts at once.
 #[test]
 fn a_request_after_a_lone_request_never_waits() {
