@@ -1162,6 +1162,26 @@ fn four_end_together(h: &EngineHandle, first: u32) {
     }
 }
 
+/// `n` follow-ups of `len` tokens submitted 20 ms apart, not announced: far
+/// apart for the engine, well inside the gap it keeps for expected ones (a
+/// quarter of the tests' limits), each run to its end.
+fn follow_ups(h: &EngineHandle, n: u32, len: usize) {
+    let mut streams = Vec::new();
+    for i in 0..n {
+        streams.push(h.submit(greedy(vec![A + 10 + i; len], 2)).expect("submit"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for s in streams {
+        assert_eq!(collect(s).finish, Some(FinishReason::Length));
+    }
+}
+
+/// Arrival waits and gathered requests since `before`.
+fn gathers_since(h: &EngineHandle, before: &EngineStats) -> (u64, u64) {
+    let s = h.stats();
+    (s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered)
+}
+
 /// When several requests end together, the next one to reach the idle
 /// engine brings the others' follow-ups with it (a benchmark round, agents
 /// in step): the engine waits for them even though none is announced yet,
@@ -1174,26 +1194,16 @@ fn follow_ups_of_requests_that_ended_together_share_one_pass() {
         let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: wait, ..opts() });
         four_end_together(&h, A);
         let before = h.stats();
-        let mut streams = Vec::new();
-        for i in 0..4 {
-            // Not announced; far apart for the engine, well inside the
-            // expected gap (a quarter of the limit).
-            streams.push(h.submit(greedy(vec![A + 10 + i; 4], 2)).expect("submit"));
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        for s in streams {
-            assert_eq!(collect(s).finish, Some(FinishReason::Length));
-        }
+        follow_ups(&h, 4, 4);
         let parts = prefill_parts(&probe.lock().expect("probe").calls);
-        let s = h.stats();
         if wait.is_zero() {
             assert_eq!(parts.last(), Some(&1), "wait {wait:?}: {parts:?}");
-            assert_eq!(s.arrival_waits, 0);
+            assert_eq!(h.stats().arrival_waits, 0);
         } else {
             // The first four shared a pass too (announced).
             assert_eq!(parts.first(), Some(&4), "{parts:?}");
             assert_eq!(parts.last(), Some(&4), "{parts:?}");
-            assert_eq!((s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered), (1, 3));
+            assert_eq!(gathers_since(&h, &before), (1, 3));
         }
     }
 }
@@ -1207,11 +1217,9 @@ fn expected_follow_ups_that_do_not_come_cost_a_quarter_of_the_limit() {
     let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: limit, ..opts() });
     four_end_together(&h, A);
     let before = h.stats();
-    let c = collect(h.submit(greedy(vec![A + 10; 3], 2)).expect("submit"));
-    assert_eq!(c.finish, Some(FinishReason::Length));
-    let s = h.stats();
-    assert_eq!((s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered), (1, 0));
-    let waited = s.time.arrival_wait_s - before.time.arrival_wait_s;
+    follow_ups(&h, 1, 3);
+    assert_eq!(gathers_since(&h, &before), (1, 0));
+    let waited = h.stats().time.arrival_wait_s - before.time.arrival_wait_s;
     assert!(waited >= (limit / 4).as_secs_f64() && waited < limit.as_secs_f64(), "waited {waited} s");
 }
 
@@ -1223,20 +1231,12 @@ fn the_gather_stops_once_a_pass_is_full() {
     let h = start(fake.batched_prefill(), EngineOptions { arrival_wait: Duration::from_secs(30), prefill_chunk: 16, ..opts() });
     four_end_together(&h, A);
     let before = h.stats();
-    let mut streams = Vec::new();
     // Two of the three expected, 10 tokens each: the second fills the
     // pass (16 tokens and a tail of up to 4), so the third is not waited
     // for (a quarter of the limit, 7.5 s).
-    for i in 0..2 {
-        streams.push(h.submit(greedy(vec![A + 10 + i; 10], 2)).expect("submit"));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for s in streams {
-        assert_eq!(collect(s).finish, Some(FinishReason::Length));
-    }
-    let s = h.stats();
-    assert_eq!((s.arrival_waits - before.arrival_waits, s.arrival_gathered - before.arrival_gathered), (1, 1));
-    let waited = s.time.arrival_wait_s - before.time.arrival_wait_s;
+    follow_ups(&h, 2, 10);
+    assert_eq!(gathers_since(&h, &before), (1, 1));
+    let waited = h.stats().time.arrival_wait_s - before.time.arrival_wait_s;
     assert!(waited < 5.0, "waited {waited} s");
 }
 
