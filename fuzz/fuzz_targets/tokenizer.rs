@@ -8,7 +8,9 @@
 //!   `decode`'s text once flushed, never holds back more than 3 bytes, and
 //!   fails on exactly the ids `decode` refuses;
 //! - `encode` then `decode` gives the NFC form of the text back, and no plain
-//!   encoding contains a special id; `encode_with_specials` decodes back too.
+//!   encoding contains a special id; `encode_with_specials` decodes back too;
+//! - `encode` (the hand split for text in NFC) gives the ids of the
+//!   `tokenizers` crate's whole pipeline (`encode_reference`).
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -77,6 +79,13 @@ fuzz_target!(|input: Input| {
     assert!(
         plain.iter().all(|&id| !tok.is_special(id)),
         "plain encoding of {text:?} has a special id"
+    );
+    let reference = tok
+        .encode_reference(text)
+        .unwrap_or_else(|e| panic!("encode_reference {text:?}: {e}"));
+    assert_eq!(
+        plain, reference,
+        "the hand split and the library differ on {text:?}"
     );
     let back = tok
         .decode(&plain)
