@@ -211,10 +211,9 @@ const GATHER_POLL: Duration = Duration::from_micros(100);
 /// a quarter of `limit` while expected requests are missing; once they are
 /// all here and none is being prepared, or the waiting prompts fill a
 /// prefill pass (64 clients' follow-ups fill several), the wait ends at
-/// once. Returns at
-/// once when nothing is arriving or expected, so a lone request never
-/// waits. Measured without it: a burst of 8 started as one pass of 1 prompt
-/// and one of 7 (`DEFAULT_ARRIVAL_WAIT`).
+/// once. Returns at once when nothing is arriving or expected, so a lone
+/// request never waits. Measured without it: a burst of 8 started as one
+/// pass of 1 prompt and one of 7 (`DEFAULT_ARRIVAL_WAIT`).
 fn gather_arrivals(
     sched: &mut Scheduler,
     rx: &Receiver<Command>,
@@ -236,7 +235,7 @@ fn gather_arrivals(
         if sched.pass_is_full() {
             break;
         }
-        let missing = sched.waiting_len() - before < expected;
+        let missing = sched.waiting_len().saturating_sub(before) < expected;
         let wait = if shared.arriving.load(Ordering::SeqCst) > 0 {
             // The quiet gap counts from the last request being prepared.
             last = now;
