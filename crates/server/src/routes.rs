@@ -2,7 +2,7 @@
 //! health and metrics.
 //!
 //! A generation request goes: body bytes -> strict parse -> plan
-//! (`validate.rs`) -> chat template and tokens (small ASCII prompts on the
+//! (`validate.rs`) -> chat template and tokens (small prompts on the
 //! request's task, others on a blocking thread: long prompts take a while)
 //! -> `Driver::start` (engine submit: queue-full and context errors come
 //! back here as proper HTTP statuses) -> the endpoint's answer shape
@@ -75,41 +75,45 @@ fn template_error(e: lily_core::Error) -> ApiError {
 }
 
 /// Prompts of at most this many bytes of ASCII text are rendered and
-/// tokenized on the request's own task; the rest on a blocking thread. ASCII
-/// encodes at ~50 ns a byte at worst (the tokenizer's hand split, words new
-/// to the BPE cache), so the task is held for at most ~0.4 ms, while the
-/// hand-over to a blocking thread cost ~70-140 us of a ~0.3-0.45 ms
-/// preparation on the CPU demo (one client, 265-token prompts). Other text
-/// can cost several times more a byte (CJK's long pieces are BPE merges,
-/// ~180 ns a byte; text not in NFC takes the library's whole pipeline,
-/// ~400) and long prompts take milliseconds: those never hold an async
-/// worker.
-const INLINE_PROMPT_BYTES: usize = 8 << 10;
+/// tokenized on the request's own task; longer ones on a blocking thread.
+/// ASCII encodes at ~50 ns a byte at worst (the tokenizer's hand split,
+/// words new to the BPE cache), so the task is held for at most ~0.4 ms,
+/// while the hand-over to a blocking thread cost ~70-140 us of a ~0.3-0.45
+/// ms preparation on the CPU demo (one client, 265-token prompts).
+const INLINE_ASCII_BYTES: usize = 8 << 10;
+/// The same bound for prompts with other characters, which can cost more a
+/// byte: CJK's long pieces are BPE merges (~180 ns a byte), text not in NFC
+/// takes the library's whole pipeline (~400), so at most ~0.8 ms here.
+/// Long prompts take milliseconds: those never hold an async worker.
+const INLINE_OTHER_BYTES: usize = 2 << 10;
 
-/// Whether `texts` are all ASCII and `INLINE_PROMPT_BYTES` or fewer in all.
-fn small_ascii<'a>(texts: impl IntoIterator<Item = &'a str>) -> bool {
-    let mut bytes = 0;
+/// Whether `texts` together are short enough to prepare inline: at most
+/// `INLINE_ASCII_BYTES` if all ASCII, else `INLINE_OTHER_BYTES`.
+fn small_prompt<'a>(texts: impl IntoIterator<Item = &'a str>) -> bool {
+    let (mut bytes, mut ascii) = (0, true);
     for t in texts {
         bytes += t.len();
-        if bytes > INLINE_PROMPT_BYTES || !t.is_ascii() {
+        ascii &= t.is_ascii();
+        if bytes > if ascii { INLINE_ASCII_BYTES } else { INLINE_OTHER_BYTES } {
             return false;
         }
     }
     true
 }
 
-/// A chat whose rendered prompt is small ASCII text: every string a message
-/// carries, and no tool definitions (they are rendered as JSON, of any size).
+/// A chat whose rendered prompt is small (`small_prompt` of every string a
+/// message carries) and has no tool definitions (they are rendered as JSON,
+/// of any size).
 fn chat_renders_inline(render: &ChatRenderRequest) -> bool {
     render.tools.is_none()
-        && small_ascii(render.messages.iter().flat_map(|m| {
+        && small_prompt(render.messages.iter().flat_map(|m| {
             let calls = m.tool_calls.iter().flat_map(|c| [c.id.as_str(), c.name.as_str(), c.arguments_json.as_str()]);
             [m.content.as_deref(), m.reasoning_content.as_deref(), m.tool_call_id.as_deref()].into_iter().flatten().chain(calls)
         }))
 }
 
 /// Runs a prompt's preparation on the request's task when `inline` (small
-/// ASCII prompts), else on a blocking thread. Either way a panic in it
+/// prompts), else on a blocking thread. Either way a panic in it
 /// becomes a JSON 500 for this request, not a dropped connection.
 async fn prepare_prompt<T: Send + 'static>(inline: bool, f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
     if inline {
@@ -198,7 +202,7 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, B
         // A raw prompt is the model's input as written: special-token text
         // in it is markup (unlike chat messages, whose text never is).
         PromptPlan::Text(s) => {
-            prepare_prompt(small_ascii([s.as_str()]), move || {
+            prepare_prompt(small_prompt([s.as_str()]), move || {
                 tokenizer.encode_with_specials(&s).map(|ids| (ids, s)).map_err(|e| ApiError::internal(format!("tokenizer: {e}")))
             })
             .await?
@@ -284,24 +288,33 @@ mod tests {
     }
 
     #[test]
-    fn small_ascii_prompts_are_prepared_inline() {
-        let at_limit = "x".repeat(INLINE_PROMPT_BYTES - 5);
+    fn small_prompts_are_prepared_inline() {
+        let at_limit = "x".repeat(INLINE_ASCII_BYTES - 5);
         assert!(chat_renders_inline(&chat(vec![ChatMessage::system("hi"), ChatMessage::user(at_limit.clone())])));
         // One byte over, counted across messages.
         assert!(!chat_renders_inline(&chat(vec![ChatMessage::system("hi!!!!"), ChatMessage::user(at_limit)])));
-        // Any non-ASCII character, in any string a message carries.
-        assert!(!chat_renders_inline(&chat(vec![ChatMessage::user("caf\u{e9}")])));
+        // Any non-ASCII character, in any string a message carries, sets the
+        // smaller bound.
+        let other = "\u{e9}".repeat(INLINE_OTHER_BYTES / 2);
+        assert!(chat_renders_inline(&chat(vec![ChatMessage::user(other.clone())])));
+        assert!(!chat_renders_inline(&chat(vec![ChatMessage::user(format!("{other}x"))])));
+        assert!(!chat_renders_inline(&chat(vec![ChatMessage::user(format!("{}\u{e9}", "x".repeat(INLINE_OTHER_BYTES)))])));
         let mut call = ChatMessage::assistant("ok");
-        call.tool_calls.push(ToolCall { id: "c1".into(), name: "f".into(), arguments_json: "{\"q\": \"\u{4e2d}\"}".into() });
+        call.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            name: "f".into(),
+            arguments_json: format!("{{\"q\": \"{}\"}}", "\u{4e2d}".repeat(INLINE_OTHER_BYTES / 3)),
+        });
         assert!(!chat_renders_inline(&chat(vec![ChatMessage::user("hi"), call.clone()])));
-        call.tool_calls[0].arguments_json = "{\"q\": \"x\"}".into();
+        call.tool_calls[0].arguments_json = "{\"q\": \"\u{4e2d}\"}".into();
         assert!(chat_renders_inline(&chat(vec![ChatMessage::user("hi"), call])));
         // Tool definitions render as JSON of any size: never inline.
         let mut with_tools = chat(vec![ChatMessage::user("hi")]);
         with_tools.tools = Some(vec![serde_json::json!({"type": "function", "function": {"name": "f"}})]);
         assert!(!chat_renders_inline(&with_tools));
-        assert!(small_ascii(["abc", "def"]));
-        assert!(!small_ascii(["\u{a0}"]));
+        assert!(small_prompt(["abc", "def"]));
+        assert!(small_prompt(["\u{a0}"]));
+        assert!(!small_prompt(["\u{a0}", &"x".repeat(INLINE_OTHER_BYTES)]));
     }
 
     #[test]
