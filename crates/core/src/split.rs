@@ -41,7 +41,7 @@ pub(crate) const QWEN_SPLIT: &str =
 /// general categories L, M and N, and White_Space (whose members are
 /// separators and controls).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Class {
+enum Class {
     Letter,
     Mark,
     Number,
@@ -81,7 +81,7 @@ fn table() -> &'static Table {
 
 /// The code point ranges `regex-syntax` gives a one-class pattern (Unicode
 /// mode, as fancy-regex compiles it).
-pub(crate) fn unicode_class(pattern: &str) -> Vec<(u32, u32)> {
+fn unicode_class(pattern: &str) -> Vec<(u32, u32)> {
     let hir = regex_syntax::parse(pattern).unwrap_or_else(|e| panic!("{pattern}: {e}"));
     match hir.kind() {
         regex_syntax::hir::HirKind::Class(regex_syntax::hir::Class::Unicode(c)) => c.ranges().iter().map(|r| (r.start() as u32, r.end() as u32)).collect(),
@@ -89,7 +89,7 @@ pub(crate) fn unicode_class(pattern: &str) -> Vec<(u32, u32)> {
     }
 }
 
-pub(crate) fn class_of(c: char) -> Class {
+fn class_of(c: char) -> Class {
     match c {
         'a'..='z' | 'A'..='Z' => Class::Letter,
         '0'..='9' => Class::Number,

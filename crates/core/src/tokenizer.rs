@@ -552,8 +552,10 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    fn library_ids(t: &Tokenizer, text: &str) -> Vec<u32> {
-        t.encode_reference(text).unwrap()
+    /// The embedded tokenizer, loaded once for all the tests.
+    fn tok() -> &'static Tokenizer {
+        static TOK: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+        TOK.get_or_init(|| Tokenizer::embedded().unwrap())
     }
 
     /// Encodes `text` by the tokenizer's own route (the hand split for text
@@ -561,7 +563,7 @@ mod tests {
     fn assert_paths_agree(t: &Tokenizer, text: &str) -> usize {
         let mut fast = Vec::new();
         t.encode_plain_into(text, &mut fast).unwrap();
-        assert_eq!(fast, library_ids(t, text), "{text:?}");
+        assert_eq!(fast, t.encode_reference(text).unwrap(), "{text:?}");
         fast.len()
     }
 
@@ -680,13 +682,13 @@ mod tests {
 
     #[test]
     fn the_shipped_tokenizer_splits_by_hand() {
-        let t = Tokenizer::embedded().unwrap();
+        let t = tok();
         assert!(t.byte_alphabet.is_some(), "the embedded tokenizer.json's normaliser or pre-tokenizer no longer matches qwen_pipeline");
     }
 
     #[test]
     fn the_hand_split_encodes_ascii_like_the_library() {
-        let t = Tokenizer::embedded().unwrap();
+        let t = tok();
         let mut rng = ChaCha8Rng::seed_from_u64(0xa5c1);
         let mut texts: Vec<String> = (0..4000).map(|_| random_ascii(&mut rng)).collect();
         // Every ASCII character alone, after a space, doubled and tripled.
@@ -695,19 +697,19 @@ mod tests {
             texts.extend([c.to_string(), format!(" {c}"), format!("{c}{c}"), format!("a{c}{c}{c}b"), format!("  {c}x")]);
         }
         for text in &texts {
-            assert_paths_agree(&t, text);
+            assert_paths_agree(t, text);
         }
     }
 
     #[test]
     fn the_hand_split_encodes_unicode_like_the_library() {
-        let t = Tokenizer::embedded().unwrap();
+        let t = tok();
         let mut rng = ChaCha8Rng::seed_from_u64(0x0ca5e);
         let mut split = 0;
         for _ in 0..6000 {
             let text = random_unicode(&mut rng);
             split += usize::from(in_nfc(&text));
-            assert_paths_agree(&t, &text);
+            assert_paths_agree(t, &text);
         }
         // Most of them take the hand split (the rest are not in NFC).
         assert!(split > 4000, "only {split} of 6000 in NFC");
@@ -718,13 +720,13 @@ mod tests {
     /// after a space, doubled, after an apostrophe.
     #[test]
     fn the_hand_split_classifies_every_code_point_like_the_library() {
-        let t = Tokenizer::embedded().unwrap();
+        let t = tok();
         let points = (0x80..0x32000u32).chain((0x32000..=0x10ffff).step_by(61)).chain(0xe0000..0xe0200);
         let mut text = String::new();
         for c in points.filter_map(char::from_u32) {
             text.clear();
             text.extend(['a', c, '1', ' ', c, c, '\'', c, ' ', c]);
-            assert_paths_agree(&t, &text);
+            assert_paths_agree(t, &text);
         }
     }
 
@@ -732,11 +734,11 @@ mod tests {
     /// and line by line.
     #[test]
     fn the_hand_split_encodes_sources_like_the_library() {
-        let t = Tokenizer::embedded().unwrap();
+        let t = tok();
         for source in [include_str!("tokenizer.rs"), include_str!("chat.rs"), include_str!("weights.rs"), include_str!("../assets/chat_template.jinja")] {
-            assert!(assert_paths_agree(&t, source) > 1000);
+            assert!(assert_paths_agree(t, source) > 1000);
             for line in source.lines() {
-                assert_paths_agree(&t, line);
+                assert_paths_agree(t, line);
             }
         }
     }
@@ -746,8 +748,8 @@ mod tests {
         // Decomposed accents, and a pair NFC reorders.
         for text in ["e\u{301}t\u{e9}", "a\u{301}\u{316}"] {
             assert!(!in_nfc(text), "{text:?}");
-            let t = Tokenizer::embedded().unwrap();
-            assert_paths_agree(&t, text);
+            let t = tok();
+            assert_paths_agree(t, text);
         }
         assert!(in_nfc("caf\u{e9} \u{4e2d}"));
     }

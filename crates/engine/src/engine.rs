@@ -171,7 +171,7 @@ struct Burst {
 
 impl Burst {
     /// Counts requests that ended in a step.
-    fn count(&mut self, ended: u64) {
+    fn count(&mut self, ended: usize) {
         if ended == 0 {
             return;
         }
@@ -179,7 +179,7 @@ impl Burst {
         if self.last_end.is_none_or(|t| now - t > ENDED_TOGETHER) {
             self.ended = 0;
         }
-        self.ended += ended as usize;
+        self.ended += ended;
         self.last_end = Some(now);
     }
 
@@ -294,7 +294,10 @@ fn release_freed_heap() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn release_freed_heap() {}
 
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+/// The message a caught panic carries (its `&str` or `String` payload):
+/// the engine reports a step's panic with it, the server a prompt
+/// preparation's.
+pub fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {

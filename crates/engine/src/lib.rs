@@ -22,4 +22,4 @@ pub use api::{
     Arrival, EngineError, EngineHandle, EngineOptions, EngineStats, EngineTime, Event, FinishReason, GenerateRequest, MixPolicy, ModelInfo, RequestStream,
     SamplingParams, SubmitError, TokenLogprob, DEFAULT_ARRIVAL_WAIT, MAX_TOP_LOGPROBS,
 };
-pub use engine::Engine;
+pub use engine::{panic_message, Engine};

@@ -176,8 +176,9 @@ pub(crate) struct Scheduler {
     /// (`EngineOptions::mixed_steps`).
     mix: MixPolicy,
     /// Requests ended so far (finished or failed), for the engine loop's
-    /// count of requests that end together (`engine::Burst`).
-    ended: std::cell::Cell<u64>,
+    /// count of requests that end together (`engine::Burst`). The stats
+    /// count the same, behind their lock; this is read twice a step.
+    ended: std::cell::Cell<usize>,
 }
 
 /// A decode step in flight.
@@ -212,7 +213,7 @@ impl Scheduler {
     }
 
     /// Requests ended so far, finished or failed.
-    pub(crate) fn ended(&self) -> u64 {
+    pub(crate) fn ended(&self) -> usize {
         self.ended.get()
     }
 

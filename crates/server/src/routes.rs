@@ -117,10 +117,8 @@ fn chat_renders_inline(render: &ChatRenderRequest) -> bool {
 /// becomes a JSON 500 for this request, not a dropped connection.
 async fn prepare_prompt<T: Send + 'static>(inline: bool, f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
     if inline {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-            let why = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
-            Err(ApiError::internal(format!("preparing the prompt panicked: {why}")))
-        })
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .unwrap_or_else(|panic| Err(ApiError::internal(format!("preparing the prompt panicked: {}", lily_engine::panic_message(&panic)))))
     } else {
         tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(ApiError::internal(format!("worker task failed: {e}"))))
     }
