@@ -1062,12 +1062,16 @@ fn preemption_while_a_step_is_in_flight_collects_it_first() {
     assert_only_snapshots_hold_sequences(&probe, &h);
 }
 
-fn first_prefill_parts(calls: &[Call]) -> Option<usize> {
-    calls.iter().find_map(|c| match c {
-        Call::PrefillBatch { parts } => Some(parts.len()),
-        Call::Prefill { .. } => Some(1),
-        _ => None,
-    })
+/// Each prefill call's part count, in order.
+fn prefill_parts(calls: &[Call]) -> Vec<usize> {
+    calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::PrefillBatch { parts } => Some(parts.len()),
+            Call::Prefill { .. } => Some(1),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Requests that a front end announced (`EngineHandle::arrival`) and is
@@ -1094,10 +1098,10 @@ fn requests_arriving_together_share_the_first_prefill_pass() {
         let calls = probe.lock().expect("probe").calls.clone();
         let s = h.stats();
         if wait.is_zero() {
-            assert_eq!(first_prefill_parts(&calls), Some(1), "{calls:?}");
+            assert_eq!(prefill_parts(&calls).first(), Some(&1), "{calls:?}");
             assert_eq!((s.arrival_waits, s.arrival_gathered), (0, 0));
         } else {
-            assert_eq!(first_prefill_parts(&calls), Some(4), "{calls:?}");
+            assert_eq!(prefill_parts(&calls).first(), Some(&4), "{calls:?}");
             assert_eq!((s.arrival_waits, s.arrival_gathered), (1, 3));
         }
     }
@@ -1138,17 +1142,6 @@ fn no_arrival_wait_for_a_lone_request_or_beside_a_running_stream() {
     assert_eq!(c.finish, Some(FinishReason::Length));
     drop(held);
     first.cancel();
-}
-
-fn prefill_parts(calls: &[Call]) -> Vec<usize> {
-    calls
-        .iter()
-        .filter_map(|c| match c {
-            Call::PrefillBatch { parts } => Some(parts.len()),
-            Call::Prefill { .. } => Some(1),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Four requests announced together (so that, with an arrival wait, they
