@@ -14,6 +14,7 @@
 //!
 //!   bench --model DIR [--lengths 256,4096] [--steps 64] [--profile] [--batch 8,32] [--served [--split]]
 //!         [--parts K] [--decode-gemm FROM|off]   (the dense matrices on the GEMM from FROM sequences)
+//!         [--decode-f16 FROM|off]   (below the GEMM, qmm's dense matrices on fp16 x from FROM sequences)
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
@@ -46,6 +47,8 @@ struct Args {
     parts: usize,
     /// `--decode-gemm FROM|off`: the decode path (Options::decode_matrices).
     decode_matrices: Option<lily_cuda::DecodeMatrices>,
+    /// `--decode-f16 FROM|off`: DecodeMatrices::f16_from.
+    decode_f16_from: Option<usize>,
     /// `--knockout a,b+c`: also time each `--batch` step with these kernel
     /// groups left out (model::Knockout; measurement only, garbage tokens),
     /// each with the name it was given.
@@ -76,6 +79,7 @@ fn parse() -> Result<Args, String> {
         split: false,
         parts: 0,
         decode_matrices: None,
+        decode_f16_from: None,
         knockouts: Vec::new(),
         fused_moe: false,
         moe_trace: false,
@@ -114,6 +118,7 @@ fn parse() -> Result<Args, String> {
             }
             "--expert-rows" => a.expert_rows = Some(val()?.parse().map_err(|e| format!("--expert-rows: {e}"))?),
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
+            "--decode-f16" => a.decode_f16_from = Some(lily_cuda::DecodeMatrices::parse_f16_from(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -153,6 +158,9 @@ fn run() -> Result<(), String> {
     opts.kv_tokens = opts.kv_tokens.max((batch_seq + 128) * opts.max_sequences);
     if let Some(m) = args.decode_matrices {
         opts.decode_matrices = m;
+    }
+    if let Some(f) = args.decode_f16_from {
+        opts.decode_matrices.f16_from = f;
     }
     opts.fused_moe = args.fused_moe;
     if let Some(f) = args.f16_gemm_from {

@@ -3,7 +3,8 @@
 //! out-projection (2,048 x 4,096), real-shape random weights made on the GPU,
 //! timed with CUDA events over repeated launches (each launch may overlap the
 //! previous one's tail, as in a decode step), for several block shapes and
-//! probe variants compiled side by side. Prints µs per launch and the
+//! probe variants compiled side by side; up to 8 tokens each dense matrix
+//! also on fp16 inputs (`qmm::XPrecision::F16`, tagged "f16"). Prints µs per launch and the
 //! achieved bandwidth over the matrix bytes, next to a device-to-device copy
 //! of the lm_head's bytes (the ceiling).
 //!
@@ -107,11 +108,19 @@ fn run() -> Result<(), String> {
                 ("in_proj", in_segs(dec.proj), dec.moe.px_in, in_bytes),
                 ("out_proj", vec![DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, gd.out.bytes()),
             ];
+            // Up to 8 tokens also on fp16 inputs (`DecodeMatrices::f16_from`).
+            let precisions: &[(qmm::XPrecision, &str)] = if n <= lily_cuda::state::F16_MAX_TOK {
+                &[(qmm::XPrecision::HiLo, ""), (qmm::XPrecision::F16, " f16")]
+            } else {
+                &[(qmm::XPrecision::HiLo, "")]
+            };
             for (name, segs, x, bytes) in cases {
                 let reps = if name == "lm_head" { 10 } else { 50 };
-                match time_us(&gpu, reps, || qmm::dense(&gpu, &k, &segs, x, n, Some(dec.argmax)).map_err(|e| e.to_string())) {
-                    Ok(us) => println!("{label:<28} n={n:<3} {name:<9} {us:9.1} us  {:.2} TB/s", bytes as f64 / us / 1e6),
-                    Err(e) => println!("{label:<28} n={n:<3} {name:<9} {e}"),
+                for &(xp, tag) in precisions {
+                    match time_us(&gpu, reps, || qmm::dense(&gpu, &k, &segs, x, n, xp, Some(dec.argmax)).map_err(|e| e.to_string())) {
+                        Ok(us) => println!("{label:<28} n={n:<3} {:<13} {us:9.1} us  {:.2} TB/s", format!("{name}{tag}"), bytes as f64 / us / 1e6),
+                        Err(e) => println!("{label:<28} n={n:<3} {name:<9}{tag} {e}"),
+                    }
                 }
             }
             // The MoE of layer 0 for n tokens of varied residuals: router

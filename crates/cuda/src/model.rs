@@ -304,6 +304,7 @@ impl Model {
         let l = &self.weights.layers[i];
         let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
         let ko = self.knockout;
+        let xp = self.mem.opts.decode_matrices.dense_x(n);
         if !ko.skips(Knockout::XNORM) {
             qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(l.input_norm), dec.moe.px_in, n)?;
         }
@@ -313,7 +314,7 @@ impl Model {
         let segs: Vec<DenseSeg> =
             projs.iter().map(|(m, off)| DenseSeg { w: m, out: dec.proj.from(*off).unwrap_or(dec.proj), out_stride: ps, epilogue: Epilogue::Store }).collect();
         if !ko.skips(Knockout::IN_PROJ) {
-            qmm::dense(g, k, &segs, dec.moe.px_in, n, None)?;
+            qmm::dense(g, k, &segs, dec.moe.px_in, n, xp, None)?;
         }
         let attn = matches!(l.mixer, MixerDev::Attention(_));
         self.mark(if attn { "attn in_proj" } else { "gdn in_proj" })?;
@@ -331,7 +332,7 @@ impl Model {
         }
         self.mark(if attn { "attention" } else { "gdn step" })?;
         if !ko.skips(Knockout::OUT_PROJ) {
-            qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None)?;
+            qmm::dense(g, k, &[DenseSeg { w: &out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, xp, None)?;
         }
         self.mark(if attn { "attn out_proj" } else { "gdn out_proj" })
     }
@@ -404,7 +405,7 @@ impl Model {
         let combine = if combine_prev { Some((dec.moe.y, dec.moe.topk_w)) } else { None };
         qmm::xnorm(g, k, d, dec.h, d.hidden, combine, Some(self.weights.final_norm), dec.moe.px_in, n)?;
         let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-        qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))
+        qmm::dense(g, k, &[seg], dec.moe.px_in, n, self.mem.opts.decode_matrices.dense_x(n), Some(dec.argmax))
     }
 
     // ---- the GEMM path (prefill, large decode batches) ------------------------
@@ -1084,7 +1085,8 @@ impl Model {
         let rows = dec.h.from(first * d.hidden)?;
         qmm::xnorm(g, k, d, rows, d.hidden, None, Some(self.weights.final_norm), dec.moe.px_in, n)?;
         let seg = DenseSeg { w: &self.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-        qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax))
+        // A prefill's logits: the exact path, whatever the decode steps use.
+        qmm::dense(g, k, &[seg], dec.moe.px_in, n, qmm::XPrecision::HiLo, Some(dec.argmax))
     }
 
     /// Logits of the first `t` rows of h (final norm + lm_head), in groups

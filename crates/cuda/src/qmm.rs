@@ -266,15 +266,45 @@ struct MoeFusedParamsC {
 // SAFETY: plain-old-data mirroring `MoeFusedParams` in qmm.cu (size checked).
 unsafe impl DeviceRepr for MoeFusedParamsC {}
 
+/// How a dense launch reads its packed activations (qmm.cu
+/// `stage_math_groups`): `HiLo`, both fp16 halves (about fp32 precision),
+/// 4 tokens an n-tile; `F16`, the hi halves only (x rounded to fp16 once),
+/// 8 tokens an n-tile, at most `state::F16_MAX_TOK` tokens a launch.
+/// `DecodeMatrices::dense_x` picks it for a decode step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XPrecision {
+    HiLo,
+    F16,
+}
+
+impl XPrecision {
+    /// Tokens an n-tile holds.
+    fn tokens_per_tile(self) -> usize {
+        match self {
+            XPrecision::HiLo => 4,
+            XPrecision::F16 => 8,
+        }
+    }
+    /// Accumulators a lane keeps per n-tile (qmm.cu `QMM_ACC`): the
+    /// partial sums' floats a lane leaves in shared memory per n-tile.
+    fn accs(self) -> usize {
+        match self {
+            XPrecision::HiLo => 2,
+            XPrecision::F16 => 4,
+        }
+    }
+}
+
 /// A dense launch's entry point (`QmmShape::dense_variant`): its name, the
-/// n-tiles a warp keeps, the stages of a warp's ring and the warps of a
-/// block.
+/// n-tiles a warp keeps, the stages of a warp's ring, the warps of a block
+/// and how it reads x.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct DenseVariant {
     name: &'static str,
     nt: usize,
     ring: usize,
     warps: usize,
+    x: XPrecision,
 }
 
 /// The block shape of the matrix kernels: warps a block and weight stages a
@@ -352,7 +382,7 @@ impl QmmShape {
     /// `rings_and_partials` of a block of `warps` warps (qmm_moe_fused runs
     /// 8) with the experts' ring.
     fn smem_bytes_for(&self, warps: usize, nt: usize) -> usize {
-        Self::rings_and_partials(warps, self.ring, nt)
+        Self::rings_and_partials(warps, self.ring, nt, XPrecision::HiLo)
     }
     /// The dense entry point for `ntok` tokens of input width `k`
     /// (`logits`: a launch with the lm_head's epilogue): its n-tiles (4
@@ -365,8 +395,19 @@ impl QmmShape {
     /// matrix (`QMM_WIDE_K`) takes the `*_wide` entry of the same n-tiles:
     /// blocks of `wide_kq` warps, rings of `wide_ring`. None: a wide logits
     /// matrix (there is no wide lm_head entry).
-    fn dense_variant(&self, ntok: usize, logits: bool, k: usize) -> Option<DenseVariant> {
-        let v = |name, nt, ring, warps| Some(DenseVariant { name, nt, ring, warps });
+    fn dense_variant(&self, ntok: usize, logits: bool, k: usize, x: XPrecision) -> Option<DenseVariant> {
+        if x == XPrecision::F16 {
+            // One n-tile of 8 tokens (the launcher refuses more), on the
+            // ring of the 5-8-token entry it replaces.
+            let f = |name, ring, warps| Some(DenseVariant { name, nt: 1, ring, warps, x });
+            return match (k >= QMM_WIDE_K, logits) {
+                (true, true) => None,
+                (true, false) => f("qmm_dense_f16_wide", self.wide_ring, self.wide_kq),
+                (false, true) => f("qmm_dense_f16_head", self.head_ring, self.warps),
+                (false, false) => f("qmm_dense_f16", self.dense2_ring, self.warps),
+            };
+        }
+        let v = |name, nt, ring, warps| Some(DenseVariant { name, nt, ring, warps, x });
         if k >= QMM_WIDE_K {
             return match (ntok, logits) {
                 (_, true) => None,
@@ -383,9 +424,10 @@ impl QmmShape {
         }
     }
     /// Dynamic shared memory of a matrix block: per warp its weight ring of
-    /// `ring` stages, then the partial sums of every warp (qmm.cu `qmm_run`).
-    fn rings_and_partials(warps: usize, ring: usize, nt: usize) -> usize {
-        warps * ring * QMM_STAGE_BYTES + warps * nt * 64 * 4
+    /// `ring` stages, then the partial sums of every warp (qmm.cu `qmm_run`:
+    /// `x.accs()` floats a lane and n-tile).
+    fn rings_and_partials(warps: usize, ring: usize, nt: usize, x: XPrecision) -> usize {
+        warps * ring * QMM_STAGE_BYTES + warps * nt * 32 * x.accs() * 4
     }
 }
 
@@ -447,6 +489,9 @@ pub const KERNELS: &[&str] = &[
     "qmm_dense_1_wide",
     "qmm_dense_2_wide",
     "qmm_dense_2_chunks_wide",
+    "qmm_dense_f16",
+    "qmm_dense_f16_head",
+    "qmm_dense_f16_wide",
     "qmm_moe_1",
     "qmm_moe_1_occ3",
     "qmm_moe_2",
@@ -540,14 +585,18 @@ impl PackedRows {
 }
 
 /// y = W x for every matrix of `segs` (same input width) and the first
-/// `ntok` rows of the packed input `x`.
-pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usize, argmax_keys: Option<DevSlice<u64>>) -> CudaResult<()> {
+/// `ntok` rows of the packed input `x`, read as `xp` says (`XPrecision::F16`
+/// takes at most `state::F16_MAX_TOK` tokens).
+pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usize, xprec: XPrecision, argmax_keys: Option<DevSlice<u64>>) -> CudaResult<()> {
     const NAME: &str = "qmm_dense";
     if segs.is_empty() || segs.len() > QMM_MAX_SEGS {
         return Err(CudaError::shape(NAME, format!("{} matrices, expected 1..={QMM_MAX_SEGS}", segs.len())));
     }
     if ntok == 0 || ntok > MAX_DECODE_BATCH {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
+    }
+    if xprec == XPrecision::F16 && ntok > crate::state::F16_MAX_TOK {
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens on fp16 activations, expected 1..={} (one n-tile)", crate::state::F16_MAX_TOK)));
     }
     let kdim = segs[0].w.cols;
     if !kdim.is_multiple_of(64) {
@@ -600,15 +649,16 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         let keys = argmax_keys.ok_or_else(|| CudaError::shape(NAME, "a logits matrix needs the argmax key buffer"))?;
         p.argmax_keys = keys.need(NAME, "argmax keys", ntok)?;
     }
-    let DenseVariant { name, nt, ring, warps } = k
+    let DenseVariant { name, nt, ring, warps, x: xprec } = k
         .qmm
-        .dense_variant(ntok, logits, kdim)
+        .dense_variant(ntok, logits, kdim, xprec)
         .ok_or_else(|| CudaError::shape(NAME, format!("a logits matrix of input width {kdim}: the lm_head entry takes widths below {QMM_WIDE_K}")))?;
+    let chunk = xprec.tokens_per_tile() * nt;
     p.ntiles = tiles as i32;
-    p.tok_chunk = (4 * nt) as i32;
-    let tasks = tiles * ntok.div_ceil(4 * nt);
+    p.tok_chunk = chunk as i32;
+    let tasks = tiles * ntok.div_ceil(chunk);
     let threads = (warps * 32) as u32;
-    let smem = QmmShape::rings_and_partials(warps, ring, nt);
+    let smem = QmmShape::rings_and_partials(warps, ring, nt, xprec);
     let g = grid(gpu, k, name, threads, smem, tasks.div_ceil(warps / k.qmm.warps_per_task(kdim)))?;
     launch_pdl(gpu, k, name, (g, 1, 1), threads, smem, &p)
 }
@@ -724,7 +774,7 @@ pub fn router_smem(dims: &Dims) -> usize {
 pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
     let (p, nt) = moe_params(k, dims, m, up, b, ntok)?;
     let (name, ring) = moe_kernel(&k.qmm, ntok);
-    let rings = QmmShape::rings_and_partials(k.qmm.warps, ring, nt);
+    let rings = QmmShape::rings_and_partials(k.qmm.warps, ring, nt, XPrecision::HiLo);
     let threads = (k.qmm.warps * 32) as u32;
     let smem = rings + (3 * p.smem_items as usize + p.npairs as usize) * 4;
     let g = grid(gpu, k, name, threads, smem, 0)?;
@@ -950,7 +1000,7 @@ mod tests {
     #[test]
     fn dense_kernels_follow_the_shape_and_fit_an_sm() {
         let s = QmmShape::default();
-        let of = |ntok, logits, k| s.dense_variant(ntok, logits, k).map(|v| (v.name, v.nt, v.ring));
+        let of = |ntok, logits, k| s.dense_variant(ntok, logits, k, XPrecision::HiLo).map(|v| (v.name, v.nt, v.ring));
         assert_eq!(of(4, true, 2048), Some(("qmm_dense_1", 1, s.dense_ring)));
         assert_eq!(of(5, false, 2048), Some(("qmm_dense_2", 2, s.dense2_ring)));
         assert_eq!(of(8, true, 2048), Some(("qmm_dense_2_head", 2, s.head_ring)));
@@ -960,21 +1010,32 @@ mod tests {
         assert_eq!(of(8, false, QMM_WIDE_K), Some(("qmm_dense_2_wide", 2, s.wide_ring)));
         assert_eq!(of(9, false, QMM_WIDE_K), Some(("qmm_dense_2_chunks_wide", 2, s.wide_ring)));
         assert_eq!(of(1, true, QMM_WIDE_K), None, "no wide lm_head entry");
-        for n in 1..=MAX_DECODE_BATCH {
-            for (logits, wide) in [(false, false), (true, false), (false, true)] {
-                let k = if wide { QMM_WIDE_K } else { 2048 };
-                let DenseVariant { name, nt, ring, warps } = s.dense_variant(n, logits, k).expect("an entry point");
-                assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
-                assert_eq!(name.ends_with("_wide"), wide, "{name}");
-                assert_eq!(warps % s.warps_per_task(k), 0, "{name}: {warps} warps, {} a task", s.warps_per_task(k));
-                // Two blocks an SM (227 KiB a block at most, 1 KiB reserved
-                // each), and room beside them for a block of the kernel
-                // launched early after them.
-                let smem = QmmShape::rings_and_partials(warps, ring, nt);
-                assert!(2 * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
-                // A wide warp's ring holds its whole slice of a task.
-                if wide {
-                    assert!(ring > (QMM_WIDE_K / 64 / s.wide_kq).div_ceil(QMM_SG), "{name}: ring {ring}");
+        let f16 = |ntok, logits, k| s.dense_variant(ntok, logits, k, XPrecision::F16).map(|v| (v.name, v.nt, v.ring));
+        assert_eq!(f16(8, false, 2048), Some(("qmm_dense_f16", 1, s.dense2_ring)));
+        assert_eq!(f16(8, true, 2048), Some(("qmm_dense_f16_head", 1, s.head_ring)));
+        assert_eq!(f16(8, false, QMM_WIDE_K), Some(("qmm_dense_f16_wide", 1, s.wide_ring)));
+        assert_eq!(f16(8, true, QMM_WIDE_K), None, "no wide lm_head entry");
+        let sizes = |xp| if xp == XPrecision::F16 { 1..=crate::state::F16_MAX_TOK } else { 1..=MAX_DECODE_BATCH };
+        for xp in [XPrecision::HiLo, XPrecision::F16] {
+            for n in sizes(xp) {
+                for (logits, wide) in [(false, false), (true, false), (false, true)] {
+                    let k = if wide { QMM_WIDE_K } else { 2048 };
+                    let DenseVariant { name, nt, ring, warps, x } = s.dense_variant(n, logits, k, xp).expect("an entry point");
+                    assert_eq!(x, xp, "{name}");
+                    assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
+                    assert_eq!(name.ends_with("_wide"), wide, "{name}");
+                    assert_eq!(name.contains("_f16"), xp == XPrecision::F16, "{name}");
+                    assert!(xp == XPrecision::HiLo || x.tokens_per_tile() * nt >= n, "{name}: {n} tokens in one chunk");
+                    assert_eq!(warps % s.warps_per_task(k), 0, "{name}: {warps} warps, {} a task", s.warps_per_task(k));
+                    // Two blocks an SM (227 KiB a block at most, 1 KiB reserved
+                    // each), and room beside them for a block of the kernel
+                    // launched early after them.
+                    let smem = QmmShape::rings_and_partials(warps, ring, nt, x);
+                    assert!(2 * (smem + 1024) <= 228 << 10, "{name}: {smem} bytes of shared memory");
+                    // A wide warp's ring holds its whole slice of a task.
+                    if wide {
+                        assert!(ring > (QMM_WIDE_K / 64 / s.wide_kq).div_ceil(QMM_SG), "{name}: ring {ring}");
+                    }
                 }
             }
         }

@@ -101,21 +101,37 @@ pub const DECODE_GEMM_FROM: usize = 9;
 /// was slower below 128 sequences and less precise (router logits and
 /// expert activations in fp16: 1.6e-3 mean |dlogprob|, and a greedy token
 /// of that model flipped; crates/cuda/NOTES.md history 30).
+///
+/// `f16_from` (off by default; `LILY_DECODE_F16`, bench `--decode-f16`):
+/// qmm steps of `f16_from` to 8 sequences read only the fp16 (hi) halves of
+/// the packed activations in the dense projections and the lm_head, 8
+/// tokens an n-tile (`qmm::XPrecision::F16`), so 5-8 tokens take one
+/// n-tile's mma, x fragments and fold instead of two. The codes stay exact;
+/// x is rounded to fp16 once, as on the GEMM path (which also rounds the
+/// weights). Like `gemm_from`, it moves a sequence's logits slightly when
+/// its batch crosses the threshold. The MoE keeps hi/lo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeMatrices {
     /// Steps of at least this many sequences run the dense projections and
     /// the lm_head on the GEMM; `usize::MAX`: every step on qmm
     /// (batch-invariant decode).
     pub gemm_from: usize,
+    /// qmm steps of at least this many sequences (2..=`F16_MAX_TOK`) run
+    /// the dense matrices on fp16 activations; `usize::MAX`: never.
+    pub f16_from: usize,
 }
+
+/// Most tokens of a dense launch on fp16 activations: one n-tile of 8.
+pub const F16_MAX_TOK: usize = 8;
 
 impl DecodeMatrices {
     /// Every step on qmm: a sequence's logits do not depend on its batch.
-    pub const BATCH_INVARIANT: DecodeMatrices = DecodeMatrices { gemm_from: usize::MAX };
+    pub const BATCH_INVARIANT: DecodeMatrices = DecodeMatrices { gemm_from: usize::MAX, f16_from: usize::MAX };
 
     /// The default: the GEMM from `DECODE_GEMM_FROM` sequences on, where it
-    /// overtakes qmm on the H200 (docs/perf/2026-12-01-h200-s14.md).
-    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM };
+    /// overtakes qmm on the H200 (docs/perf/2026-12-01-h200-s14.md); qmm's
+    /// dense matrices on exact hi/lo activations below it.
+    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM, f16_from: usize::MAX };
 
     /// Parses `off` (batch-invariant) or `FROM` (the GEMM path from FROM
     /// sequences on): the form of the `LILY_DECODE_GEMM` tuning variable
@@ -127,14 +143,37 @@ impl DecodeMatrices {
         }
         match s.parse::<usize>() {
             Ok(0) => Err("decode GEMM threshold 0 (the smallest step has one sequence)".into()),
-            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from }),
+            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from, f16_from: usize::MAX }),
             Err(e) => Err(format!("decode GEMM threshold {s:?}: {e} (want off or a number of sequences)")),
+        }
+    }
+
+    /// Parses `off` or `FROM` (2..=`F16_MAX_TOK`) for `f16_from`: the form
+    /// of the `LILY_DECODE_F16` tuning variable and the probes' flag.
+    pub fn parse_f16_from(s: &str) -> Result<usize, String> {
+        let s = s.trim();
+        if s == "off" {
+            return Ok(usize::MAX);
+        }
+        match s.parse::<usize>() {
+            Ok(n) if (2..=F16_MAX_TOK).contains(&n) => Ok(n),
+            Ok(n) => Err(format!("fp16 decode threshold {n}: want 2..={F16_MAX_TOK} (one token gains nothing from 8-token n-tiles) or off")),
+            Err(e) => Err(format!("fp16 decode threshold {s:?}: {e} (want off or a number of sequences)")),
         }
     }
 
     /// Whether a step of `n` sequences runs on the GEMM path.
     pub fn on_gemm(&self, n: usize) -> bool {
         n >= self.gemm_from
+    }
+
+    /// How a qmm step of `n` sequences reads its dense matrices' input.
+    pub fn dense_x(&self, n: usize) -> crate::qmm::XPrecision {
+        if n >= self.f16_from && n <= F16_MAX_TOK && !self.on_gemm(n) {
+            crate::qmm::XPrecision::F16
+        } else {
+            crate::qmm::XPrecision::HiLo
+        }
     }
 }
 
@@ -176,6 +215,10 @@ impl Options {
         }
         if self.max_sequences == 0 || self.kv_tokens < KV_BLOCK {
             return Err(CudaError::Unsupported("max_sequences and kv_tokens must be positive".into()));
+        }
+        let f16 = self.decode_matrices.f16_from;
+        if f16 != usize::MAX && !(2..=F16_MAX_TOK).contains(&f16) {
+            return Err(CudaError::Unsupported(format!("decode_matrices.f16_from {f16} (2..={F16_MAX_TOK}, or usize::MAX: off)")));
         }
         if let Some(bm) = self.expert_tile_rows {
             if !crate::gemm::TILE_ROWS.contains(&bm) {
@@ -879,14 +922,39 @@ mod tests {
     #[test]
     fn decode_matrices_parse_and_choose_the_path_by_batch_size() {
         assert_eq!(DecodeMatrices::parse("off"), Ok(DecodeMatrices::BATCH_INVARIANT));
-        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12 }));
+        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12, f16_from: usize::MAX }));
         for bad in ["0", "-3", "twelve", "12,moe", ""] {
             assert!(DecodeMatrices::parse(bad).is_err(), "{bad:?} is refused");
         }
-        let m = DecodeMatrices { gemm_from: 16 };
+        let m = DecodeMatrices { gemm_from: 16, f16_from: usize::MAX };
         assert!(!m.on_gemm(15) && m.on_gemm(16) && m.on_gemm(128));
         assert!(!(1..=128).any(|n| DecodeMatrices::BATCH_INVARIANT.on_gemm(n)), "batch-invariant decode never takes the GEMM");
         assert_eq!(Options::default().decode_matrices, DecodeMatrices::FASTEST);
         assert_eq!(DecodeMatrices::FASTEST.gemm_from, DECODE_GEMM_FROM);
+    }
+
+    #[test]
+    fn fp16_dense_inputs_only_where_asked_and_only_on_qmm_up_to_8_tokens() {
+        use crate::qmm::XPrecision::{HiLo, F16};
+        assert_eq!(DecodeMatrices::parse_f16_from("off"), Ok(usize::MAX));
+        assert_eq!(DecodeMatrices::parse_f16_from(" 5 "), Ok(5));
+        for bad in ["0", "1", "9", "five", ""] {
+            assert!(DecodeMatrices::parse_f16_from(bad).is_err(), "{bad:?} is refused");
+        }
+        assert!((1..=128).all(|n| DecodeMatrices::FASTEST.dense_x(n) == HiLo), "off by default");
+        assert!((1..=128).all(|n| DecodeMatrices::BATCH_INVARIANT.dense_x(n) == HiLo));
+        let m = DecodeMatrices { f16_from: 5, ..DecodeMatrices::FASTEST };
+        let picks: Vec<_> = (1..=12).map(|n| m.dense_x(n)).collect();
+        assert_eq!(picks, [HiLo, HiLo, HiLo, HiLo, F16, F16, F16, F16, HiLo, HiLo, HiLo, HiLo], "5-8 on fp16, 9+ on the GEMM");
+        // With the GEMM path earlier than 8, its steps keep the GEMM.
+        let early = DecodeMatrices { gemm_from: 7, f16_from: 2 };
+        assert_eq!(early.dense_x(6), F16);
+        assert_eq!(early.dense_x(7), HiLo);
+        // Past one n-tile of 8 (batch-invariant chunks) qmm stays on hi/lo.
+        let inv = DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 };
+        assert_eq!(inv.dense_x(8), F16);
+        assert_eq!(inv.dense_x(9), HiLo);
+        let bad = Options { decode_matrices: DecodeMatrices { f16_from: 1, ..DecodeMatrices::FASTEST }, ..Options::default() };
+        assert!(bad.check().unwrap_err().to_string().contains("f16_from"));
     }
 }

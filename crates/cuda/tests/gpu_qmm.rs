@@ -20,6 +20,10 @@ use lily_cuda::qmm::{self, DenseSeg, Epilogue, PLAN_HEAD};
 use lily_cuda::weights::MixerDev;
 use lily_cuda::{CudaBackend, Options};
 
+/// The exact packed input (both halves), what every decode step used
+/// before `DecodeMatrices::f16_from`.
+const HILO: qmm::XPrecision = qmm::XPrecision::HiLo;
+
 /// Batch sizes crossing the variants: 1-4 and 5+ tokens, token chunks of 8
 /// beyond 8 (16 chunks at 128).
 const SIZES: &[usize] = &[1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 100, 128];
@@ -86,7 +90,7 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
             .zip(offs)
             .map(|(q, off)| DenseSeg { w: q, out: dec.proj.from(off).expect("view"), out_stride: ps, epilogue: Epilogue::Store })
             .collect();
-        qmm::dense(g, k, &segs, dec.moe.px_in, n, None).expect("dense");
+        qmm::dense(g, k, &segs, dec.moe.px_in, n, HILO, None).expect("dense");
         let out: Vec<f32> = read_device(g, dec.proj.ptr(), n * ps).expect("read");
         for t in probes(n) {
             let xt = &x[t * d.hidden..(t + 1) * d.hidden];
@@ -107,7 +111,7 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
             for t in probes(n) {
                 write_device(g, dec.h.ptr(), &x[t * d.hidden..(t + 1) * d.hidden]).expect("upload");
                 qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.moe.px_in, 1).expect("pack");
-                qmm::dense(g, k, &segs, dec.moe.px_in, 1, None).expect("dense 1");
+                qmm::dense(g, k, &segs, dec.moe.px_in, 1, HILO, None).expect("dense 1");
                 let one: Vec<f32> = read_device(g, dec.proj.ptr(), width).expect("read");
                 check(bits_equal(&one, &out[t * ps..t * ps + width]), format!("batch {n}: token {t} bit-identical to the same token alone"));
             }
@@ -128,7 +132,7 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
         write_device(g, dec.mix_f32.ptr(), &mix).expect("upload");
         write_device(g, dec.h.ptr(), &h0).expect("upload");
         qmm::xnorm(g, k, d, dec.mix_f32, d.gdn_val_dim(), None, None, dec.px_mix, n).expect("pack");
-        qmm::dense(g, k, &[DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, None).expect("out");
+        qmm::dense(g, k, &[DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, HILO, None).expect("out");
         let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("read");
         for t in probes(n) {
             let y = ops::linear(&gh.out, 0, &mix[t * d.gdn_val_dim()..(t + 1) * d.gdn_val_dim()]);
@@ -147,29 +151,37 @@ fn dense_projections_match_the_reference_at_every_batch_size() {
     finish();
 }
 
+/// The final norm and the lm_head of `n` residual rows `x` read as `xp`
+/// says: the logits, after checking each token's greedy argmax key against
+/// its row's first maximum.
+fn lm_head_with_keys(m: &lily_cuda::model::Model, x: &[f32], n: usize, xp: qmm::XPrecision, what: &str) -> Vec<f32> {
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    write_device(g, dec.h.ptr(), x).expect("upload");
+    write_device(g, dec.argmax.ptr(), &vec![0u64; n]).expect("clear keys");
+    qmm::xnorm(g, k, d, dec.h, d.hidden, None, Some(m.weights.final_norm), dec.moe.px_in, n).expect("pack");
+    let seg = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
+    qmm::dense(g, k, &[seg], dec.moe.px_in, n, xp, Some(dec.argmax)).expect("lm_head");
+    let logits: Vec<f32> = read_device(g, dec.logits.ptr(), n * d.vocab).expect("logits");
+    let keys: Vec<u64> = read_device(g, dec.argmax.ptr(), n).expect("keys");
+    for t in 0..n {
+        let first_max = lily_model::argmax(&logits[t * d.vocab..(t + 1) * d.vocab]);
+        let id = lily_cuda::sampling::key_index(keys[t]);
+        check(id == first_max, format!("{what}, batch {n}, token {t}: argmax key {id} vs first maximum {first_max}"));
+    }
+    logits
+}
+
 #[test]
 fn lm_head_logits_and_argmax_match_the_reference() {
     let Some(_) = gpu("lm_head_logits_and_argmax_match_the_reference") else { return };
     let (_dir, w, be) = setup();
     let m = be.model();
-    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
-    let dec = m.mem.decode;
+    let d = &m.dims;
     let mut rng = Rng::new(9);
     for &n in &[1usize, 5, 37, 128] {
         let x = rng.vec(n * d.hidden, -2.0, 2.0);
-        write_device(g, dec.h.ptr(), &x).expect("upload");
-        write_device(g, dec.argmax.ptr(), &vec![0u64; n]).expect("clear keys");
-        qmm::xnorm(g, k, d, dec.h, d.hidden, None, Some(m.weights.final_norm), dec.moe.px_in, n).expect("pack");
-        let seg = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-        qmm::dense(g, k, &[seg], dec.moe.px_in, n, Some(dec.argmax)).expect("lm_head");
-        let logits: Vec<f32> = read_device(g, dec.logits.ptr(), n * d.vocab).expect("logits");
-        let keys: Vec<u64> = read_device(g, dec.argmax.ptr(), n).expect("keys");
-        for t in 0..n {
-            let row = &logits[t * d.vocab..(t + 1) * d.vocab];
-            let first_max = lily_model::argmax(row);
-            let id = lily_cuda::sampling::key_index(keys[t]);
-            check(id == first_max, format!("batch {n}, token {t}: argmax key {id} vs first maximum {first_max}"));
-        }
+        let logits = lm_head_with_keys(m, &x, n, HILO, "lm_head");
         for t in probes(n) {
             let xn = ops::rms_norm_vec(&x[t * d.hidden..(t + 1) * d.hidden], &w.final_norm, d.rms_eps);
             let want = ops::linear(&w.lm_head, 0, &xn);
@@ -177,6 +189,129 @@ fn lm_head_logits_and_argmax_match_the_reference() {
             check(e < 1e-5, format!("lm_head, batch {n}, token {t}: relative error {e:.2e}"));
         }
     }
+    finish();
+}
+
+/// What the fp16-input dense kernels compute for one token (qmm.cu
+/// `stage_math_groups`, F16): the exact codes times the packed hi halves,
+/// and each group's bias times the packed sum of hi + lo, i.e.
+/// sum_k w_k hi_k + sum_g b_g sum_{k in g} lo_k, in f64 (`hi`, `lo`: the
+/// token's packed halves, unpermuted).
+fn f16_input_reference(lin: &lily_core::weights::Linear, hi: &[f32], lo: &[f32]) -> Vec<f32> {
+    let lily_core::weights::Linear::Quant(q) = lin else { panic!("a 4-bit matrix") };
+    let (cols, gs) = (lin.cols(), q.spec.group_size);
+    let groups = cols / gs;
+    let lo_sums: Vec<f64> = lo.chunks(gs).map(|c| c.iter().map(|v| *v as f64).sum()).collect();
+    let mut row = vec![0f32; cols];
+    (0..lin.rows())
+        .map(|r| {
+            lin.row_f32(0, r, &mut row);
+            let biases = lily_core::weights::half_row(&q.biases, r * groups, groups);
+            let dot: f64 = row.iter().zip(hi).map(|(w, x)| *w as f64 * *x as f64).sum();
+            let bias: f64 = biases.iter().zip(&lo_sums).map(|(b, l)| *b as f64 * l).sum();
+            (dot + bias) as f32
+        })
+        .collect()
+}
+
+/// Token `t`'s packed halves (hi, lo), in column order, from the packed rows.
+fn packed_halves(px: &[u16], t: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let row = &px[t * 2 * cols..(t + 1) * 2 * cols];
+    let half = |i: usize| half::f16::from_bits(row[i]).to_f32();
+    (0..cols).map(qmm::px_position).map(|p| (half(p), half(cols + p))).unzip()
+}
+
+#[test]
+fn fp16_input_dense_kernels_match_the_reference_on_the_packed_hi_halves() {
+    let Some(_) = gpu("fp16_input_dense_kernels_match_the_reference_on_the_packed_hi_halves") else { return };
+    let (_dir, w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let (MixerDev::DeltaNet(gd), Mixer::DeltaNet(gh)) = (&m.weights.layers[0].mixer, &w.layers[0].mixer) else { panic!("layer 0 is DeltaNet") };
+    let f16 = qmm::XPrecision::F16;
+    let mut rng = Rng::new(31);
+    let ps = d.proj_stride();
+    let width = d.gdn_proj();
+    let offs = [0, d.conv_dim, d.conv_dim + d.gdn_val_dim(), d.conv_dim + d.gdn_val_dim() + d.gv_heads];
+    let segs: Vec<DenseSeg> = [&gd.in_qkv, &gd.in_z, &gd.in_a, &gd.in_b]
+        .iter()
+        .zip(offs)
+        .map(|(q, off)| DenseSeg { w: q, out: dec.proj.from(off).expect("view"), out_stride: ps, epilogue: Epilogue::Store })
+        .collect();
+    // In-projections (four matrices, one launch) at 1, 2, 5 and 8 tokens:
+    // every token against the reference on its packed halves (as exact as
+    // the hi/lo path: 1e-5) and against the exact input (what fp16 x
+    // costs); token 0 has the same input at every size, so its result is
+    // bit-identical (the K split does not depend on the batch).
+    let x0 = rng.vec(d.hidden, -2.0, 2.0);
+    let mut first: Option<Vec<f32>> = None;
+    for n in [1usize, 2, 5, 8] {
+        let mut x = x0.clone();
+        x.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
+        write_device(g, dec.h.ptr(), &x).expect("upload x");
+        qmm::xnorm(g, k, d, dec.h, d.hidden, None, None, dec.moe.px_in, n).expect("pack");
+        qmm::dense(g, k, &segs, dec.moe.px_in, n, f16, None).expect("dense f16");
+        let out: Vec<f32> = read_device(g, dec.proj.ptr(), n * ps).expect("read");
+        let px: Vec<u16> = read_device(g, dec.moe.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+        for t in 0..n {
+            let (hi, lo) = packed_halves(&px, t, d.hidden);
+            let xt = &x[t * d.hidden..(t + 1) * d.hidden];
+            let (mut want, mut exact) = (Vec::with_capacity(width), Vec::with_capacity(width));
+            for lin in [&gh.in_qkv, &gh.in_z, &gh.in_a, &gh.in_b] {
+                want.extend(f16_input_reference(lin, &hi, &lo));
+                exact.extend(ops::linear(lin, 0, xt));
+            }
+            let got = &out[t * ps..t * ps + width];
+            let e = rel(got, &want);
+            check(e < 1e-5, format!("fp16 in-projections, batch {n}, token {t}: relative error {e:.2e} against the packed hi halves"));
+            let ex = rel(got, &exact);
+            check(ex < 2e-3, format!("fp16 in-projections, batch {n}, token {t}: relative error {ex:.2e} against the exact input"));
+            if t == 0 && n == 8 {
+                eprintln!("fp16 in-projections: relative error against the exact input {ex:.2e} (fp16 x), against the packed halves {e:.2e}");
+            }
+        }
+        let row0 = out[..width].to_vec();
+        match &first {
+            None => first = Some(row0),
+            Some(f) => check(bits_equal(f, &row0), format!("fp16 in-projections, batch {n}: token 0 bit-identical to batch 1")),
+        }
+    }
+
+    // The wide out-projection (QMM_WIDE_KQ slices of a task, the residual
+    // add) at 7 tokens.
+    let n = 7;
+    let mix = rng.vec(n * d.gdn_val_dim(), -1.0, 1.0);
+    let h0 = rng.vec(n * d.hidden, -1.0, 1.0);
+    write_device(g, dec.mix_f32.ptr(), &mix).expect("upload");
+    write_device(g, dec.h.ptr(), &h0).expect("upload");
+    qmm::xnorm(g, k, d, dec.mix_f32, d.gdn_val_dim(), None, None, dec.px_mix, n).expect("pack");
+    qmm::dense(g, k, &[DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, f16, None).expect("out");
+    let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("read");
+    let px: Vec<u16> = read_device(g, dec.px_mix.px.ptr(), qmm::packed_len(n, d.gdn_val_dim())).expect("px");
+    for t in 0..n {
+        let (hi, lo) = packed_halves(&px, t, d.gdn_val_dim());
+        let want = f16_input_reference(&gh.out, &hi, &lo);
+        let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h0[t * d.hidden + c]).collect();
+        let e = rel(&got, &want);
+        check(e < 1e-5, format!("fp16 out-projection (add), batch {n}, token {t}: relative error {e:.2e}"));
+    }
+
+    // The lm_head (logits and the greedy argmax keys) at 5 and 8 tokens.
+    for n in [5usize, 8] {
+        let x = rng.vec(n * d.hidden, -2.0, 2.0);
+        let logits = lm_head_with_keys(m, &x, n, f16, "fp16 lm_head");
+        let px: Vec<u16> = read_device(g, dec.moe.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
+        for t in probes(n) {
+            let (hi, lo) = packed_halves(&px, t, d.hidden);
+            let e = rel(&logits[t * d.vocab..(t + 1) * d.vocab], &f16_input_reference(&w.lm_head, &hi, &lo));
+            check(e < 1e-5, format!("fp16 lm_head, batch {n}, token {t}: relative error {e:.2e}"));
+        }
+    }
+
+    // More than one n-tile of 8 is refused, not cut short.
+    let too_many = qmm::dense(g, k, &segs, dec.moe.px_in, 9, f16, None).unwrap_err().to_string();
+    check(too_many.contains("fp16"), format!("9 tokens on fp16 inputs: {too_many}"));
     finish();
 }
 
@@ -403,17 +538,17 @@ fn launchers_refuse_what_the_kernels_cannot_run() {
     let l = &m.weights.layers[0];
     let MixerDev::DeltaNet(gd) = &l.mixer else { panic!("layer 0 is DeltaNet") };
     let seg = |w| DenseSeg { w, out: dec.proj, out_stride: d.proj_stride(), epilogue: Epilogue::Store };
-    let too_many = qmm::dense(g, k, &[seg(&gd.in_qkv)], dec.moe.px_in, qmm::MAX_DECODE_BATCH + 1, None).unwrap_err().to_string();
+    let too_many = qmm::dense(g, k, &[seg(&gd.in_qkv)], dec.moe.px_in, qmm::MAX_DECODE_BATCH + 1, HILO, None).unwrap_err().to_string();
     check(too_many.contains("tokens"), too_many);
-    let mixed = qmm::dense(g, k, &[seg(&gd.in_qkv), seg(&gd.out)], dec.moe.px_in, 1, None).unwrap_err().to_string();
+    let mixed = qmm::dense(g, k, &[seg(&gd.in_qkv), seg(&gd.out)], dec.moe.px_in, 1, HILO, None).unwrap_err().to_string();
     check(mixed.contains("columns"), mixed);
-    let eight_bit = qmm::dense(g, k, &[seg(&l.moe.router)], dec.moe.px_in, 1, None).unwrap_err().to_string();
+    let eight_bit = qmm::dense(g, k, &[seg(&l.moe.router)], dec.moe.px_in, 1, HILO, None).unwrap_err().to_string();
     check(eight_bit.contains("4-bit"), eight_bit);
     let short = qmm::PackedRows { px: DevSlice::<u16>::new(dec.moe.px_in.px.ptr(), 10), csum: dec.moe.px_in.csum };
-    let small = qmm::dense(g, k, &[seg(&gd.in_qkv)], short, 1, None).unwrap_err().to_string();
+    let small = qmm::dense(g, k, &[seg(&gd.in_qkv)], short, 1, HILO, None).unwrap_err().to_string();
     check(small.contains("holds 10"), small);
     let logits = DenseSeg { w: &m.weights.lm_head, out: dec.logits, out_stride: d.vocab, epilogue: Epilogue::Logits };
-    let nokeys = qmm::dense(g, k, &[logits], dec.moe.px_in, 1, None).unwrap_err().to_string();
+    let nokeys = qmm::dense(g, k, &[logits], dec.moe.px_in, 1, HILO, None).unwrap_err().to_string();
     check(nokeys.contains("argmax"), nokeys);
     finish();
 }

@@ -104,16 +104,22 @@ fn open_cuda(
     Ok(Box::new(backend))
 }
 
-/// The decode path: `batch_invariant` keeps every step on qmm; else
-/// `LILY_DECODE_GEMM` (`off`, or the batch size from which the GEMM path
-/// runs: `lily_cuda::DecodeMatrices`) overrides the backend's default, a
-/// tuning knob for measuring where the GEMM path starts to pay.
+/// The decode path: `batch_invariant` keeps every step on qmm's exact path;
+/// else `LILY_DECODE_GEMM` (`off`, or the batch size from which the GEMM
+/// path runs) and `LILY_DECODE_F16` (`off`, or the batch size from which
+/// qmm's dense matrices take fp16 activations: `lily_cuda::DecodeMatrices`)
+/// override the backend's defaults, tuning knobs for measuring where each
+/// path starts to pay.
 fn decode_matrices(batch_invariant: bool, default: lily_cuda::DecodeMatrices) -> anyhow::Result<lily_cuda::DecodeMatrices> {
     if batch_invariant {
         return Ok(lily_cuda::DecodeMatrices::BATCH_INVARIANT);
     }
-    match std::env::var("LILY_DECODE_GEMM") {
-        Ok(v) => lily_cuda::DecodeMatrices::parse(&v).map_err(|e| anyhow::anyhow!("LILY_DECODE_GEMM: {e}")),
-        Err(_) => Ok(default),
+    let mut m = match std::env::var("LILY_DECODE_GEMM") {
+        Ok(v) => lily_cuda::DecodeMatrices::parse(&v).map_err(|e| anyhow::anyhow!("LILY_DECODE_GEMM: {e}"))?,
+        Err(_) => default,
+    };
+    if let Ok(v) = std::env::var("LILY_DECODE_F16") {
+        m.f16_from = lily_cuda::DecodeMatrices::parse_f16_from(&v).map_err(|e| anyhow::anyhow!("LILY_DECODE_F16: {e}"))?;
     }
+    Ok(m)
 }

@@ -20,6 +20,8 @@
 //                  the decode plan.
 //   N = NT, the 8-column n-tiles (4 tokens each) a warp keeps accumulators
 //   for; more tokens run in chunks (dense) or plan items (MoE) of 4 NT.
+//   qmm_dense_f16*: one n-tile of 8 tokens, their fp16 x (hi halves) only,
+//   for the decode steps DecodeMatrices::f16_from names (stage_math_groups).
 //
 // Packed activations ("px"): an activation row x[K] (f32) is stored as fp16
 // hi = fp16(x) and lo = fp16(x - hi), [row][2][K] halves, and within every 8
@@ -431,22 +433,30 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& sr
 // production shape), so the group loop has no data-dependent exits (no
 // per-group compare, branch and warp re-convergence before the mma).
 //
+// F16 (the dense matrices of 5-8 tokens behind DecodeMatrices::f16_from):
+// the B columns are 8 tokens' hi halves only (token 8 nt + g, x's fp16
+// value), so 8 tokens share one n-tile's mma, x fragments and fold where
+// hi/lo needs two. Lane (g, c) then holds rows g and g + 8 of tokens
+// 8 nt + 2c (c0, c2) and 8 nt + 2c + 1 (c1, c3): acc[nt][0..3] = (g, 2c),
+// (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1), and csoff[nt] / csoff2[nt] the
+// two tokens' group sums. The codes are exact as on the hi/lo path; x is
+// rounded to fp16 once (the GEMM path's precision of x, which from
+// DECODE_GEMM_FROM also rounds the weights), and the bias term keeps the
+// packed sum of hi + lo, so only the scale term loses the lo half.
+//
 // A lane whose B column is no token (xoff -1) reads its fragments from x's
 // row 0 instead of zero-filling them: an mma's column n of C depends only on
 // column n of B, and such columns' sums are never used (the epilogue writes
 // tokens j < cnt only), so the valid columns' bits are unchanged and each
 // group's x read is one address (a stage pointer plus a constant offset).
-template <int NT, bool CSUM_MMA, bool FULL>
-__device__ __forceinline__ void stage_math_groups(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
-                                                  int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
-                                                  float (&acc)[NT][2], int ng) {
-    const int g = lane >> 2, c = lane & 3;
-    const int G0 = q * ks.GQ + QMM_SG * s;
-    const int n = FULL ? QMM_SG : ng;
-    const uint2 sA4 = lds64(st + QMM_STAGE_CODES + g * 8), sB4 = lds64(st + QMM_STAGE_CODES + (g + 8) * 8);
-    const uint2 bA4 = lds64(st + QMM_STAGE_CODES + 128 + g * 8), bB4 = lds64(st + QMM_STAGE_CODES + 128 + (g + 8) * 8);
-    // The C token's group sums of the stage's groups, one read per stage.
-    float cs4[NT][QMM_SG];
+// Accumulators a lane keeps per n-tile: 2 (hi/lo columns), 4 (F16 columns).
+#define QMM_ACC(F16) ((F16) ? 4 : 2)
+
+// cs4[nt][k] = the group sums of group G0 + k (k < n) of the token whose
+// sums start at csum + csoff[nt] (0 where csoff[nt] < 0 or CSUM_MMA), in
+// acc's unit.
+template <int NT, bool CSUM_MMA>
+__device__ __forceinline__ void stage_sums(const float* csum, const KSplit& ks, int G0, int n, const int (&csoff)[NT], float (&cs4)[NT][QMM_SG]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -469,6 +479,25 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
             for (int k = 0; k < QMM_SG; ++k) cs4[nt][k] = __fmul_rn(cs4[nt][k], 1.f / QMM_SUM_SCALE);
         }
     }
+}
+
+template <int NT, bool CSUM_MMA, bool FULL, bool F16>
+__device__ __forceinline__ void stage_math_groups(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
+                                                  int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
+                                                  const int (&csoff2)[NT], float (&acc)[NT][QMM_ACC(F16)], int ng) {
+    static_assert(!(F16 && CSUM_MMA), "the F16 columns need the packer's group sums");
+    constexpr int TPN = F16 ? 8 : 4;   // tokens an n-tile
+    const int g = lane >> 2, c = lane & 3;
+    const int G0 = q * ks.GQ + QMM_SG * s;
+    const int n = FULL ? QMM_SG : ng;
+    const uint2 sA4 = lds64(st + QMM_STAGE_CODES + g * 8), sB4 = lds64(st + QMM_STAGE_CODES + (g + 8) * 8);
+    const uint2 bA4 = lds64(st + QMM_STAGE_CODES + 128 + g * 8), bB4 = lds64(st + QMM_STAGE_CODES + 128 + (g + 8) * 8);
+    // The C token's group sums of the stage's groups, one read per stage
+    // (F16: cs4b, the lane's second token's).
+    float cs4[NT][QMM_SG];
+    stage_sums<NT, CSUM_MMA>(csum, ks, G0, n, csoff, cs4);
+    float cs4b[NT][QMM_SG];
+    if constexpr (F16) stage_sums<NT, CSUM_MMA>(csum, ks, G0, n, csoff2, cs4b);
     // The lane's x of this stage's first group, per n-tile.
     const u16* xs[NT];
 #pragma unroll
@@ -508,7 +537,7 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
         deq_word(wh.y, ph1);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            if (nt > 0 && nt * 4 >= cnt) break;
+            if (nt > 0 && nt * TPN >= cnt) break;
             // Two independent mma chains: d the low-nibble codes (2^-24),
             // e the high ones (2^-20). px_perm puts columns (0,4), (2,6),
             // (1,5), (3,7) of 8 in b.x, .y, .z, .w: deq_word's p[0..3], so
@@ -518,25 +547,37 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
             mma_f16(e, pr0[2], ph0[2], pr0[3], ph0[3], b01[nt].z, b01[nt].w);
             mma_f16(d, pr1[0], ph1[0], pr1[1], ph1[1], b23[nt].x, b23[nt].y);
             mma_f16(e, pr1[2], ph1[2], pr1[3], ph1[3], b23[nt].z, b23[nt].w);
-            float cs;
-            if (CSUM_MMA) {
-                // 2^-20 (an fp16 subnormal): the sums come out in acc's unit.
-                const u32 ONE2 = 0x00100010u;
-                float f[4] = {0.f, 0.f, 0.f, 0.f};
-                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
-                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
-                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].x, b23[nt].y);
-                mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].z, b23[nt].w);
-                cs = __fadd_rn(f[0], f[1]);
+            if constexpr (F16) {
+                // Four outputs: rows g / g + 8 of tokens 2c / 2c + 1, each
+                // y / 2^20 = 16 (low sums) + (high sums).
+                const float y0 = __fmaf_rn(d[0], 16.f, e[0]), y1 = __fmaf_rn(d[1], 16.f, e[1]);
+                const float y2 = __fmaf_rn(d[2], 16.f, e[2]), y3 = __fmaf_rn(d[3], 16.f, e[3]);
+                const float c0 = cs4[nt][grp], c1 = cs4b[nt][grp];
+                acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, y0, __fmul_rn(bA, c0)));
+                acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sA, y1, __fmul_rn(bA, c1)));
+                acc[nt][2] = __fadd_rn(acc[nt][2], __fmaf_rn(sB, y2, __fmul_rn(bB, c0)));
+                acc[nt][3] = __fadd_rn(acc[nt][3], __fmaf_rn(sB, y3, __fmul_rn(bB, c1)));
             } else {
-                cs = cs4[nt][grp];
+                float cs;
+                if (CSUM_MMA) {
+                    // 2^-20 (an fp16 subnormal): the sums come out in acc's unit.
+                    const u32 ONE2 = 0x00100010u;
+                    float f[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].x, b23[nt].y);
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].z, b23[nt].w);
+                    cs = __fadd_rn(f[0], f[1]);
+                } else {
+                    cs = cs4[nt][grp];
+                }
+                // y / 2^20 = 16 (low sums) + (high sums): hi and lo of the token
+                // added first, as before.
+                const float yA = __fmaf_rn(__fadd_rn(d[0], d[1]), 16.f, __fadd_rn(e[0], e[1]));
+                const float yB = __fmaf_rn(__fadd_rn(d[2], d[3]), 16.f, __fadd_rn(e[2], e[3]));
+                acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
+                acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
             }
-            // y / 2^20 = 16 (low sums) + (high sums): hi and lo of the token
-            // added first, as before.
-            const float yA = __fmaf_rn(__fadd_rn(d[0], d[1]), 16.f, __fadd_rn(e[0], e[1]));
-            const float yB = __fmaf_rn(__fadd_rn(d[2], d[3]), 16.f, __fadd_rn(e[2], e[3]));
-            acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, yA, __fmul_rn(bA, cs)));
-            acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sB, yB, __fmul_rn(bB, cs)));
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -546,14 +587,14 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
     }
 }
 
-template <int NT, bool CSUM_MMA>
+template <int NT, bool CSUM_MMA, bool F16>
 __device__ __forceinline__ void stage_math(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
                                            int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
-                                           float (&acc)[NT][2]) {
+                                           const int (&csoff2)[NT], float (&acc)[NT][QMM_ACC(F16)]) {
     const int G0 = q * ks.GQ + QMM_SG * s;
     const int ng = min(QMM_SG, min((q + 1) * ks.GQ, ks.G) - G0);
-    if (ng == QMM_SG) stage_math_groups<NT, CSUM_MMA, true>(st, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc, ng);
-    else stage_math_groups<NT, CSUM_MMA, false>(st, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc, ng);
+    if (ng == QMM_SG) stage_math_groups<NT, CSUM_MMA, true, F16>(st, x, csum, ks, q, s, lane, cnt, xoff, csoff, csoff2, acc, ng);
+    else stage_math_groups<NT, CSUM_MMA, false, F16>(st, x, csum, ks, q, s, lane, cnt, xoff, csoff, csoff2, acc, ng);
 }
 
 // Producer side of the ring: the warp's next stage z (block iteration
@@ -591,6 +632,25 @@ __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring,
 }
 
 
+// The finished sums of a task to the job's epilogue, a call per C token
+// of the lane: hi/lo columns, epilogue(pos, nt, ...) for token 4 nt + c
+// (rows g, g + 8 in acc[nt][0], [1]); F16 columns (dense jobs only),
+// epilogue_at(pos, j, ...) for tokens j = 8 nt + 2c (acc[nt][0], [2]) and
+// 8 nt + 2c + 1 ([1], [3]). Every lane calls each epilogue (they shuffle).
+template <int NT, bool F16, class Job>
+__device__ __forceinline__ void qmm_epilogues(Job& job, const typename Job::Pos& tp, int lane, const float (&acc)[NT][QMM_ACC(F16)], int cnt) {
+    [[maybe_unused]] const int c = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        if constexpr (F16) {
+            job.epilogue_at(tp, nt * 8 + 2 * c, lane, acc[nt][0], acc[nt][2], cnt);
+            job.epilogue_at(tp, nt * 8 + 2 * c + 1, lane, acc[nt][1], acc[nt][3], cnt);
+        } else {
+            job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+        }
+    }
+}
+
 // Where a matrix kernel waits for its dependency (programmatic dependent
 // launch) relative to its first weight stages and to letting the next
 // kernel launch:
@@ -612,15 +672,19 @@ enum class QmmPdl { StagesBeforeWait, WaitThenTrigger, None };
 // (tokens of the task), xrow(pos, j) (the packed x row of its token j; its
 // group sums are row xrow of `csum`, K / 64 wide), epilogue(pos, nt, lane,
 // v0, v1, count): called by every lane of the slice-0 warp for each n-tile
-// with the finished sums of rows g and g + 8 for token 4 nt + c, and
+// with the finished sums of rows g and g + 8 for token 4 nt + c (with F16,
+// epilogue_at(pos, j, ...) for each of its tokens j: qmm_epilogues), and
 // finish().
+// F16: the n-tiles' B columns are 8 tokens' fp16 x (stage_math_groups);
+// only the dense matrices take it.
 // PDL: where the dependency wait goes (QmmPdl).
 // WARPS: warps of the block (the fused MoE kernel runs 8); the K split
 // (KSplit) does not depend on it, so neither do the results.
 // smem_off: where the rings start in the dynamic shared memory (16-byte
 // aligned).
-template <int NT, bool CSUM_MMA, class Job, int WARPS, QmmPdl PDL, int RING = QMM_RING>
+template <int NT, bool CSUM_MMA, class Job, int WARPS, QmmPdl PDL, int RING = QMM_RING, bool F16 = false>
 __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csum, int K, int smem_off = 0) {
+    constexpr int NA = QMM_ACC(F16);
     extern __shared__ __align__(16) unsigned char qsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const KSplit ks(K);
@@ -630,7 +694,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     if (tpb == 0) __trap();
     const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
     unsigned char* ring = qsm + smem_off + warp * (RING * QMM_STAGE_BYTES);
-    float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * RING * QMM_STAGE_BYTES);  // [W][NT][32][2]
+    float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * RING * QMM_STAGE_BYTES);  // [W][NT][32][NA]
     const int SQ = ks.SQ;
 
     if (PDL == QmmPdl::WaitThenTrigger) {
@@ -654,8 +718,8 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     for (int z = 0; z < RING - 1; ++z) qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
     if (PDL == QmmPdl::StagesBeforeWait) pdl_wait();
 
-    float acc[NT][2];
-    int xoff[NT], csoff[NT];
+    float acc[NT][NA];
+    int xoff[NT], csoff[NT], csoff2[NT];   // csoff2: F16's second C token
     int cnt = 0;
     typename Job::Pos tp = job.pos(0);
     const int g = lane >> 2, c = lane & 3, G = ks.G;
@@ -670,16 +734,26 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
             cnt = ti < ntasks ? job.count(tp) : 0;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                acc[nt][0] = acc[nt][1] = 0.f;
-                const int jb = nt * 4 + (g >> 1), jc = nt * 4 + c;
-                xoff[nt] = jb < cnt ? job.xrow(tp, jb) * 2 * K + (g & 1) * K : -1;
-                csoff[nt] = (!CSUM_MMA && jc < cnt) ? job.xrow(tp, jc) * G : -1;
+                if constexpr (F16) {
+                    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+                    // B column g: token 8 nt + g's hi half; C tokens 8 nt + 2c (+ 1).
+                    const int jb = nt * 8 + g, jc = nt * 8 + 2 * c;
+                    xoff[nt] = jb < cnt ? job.xrow(tp, jb) * 2 * K : -1;
+                    csoff[nt] = jc < cnt ? job.xrow(tp, jc) * G : -1;
+                    csoff2[nt] = jc + 1 < cnt ? job.xrow(tp, jc + 1) * G : -1;
+                } else {
+                    acc[nt][0] = acc[nt][1] = 0.f;
+                    const int jb = nt * 4 + (g >> 1), jc = nt * 4 + c;
+                    xoff[nt] = jb < cnt ? job.xrow(tp, jb) * 2 * K + (g & 1) * K : -1;
+                    csoff[nt] = (!CSUM_MMA && jc < cnt) ? job.xrow(tp, jc) * G : -1;
+                    csoff2[nt] = -1;
+                }
             }
         }
         cp_async_wait<RING - 2>();
         __syncwarp();
 #ifndef QMM_PROBE_NO_MATH
-        if (cnt > 0) stage_math<NT, CSUM_MMA>(ring + (z % RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, acc);
+        if (cnt > 0) stage_math<NT, CSUM_MMA, F16>(ring + (z % RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, csoff2, acc);
 #endif
         __syncwarp();
         qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
@@ -690,35 +764,58 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
             for (int nt = 0; nt < NT; ++nt) {
                 acc[nt][0] = __fmul_rn(acc[nt][0], QMM_SUM_SCALE);
                 acc[nt][1] = __fmul_rn(acc[nt][1], QMM_SUM_SCALE);
+                if constexpr (F16) {
+                    acc[nt][2] = __fmul_rn(acc[nt][2], QMM_SUM_SCALE);
+                    acc[nt][3] = __fmul_rn(acc[nt][3], QMM_SUM_SCALE);
+                }
             }
             if (ks.KQ == 1) {
                 // One warp holds the whole K: its sums are final.
                 if (cnt > 0) {
+                    if constexpr (F16) {
+                        qmm_epilogues<NT, F16>(job, tp, lane, acc, cnt);
+                    } else {
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                        for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                    }
                 }
             } else {
                 // Every slice's partial to shared memory, then the slice-0
                 // warp adds them in slice order (deterministic) and runs the
                 // epilogue. Only the KQ warps of this task meet (named
                 // barrier 1 + mt), so other tasks' warps keep streaming.
-                float* part = red + (size_t)warp * NT * 64;
+                float* part = red + (size_t)warp * NT * 32 * NA;
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) *reinterpret_cast<float2*>(part + (nt * 32 + lane) * 2) = make_float2(acc[nt][0], acc[nt][1]);
+                for (int nt = 0; nt < NT; ++nt) {
+                    if constexpr (F16) *reinterpret_cast<float4*>(part + (nt * 32 + lane) * NA) = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+                    else *reinterpret_cast<float2*>(part + (nt * 32 + lane) * NA) = make_float2(acc[nt][0], acc[nt][1]);
+                }
                 named_barrier(1 + mt, ks.KQ * 32);
                 if (q == 0 && cnt > 0) {
 #pragma unroll 1
                     for (int src = 1; src < ks.KQ; ++src) {
-                        const float* o = red + (size_t)(warp + src) * NT * 64;
+                        const float* o = red + (size_t)(warp + src) * NT * 32 * NA;
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) {
-                            const float2 v = *reinterpret_cast<const float2*>(o + (nt * 32 + lane) * 2);
-                            acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
-                            acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
+                            if constexpr (F16) {
+                                const float4 v = *reinterpret_cast<const float4*>(o + (nt * 32 + lane) * NA);
+                                acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
+                                acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
+                                acc[nt][2] = __fadd_rn(acc[nt][2], v.z);
+                                acc[nt][3] = __fadd_rn(acc[nt][3], v.w);
+                            } else {
+                                const float2 v = *reinterpret_cast<const float2*>(o + (nt * 32 + lane) * NA);
+                                acc[nt][0] = __fadd_rn(acc[nt][0], v.x);
+                                acc[nt][1] = __fadd_rn(acc[nt][1], v.y);
+                            }
                         }
                     }
+                    if constexpr (F16) {
+                        qmm_epilogues<NT, F16>(job, tp, lane, acc, cnt);
+                    } else {
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                        for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
+                    }
                 }
                 // The partials are read before any of the task's warps
                 // writes its next task's.
@@ -814,11 +911,12 @@ struct DenseJob {
     }
     __device__ int count(Pos ps) const { return min(p.tok_chunk, p.ntok - ps.chunk * p.tok_chunk); }
     __device__ int xrow(Pos ps, int j) const { return ps.chunk * p.tok_chunk + j; }
-    __device__ void epilogue(Pos ps, int nt, int lane, float v0, float v1, int cnt) {
-        const int g = lane >> 2, c = lane & 3;
+    __device__ void epilogue(Pos ps, int nt, int lane, float v0, float v1, int cnt) { epilogue_at(ps, nt * 4 + (lane & 3), lane, v0, v1, cnt); }
+    // j: the lane's token in the task (every lane of the warp calls it).
+    __device__ void epilogue_at(Pos ps, int j, int lane, float v0, float v1, int cnt) {
+        const int g = lane >> 2;
         const QmmSeg& sg = p.seg[seg_of(ps.tile)];
         const int r0 = (ps.tile - sg.tile_start) * 16;
-        const int j = nt * 4 + c;
         const int t = ps.chunk * p.tok_chunk + j;
         u64 key = 0ull;
         if (j < cnt) {
@@ -854,27 +952,31 @@ struct DenseJob {
     }
 };
 
-template <int NT, int RING, int WARPS>
+template <int NT, int RING, int WARPS, bool F16>
 __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
     __shared__ u64 best[QMM_MAX_TOK];
     DenseJob job(p, p.argmax_keys != nullptr ? best : nullptr);
-    qmm_run<NT, false, DenseJob, WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, p.csum, p.K);
+    qmm_run<NT, false, DenseJob, WARPS, QmmPdl::StagesBeforeWait, RING, F16>(job, p.x, p.csum, p.K);
 }
 
-// One entry point per (n-tiles, ring, block width) that qmm.rs
+// One entry point per (n-tiles, ring, block width, columns) that qmm.rs
 // `dense_variant` picks: QMM_WARPS warps a block, or (the *_wide entries,
-// K >= QMM_WIDE_K) QMM_WIDE_KQ, one task a block.
-#define QMM_DENSE(NAME, NT, RING, WARPS)                                                              \
+// K >= QMM_WIDE_K) QMM_WIDE_KQ, one task a block; the qmm_dense_f16*
+// entries take 8 tokens' fp16 x an n-tile (F16 in stage_math_groups).
+#define QMM_DENSE(NAME, NT, RING, WARPS, F16)                                                         \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, (16 / WARPS > 1 ? 16 / WARPS : 1)) NAME(const __grid_constant__ QmmDenseParams p) { \
-        qmm_dense_body<NT, RING, WARPS>(p);                                                           \
+        qmm_dense_body<NT, RING, WARPS, F16>(p);                                                      \
     }
-QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING, QMM_WARPS)
-QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING, QMM_WARPS)
-QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING, QMM_WARPS)
-QMM_DENSE(qmm_dense_2_chunks, 2, QMM_DENSE_RING, QMM_WARPS)
-QMM_DENSE(qmm_dense_1_wide, 1, QMM_WIDE_RING, QMM_WIDE_KQ)
-QMM_DENSE(qmm_dense_2_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ)
-QMM_DENSE(qmm_dense_2_chunks_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ)
+QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING, QMM_WARPS, false)
+QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING, QMM_WARPS, false)
+QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING, QMM_WARPS, false)
+QMM_DENSE(qmm_dense_2_chunks, 2, QMM_DENSE_RING, QMM_WARPS, false)
+QMM_DENSE(qmm_dense_1_wide, 1, QMM_WIDE_RING, QMM_WIDE_KQ, false)
+QMM_DENSE(qmm_dense_2_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ, false)
+QMM_DENSE(qmm_dense_2_chunks_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ, false)
+QMM_DENSE(qmm_dense_f16, 1, QMM_DENSE2_RING, QMM_WARPS, true)
+QMM_DENSE(qmm_dense_f16_head, 1, QMM_HEAD_RING, QMM_WARPS, true)
+QMM_DENSE(qmm_dense_f16_wide, 1, QMM_WIDE_RING, QMM_WIDE_KQ, true)
 
 // ---- MoE decode ----------------------------------------------------------------
 //

@@ -133,6 +133,7 @@ fn run_batches(args: &Args) -> anyhow::Result<()> {
         "prompt_tokens": args.batch_prompt,
         "batch_invariant": args.batch_invariant,
         "decode_gemm": std::env::var("LILY_DECODE_GEMM").ok(),
+        "decode_f16": std::env::var("LILY_DECODE_F16").ok(),
         "decode_steps": DECODE_STEPS,
         "rounds": args.rounds,
         "memory_bytes": backend.memory_in_use(),
