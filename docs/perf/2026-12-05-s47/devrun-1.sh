@@ -1,0 +1,29 @@
+# Session 47's prepared calls for the next lease, 1 of 3 (no device in sessions 46-47).
+# Binaries (the development machine; /work/lease-next/bins may still hold them, check the revisions in
+# /work/lease-next/build.log against main), ~10 min:
+#   git branch -f served-graph-next main && git worktree add /tmp/sg served-graph-next &&
+#     (cd /tmp/sg && git revert --no-edit d60eb67b) && git worktree remove /tmp/sg   # re-applies served-graph
+#   TESTS="gpu_runahead gpu_sampling gpu_model gpu_qmm" LILY=1 bash crates/cuda/scripts/ab-revisions.sh \
+#     collect /work/lease-next/bins served-graph-next main
+#   cargo build -p lily-cuda --release --example qmm_probe        # main's qmm.cu is served-graph-next's
+#   mkdir -p /tmp/pk/main /tmp/pk/base && cp /work/lease-next/bins/served-graph-next/{bench,gpu_runahead,gpu_sampling,gpu_model,gpu_qmm,lily} /tmp/pk/main/ &&
+#     cp $CARGO_TARGET_DIR/release/examples/qmm_probe /tmp/pk/main/ && strip /tmp/pk/main/qmm_probe &&
+#     cp /work/lease-next/bins/main/lily /tmp/pk/base/ && tar cJf binsnext.tar.xz -C /tmp/pk main base
+#   (in the checkout root; add binsnext.tar.xz, scripts/.devrun-*.sh and .synth-full/ to .git/info/exclude;
+#   copy this directory's devrun-{1,2,3}.sh to scripts/.devrun-{1,2,3}.sh)
+#   run(command="bash scripts/.devrun-1.sh", carry=["binsnext.tar.xz","scripts/.devrun-1.sh"])   ~7 min
+# Call 1 runs the merged code's (served-graph on main, which holds the fp16 dense inputs, history 160)
+# suites with LILY_REQUIRE_GPU=1: gpu_qmm (the fp16 kernels against the f64 reference on the packed
+# halves), gpu_model (the fp16 path against each sequence alone, beside the GEMM path), gpu_runahead and
+# gpu_sampling (served-graph); then qmm_probe's dense rows at 1, 4, 5 and 8 tokens, hi/lo and fp16.
+# If the suites pass: `git revert d60eb67b` on main (served-graph), and call 2.
+set -u
+R=$PWD; mkdir -p /tmp/b && cd /tmp/b && tar xJf $R/binsnext.tar.xz && cd $R; O=$OUT/c1; mkdir -p $O
+export RUST_BACKTRACE=1; B=/tmp/b/main
+for s in gpu_qmm gpu_model gpu_runahead gpu_sampling; do
+  LILY_REQUIRE_GPU=1 timeout 170 $B/$s --test-threads=2 --nocapture > $O/$s.log 2>&1
+  echo "$s rc $?: $(grep 'test result' $O/$s.log)"
+done
+grep -h -a 'fp16\|qmm on fp16\|GEMM decode path: batch' $O/gpu_qmm.log $O/gpu_model.log | cut -c1-220 | head -20
+timeout 100 $B/qmm_probe 1,4,5,8 0 > $O/qmm_probe.txt 2>&1 || echo "qmm_probe rc $?"
+grep -v 'moe:' $O/qmm_probe.txt | cut -c1-120
