@@ -433,7 +433,8 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& sr
 // production shape), so the group loop has no data-dependent exits (no
 // per-group compare, branch and warp re-convergence before the mma).
 //
-// F16 (the dense matrices of 5-8 tokens behind DecodeMatrices::f16_from):
+// F16 (the dense matrices of steps of up to 8 tokens, from
+// DecodeMatrices::f16_from):
 // the B columns are 8 tokens' hi halves only (token 8 nt + g, x's fp16
 // value), so 8 tokens share one n-tile's mma, x fragments and fold where
 // hi/lo needs two. Lane (g, c) then holds rows g and g + 8 of tokens
@@ -632,22 +633,19 @@ __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring,
 }
 
 
-// The finished sums of a task to the job's epilogue, a call per C token
-// of the lane: hi/lo columns, epilogue(pos, nt, ...) for token 4 nt + c
-// (rows g, g + 8 in acc[nt][0], [1]); F16 columns (dense jobs only),
-// epilogue_at(pos, j, ...) for tokens j = 8 nt + 2c (acc[nt][0], [2]) and
-// 8 nt + 2c + 1 ([1], [3]). Every lane calls each epilogue (they shuffle).
-template <int NT, bool F16, class Job>
-__device__ __forceinline__ void qmm_epilogues(Job& job, const typename Job::Pos& tp, int lane, const float (&acc)[NT][QMM_ACC(F16)], int cnt) {
-    [[maybe_unused]] const int c = lane & 3;
+// The finished sums of an F16 task (dense jobs only) to the job's
+// epilogue_at, a call per C token of the lane: tokens j = 8 nt + 2c (rows
+// g, g + 8 in acc[nt][0], [2]) and 8 nt + 2c + 1 ([1], [3]). Every lane
+// calls each epilogue (they shuffle). (The hi/lo path calls epilogue(pos,
+// nt, ...) in line: through this helper the accumulators' reference made
+// qmm_moe_1 spill.)
+template <int NT, class Job>
+__device__ __forceinline__ void qmm_epilogues_f16(Job& job, const typename Job::Pos& tp, int lane, const float (&acc)[NT][QMM_ACC(true)], int cnt) {
+    const int c = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        if constexpr (F16) {
-            job.epilogue_at(tp, nt * 8 + 2 * c, lane, acc[nt][0], acc[nt][2], cnt);
-            job.epilogue_at(tp, nt * 8 + 2 * c + 1, lane, acc[nt][1], acc[nt][3], cnt);
-        } else {
-            job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
-        }
+        job.epilogue_at(tp, nt * 8 + 2 * c, lane, acc[nt][0], acc[nt][2], cnt);
+        job.epilogue_at(tp, nt * 8 + 2 * c + 1, lane, acc[nt][1], acc[nt][3], cnt);
     }
 }
 
@@ -673,7 +671,7 @@ enum class QmmPdl { StagesBeforeWait, WaitThenTrigger, None };
 // group sums are row xrow of `csum`, K / 64 wide), epilogue(pos, nt, lane,
 // v0, v1, count): called by every lane of the slice-0 warp for each n-tile
 // with the finished sums of rows g and g + 8 for token 4 nt + c (with F16,
-// epilogue_at(pos, j, ...) for each of its tokens j: qmm_epilogues), and
+// epilogue_at(pos, j, ...) for each of its tokens j: qmm_epilogues_f16), and
 // finish().
 // F16: the n-tiles' B columns are 8 tokens' fp16 x (stage_math_groups);
 // only the dense matrices take it.
@@ -773,7 +771,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
                 // One warp holds the whole K: its sums are final.
                 if (cnt > 0) {
                     if constexpr (F16) {
-                        qmm_epilogues<NT, F16>(job, tp, lane, acc, cnt);
+                        qmm_epilogues_f16<NT>(job, tp, lane, acc, cnt);
                     } else {
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
@@ -811,7 +809,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
                         }
                     }
                     if constexpr (F16) {
-                        qmm_epilogues<NT, F16>(job, tp, lane, acc, cnt);
+                        qmm_epilogues_f16<NT>(job, tp, lane, acc, cnt);
                     } else {
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt) job.epilogue(tp, nt, lane, acc[nt][0], acc[nt][1], cnt);
