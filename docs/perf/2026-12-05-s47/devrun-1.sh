@@ -6,9 +6,13 @@
 #   TESTS="gpu_runahead gpu_sampling gpu_model gpu_qmm" LILY=1 bash crates/cuda/scripts/ab-revisions.sh \
 #     collect /work/lease-next/bins served-graph-next main
 #   cargo build -p lily-cuda --release --example qmm_probe        # main's qmm.cu is served-graph-next's
-#   mkdir -p /tmp/pk/main /tmp/pk/base && cp /work/lease-next/bins/served-graph-next/{bench,gpu_runahead,gpu_sampling,gpu_model,gpu_qmm,lily} /tmp/pk/main/ &&
+#   git worktree add --detach /tmp/old a090f5cd && (cd /tmp/old && cargo build --release -p lily-cuda --example bench) &&
+#     mkdir -p /work/lease-next/old && cp $CARGO_TARGET_DIR/release/examples/bench /work/lease-next/old/ && strip /work/lease-next/old/bench &&
+#     git worktree remove --force /tmp/old   # main before session 47 (its hi/lo kernels' registers moved, their opcodes did not)
+#   mkdir -p /tmp/pk/main /tmp/pk/base /tmp/pk/old && cp /work/lease-next/bins/served-graph-next/{bench,gpu_runahead,gpu_sampling,gpu_model,gpu_qmm,lily} /tmp/pk/main/ &&
 #     cp $CARGO_TARGET_DIR/release/examples/qmm_probe /tmp/pk/main/ && strip /tmp/pk/main/qmm_probe &&
-#     cp /work/lease-next/bins/main/lily /tmp/pk/base/ && tar cJf binsnext.tar.xz -C /tmp/pk main base
+#     cp /work/lease-next/bins/main/lily /tmp/pk/base/ && cp /work/lease-next/old/bench /tmp/pk/old/ &&
+#     tar cJf binsnext.tar.xz -C /tmp/pk main base old
 #   (in the checkout root; add binsnext.tar.xz, scripts/.devrun-*.sh and .synth-full/ to .git/info/exclude;
 #   copy this directory's devrun-{1,2,3}.sh to scripts/.devrun-{1,2,3}.sh)
 #   run(command="bash scripts/.devrun-1.sh", carry=["binsnext.tar.xz","scripts/.devrun-1.sh"])   ~7 min

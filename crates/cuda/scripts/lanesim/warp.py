@@ -3,7 +3,8 @@
 # shuffles, cp.async commit groups), with the 32 lanes as numpy arrays.
 #
 # Used by sim_decode.py and sim_prefill.py, line-by-line Python ports of
-# attn_decode / attn_combine / attn_prefill (kernels/attention.cu), to check
+# attn_decode / attn_combine / attn_prefill (kernels/attention.cu), and by
+# sim_qmm.py (qmm.cu's group math, hi/lo and F16 columns), to check
 # fragment layouts, index math, masking and pipeline-stage reuse on a machine
 # without a GPU (python3 + numpy; not part of CI). The fragment layouts are
 # those of the PTX ISA; the prefill port shares its Q/K/V fragment code with
