@@ -97,7 +97,12 @@ fn open_cuda(
         // backend's slack blocks; sequences share it, so many short ones
         // fit as well.
         kv_tokens: kv_tokens.unwrap_or(max_seq_len + (defaults.kv_tokens - defaults.max_seq_len)),
-        decode_matrices: decode_matrices(batch_invariant, defaults.decode_matrices)?,
+        decode_matrices: decode_matrices(
+            batch_invariant,
+            defaults.decode_matrices,
+            std::env::var("LILY_DECODE_GEMM").ok().as_deref(),
+            std::env::var("LILY_DECODE_F16").ok().as_deref(),
+        )?,
         ..defaults
     };
     let backend = lily_cuda::CudaBackend::open(dir, opts, progress).with_context(|| format!("loading {} on the GPU", dir.display()))?;
@@ -110,16 +115,42 @@ fn open_cuda(
 /// qmm's dense matrices take fp16 activations: `lily_cuda::DecodeMatrices`)
 /// override the backend's defaults, tuning knobs for measuring where each
 /// path starts to pay.
-fn decode_matrices(batch_invariant: bool, default: lily_cuda::DecodeMatrices) -> anyhow::Result<lily_cuda::DecodeMatrices> {
+/// (`gemm` and `f16`: the two variables' values, when set.)
+fn decode_matrices(
+    batch_invariant: bool,
+    default: lily_cuda::DecodeMatrices,
+    gemm: Option<&str>,
+    f16: Option<&str>,
+) -> anyhow::Result<lily_cuda::DecodeMatrices> {
     if batch_invariant {
         return Ok(lily_cuda::DecodeMatrices::BATCH_INVARIANT);
     }
-    let mut m = match std::env::var("LILY_DECODE_GEMM") {
-        Ok(v) => lily_cuda::DecodeMatrices::parse(&v).map_err(|e| anyhow::anyhow!("LILY_DECODE_GEMM: {e}"))?,
-        Err(_) => default,
+    let mut m = match gemm {
+        Some(v) => lily_cuda::DecodeMatrices::parse(v).map_err(|e| anyhow::anyhow!("LILY_DECODE_GEMM: {e}"))?,
+        None => default,
     };
-    if let Ok(v) = std::env::var("LILY_DECODE_F16") {
-        m.f16_from = lily_cuda::DecodeMatrices::parse_f16_from(&v).map_err(|e| anyhow::anyhow!("LILY_DECODE_F16: {e}"))?;
+    if let Some(v) = f16 {
+        m.f16_from = lily_cuda::DecodeMatrices::parse_f16_from(v).map_err(|e| anyhow::anyhow!("LILY_DECODE_F16: {e}"))?;
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_matrices;
+    use lily_cuda::DecodeMatrices;
+
+    #[test]
+    fn the_decode_path_variables_override_the_default_unless_batch_invariant() {
+        let d = DecodeMatrices::FASTEST;
+        assert_eq!(decode_matrices(false, d, None, None).unwrap(), d);
+        assert_eq!(decode_matrices(false, d, Some("12"), None).unwrap(), DecodeMatrices { gemm_from: 12, f16_from: usize::MAX });
+        assert_eq!(decode_matrices(false, d, None, Some("5")).unwrap(), DecodeMatrices { f16_from: 5, ..d });
+        assert_eq!(decode_matrices(false, d, Some("off"), Some("2")).unwrap(), DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 });
+        assert_eq!(decode_matrices(true, d, Some("12"), Some("5")).unwrap(), DecodeMatrices::BATCH_INVARIANT, "--batch-invariant wins");
+        let e = decode_matrices(false, d, None, Some("9")).unwrap_err().to_string();
+        assert!(e.contains("LILY_DECODE_F16") && e.contains("2..=8"), "{e}");
+        let e = decode_matrices(false, d, Some("0"), None).unwrap_err().to_string();
+        assert!(e.contains("LILY_DECODE_GEMM"), "{e}");
+    }
 }

@@ -12,7 +12,7 @@ O=$OUT/c2; mkdir -p $O; export RUST_BACKTRACE=1; B=/tmp/b/main; M=$R/.synth-full
 if [ ! -f $M/config.json ]; then (RAYON_NUM_THREADS=6 $B/lily synth --preset full --out $M > $O/synth.log 2>&1) & SYN=$!; else SYN=; fi
 for r in 1 2; do for f in off 5; do
   timeout 70 $B/bench --random-layers 40 --lengths 256 --batch 1,4,5,8 --served --decode-f16 $f > $O/bench-f16-$f-$r.json 2>> $O/err.txt || echo "bench $f $r failed"
-  grep -h '^{' $O/bench-f16-$f-$r.json | grep -v prompt_tokens | cut -c1-150 | sed "s/^/f16=$f r$r /"
+  grep -h '^{' $O/bench-f16-$f-$r.json | cut -c1-150 | sed "s/^/f16=$f r$r /"
 done; done
 # The hi/lo kernels before (a090f5cd, old/) and after session 47's change (same opcodes, registers moved).
 for r in 1 2; do for v in old main; do
