@@ -585,7 +585,7 @@ impl PackedRows {
 }
 
 /// y = W x for every matrix of `segs` (same input width) and the first
-/// `ntok` rows of the packed input `x`, read as `xp` says (`XPrecision::F16`
+/// `ntok` rows of the packed input `x`, read as `xprec` says (`XPrecision::F16`
 /// takes at most `state::F16_MAX_TOK` tokens).
 pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usize, xprec: XPrecision, argmax_keys: Option<DevSlice<u64>>) -> CudaResult<()> {
     const NAME: &str = "qmm_dense";
