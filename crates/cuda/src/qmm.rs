@@ -269,7 +269,8 @@ unsafe impl DeviceRepr for MoeFusedParamsC {}
 /// How a dense launch reads its packed activations (qmm.cu
 /// `stage_math_groups`): `HiLo`, both fp16 halves (about fp32 precision),
 /// 4 tokens an n-tile; `F16`, the hi halves only (x rounded to fp16 once),
-/// 8 tokens an n-tile, at most `state::F16_MAX_TOK` tokens a launch.
+/// 8 tokens an n-tile (two of them for 9-16 tokens), at most
+/// `state::F16_MAX_TOK` tokens a launch.
 /// `DecodeMatrices::dense_x` picks it for a decode step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XPrecision {
@@ -397,14 +398,19 @@ impl QmmShape {
     /// matrix (there is no wide lm_head entry).
     fn dense_variant(&self, ntok: usize, logits: bool, k: usize, x: XPrecision) -> Option<DenseVariant> {
         if x == XPrecision::F16 {
-            // One n-tile of 8 tokens (the launcher refuses more), on the
-            // ring of the 5-8-token entry it replaces.
-            let f = |name, ring, warps| Some(DenseVariant { name, nt: 1, ring, warps, x });
+            // One n-tile of 8 tokens, or two for 9-16 (the launcher refuses
+            // more), on the rings of the 5-8-token entries they replace;
+            // the wide matrices in chunks of 8 (no two-n-tile wide entry:
+            // it spills in 16-warp blocks).
+            let f = |name, nt, ring, warps| Some(DenseVariant { name, nt, ring, warps, x });
+            let two = ntok > 8;
             return match (k >= QMM_WIDE_K, logits) {
                 (true, true) => None,
-                (true, false) => f("qmm_dense_f16_wide", self.wide_ring, self.wide_kq),
-                (false, true) => f("qmm_dense_f16_head", self.head_ring, self.warps),
-                (false, false) => f("qmm_dense_f16", self.dense2_ring, self.warps),
+                (true, false) => f("qmm_dense_f16_wide", 1, self.wide_ring, self.wide_kq),
+                (false, true) if two => f("qmm_dense_f16_2_head", 2, self.head_ring, self.warps),
+                (false, true) => f("qmm_dense_f16_head", 1, self.head_ring, self.warps),
+                (false, false) if two => f("qmm_dense_f16_2", 2, self.dense2_ring, self.warps),
+                (false, false) => f("qmm_dense_f16", 1, self.dense2_ring, self.warps),
             };
         }
         let v = |name, nt, ring, warps| Some(DenseVariant { name, nt, ring, warps, x });
@@ -492,6 +498,8 @@ pub const KERNELS: &[&str] = &[
     "qmm_dense_f16",
     "qmm_dense_f16_head",
     "qmm_dense_f16_wide",
+    "qmm_dense_f16_2",
+    "qmm_dense_f16_2_head",
     "qmm_moe_1",
     "qmm_moe_1_occ3",
     "qmm_moe_2",
@@ -596,7 +604,7 @@ pub fn dense(gpu: &Gpu, k: &Kernels, segs: &[DenseSeg], x: PackedRows, ntok: usi
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
     }
     if xprec == XPrecision::F16 && ntok > crate::state::F16_MAX_TOK {
-        return Err(CudaError::shape(NAME, format!("{ntok} tokens on fp16 activations, expected 1..={} (one n-tile)", crate::state::F16_MAX_TOK)));
+        return Err(CudaError::shape(NAME, format!("{ntok} tokens on fp16 activations, expected 1..={} (two n-tiles)", crate::state::F16_MAX_TOK)));
     }
     let kdim = segs[0].w.cols;
     if !kdim.is_multiple_of(64) {
@@ -1015,6 +1023,9 @@ mod tests {
         assert_eq!(f16(8, true, 2048), Some(("qmm_dense_f16_head", 1, s.head_ring)));
         assert_eq!(f16(8, false, QMM_WIDE_K), Some(("qmm_dense_f16_wide", 1, s.wide_ring)));
         assert_eq!(f16(8, true, QMM_WIDE_K), None, "no wide lm_head entry");
+        assert_eq!(f16(9, false, 2048), Some(("qmm_dense_f16_2", 2, s.dense2_ring)));
+        assert_eq!(f16(16, true, 2048), Some(("qmm_dense_f16_2_head", 2, s.head_ring)));
+        assert_eq!(f16(16, false, QMM_WIDE_K), Some(("qmm_dense_f16_wide", 1, s.wide_ring)), "wide: chunks of 8");
         let sizes = |xp| if xp == XPrecision::F16 { 1..=crate::state::F16_MAX_TOK } else { 1..=MAX_DECODE_BATCH };
         for xp in [XPrecision::HiLo, XPrecision::F16] {
             for n in sizes(xp) {
@@ -1025,7 +1036,7 @@ mod tests {
                     assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
                     assert_eq!(name.ends_with("_wide"), wide, "{name}");
                     assert_eq!(name.contains("_f16"), xp == XPrecision::F16, "{name}");
-                    assert!(xp == XPrecision::HiLo || x.tokens_per_tile() * nt >= n, "{name}: {n} tokens in one chunk");
+                    assert!(xp == XPrecision::HiLo || wide || x.tokens_per_tile() * nt >= n, "{name}: {n} tokens in one chunk");
                     assert_eq!(warps % s.warps_per_task(k), 0, "{name}: {warps} warps, {} a task", s.warps_per_task(k));
                     // Two blocks an SM (227 KiB a block at most, 1 KiB reserved
                     // each), and room beside them for a block of the kernel

@@ -103,10 +103,12 @@ pub const DECODE_GEMM_FROM: usize = 9;
 /// of that model flipped; crates/cuda/NOTES.md history 30).
 ///
 /// `f16_from` (off by default; `LILY_DECODE_F16`, bench `--decode-f16`):
-/// qmm steps of `f16_from` to 8 sequences read only the fp16 (hi) halves of
-/// the packed activations in the dense projections and the lm_head, 8
-/// tokens an n-tile (`qmm::XPrecision::F16`), so 5-8 tokens take one
-/// n-tile's mma, x fragments and fold instead of two. The codes stay exact;
+/// qmm steps of `f16_from` to `F16_MAX_TOK` (16) sequences read only the
+/// fp16 (hi) halves of the packed activations in the dense projections and
+/// the lm_head, 8 tokens an n-tile (`qmm::XPrecision::F16`), so 5-8 tokens
+/// take one n-tile's mma, x fragments and fold instead of two, and 9-16 two
+/// instead of four (those steps run on qmm only where `gemm_from` is above
+/// them: by default the GEMM path takes them). The codes stay exact;
 /// x is rounded to fp16 once, as on the GEMM path (which also rounds the
 /// weights). Like `gemm_from`, it moves a sequence's logits slightly when
 /// its batch crosses the threshold. The MoE keeps hi/lo.
@@ -116,13 +118,14 @@ pub struct DecodeMatrices {
     /// the lm_head on the GEMM; `usize::MAX`: every step on qmm
     /// (batch-invariant decode).
     pub gemm_from: usize,
-    /// qmm steps of at least this many sequences (2..=`F16_MAX_TOK`) run
-    /// the dense matrices on fp16 activations; `usize::MAX`: never.
+    /// qmm steps of at least this many sequences (2..=`F16_MAX_TOK`, up to
+    /// `F16_MAX_TOK` of them) run the dense matrices on fp16 activations;
+    /// `usize::MAX`: never.
     pub f16_from: usize,
 }
 
-/// Most tokens of a dense launch on fp16 activations: one n-tile of 8.
-pub const F16_MAX_TOK: usize = 8;
+/// Most tokens of a dense launch on fp16 activations: two n-tiles of 8.
+pub const F16_MAX_TOK: usize = 16;
 
 impl DecodeMatrices {
     /// Every step on qmm: a sequence's logits do not depend on its batch.
@@ -157,7 +160,7 @@ impl DecodeMatrices {
         }
         match s.parse::<usize>() {
             Ok(n) if (2..=F16_MAX_TOK).contains(&n) => Ok(n),
-            Ok(n) => Err(format!("fp16 decode threshold {n}: want 2..={F16_MAX_TOK} (one token gains nothing from 8-token n-tiles) or off")),
+            Ok(n) => Err(format!("fp16 decode threshold {n}: want 2..={F16_MAX_TOK} (one token gains nothing from 8-token n-tiles; past {F16_MAX_TOK} the steps are chunked) or off")),
             Err(e) => Err(format!("fp16 decode threshold {s:?}: {e} (want off or a number of sequences)")),
         }
     }
@@ -938,7 +941,8 @@ mod tests {
         use crate::qmm::XPrecision::{HiLo, F16};
         assert_eq!(DecodeMatrices::parse_f16_from("off"), Ok(usize::MAX));
         assert_eq!(DecodeMatrices::parse_f16_from(" 5 "), Ok(5));
-        for bad in ["0", "1", "9", "five", ""] {
+        assert_eq!(DecodeMatrices::parse_f16_from("16"), Ok(16));
+        for bad in ["0", "1", "17", "five", ""] {
             assert!(DecodeMatrices::parse_f16_from(bad).is_err(), "{bad:?} is refused");
         }
         assert!((1..=128).all(|n| DecodeMatrices::FASTEST.dense_x(n) == HiLo), "off by default");
@@ -950,10 +954,12 @@ mod tests {
         let early = DecodeMatrices { gemm_from: 7, f16_from: 2 };
         assert_eq!(early.dense_x(6), F16);
         assert_eq!(early.dense_x(7), HiLo);
-        // Past one n-tile of 8 (batch-invariant chunks) qmm stays on hi/lo.
+        // With the GEMM path later (or off), qmm takes fp16 up to two
+        // n-tiles; past them (chunks) it stays on hi/lo.
+        let late = DecodeMatrices { gemm_from: 17, f16_from: 5 };
+        assert_eq!((late.dense_x(12), late.dense_x(16), late.dense_x(17)), (F16, F16, HiLo));
         let inv = DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 };
-        assert_eq!(inv.dense_x(8), F16);
-        assert_eq!(inv.dense_x(9), HiLo);
+        assert_eq!((inv.dense_x(16), inv.dense_x(17)), (F16, HiLo));
         let bad = Options { decode_matrices: DecodeMatrices { f16_from: 1, ..DecodeMatrices::FASTEST }, ..Options::default() };
         assert!(bad.check().unwrap_err().to_string().contains("f16_from"));
     }

@@ -239,14 +239,15 @@ fn fp16_input_dense_kernels_match_the_reference_on_the_packed_hi_halves() {
         .zip(offs)
         .map(|(q, off)| DenseSeg { w: q, out: dec.proj.from(off).expect("view"), out_stride: ps, epilogue: Epilogue::Store })
         .collect();
-    // In-projections (four matrices, one launch) at 1, 2, 5 and 8 tokens:
-    // every token against the reference on its packed halves (as exact as
-    // the hi/lo path: 1e-5) and against the exact input (what fp16 x
-    // costs); token 0 has the same input at every size, so its result is
-    // bit-identical (the K split does not depend on the batch).
+    // In-projections (four matrices, one launch) at 1, 2, 5, 8 tokens (one
+    // n-tile) and 12, 16 (two): every token against the reference on its
+    // packed halves (as exact as the hi/lo path: 1e-5) and against the
+    // exact input (what fp16 x costs); token 0 has the same input at every
+    // size, so its result is bit-identical (the K split does not depend on
+    // the batch, nor a token's arithmetic on the n-tiles beside it).
     let x0 = rng.vec(d.hidden, -2.0, 2.0);
     let mut first: Option<Vec<f32>> = None;
-    for n in [1usize, 2, 5, 8] {
+    for n in [1usize, 2, 5, 8, 12, 16] {
         let mut x = x0.clone();
         x.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
         write_device(g, dec.h.ptr(), &x).expect("upload x");
@@ -279,26 +280,27 @@ fn fp16_input_dense_kernels_match_the_reference_on_the_packed_hi_halves() {
     }
 
     // The wide out-projection (QMM_WIDE_KQ slices of a task, the residual
-    // add) at 7 tokens.
-    let n = 7;
-    let mix = rng.vec(n * d.gdn_val_dim(), -1.0, 1.0);
-    let h0 = rng.vec(n * d.hidden, -1.0, 1.0);
-    write_device(g, dec.mix_f32.ptr(), &mix).expect("upload");
-    write_device(g, dec.h.ptr(), &h0).expect("upload");
-    qmm::xnorm(g, k, d, dec.mix_f32, d.gdn_val_dim(), None, None, dec.px_mix, n).expect("pack");
-    qmm::dense(g, k, &[DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, f16, None).expect("out");
-    let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("read");
-    let px: Vec<u16> = read_device(g, dec.px_mix.px.ptr(), qmm::packed_len(n, d.gdn_val_dim())).expect("px");
-    for t in 0..n {
-        let (hi, lo) = packed_halves(&px, t, d.gdn_val_dim());
-        let want = f16_input_reference(&gh.out, &hi, &lo);
-        let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h0[t * d.hidden + c]).collect();
-        let e = rel(&got, &want);
-        check(e < 1e-5, format!("fp16 out-projection (add), batch {n}, token {t}: relative error {e:.2e}"));
+    // add) at 7 tokens (one n-tile) and 13 (two chunks of one n-tile).
+    for n in [7usize, 13] {
+        let mix = rng.vec(n * d.gdn_val_dim(), -1.0, 1.0);
+        let h0 = rng.vec(n * d.hidden, -1.0, 1.0);
+        write_device(g, dec.mix_f32.ptr(), &mix).expect("upload");
+        write_device(g, dec.h.ptr(), &h0).expect("upload");
+        qmm::xnorm(g, k, d, dec.mix_f32, d.gdn_val_dim(), None, None, dec.px_mix, n).expect("pack");
+        qmm::dense(g, k, &[DenseSeg { w: &gd.out, out: dec.h, out_stride: d.hidden, epilogue: Epilogue::Add }], dec.px_mix, n, f16, None).expect("out");
+        let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("read");
+        let px: Vec<u16> = read_device(g, dec.px_mix.px.ptr(), qmm::packed_len(n, d.gdn_val_dim())).expect("px");
+        for t in 0..n {
+            let (hi, lo) = packed_halves(&px, t, d.gdn_val_dim());
+            let want = f16_input_reference(&gh.out, &hi, &lo);
+            let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h0[t * d.hidden + c]).collect();
+            let e = rel(&got, &want);
+            check(e < 1e-5, format!("fp16 out-projection (add), batch {n}, token {t}: relative error {e:.2e}"));
+        }
     }
 
-    // The lm_head (logits and the greedy argmax keys) at 5 and 8 tokens.
-    for n in [5usize, 8] {
+    // The lm_head (logits and the greedy argmax keys) at 5, 8 and 16 tokens.
+    for n in [5usize, 8, 16] {
         let x = rng.vec(n * d.hidden, -2.0, 2.0);
         let logits = lm_head_with_keys(m, &x, n, f16, "fp16 lm_head");
         let px: Vec<u16> = read_device(g, dec.moe.px_in.px.ptr(), qmm::packed_len(n, d.hidden)).expect("px");
@@ -309,9 +311,9 @@ fn fp16_input_dense_kernels_match_the_reference_on_the_packed_hi_halves() {
         }
     }
 
-    // More than one n-tile of 8 is refused, not cut short.
-    let too_many = qmm::dense(g, k, &segs, dec.moe.px_in, 9, f16, None).unwrap_err().to_string();
-    check(too_many.contains("fp16"), format!("9 tokens on fp16 inputs: {too_many}"));
+    // More than two n-tiles of 8 are refused, not cut short.
+    let too_many = qmm::dense(g, k, &segs, dec.moe.px_in, 17, f16, None).unwrap_err().to_string();
+    check(too_many.contains("fp16"), format!("17 tokens on fp16 inputs: {too_many}"));
     finish();
 }
 

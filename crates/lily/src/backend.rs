@@ -148,8 +148,8 @@ mod tests {
         assert_eq!(decode_matrices(false, d, None, Some("5")).unwrap(), DecodeMatrices { f16_from: 5, ..d });
         assert_eq!(decode_matrices(false, d, Some("off"), Some("2")).unwrap(), DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 });
         assert_eq!(decode_matrices(true, d, Some("12"), Some("5")).unwrap(), DecodeMatrices::BATCH_INVARIANT, "--batch-invariant wins");
-        let e = decode_matrices(false, d, None, Some("9")).unwrap_err().to_string();
-        assert!(e.contains("LILY_DECODE_F16") && e.contains("2..=8"), "{e}");
+        let e = decode_matrices(false, d, None, Some("17")).unwrap_err().to_string();
+        assert!(e.contains("LILY_DECODE_F16") && e.contains("2..=16"), "{e}");
         let e = decode_matrices(false, d, Some("0"), None).unwrap_err().to_string();
         assert!(e.contains("LILY_DECODE_GEMM"), "{e}");
     }

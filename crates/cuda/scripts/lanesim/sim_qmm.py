@@ -1,7 +1,9 @@
 # Lane-level port of qmm.cu's group math (stage_math_groups) for the dense
 # matrices, both column layouts: hi/lo (4 tokens an n-tile, each token's
 # hi and lo halves in two B columns) and F16 (8 tokens an n-tile, their hi
-# halves only), on top of warp.py's mma.sync m16n8k16. Checks, on a task of
+# halves only), over as many n-tiles as the tokens need (qmm_dense_2's two
+# hi/lo n-tiles at 5-8 tokens, qmm_dense_f16_2's two fp16 ones at 9-16), on
+# top of warp.py's mma.sync m16n8k16. Checks, on a task of
 # 16 weight rows x G groups of 64 columns with random 4-bit codes, scales,
 # biases and x, that every (row, token) output the port's epilogue mapping
 # names equals the f64 sum the kernel promises:
@@ -129,7 +131,7 @@ def simulate(f16, ntok, groups=4):
     return rel(outs, want), rel(outs, x.astype(np.float64) @ w.T)
 
 for f16 in (False, True):
-    for ntok in (1, 3, 5, 8) if f16 else (1, 3, 4):
+    for ntok in (1, 3, 5, 8, 12, 16) if f16 else (1, 3, 4, 8):
         err, drift = simulate(f16, ntok)
         print(f"{'F16  ' if f16 else 'hi/lo'} {ntok} tokens: relative error against the promised sum {err:.2e}, "
               f"against the exact input {drift:.2e}")

@@ -20,8 +20,9 @@
 //                  the decode plan.
 //   N = NT, the 8-column n-tiles (4 tokens each) a warp keeps accumulators
 //   for; more tokens run in chunks (dense) or plan items (MoE) of 4 NT.
-//   qmm_dense_f16*: one n-tile of 8 tokens, their fp16 x (hi halves) only,
-//   for the decode steps DecodeMatrices::f16_from names (stage_math_groups).
+//   qmm_dense_f16*: n-tiles of 8 tokens, their fp16 x (hi halves) only,
+//   for the decode steps DecodeMatrices::f16_from names (stage_math_groups):
+//   one n-tile (up to 8 tokens, or chunks of 8), two (_2: 9-16 tokens).
 //
 // Packed activations ("px"): an activation row x[K] (f32) is stored as fp16
 // hi = fp16(x) and lo = fp16(x - hi), [row][2][K] halves, and within every 8
@@ -433,7 +434,7 @@ __device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& sr
 // production shape), so the group loop has no data-dependent exits (no
 // per-group compare, branch and warp re-convergence before the mma).
 //
-// F16 (the dense matrices of steps of up to 8 tokens, from
+// F16 (the dense matrices of steps of up to 16 tokens, from
 // DecodeMatrices::f16_from):
 // the B columns are 8 tokens' hi halves only (token 8 nt + g, x's fp16
 // value), so 8 tokens share one n-tile's mma, x fragments and fold where
@@ -961,10 +962,12 @@ __device__ __forceinline__ void qmm_dense_body(const QmmDenseParams& p) {
 // `dense_variant` picks: QMM_WARPS warps a block, or (the *_wide entries,
 // K >= QMM_WIDE_K) QMM_WIDE_KQ, one task a block; the qmm_dense_f16*
 // entries take 8 tokens' fp16 x an n-tile (F16 in stage_math_groups).
-#define QMM_DENSE(NAME, NT, RING, WARPS, F16)                                                         \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, (16 / WARPS > 1 ? 16 / WARPS : 1)) NAME(const __grid_constant__ QmmDenseParams p) { \
+// MINB: blocks an SM the registers must allow (__launch_bounds__).
+#define QMM_DENSE_B(NAME, NT, RING, WARPS, F16, MINB)                                                 \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB) NAME(const __grid_constant__ QmmDenseParams p) { \
         qmm_dense_body<NT, RING, WARPS, F16>(p);                                                      \
     }
+#define QMM_DENSE(NAME, NT, RING, WARPS, F16) QMM_DENSE_B(NAME, NT, RING, WARPS, F16, (16 / WARPS > 1 ? 16 / WARPS : 1))
 QMM_DENSE(qmm_dense_1, 1, QMM_DENSE_RING, QMM_WARPS, false)
 QMM_DENSE(qmm_dense_2, 2, QMM_DENSE2_RING, QMM_WARPS, false)
 QMM_DENSE(qmm_dense_2_head, 2, QMM_HEAD_RING, QMM_WARPS, false)
@@ -975,6 +978,12 @@ QMM_DENSE(qmm_dense_2_chunks_wide, 2, QMM_WIDE_RING, QMM_WIDE_KQ, false)
 QMM_DENSE(qmm_dense_f16, 1, QMM_DENSE2_RING, QMM_WARPS, true)
 QMM_DENSE(qmm_dense_f16_head, 1, QMM_HEAD_RING, QMM_WARPS, true)
 QMM_DENSE(qmm_dense_f16_wide, 1, QMM_WIDE_RING, QMM_WIDE_KQ, true)
+// Two fp16 n-tiles (9-16 tokens in one chunk): at 4 blocks an SM (128
+// registers) they spill 28-36 bytes; at 3 they take ~160 and none. (No wide
+// entry: in 16-warp blocks 128 registers is the bound; the wide matrices
+// take the one-n-tile entry in chunks of 8.)
+QMM_DENSE_B(qmm_dense_f16_2, 2, QMM_DENSE2_RING, QMM_WARPS, true, 3)
+QMM_DENSE_B(qmm_dense_f16_2_head, 2, QMM_HEAD_RING, QMM_WARPS, true, 3)
 
 // ---- MoE decode ----------------------------------------------------------------
 //
