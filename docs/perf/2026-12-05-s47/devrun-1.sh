@@ -19,7 +19,7 @@
 # Call 1 runs the merged code's (served-graph on main, which holds the fp16 dense inputs, history 160)
 # suites with LILY_REQUIRE_GPU=1: gpu_qmm (the fp16 kernels against the f64 reference on the packed
 # halves), gpu_model (the fp16 path against each sequence alone, beside the GEMM path), gpu_runahead and
-# gpu_sampling (served-graph); then qmm_probe's dense rows at 1, 4, 5 and 8 tokens, hi/lo and fp16, and
+# gpu_sampling (served-graph); then qmm_probe's dense rows at 1, 4, 5, 8, 12, 16 tokens, hi/lo and fp16, and
 # at 8 tokens with rings of 2 and of 6.
 # If the suites pass: `git revert d60eb67b` on main (served-graph), and call 2.
 set -u
@@ -30,7 +30,7 @@ for s in gpu_qmm gpu_model gpu_runahead gpu_sampling; do
   echo "$s rc $?: $(grep 'test result' $O/$s.log)"
 done
 grep -h -a 'fp16\|qmm on fp16\|GEMM decode path: batch' $O/gpu_qmm.log $O/gpu_model.log | cut -c1-220 | head -20
-timeout 100 $B/qmm_probe 1,4,5,8 0 > $O/qmm_probe.txt 2>&1 || echo "qmm_probe rc $?"
+timeout 120 $B/qmm_probe 1,4,5,8,12,16 0 > $O/qmm_probe.txt 2>&1 || echo "qmm_probe rc $?"
 grep -v 'moe:' $O/qmm_probe.txt | cut -c1-120
 # The rings at 8 tokens (rings of 2 / of 6 for every matrix kernel): the fp16 entries read half the x
 # bytes of the hi/lo ones, so their best ring may differ (history 129 set the lm_head's to 2 for L1).
