@@ -12,10 +12,10 @@
 #   mkdir -p /tmp/pk/main /tmp/pk/base /tmp/pk/old && cp /work/lease-next/bins/served-graph-next/{bench,gpu_runahead,gpu_sampling,gpu_model,gpu_qmm,lily} /tmp/pk/main/ &&
 #     cp $CARGO_TARGET_DIR/release/examples/qmm_probe /tmp/pk/main/ && strip /tmp/pk/main/qmm_probe &&
 #     cp /work/lease-next/bins/main/lily /tmp/pk/base/ && cp /work/lease-next/old/bench /tmp/pk/old/ &&
-#     tar cJf binsnext.tar.xz -C /tmp/pk main base old
-#   (in the checkout root; add binsnext.tar.xz, scripts/.devrun-*.sh and .synth-full/ to .git/info/exclude;
-#   copy this directory's devrun-{1,2,3}.sh to scripts/.devrun-{1,2,3}.sh)
-#   run(command="bash scripts/.devrun-1.sh", carry=["binsnext.tar.xz","scripts/.devrun-1.sh"])   ~7 min
+#     cd /tmp/pk && tar cJf c1.tar.xz main/gpu_* main/qmm_probe && tar cJf c2.tar.xz main/bench old/bench main/lily &&
+#     tar cJf c3.tar.xz main/lily base/lily   # one per call: a call carries at most 64 MiB with the checkout and .git
+#   (into the checkout root; add c1.tar.xz, c2.tar.xz, c3.tar.xz and .synth-full/ to .git/info/exclude)
+#   run(command="bash docs/perf/2026-12-05-s47/devrun-1.sh", carry=["c1.tar.xz"])   ~7 min
 # Call 1 runs the merged code's (served-graph on main, which holds the fp16 dense inputs, history 160)
 # suites with LILY_REQUIRE_GPU=1: gpu_qmm (the fp16 kernels against the f64 reference on the packed
 # halves), gpu_model (the fp16 path against each sequence alone, beside the GEMM path), gpu_runahead and
@@ -23,7 +23,7 @@
 # at 8 tokens with rings of 2 and of 6.
 # If the suites pass: `git revert d60eb67b` on main (served-graph), and call 2.
 set -u
-R=$PWD; mkdir -p /tmp/b && cd /tmp/b && tar xJf $R/binsnext.tar.xz && cd $R; O=$OUT/c1; mkdir -p $O
+R=$PWD; mkdir -p /tmp/b && for t in $R/binsnext.tar.xz $R/c[123].tar.xz; do [ -f $t ] && tar xJf $t -C /tmp/b; done; O=$OUT/c1; mkdir -p $O
 export RUST_BACKTRACE=1; B=/tmp/b/main
 for s in gpu_qmm gpu_model gpu_runahead gpu_sampling; do
   LILY_REQUIRE_GPU=1 timeout 170 $B/$s --test-threads=2 --nocapture > $O/$s.log 2>&1

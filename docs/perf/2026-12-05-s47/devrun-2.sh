@@ -4,9 +4,9 @@
 # differ); at 12 and 16 the GEMM path (default) against qmm on two fp16 n-tiles; and main's decode
 # step at batch 1 and 8 against a090f5cd's (old/), two rounds. The full-shape synthetic checkpoint goes
 # into .synth-full/ (git-ignored) meanwhile, kept for call 3 while the machine is warm.
-#   run(command="bash scripts/.devrun-2.sh", carry=["binsnext.tar.xz","scripts/.devrun-2.sh"])   ~7 min
+#   run(command="bash docs/perf/2026-12-05-s47/devrun-2.sh", carry=["c2.tar.xz"])   ~7 min
 set -u
-R=$PWD; [ -x /tmp/b/main/bench ] || { mkdir -p /tmp/b && cd /tmp/b && tar xJf $R/binsnext.tar.xz && cd $R; }
+R=$PWD; mkdir -p /tmp/b && for t in $R/binsnext.tar.xz $R/c[123].tar.xz; do [ -f $t ] && tar xJf $t -C /tmp/b; done
 O=$OUT/c2; mkdir -p $O; export RUST_BACKTRACE=1; B=/tmp/b/main; M=$R/.synth-full
 if [ ! -f $M/config.json ]; then (RAYON_NUM_THREADS=6 $B/lily synth --preset full --out $M > $O/synth.log 2>&1) & SYN=$!; else SYN=; fi
 for r in 1 2; do for f in off 5; do

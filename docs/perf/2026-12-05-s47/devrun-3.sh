@@ -4,9 +4,9 @@
 # since_arrival_us); then 64 clients once. The engine's debug log gives the 8-client rounds' gathers
 # (history 159) and every 64-client prefill pass (how many, how many prompts and tokens each, their ms:
 # where the 64-client round's ~0.4 s of prefill goes). Needs .synth-full/ from call 2 (else ~2 min more).
-#   run(command="bash scripts/.devrun-3.sh", carry=["binsnext.tar.xz","scripts/.devrun-3.sh"])   ~8 min
+#   run(command="bash docs/perf/2026-12-05-s47/devrun-3.sh", carry=["c3.tar.xz"])   ~8 min
 set -u
-R=$PWD; [ -x /tmp/b/main/bench ] || { mkdir -p /tmp/b && cd /tmp/b && tar xJf $R/binsnext.tar.xz && cd $R; }
+R=$PWD; mkdir -p /tmp/b && for t in $R/binsnext.tar.xz $R/c[123].tar.xz; do [ -f $t ] && tar xJf $t -C /tmp/b; done
 O=$OUT/c3; mkdir -p $O; export RUST_BACKTRACE=1; B=/tmp/b/main; M=$R/.synth-full
 [ -f $M/config.json ] || RAYON_NUM_THREADS=12 $B/lily synth --preset full --out $M > $O/synth.log 2>&1
 strip_log() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
