@@ -208,7 +208,8 @@ const GATHER_POLL: Duration = Duration::from_micros(100);
 /// `expected` more have come (`Burst`), taking each as it is submitted,
 /// until for the quiet gap none has been prepared and none queued, or
 /// `limit` has passed since the wait began. The gap is `GATHER_QUIET`, or
-/// a quarter of `limit` while expected requests are missing; once they are
+/// while expected requests are missing, `limit` until the first of them
+/// has come and a quarter of it after; once they are
 /// all here and none is being prepared, or the waiting prompts fill a
 /// prefill pass (64 clients' follow-ups fill several), the wait ends at
 /// once. Returns at once when nothing is arriving or expected, so a lone
@@ -243,7 +244,18 @@ fn gather_arrivals(
         } else if expected > 0 && !missing {
             break;
         } else {
-            let gap = if missing { limit / 4 } else { GATHER_QUIET };
+            // The first expected follow-up comes a client's whole
+            // turnaround after the engine emitted its predecessor's last
+            // token: on the H100 host more than a quarter of the 6 ms
+            // limit after this wait began, when the request that came
+            // first was a step ahead of the others (it had started in a
+            // lone pass). Until one has come, only the limit bounds the
+            // wait; then the followers' spread, a quarter of it.
+            let gap = match (missing, sched.waiting_len() > before) {
+                (true, false) => limit,
+                (true, true) => limit / 4,
+                (false, _) => GATHER_QUIET,
+            };
             match gap.checked_sub(now - last).filter(|q| !q.is_zero()) {
                 Some(q) => q,
                 None => break,
