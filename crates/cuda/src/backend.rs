@@ -10,12 +10,12 @@
 //! rows take their previous draw, new KV block-table entries) go up in one
 //! async copy from page-locked memory (runahead.rs); `feed_stage` puts
 //! them in the decode scratch, a `Feed::Previous` row's token taken from
-//! the device table of last draws; the decode graph, `sample_rows` (which
-//! also counts the drawn token in the row's count table, so the table
-//! stays exact across steps in flight, and keeps the draws as the last
-//! draws) follow, the sampler having written its outputs straight
-//! into mapped page-locked host memory (or, where the driver cannot map
-//! it, one async copy brings them back), and an event marks the step done.
+//! the device table of last draws; the decode step and `sample_rows`
+//! (which also counts the drawn token in the row's count table, so the
+//! table stays exact across steps in flight, and keeps the draws as the
+//! last draws) follow, all three one cached CUDA graph a batch size
+//! (`Model::run_served_step`); one async copy brings the outputs back into
+//! page-locked memory, and an event marks the step done.
 //! `collect_decode` waits for that event only. The one wait left at
 //! submit: a sequence's count table is made and uploaded from its state
 //! (synchronously) on its first penalised draw, or when the state no
@@ -36,7 +36,7 @@ use crate::device::{copy_device, DeviceBuffer, Gpu};
 use crate::dims::KV_BLOCK;
 use crate::error::{CudaError, CudaResult, DriverContext};
 use crate::feed::{self, FeedStageParams};
-use crate::model::{Head, Model};
+use crate::model::{Head, Model, ServedStep};
 use crate::runahead::{put, InLayout, StepIo, IO_SLOTS};
 use crate::sampling::{self, OutLayout, SampleRow, SAMPLE_TOP_MAX};
 use crate::state::{DecodeMatrices, Options};
@@ -136,6 +136,17 @@ impl CudaBackend {
         st.params.has_penalties() && (st.device_copy() != Some(seq) || !self.counts.contains_key(&seq))
     }
 
+    /// Makes the step buffers on first use (sized for every sequence the
+    /// backend holds; their addresses never change after, which the cached
+    /// served-step graphs rely on).
+    fn step_io(&mut self) -> CudaResult<()> {
+        if self.io.is_none() {
+            let seqs = self.model.mem.opts.max_sequences;
+            self.io = Some(StepIo::new(&self.model.gpu, seqs, seqs)?);
+        }
+        Ok(())
+    }
+
     /// Queues one sampled step (see the file comment) in a free step slot.
     /// Every check and every reservation comes before anything is queued:
     /// on an error no state has advanced and no sequence has moved (a
@@ -168,10 +179,7 @@ impl CudaBackend {
         }
         let busy: Vec<usize> = self.pending.iter().map(|p| p.slot).collect();
         let slot = (0..IO_SLOTS).find(|k| !busy.contains(k)).ok_or_else(|| CudaError::Invalid(format!("all {IO_SLOTS} step slots are in use")))?;
-        if self.io.is_none() {
-            let seqs = self.model.mem.opts.max_sequences;
-            self.io = Some(StepIo::new(&gpu, seqs, seqs)?);
-        }
+        self.step_io()?;
         let rows_cap = self.io.as_ref().map_or(0, |io| io.rows);
         if n > rows_cap {
             return Err(CudaError::Invalid(format!("decode step of {n} sequences; this backend holds at most {rows_cap}")));
@@ -231,10 +239,13 @@ impl CudaBackend {
     }
 
     /// Stages and launches one checked and reserved step in step slot
-    /// `slot`: one upload, then per group of `max_batch` rows `feed_stage`,
-    /// the decode graph, `sample_rows` (its outputs into the slot's mapped
-    /// host buffer, the draws kept as the last draws), then the slot's
-    /// event. No host wait.
+    /// `slot`: one upload, then `feed_stage`, the decode step and
+    /// `sample_rows` (the draws kept as the last draws) as one cached graph
+    /// (`Model::run_served_step`), then the download of the outputs into
+    /// the slot's host buffer and the slot's event. No host wait. A step of
+    /// more than `max_batch` rows, or one timed by parts (`split_steps`),
+    /// runs them as separate launches per group of `max_batch` rows, the
+    /// step itself still through its own graph.
     /// Returns `split_steps`' events (none when it is off).
     fn queue_step(
         &mut self,
@@ -257,7 +268,10 @@ impl CudaBackend {
             }
             Ok(())
         };
-        let layout = InLayout::new(n, entries.len());
+        let layout = InLayout::new(n);
+        if entries.len() > n {
+            return Err(CudaError::Invalid(format!("{} new block-table entries for a step of {n} sequences (at most one each)", entries.len())));
+        }
         let mut rows = Vec::with_capacity(n);
         let mut tokens = Vec::with_capacity(n);
         let mut pos = Vec::with_capacity(n);
@@ -286,43 +300,36 @@ impl CudaBackend {
         put(buf, layout.prev, &prev)?;
         put(buf, layout.bt_at, &bt_at)?;
         put(buf, layout.bt_block, &bt_block)?;
+        put(buf, layout.bt_count, &[entries.len() as i32])?;
+        put(buf, layout.bt_none, &[0i32])?;
         mark(&mut marks)?;
         io.upload(slot, layout.bytes)?;
         mark(&mut marks)?;
-        let out = io.dev_out(slot, n, tops)?;
+        let out = io.dev_out(n, tops)?;
         let model = &mut self.model;
         let s = model.mem.scratch;
         let group = model.mem.opts.max_batch;
         let vocab = model.dims.vocab;
-        let at = |off: usize, first: usize, bytes: usize| io.dev_in(slot, off + first * bytes);
-        for first in (0..n).step_by(group) {
-            let cnt = group.min(n - first);
-            let with_bt = first == 0 && !entries.is_empty();
-            let p = FeedStageParams {
-                in_tokens: at(layout.tokens, first, 4)?,
-                in_pos: at(layout.pos, first, 4)?,
-                in_slot: at(layout.slot, first, 4)?,
-                in_prev: at(layout.prev, first, 4)?,
-                bt_at: if with_bt { at(layout.bt_at, 0, 0)? } else { 0 },
-                bt_block: if with_bt { at(layout.bt_block, 0, 0)? } else { 0 },
-                last: io.last.ptr(),
-                tokens: s.tokens,
-                pos: s.pos,
-                slots: s.slot,
-                block_table: model.mem.block_table.ptr(),
-                n: cnt as i32,
-                n_bt: if with_bt { entries.len() as i32 } else { 0 },
-            };
-            let timed_group = |marks: &mut Vec<CudaEvent>| if first == 0 { mark(marks) } else { Ok(()) };
-            feed::stage(&gpu, &model.kernels, &p)?;
-            timed_group(&mut marks)?;
-            model.run_step(cnt, Head::Logits)?;
-            timed_group(&mut marks)?;
-            let rows_at = at(layout.rows, first, std::mem::size_of::<SampleRow>())?;
-            let o = out.from_row(first);
-            let keep = sampling::KeepDraws { slots: p.in_slot, last: io.last.ptr() };
-            sampling::sample_rows_keeping(&gpu, &model.kernels, s.logits, rows_at, &o, keep, cnt, vocab)?;
-            timed_group(&mut marks)?;
+        let block_table = model.mem.block_table.ptr();
+        let at = |off: usize, first: usize, bytes: usize| io.dev_in(off + first * bytes);
+        let feed_at = |first: usize, cnt: usize| feed_params(io, &layout, first, cnt, s.tokens, s.pos, s.slot, block_table);
+        if n <= group && !timed {
+            model.run_served_step(n, &served_step(io, model, n, tops)?)?;
+        } else {
+            for first in (0..n).step_by(group) {
+                let cnt = group.min(n - first);
+                let p = feed_at(first, cnt)?;
+                let timed_group = |marks: &mut Vec<CudaEvent>| if first == 0 { mark(marks) } else { Ok(()) };
+                feed::stage(&gpu, &model.kernels, &p)?;
+                timed_group(&mut marks)?;
+                model.run_step(cnt, Head::Logits)?;
+                timed_group(&mut marks)?;
+                let rows_at = at(layout.rows, first, std::mem::size_of::<SampleRow>())?;
+                let o = out.from_row(first);
+                let keep = sampling::KeepDraws { slots: p.in_slot, last: io.last.ptr() };
+                sampling::sample_rows_keeping(&gpu, &model.kernels, s.logits, rows_at, &o, keep, cnt, vocab)?;
+                timed_group(&mut marks)?;
+            }
         }
         io.download(slot, n, tops)?;
         Ok(marks)
@@ -388,6 +395,40 @@ impl CudaBackend {
         }
         Ok(r?)
     }
+}
+
+/// `feed_stage`'s parameters for rows `first..first + cnt` of a step
+/// staged in `io` with `layout`; only the first group writes the step's
+/// block-table entries (the others read the zero count `bt_none`).
+#[allow(clippy::too_many_arguments)]
+fn feed_params(io: &StepIo, layout: &InLayout, first: usize, cnt: usize, tokens: u64, pos: u64, slots: u64, block_table: u64) -> CudaResult<FeedStageParams> {
+    let at = |off: usize, bytes: usize| io.dev_in(off + first * bytes);
+    let count = if first == 0 { layout.bt_count } else { layout.bt_none };
+    Ok(FeedStageParams {
+        in_tokens: at(layout.tokens, 4)?,
+        in_pos: at(layout.pos, 4)?,
+        in_slot: at(layout.slot, 4)?,
+        in_prev: at(layout.prev, 4)?,
+        bt_at: io.dev_in(layout.bt_at)?,
+        bt_block: io.dev_in(layout.bt_block)?,
+        n_bt: io.dev_in(count)?,
+        last: io.last.ptr(),
+        tokens,
+        pos,
+        slots,
+        block_table,
+        n: cnt as i32,
+    })
+}
+
+/// What a served step of `n` sequences (one group) hands the model
+/// (`Model::run_served_step`): the same for every step of that size, so
+/// its graph is captured once.
+fn served_step(io: &StepIo, model: &Model, n: usize, tops: bool) -> CudaResult<ServedStep> {
+    let s = model.mem.scratch;
+    let layout = InLayout::new(n);
+    let feed = feed_params(io, &layout, 0, n, s.tokens, s.pos, s.slot, model.mem.block_table.ptr())?;
+    Ok(ServedStep { feed, rows: io.dev_in(layout.rows)?, out: io.dev_out(n, tops)?, keep: sampling::KeepDraws { slots: feed.in_slot, last: io.last.ptr() } })
 }
 
 impl Backend for CudaBackend {
@@ -565,6 +606,24 @@ impl Backend for CudaBackend {
     /// with 512, TTFT p99 1.5 s against 2.6 s (ITL p99 179 ms against 88).
     fn preferred_prefill_chunk(&self) -> Option<usize> {
         Some(2048)
+    }
+    /// Captures the served-step graph of every batch size up to
+    /// `max_batch` (as far as the backend holds; without top logprobs), so
+    /// that no step pays for its size's capture (~400 launches recorded
+    /// and instantiated) while every running stream waits.
+    fn prepare_decode(&mut self, max_batch: usize) -> ModelResult<usize> {
+        if !self.model.mem.opts.use_graphs {
+            return Ok(0);
+        }
+        self.model.gpu.bind().map_err(ModelError::from)?;
+        self.step_io()?;
+        let io = self.io.as_ref().ok_or_else(|| ModelError::Invalid("step buffers missing".into()))?;
+        let sizes = max_batch.min(io.rows).min(self.model.mem.opts.max_batch);
+        for n in 1..=sizes {
+            let served = served_step(io, &self.model, n, false)?;
+            self.model.prepare_served_step(n, &served)?;
+        }
+        Ok(sizes)
     }
     /// Decode rows in a prefill pass run the pass's matrices (the prefill
     /// path's fp16 GEMMs, ~1e-4 from the decode kernels' exact ones) and

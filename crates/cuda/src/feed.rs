@@ -20,7 +20,7 @@ pub const FEED_THREADS: u32 = 256;
 /// Device addresses of one group's staged inputs (row 0 of the group) and
 /// of what `feed_stage` writes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FeedStageParams {
     /// u32 [n]: the fed token (ignored for a row fed `Previous`).
     pub in_tokens: u64,
@@ -30,7 +30,7 @@ pub struct FeedStageParams {
     pub in_slot: u64,
     /// u32 [n]: 1 = the token is `last[in_slot[r]]`.
     pub in_prev: u64,
-    /// i32 [n_bt]: block-table indices; i32 [n_bt]: the blocks.
+    /// i32 [*n_bt]: block-table indices; i32 [*n_bt]: the blocks.
     pub bt_at: u64,
     pub bt_block: u64,
     /// u32 [max_sequences]: each slot's last draw.
@@ -41,8 +41,10 @@ pub struct FeedStageParams {
     pub slots: u64,
     /// i32 [max_sequences][blocks per sequence].
     pub block_table: u64,
+    /// i32: the number of block-table entries (0..=n), read on the device
+    /// so that a captured step graph serves any count.
+    pub n_bt: u64,
     pub n: i32,
-    pub n_bt: i32,
 }
 // SAFETY: plain-old-data mirroring `FeedStageParams` in feed.cu.
 unsafe impl DeviceRepr for FeedStageParams {}
@@ -65,21 +67,21 @@ pub fn defines() -> Vec<String> {
         pos,
         slots,
         block_table,
-        n,
         n_bt,
+        n,
     ));
     v
 }
 
-/// Stages one group of `p.n` rows (1..=1024) and `p.n_bt` block-table
-/// entries (see feed.cu).
+/// Stages one group of `p.n` rows (1..=1024) and the block-table entries
+/// counted at `p.n_bt` (see feed.cu).
 pub fn stage(gpu: &Gpu, k: &Kernels, p: &FeedStageParams) -> CudaResult<()> {
-    if p.n <= 0 || p.n > 1024 || p.n_bt < 0 {
-        return Err(CudaError::shape("feed_stage", format!("{} rows, {} block-table entries: expected 1..=1024 rows", p.n, p.n_bt)));
+    if p.n <= 0 || p.n > 1024 {
+        return Err(CudaError::shape("feed_stage", format!("{} rows: expected 1..=1024", p.n)));
     }
-    let addrs = [p.in_tokens, p.in_pos, p.in_slot, p.in_prev, p.last, p.tokens, p.pos, p.slots, p.block_table];
-    if addrs.contains(&0) || (p.n_bt > 0 && (p.bt_at == 0 || p.bt_block == 0)) {
-        return Err(CudaError::shape("feed_stage", "a null input, output or block-table address"));
+    let addrs = [p.in_tokens, p.in_pos, p.in_slot, p.in_prev, p.bt_at, p.bt_block, p.n_bt, p.last, p.tokens, p.pos, p.slots, p.block_table];
+    if addrs.contains(&0) {
+        return Err(CudaError::shape("feed_stage", "a null input, output, block-table or entry-count address"));
     }
     launch(gpu, k, "feed_stage", (1, 1, 1), FEED_THREADS, 0, p)
 }
@@ -94,7 +96,7 @@ mod tests {
     fn every_mirrored_field_is_asserted_by_the_kernel() {
         let defs = defines();
         assert_eq!(crate::sampling::count_asserted_fields(SOURCE, "feed.cu", &defs), 13);
-        assert!(defs.contains(&"-DFEED_STAGE_BYTES=96".to_string()), "{defs:?}");
+        assert!(defs.contains(&"-DFEED_STAGE_BYTES=104".to_string()), "{defs:?}");
         assert!(!SOURCE.contains("#define FEED_THREADS"));
     }
 }

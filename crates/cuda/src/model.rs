@@ -13,7 +13,9 @@
 //! A decode step only launches kernels on the stream (no host
 //! synchronisation, no allocation), so it is captured once per shape as a
 //! CUDA graph and replayed; the greedy loop keeps token ids and positions on
-//! the GPU (sampling.cu) and the host reads the ids at the end.
+//! the GPU (sampling.cu) and the host reads the ids at the end. A served
+//! step (the backend's pipelined steps) is captured with its feed and its
+//! sampler in the same graph (`run_served_step`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,13 +30,14 @@ use crate::device::{copy_device, read_device, write_device, zero_device, DevSlic
 use crate::dims::{Dims, GDN_CHUNK, KV_BLOCK};
 use crate::embed;
 use crate::error::{CudaError, CudaResult, DriverContext};
+use crate::feed::{self, FeedStageParams};
 use crate::gdn::{self, GdnState, MixOut};
 use crate::gemm::{self, GemmOut, Grouping, KPartials, Seg};
 use crate::hgemm;
 use crate::kernels::Kernels;
 use crate::moe;
 use crate::qmm::{self, DenseSeg, Epilogue};
-use crate::sampling::{self, DrawIo, SampleRow};
+use crate::sampling::{self, DrawIo, KeepDraws, SampleOut, SampleRow};
 use crate::state::{Memory, Options};
 use crate::weights::{self, DeviceWeights, LayerDev, MixerDev, QMat};
 
@@ -48,7 +51,34 @@ pub enum Head {
     Greedy,
 }
 
-struct Graph(CudaGraph);
+/// How a cached decode-step graph ends: the step alone with its head, or a
+/// served step (feed, step with logits, sampler; `run_served_step`) whose
+/// outputs include the top logprobs or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum StepEnd {
+    Head(Head),
+    Served { tops: bool },
+}
+
+/// The addresses a served step's graph bakes in besides the model's own
+/// buffers: the feed's staged inputs (`feed_stage`) and the sampler's rows,
+/// outputs and kept draws (`sample_rows_keeping` on the step's logits).
+/// The backend keeps them fixed for a batch size (runahead.rs); a cached
+/// graph is replayed only for the same ones and captured again otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServedStep {
+    pub feed: FeedStageParams,
+    /// SampleRow [n].
+    pub rows: u64,
+    pub out: SampleOut,
+    pub keep: KeepDraws,
+}
+
+struct Graph {
+    exec: CudaGraph,
+    /// What a served step's graph was captured with.
+    served: Option<ServedStep>,
+}
 // SAFETY: a graph is only used through `&mut Model`, so never from two
 // threads at once; the CUDA objects themselves may be used from any thread
 // once the context is current.
@@ -120,10 +150,11 @@ pub struct Model {
     pub dims: Dims,
     pub weights: DeviceWeights,
     pub mem: Memory,
-    /// One graph per (batch size, head): nothing in a step depends on the
-    /// context lengths (attention reads them on the device), so the cache is
-    /// bounded by 2 x `max_batch` graphs and stops growing once warm.
-    graphs: HashMap<(usize, Head), Graph>,
+    /// One graph per (batch size, how the step ends): nothing in a step
+    /// depends on the context lengths (attention reads them on the device),
+    /// so the cache is bounded by 4 x `max_batch` graphs and stops growing
+    /// once warm.
+    graphs: HashMap<(usize, StepEnd), Graph>,
     /// When profiling, an event recorded after every kernel group.
     marks: Mutex<Option<Vec<(&'static str, CudaEvent)>>>,
     /// Measurement only (`set_knockout`): kernel groups left out of qmm-path
@@ -661,24 +692,72 @@ impl Model {
 
     /// Runs one decode step, through a cached CUDA graph when enabled.
     pub fn run_step(&mut self, n: usize, head: Head) -> CudaResult<()> {
+        self.run_graph((n, StepEnd::Head(head)), None, |m| m.step_launches(n, head))
+    }
+
+    /// Runs a served decode step of `n` tokens as one cached graph: the
+    /// feed (`feed_stage`: the staged inputs into the decode scratch, the
+    /// new block-table entries), the step ending in logits, and the sampler
+    /// (`sample_rows_keeping`: each row's draw, kept for `Feed::Previous`).
+    /// Inside one graph the feed and the sampler cost no kernel-to-graph
+    /// boundaries (measured ~20 us a served step at batch 1 as separate
+    /// launches, history 134).
+    pub fn run_served_step(&mut self, n: usize, io: &ServedStep) -> CudaResult<()> {
+        if io.feed.n as usize != n {
+            return Err(CudaError::shape("run_served_step", format!("a feed of {} rows for a step of {n}", io.feed.n)));
+        }
+        let tops = io.out.top_ids != 0;
+        let vocab = self.dims.vocab;
+        self.run_graph((n, StepEnd::Served { tops }), Some(*io), |m| m.served_launches(n, io, vocab))
+    }
+
+    /// Captures the graph of a served step of `n` tokens ahead of its first
+    /// use (`run_served_step` replays it), without running it.
+    pub fn prepare_served_step(&mut self, n: usize, io: &ServedStep) -> CudaResult<()> {
+        if io.feed.n as usize != n {
+            return Err(CudaError::shape("prepare_served_step", format!("a feed of {} rows for a step of {n}", io.feed.n)));
+        }
+        if !self.mem.opts.use_graphs {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        let tops = io.out.top_ids != 0;
+        let vocab = self.dims.vocab;
+        self.cached_graph((n, StepEnd::Served { tops }), Some(*io), |m| m.served_launches(n, io, vocab)).map(|_| ())
+    }
+
+    fn served_launches(&self, n: usize, io: &ServedStep, vocab: usize) -> CudaResult<()> {
+        feed::stage(&self.gpu, &self.kernels, &io.feed)?;
+        self.step_launches(n, Head::Logits)?;
+        sampling::sample_rows_keeping(&self.gpu, &self.kernels, self.mem.scratch.logits, io.rows, &io.out, io.keep, n, vocab)
+    }
+
+    /// Runs `launches` through the graph cached for `key` (see
+    /// `cached_graph`), or directly when graphs are off.
+    fn run_graph(&mut self, key: (usize, StepEnd), served: Option<ServedStep>, launches: impl Fn(&Self) -> CudaResult<()>) -> CudaResult<()> {
         self.gpu.bind()?;
         if !self.mem.opts.use_graphs {
-            return self.step_launches(n, head);
+            return launches(self);
         }
-        let key = (n, head);
+        self.cached_graph(key, served, launches)?.exec.launch().ctx("cuGraphLaunch")
+    }
+
+    /// The graph cached for `key`, captured from `launches` first when
+    /// there is none or a served step's addresses changed.
+    fn cached_graph(&mut self, key: (usize, StepEnd), served: Option<ServedStep>, launches: impl Fn(&Self) -> CudaResult<()>) -> CudaResult<&Graph> {
+        if self.graphs.get(&key).is_some_and(|g| g.served != served) {
+            self.graphs.remove(&key);
+        }
         if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream.clone();
             stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).ctx("cuStreamBeginCapture")?;
-            let launched = self.step_launches(n, head);
+            let launched = launches(self);
             let graph = stream.end_capture(CUgraphInstantiate_flags(0));
             launched?;
             let graph = graph.ctx("cuStreamEndCapture")?.ok_or_else(|| CudaError::Driver { what: "graph capture".into(), message: "empty graph".into() })?;
-            self.graphs.insert(key, Graph(graph));
+            self.graphs.insert(key, Graph { exec: graph, served });
         }
-        match self.graphs.get(&key) {
-            Some(gr) => gr.0.launch().ctx("cuGraphLaunch"),
-            None => Err(CudaError::Driver { what: "graph cache".into(), message: "graph missing after capture".into() }),
-        }
+        self.graphs.get(&key).ok_or_else(|| CudaError::Driver { what: "graph cache".into(), message: "graph missing after capture".into() })
     }
 
     // ---- prefill -------------------------------------------------------------

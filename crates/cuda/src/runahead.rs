@@ -1,13 +1,19 @@
 //! The buffers of pipelined decode steps (`CudaBackend::submit_decode`):
 //! per step slot, a page-locked host buffer the host writes the step's
-//! inputs into, a device buffer they land in with one async copy, a
-//! page-locked host buffer mapped into the device's address space that the
-//! sampler writes its outputs straight into (no copy back: a small copy on
-//! the stream cost a served step more than the PCIe writes), and an event
-//! recorded after the step; plus the device table of each sequence slot's
-//! last draw (`Feed::Previous`). Where the driver cannot map the output
-//! buffer, the outputs go to the device buffer and come back with one
-//! async copy, as before.
+//! inputs into and one the step's outputs come back to, and an event
+//! recorded after the step; one device buffer every step's inputs land in
+//! (one async copy) and its sampler writes its outputs to (one async copy
+//! back); plus the device table of each sequence slot's last draw
+//! (`Feed::Previous`).
+//!
+//! One device buffer serves every slot because a step's copies and kernels
+//! are ordered on one stream: step t + 1's upload runs after step t's
+//! sampler, and step t's download before step t + 1's sampler. Its
+//! addresses, with `InLayout`'s offsets depending only on the number of
+//! rows, are what lets the feed, the step and the sampler of a served step
+//! be one cached CUDA graph per batch size (`Model::run_served_step`).
+//! (Mapped host outputs, written by the sampler in place, measured no
+//! faster than this copy: history 133.)
 //!
 //! There are `MAX_IN_FLIGHT + 1` step slots: a step uses one no uncollected
 //! step holds, so a new step is staged while the ones before it still run,
@@ -32,10 +38,14 @@ pub const IO_SLOTS: usize = MAX_IN_FLIGHT + 1;
 
 const ROW_BYTES: usize = std::mem::size_of::<SampleRow>();
 
-/// Byte offsets of one step's staged inputs, packed for `n` rows and `m`
-/// block-table entries: SampleRow [n], tokens u32 [n], positions i32 [n],
-/// state slots i32 [n], fed-previous flags u32 [n], block-table indices
-/// i32 [m], blocks i32 [m].
+/// Byte offsets of one step's staged inputs, packed for `n` rows:
+/// SampleRow [n], tokens u32 [n], positions i32 [n], state slots i32 [n],
+/// fed-previous flags u32 [n], block-table indices i32 [n], blocks i32 [n]
+/// (the first `bt_count` of each used: a step adds at most one KV block a
+/// sequence), then the count `bt_count` i32 and a zero i32 (`bt_none`: the
+/// count of a group that writes no entries). Every offset depends on `n`
+/// alone, so a step graph captured for `n` rows stays valid whatever
+/// entries a later step writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InLayout {
     pub rows: usize,
@@ -45,19 +55,23 @@ pub struct InLayout {
     pub prev: usize,
     pub bt_at: usize,
     pub bt_block: usize,
+    pub bt_count: usize,
+    pub bt_none: usize,
     pub bytes: usize,
 }
 
 impl InLayout {
-    pub fn new(n: usize, m: usize) -> Self {
+    pub fn new(n: usize) -> Self {
         // SampleRow holds u64s; everything after it is 4-byte words.
         let tokens = n * ROW_BYTES;
         let pos = tokens + 4 * n;
         let slot = pos + 4 * n;
         let prev = slot + 4 * n;
         let bt_at = prev + 4 * n;
-        let bt_block = bt_at + 4 * m;
-        InLayout { rows: 0, tokens, pos, slot, prev, bt_at, bt_block, bytes: bt_block + 4 * m }
+        let bt_block = bt_at + 4 * n;
+        let bt_count = bt_block + 4 * n;
+        let bt_none = bt_count + 4;
+        InLayout { rows: 0, tokens, pos, slot, prev, bt_at, bt_block, bt_count, bt_none, bytes: bt_none + 4 }
     }
 }
 
@@ -65,37 +79,24 @@ impl InLayout {
 pub struct IoSlot {
     input: PinnedHostSlice<u8>,
     output: PinnedHostSlice<u8>,
-    /// The device address of `output` (mapped page-locked memory), or None
-    /// when the outputs go to `dev` at `out_at` and are copied back.
-    output_dev: Option<u64>,
-    /// Inputs at 0, outputs at `out_at` (unmapped outputs only).
-    dev: DeviceBuffer,
-    out_at: usize,
-    /// Recorded after the slot's last download: when it has completed, the
+    /// Recorded after the slot's download: when it has completed, the
     /// slot's host buffers may be rewritten and its outputs read.
     done: CudaEvent,
 }
 
-/// Every step slot and the table of last draws.
+/// Every step slot, the device buffer they share and the table of last
+/// draws.
 pub struct StepIo {
     gpu: Arc<Gpu>,
     slots: Vec<IoSlot>,
+    /// Inputs at 0 (`InLayout`), outputs at `out_at` (`OutLayout`).
+    dev: DeviceBuffer,
+    out_at: usize,
     /// u32 [max_sequences]: the last draw of each sequence slot, written by
     /// the sampler (`sample_rows_keeping`), read by `feed_stage`.
     pub last: DeviceBuffer,
-    /// Most rows (and block-table entries) one step may carry.
+    /// Most rows one step may carry.
     pub rows: usize,
-}
-
-/// The device address of page-locked memory allocated with
-/// `CU_MEMHOSTALLOC_DEVICEMAP`, or None when the driver does not map it.
-fn mapped_address(buf: &mut PinnedHostSlice<u8>) -> Option<u64> {
-    let p = buf.as_mut_ptr().ok()?;
-    let mut dptr: cudarc::driver::sys::CUdeviceptr = 0;
-    // SAFETY: `p` is the start of a live page-locked allocation made by
-    // this context; the call only writes `dptr`.
-    let r = unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dptr, p.cast(), 0) };
-    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && dptr != 0).then_some(dptr)
 }
 
 /// Page-locked host memory of `bytes` bytes, zeroed.
@@ -114,48 +115,38 @@ impl StepIo {
     /// Buffers for steps of up to `rows` rows and a last-draw table of
     /// `sequences` slots.
     pub fn new(gpu: &Arc<Gpu>, rows: usize, sequences: usize) -> CudaResult<Self> {
-        let in_bytes = InLayout::new(rows, rows).bytes;
+        let in_bytes = InLayout::new(rows).bytes;
         let out_bytes = OutLayout::new(rows).bytes(true);
         let out_at = in_bytes.div_ceil(256) * 256;
         let mut slots = Vec::with_capacity(IO_SLOTS);
         for _ in 0..IO_SLOTS {
-            // The host only writes the inputs (write-combined suits that)
-            // and reads the outputs (cached memory suits that).
-            let mut output = pinned(gpu, out_bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
-            let output_dev = mapped_address(&mut output);
             slots.push(IoSlot {
+                // The host only writes the inputs (write-combined suits that)
+                // and reads the outputs (cached memory suits that).
                 input: pinned(gpu, in_bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED)?,
-                // Room for the outputs only when they are not mapped.
-                dev: DeviceBuffer::zeroed(gpu, if output_dev.is_some() { in_bytes } else { out_at + out_bytes }, "decode step io")?,
-                output,
-                output_dev,
-                out_at,
+                output: pinned(gpu, out_bytes, 0)?,
                 done: gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).ctx("cuEventCreate")?,
             });
         }
+        let dev = DeviceBuffer::zeroed(gpu, out_at + out_bytes, "decode step io")?;
         let last = DeviceBuffer::zeroed(gpu, sequences.max(1) * 4, "last draws")?;
-        Ok(StepIo { gpu: gpu.clone(), slots, last, rows })
+        Ok(StepIo { gpu: gpu.clone(), slots, dev, out_at, last, rows })
     }
 
     fn slot(&self, k: usize) -> CudaResult<&IoSlot> {
         self.slots.get(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))
     }
 
-    /// Device address of slot `k`'s input byte `at`.
-    pub fn dev_in(&self, k: usize, at: usize) -> CudaResult<u64> {
-        self.slot(k)?.dev.at(at)
+    /// Device address of the inputs' byte `at` (every slot's inputs land
+    /// there in turn).
+    pub fn dev_in(&self, at: usize) -> CudaResult<u64> {
+        self.dev.at(at)
     }
 
-    /// Where `sample_rows` writes slot `k`'s outputs for `n` rows (the top
-    /// arrays only when `tops`): the mapped host buffer, or the device
-    /// buffer when it could not be mapped.
-    pub fn dev_out(&self, k: usize, n: usize, tops: bool) -> CudaResult<SampleOut> {
-        let s = self.slot(k)?;
-        let base = match s.output_dev {
-            Some(p) => p,
-            None => s.dev.at(s.out_at)?,
-        };
-        Ok(OutLayout::new(n).sample_out(base, tops))
+    /// Where `sample_rows` writes a step's outputs for `n` rows (the top
+    /// arrays only when `tops`), to be copied back by `download`.
+    pub fn dev_out(&self, n: usize, tops: bool) -> CudaResult<SampleOut> {
+        Ok(OutLayout::new(n).sample_out(self.dev.at(self.out_at)?, tops))
     }
 
     /// Waits until slot `k`'s last use is over, then returns its host input
@@ -174,33 +165,32 @@ impl StepIo {
         if bytes == 0 {
             return Ok(());
         }
-        // SAFETY: the destination is the start of this slot's device buffer,
-        // which holds the inputs' capacity (checked by `src.get`); the source
-        // is page-locked memory owned by the slot, not rewritten before the
-        // slot's `done` event (recorded after this copy) has completed.
-        unsafe { result::memcpy_htod_async(s.dev.ptr(), src, self.gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync (step inputs)")
+        // SAFETY: the destination is the start of the device buffer, which
+        // holds the inputs' capacity (the slot's host buffer has the same,
+        // checked by `src.get`) and is read by this step's kernels only,
+        // queued after this copy and before the next step's; the source is
+        // page-locked memory owned by the slot, not rewritten before the
+        // slot's `done` event (recorded after this step) has completed.
+        unsafe { result::memcpy_htod_async(self.dev.ptr(), src, self.gpu.cu_stream()) }.ctx("cuMemcpyHtoDAsync (step inputs)")
     }
 
     /// Ends slot `k`'s step on the stream: queues the download of its
     /// outputs (`OutLayout` of `n` rows, the top arrays only when `tops`)
-    /// when they are not mapped, and records the slot's event.
+    /// and records the slot's event.
     pub fn download(&mut self, k: usize, n: usize, tops: bool) -> CudaResult<()> {
         let stream = self.gpu.cu_stream();
         let gpu_stream = self.gpu.stream.clone();
-        let s = self.slots.get_mut(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))?;
-        if s.output_dev.is_some() {
-            // The sampler wrote them into the host buffer; the event orders
-            // the host's read after the step's kernels.
-            return s.done.record(&gpu_stream).ctx("cuEventRecord (step done)");
-        }
         let bytes = OutLayout::new(n).bytes(tops);
-        let src = s.dev.at(s.out_at)?;
+        let src = self.dev.at(self.out_at)?;
+        let s = self.slots.get_mut(k).ok_or_else(|| CudaError::Invalid(format!("step slot {k} of {IO_SLOTS}")))?;
         let dst = s.output.as_mut_slice().ctx("pinned host buffer")?;
         let dst = dst.get_mut(..bytes).ok_or_else(|| CudaError::Capacity(format!("step outputs of {bytes} bytes, the slot holds fewer")))?;
-        // SAFETY: the source is this slot's output region (`bytes` fit, the
-        // device buffer was sized for `rows` rows with their top arrays);
-        // the destination is page-locked memory owned by the slot, read only
-        // after the `done` event recorded right below has completed.
+        // SAFETY: the source is the device buffer's output region (`bytes`
+        // fit: it was sized for `rows` rows with their top arrays), written
+        // by this step's sampler, queued before this copy, and not by the
+        // next step's sampler before it (one stream); the destination is
+        // page-locked memory owned by the slot, read only after the `done`
+        // event recorded right below has completed.
         unsafe { result::memcpy_dtoh_async(dst, src, stream) }.ctx("cuMemcpyDtoHAsync (step outputs)")?;
         s.done.record(&gpu_stream).ctx("cuEventRecord (step done)")
     }
@@ -249,8 +239,11 @@ mod tests {
 
     #[test]
     fn layouts_pack_without_overlap() {
-        let l = InLayout::new(3, 2);
-        assert_eq!((l.rows, l.tokens, l.pos, l.slot, l.prev, l.bt_at, l.bt_block, l.bytes), (0, 192, 204, 216, 228, 240, 248, 256));
+        let l = InLayout::new(3);
+        assert_eq!(
+            (l.rows, l.tokens, l.pos, l.slot, l.prev, l.bt_at, l.bt_block, l.bt_count, l.bt_none, l.bytes),
+            (0, 192, 204, 216, 228, 240, 252, 264, 268, 272)
+        );
         assert_eq!(l.tokens % 8, 0, "SampleRow stays 8-byte aligned");
         let o = OutLayout::new(3);
         assert_eq!((o.tokens, o.logprobs, o.top_ids, o.top_logprobs), (0, 12, 24, 24 + 240));

@@ -333,7 +333,7 @@ impl OutLayout {
 }
 
 /// Where `sample_rows` writes (device addresses, row 0 of the launch).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleOut {
     /// u32 [n]: the chosen tokens.
     pub tokens: u64,
@@ -434,7 +434,7 @@ pub fn sample_rows_strided(gpu: &Gpu, k: &Kernels, logits: u64, row_stride: usiz
 /// Where a pipelined step's draws are kept as its sequences' last draws
 /// (the table `feed_stage` reads for `Feed::Previous`): `last[slots[r]] =
 /// token of row r`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeepDraws {
     /// i32 [n]: each row's state slot.
     pub slots: u64,

@@ -219,12 +219,17 @@ fn equal_tokens_case(label: &str, be: &mut CudaBackend) {
 /// min-p and top-k) give the tokens of `decode_sample` step by step, on
 /// the tiny fixture and on a 4-layer model of the real width (the real
 /// 248,320-entry vocabulary), with every step's parts timed
-/// (`split_steps`: one split a step, the graph's time positive).
+/// (`split_steps`: one split a step, the graph's time positive). The run
+/// ahead is timed, so it launches the feed, the step and the sampler
+/// separately; the step-by-step reference runs each step as one served
+/// graph, on the tiny fixture one captured ahead by `prepare_decode`.
 #[test]
 fn two_steps_in_flight_equal_decode_sample_step_by_step() {
     let Some(gpu) = gpu("two_steps_in_flight_equal_decode_sample_step_by_step") else { return };
     let w = fixture();
     let mut be = CudaBackend::from_weights(&gpu, &w, opts(8 * 256), &mut |_, _| {}).expect("cuda backend");
+    let prepared = be.prepare_decode(6).expect("prepare_decode");
+    check(prepared == 6, format!("prepared {prepared} batch sizes, asked for 6"));
     equal_tokens_case("tiny fixture", &mut be);
     drop(be);
     let (_dir, w) = synth_checkpoint(lily_synth::Preset::Full, 4, 11);

@@ -303,6 +303,16 @@ pub trait Backend: Send {
         None
     }
 
+    /// Readies pipelined decode steps of 1..=`max_batch` sequences before
+    /// the first requests (the CUDA backend captures each batch size's
+    /// step graph, which the first step of that size would otherwise pay
+    /// for while every running stream waits); returns how many sizes it
+    /// prepared. Nothing else changes: no sequence, no state.
+    fn prepare_decode(&mut self, max_batch: usize) -> ModelResult<usize> {
+        let _ = max_batch;
+        Ok(0)
+    }
+
     /// Whether decode rows may ride in a prefill call on this backend: when
     /// an engine step has both a decode step for the generating sequences
     /// and prompt chunks to prefill, one `prefill_capture_sampling` call

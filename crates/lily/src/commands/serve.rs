@@ -288,7 +288,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let sizing =
         Sizing { max_seq: args.max_seq, max_sequences: sequences, kv_tokens: args.kv_cache_tokens.map(|n| n as usize), batch_invariant: args.batch_invariant };
-    let backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
+    let mut backend = match open_backend_with(&dir, args.device, sizing, &mut on_progress) {
         Ok(b) => b,
         Err(e) if demo && args.device != Device::Cuda => {
             // A demo cache written by an older build: make it again, once.
@@ -301,6 +301,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Err(e) => return Err(e),
     };
     progress.finish_and_clear();
+    let loaded_s = load.elapsed().as_secs_f64();
+    // Decode steps of every batch size readied now (CUDA: their graphs
+    // captured), not by the first step of each size while streams wait.
+    let prepare = Instant::now();
+    let prepared = backend.prepare_decode(args.max_concurrent).context("preparing the decode steps")?;
+    let prepared_s = prepare.elapsed().as_secs_f64();
     let backend_name = backend.name();
     let backend_memory = backend.memory_in_use();
     let max_sequences = backend.max_sequences();
@@ -342,7 +348,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             eprintln!("  model:    {name} ({})", dir.display());
         }
-        eprintln!("  device:   {backend_name} (loaded in {:.1}s)", load.elapsed().as_secs_f64());
+        let prepared = if prepared > 0 { format!(", decode steps of 1..={prepared} sequences prepared in {prepared_s:.1}s") } else { String::new() };
+        eprintln!("  device:   {backend_name} (loaded in {loaded_s:.1}s{prepared})");
         let mut mem = format!("weights {} on disk", human(checkpoint_bytes(&dir)));
         if let Some(b) = backend_memory {
             mem.push_str(&format!(", backend {}", human(b)));
