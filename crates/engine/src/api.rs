@@ -450,8 +450,9 @@ impl Default for EngineOptions {
 /// request is now prepared in ~0.3 ms instead of ~1 ms, so the first is
 /// submitted sooner and the same burst takes ~1 ms longer from there:
 /// 6 ms. The bound matters only while requests keep coming (or a front
-/// end holds an `Arrival` for long); expected ones that do not come cost a
-/// quarter of it (`engine::gather_arrivals`).
+/// end holds an `Arrival` for long); expected ones that do not come cost
+/// all of it when none of them came, a quarter of it after the last that
+/// did (`engine::gather_arrivals`).
 pub const DEFAULT_ARRIVAL_WAIT: Duration = Duration::from_millis(6);
 
 /// A request a front end has taken and is still preparing (rendering,
