@@ -703,33 +703,34 @@ impl Model {
     /// boundaries (measured ~20 us a served step at batch 1 as separate
     /// launches, history 134).
     pub fn run_served_step(&mut self, n: usize, io: &ServedStep) -> CudaResult<()> {
-        if io.feed.n as usize != n {
-            return Err(CudaError::shape("run_served_step", format!("a feed of {} rows for a step of {n}", io.feed.n)));
-        }
-        let tops = io.out.top_ids != 0;
-        let vocab = self.dims.vocab;
-        self.run_graph((n, StepEnd::Served { tops }), Some(*io), |m| m.served_launches(n, io, vocab))
+        let key = Self::served_key("run_served_step", n, io)?;
+        self.run_graph(key, Some(*io), |m| m.served_launches(n, io))
     }
 
     /// Captures the graph of a served step of `n` tokens ahead of its first
     /// use (`run_served_step` replays it), without running it.
     pub fn prepare_served_step(&mut self, n: usize, io: &ServedStep) -> CudaResult<()> {
-        if io.feed.n as usize != n {
-            return Err(CudaError::shape("prepare_served_step", format!("a feed of {} rows for a step of {n}", io.feed.n)));
-        }
+        let key = Self::served_key("prepare_served_step", n, io)?;
         if !self.mem.opts.use_graphs {
             return Ok(());
         }
         self.gpu.bind()?;
-        let tops = io.out.top_ids != 0;
-        let vocab = self.dims.vocab;
-        self.cached_graph((n, StepEnd::Served { tops }), Some(*io), |m| m.served_launches(n, io, vocab)).map(|_| ())
+        self.cached_graph(key, Some(*io), |m| m.served_launches(n, io)).map(|_| ())
     }
 
-    fn served_launches(&self, n: usize, io: &ServedStep, vocab: usize) -> CudaResult<()> {
+    /// The graph cache's key of a served step of `n` tokens, after checking
+    /// that its feed stages `n` rows.
+    fn served_key(what: &'static str, n: usize, io: &ServedStep) -> CudaResult<(usize, StepEnd)> {
+        if io.feed.n as usize != n {
+            return Err(CudaError::shape(what, format!("a feed of {} rows for a step of {n}", io.feed.n)));
+        }
+        Ok((n, StepEnd::Served { tops: io.out.top_ids != 0 }))
+    }
+
+    fn served_launches(&self, n: usize, io: &ServedStep) -> CudaResult<()> {
         feed::stage(&self.gpu, &self.kernels, &io.feed)?;
         self.step_launches(n, Head::Logits)?;
-        sampling::sample_rows_keeping(&self.gpu, &self.kernels, self.mem.scratch.logits, io.rows, &io.out, io.keep, n, vocab)
+        sampling::sample_rows_keeping(&self.gpu, &self.kernels, self.mem.scratch.logits, io.rows, &io.out, io.keep, n, self.dims.vocab)
     }
 
     /// Runs `launches` through the graph cached for `key` (see

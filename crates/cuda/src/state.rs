@@ -159,10 +159,16 @@ impl DecodeMatrices {
             return Ok(usize::MAX);
         }
         match s.parse::<usize>() {
-            Ok(n) if (2..=F16_MAX_TOK).contains(&n) => Ok(n),
+            Ok(n) if Self::f16_from_is_valid(n) => Ok(n),
             Ok(n) => Err(format!("fp16 decode threshold {n}: want 2..={F16_MAX_TOK} (one token gains nothing from 8-token n-tiles; past {F16_MAX_TOK} the steps are chunked) or off")),
             Err(e) => Err(format!("fp16 decode threshold {s:?}: {e} (want off or a number of sequences)")),
         }
+    }
+
+    /// Whether `n` is a threshold `f16_from` may take (2..=`F16_MAX_TOK`;
+    /// the field may also be `usize::MAX`, off).
+    const fn f16_from_is_valid(n: usize) -> bool {
+        n >= 2 && n <= F16_MAX_TOK
     }
 
     /// Whether a step of `n` sequences runs on the GEMM path.
@@ -220,7 +226,7 @@ impl Options {
             return Err(CudaError::Unsupported("max_sequences and kv_tokens must be positive".into()));
         }
         let f16 = self.decode_matrices.f16_from;
-        if f16 != usize::MAX && !(2..=F16_MAX_TOK).contains(&f16) {
+        if f16 != usize::MAX && !DecodeMatrices::f16_from_is_valid(f16) {
             return Err(CudaError::Unsupported(format!("decode_matrices.f16_from {f16} (2..={F16_MAX_TOK}, or usize::MAX: off)")));
         }
         if let Some(bm) = self.expert_tile_rows {

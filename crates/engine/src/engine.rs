@@ -236,7 +236,8 @@ fn gather_arrivals(
         if sched.pass_is_full() {
             break;
         }
-        let missing = sched.waiting_len().saturating_sub(before) < expected;
+        let came = sched.waiting_len().saturating_sub(before);
+        let missing = came < expected;
         let wait = if shared.arriving.load(Ordering::SeqCst) > 0 {
             // The quiet gap counts from the last request being prepared.
             last = now;
@@ -251,7 +252,7 @@ fn gather_arrivals(
             // first was a step ahead of the others (it had started in a
             // lone pass). Until one has come, only the limit bounds the
             // wait; then the followers' spread, a quarter of it.
-            let gap = match (missing, sched.waiting_len() > before) {
+            let gap = match (missing, came > 0) {
                 (true, false) => limit,
                 (true, true) => limit / 4,
                 (false, _) => GATHER_QUIET,
