@@ -85,6 +85,14 @@ pub const F16_GEMM_FROM: usize = 1536;
 /// against 5.79 ms a step; 12: 5.49 against 6.30).
 pub const DECODE_GEMM_FROM: usize = 9;
 
+/// qmm decode steps of at least this many sequences (below
+/// `DECODE_GEMM_FROM`) read the dense matrices' activations in fp16 by
+/// default (`DecodeMatrices::f16_from`): 5-8 tokens then fit one 8-token
+/// n-tile instead of two hi/lo ones. Measured on the H100 (session 47):
+/// the served batch-8 step 4.145 -> 3.975 ms, 8 clients +3.4%; on the H200
+/// in docs/perf/2026-12-05-h200-s48.md.
+pub const DECODE_F16_FROM: usize = 5;
+
 /// Which kernels carry the matrices of a decode step of `n` sequences.
 ///
 /// qmm.cu reads every weight once for the whole batch with exact packed
@@ -102,7 +110,7 @@ pub const DECODE_GEMM_FROM: usize = 9;
 /// expert activations in fp16: 1.6e-3 mean |dlogprob|, and a greedy token
 /// of that model flipped; crates/cuda/NOTES.md history 30).
 ///
-/// `f16_from` (off by default; `LILY_DECODE_F16`, bench `--decode-f16`):
+/// `f16_from` (`DECODE_F16_FROM` by default; `LILY_DECODE_F16`, bench `--decode-f16`):
 /// qmm steps of `f16_from` to `F16_MAX_TOK` (16) sequences read only the
 /// fp16 (hi) halves of the packed activations in the dense projections and
 /// the lm_head, 8 tokens an n-tile (`qmm::XPrecision::F16`), so 5-8 tokens
@@ -133,12 +141,13 @@ impl DecodeMatrices {
 
     /// The default: the GEMM from `DECODE_GEMM_FROM` sequences on, where it
     /// overtakes qmm on the H200 (docs/perf/2026-12-01-h200-s14.md); qmm's
-    /// dense matrices on exact hi/lo activations below it.
-    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM, f16_from: usize::MAX };
+    /// dense matrices on fp16 activations from `DECODE_F16_FROM`, on exact
+    /// hi/lo activations below it.
+    pub const FASTEST: DecodeMatrices = DecodeMatrices { gemm_from: DECODE_GEMM_FROM, f16_from: DECODE_F16_FROM };
 
     /// Parses `off` (batch-invariant) or `FROM` (the GEMM path from FROM
-    /// sequences on): the form of the `LILY_DECODE_GEMM` tuning variable
-    /// and the probes' flag.
+    /// sequences on, `f16_from` as in `FASTEST`): the form of the
+    /// `LILY_DECODE_GEMM` tuning variable and the probes' flag.
     pub fn parse(s: &str) -> Result<DecodeMatrices, String> {
         let s = s.trim();
         if s == "off" {
@@ -146,7 +155,7 @@ impl DecodeMatrices {
         }
         match s.parse::<usize>() {
             Ok(0) => Err("decode GEMM threshold 0 (the smallest step has one sequence)".into()),
-            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from, f16_from: usize::MAX }),
+            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from, ..DecodeMatrices::FASTEST }),
             Err(e) => Err(format!("decode GEMM threshold {s:?}: {e} (want off or a number of sequences)")),
         }
     }
@@ -174,6 +183,12 @@ impl DecodeMatrices {
     /// Whether a step of `n` sequences runs on the GEMM path.
     pub fn on_gemm(&self, n: usize) -> bool {
         n >= self.gemm_from
+    }
+
+    /// Whether a step of `n` sequences gives each sequence the logits it
+    /// has decoded alone, bit for bit: qmm on exact hi/lo activations.
+    pub fn exact(&self, n: usize) -> bool {
+        !self.on_gemm(n) && self.dense_x(n) == crate::qmm::XPrecision::HiLo
     }
 
     /// How a qmm step of `n` sequences reads its dense matrices' input.
@@ -931,7 +946,7 @@ mod tests {
     #[test]
     fn decode_matrices_parse_and_choose_the_path_by_batch_size() {
         assert_eq!(DecodeMatrices::parse("off"), Ok(DecodeMatrices::BATCH_INVARIANT));
-        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12, f16_from: usize::MAX }));
+        assert_eq!(DecodeMatrices::parse(" 12 "), Ok(DecodeMatrices { gemm_from: 12, f16_from: DECODE_F16_FROM }));
         for bad in ["0", "-3", "twelve", "12,moe", ""] {
             assert!(DecodeMatrices::parse(bad).is_err(), "{bad:?} is refused");
         }
@@ -951,11 +966,16 @@ mod tests {
         for bad in ["0", "1", "17", "five", ""] {
             assert!(DecodeMatrices::parse_f16_from(bad).is_err(), "{bad:?} is refused");
         }
-        assert!((1..=128).all(|n| DecodeMatrices::FASTEST.dense_x(n) == HiLo), "off by default");
         assert!((1..=128).all(|n| DecodeMatrices::BATCH_INVARIANT.dense_x(n) == HiLo));
-        let m = DecodeMatrices { f16_from: 5, ..DecodeMatrices::FASTEST };
+        assert!((1..=128).all(|n| DecodeMatrices::BATCH_INVARIANT.exact(n)));
+        let m = DecodeMatrices::FASTEST;
+        assert_eq!(m.f16_from, DECODE_F16_FROM);
         let picks: Vec<_> = (1..=12).map(|n| m.dense_x(n)).collect();
         assert_eq!(picks, [HiLo, HiLo, HiLo, HiLo, F16, F16, F16, F16, HiLo, HiLo, HiLo, HiLo], "5-8 on fp16, 9+ on the GEMM");
+        let exact: Vec<usize> = (1..=128).filter(|&n| m.exact(n)).collect();
+        assert_eq!(exact, [1, 2, 3, 4], "by default only steps of 1-4 sequences are batch-invariant");
+        let off = DecodeMatrices { f16_from: usize::MAX, ..m };
+        assert!((1..=128).all(|n| off.dense_x(n) == HiLo) && (1..=8).all(|n| off.exact(n)) && !off.exact(9));
         // With the GEMM path earlier than 8, its steps keep the GEMM.
         let early = DecodeMatrices { gemm_from: 7, f16_from: 2 };
         assert_eq!(early.dense_x(6), F16);

@@ -319,10 +319,12 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
     // The sizes cross every kernel variant (1-4 and 5+ tokens, token chunks
     // of 8 beyond 8, the MoE item size changing at 9) with a different
     // context length per sequence. By default (`DecodeMatrices::FASTEST`)
-    // the same holds below `DECODE_GEMM_FROM` sequences; from there the
-    // dense matrices run on the fp16 GEMM, within the prefill path's
-    // tolerances of each sequence alone.
+    // the same holds below `DECODE_F16_FROM` sequences; from there qmm's
+    // dense matrices take fp16 activations, and from `DECODE_GEMM_FROM` on
+    // they run on the fp16 GEMM, both within the prefill path's tolerances
+    // of each sequence alone.
     let mut fastest = Stats::default();
+    let mut inexact = Vec::new();
     for invariant in [true, false] {
         let mut wide = small_opts(1024);
         wide.max_sequences = 2 * 70 + 2;
@@ -345,10 +347,11 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
                 want.extend(bw.decode(&[(*b, *t)]).expect("solo"));
             }
             let same = got.iter().zip(&want).all(|(g, w)| g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()));
-            if invariant || n < lily_cuda::state::DECODE_GEMM_FROM {
-                let how = if invariant { "batch-invariant" } else { "default, below the GEMM threshold" };
+            if invariant || lily_cuda::DecodeMatrices::FASTEST.exact(n) {
+                let how = if invariant { "batch-invariant" } else { "default, below the fp16 threshold" };
                 checks.check(same, format!("batch of {n} ({how}): logits bit-identical to each sequence decoded alone"));
             } else {
+                inexact.push(n);
                 fastest.add(&format!("batch of {n}"), &got, &want);
             }
             for x in seqs.into_iter().chain(solo) {
@@ -356,7 +359,14 @@ fn synthetic_tiny_model_keeps_the_backend_contract() {
             }
         }
     }
-    fastest.gate(&mut checks, "tiny preset: batches from DECODE_GEMM_FROM on (9, 17, 33, 70) on the GEMM path vs each sequence alone", 1.0, 3e-2, 3e-1);
+    checks.check(inexact == [6, 9, 17, 33, 70], format!("the default's inexact batches (6 on fp16 inputs; 9, 17, 33, 70 on the GEMM): {inexact:?}"));
+    fastest.gate(
+        &mut checks,
+        "tiny preset: default batches from DECODE_F16_FROM on (6 on fp16 inputs; 9, 17, 33, 70 on the GEMM path) vs each sequence alone",
+        1.0,
+        3e-2,
+        3e-1,
+    );
 
     // A fork continues exactly like its parent.
     let parent = be.alloc().expect("alloc");
@@ -745,7 +755,12 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     let Some(gpu) = gpu("full_width_four_layer_model_matches_lily_cpu") else { return };
     let (_dir, w) = synth_checkpoint(lily_synth::Preset::Full, 4, 11);
     let vocab = w.config.vocab_size;
-    let mut be = CudaBackend::from_weights(&gpu, &w, small_opts(4096), &mut |_, _| {}).expect("cuda backend");
+    // qmm's exact path below the GEMM threshold (the default takes fp16
+    // activations from DECODE_F16_FROM sequences on): the reference the
+    // inexact decode paths are gated against below, batches of up to 5.
+    let mut exact = small_opts(4096);
+    exact.decode_matrices.f16_from = usize::MAX;
+    let mut be = CudaBackend::from_weights(&gpu, &w, exact, &mut |_, _| {}).expect("cuda backend");
     // lily-cpu's fast path (multi-threaded on the packed weights, itself gated
     // against the reference and the goldens): the naive reference would take
     // minutes at this width.
@@ -842,13 +857,16 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     // (DecodeMatrices, issue 10), each against every sequence decoded alone
     // on qmm's exact path: the GEMM path, here from 3 sequences on (fp16
     // activations and weights in the dense matrices: the prefill path's
-    // tolerances), and qmm's dense matrices on fp16 activations from 2
-    // sequences (`f16_from`; the GEMM path off). For each: a batch's logits,
-    // greedy tokens in a batch that crosses the threshold as sequences join
-    // and leave, and the on-device greedy loop (graphs) of 4 sequences.
+    // tolerances), qmm's dense matrices on fp16 activations from 2
+    // sequences (`f16_from`; the GEMM path off), and the default (fp16
+    // activations from DECODE_F16_FROM = 5: the batch of 5 and the
+    // changing batch's widest steps). For each: a batch's logits, greedy
+    // tokens in a batch that crosses the threshold as sequences join and
+    // leave, and the on-device greedy loop (graphs) of 4 sequences.
     let paths = [
         ("GEMM decode path", lily_cuda::DecodeMatrices { gemm_from: 3, f16_from: usize::MAX }),
         ("qmm on fp16 activations", lily_cuda::DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 }),
+        ("the default decode path", lily_cuda::DecodeMatrices::FASTEST),
     ];
     for (label, matrices) in paths {
         let mut opts = small_opts(4096);

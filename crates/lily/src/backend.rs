@@ -144,8 +144,9 @@ mod tests {
     fn the_decode_path_variables_override_the_default_unless_batch_invariant() {
         let d = DecodeMatrices::FASTEST;
         assert_eq!(decode_matrices(false, d, None, None).unwrap(), d);
-        assert_eq!(decode_matrices(false, d, Some("12"), None).unwrap(), DecodeMatrices { gemm_from: 12, f16_from: usize::MAX });
-        assert_eq!(decode_matrices(false, d, None, Some("5")).unwrap(), DecodeMatrices { f16_from: 5, ..d });
+        assert_eq!(decode_matrices(false, d, Some("12"), None).unwrap(), DecodeMatrices { gemm_from: 12, ..d });
+        assert_eq!(decode_matrices(false, d, None, Some("7")).unwrap(), DecodeMatrices { f16_from: 7, ..d });
+        assert_eq!(decode_matrices(false, d, None, Some("off")).unwrap(), DecodeMatrices { f16_from: usize::MAX, ..d });
         assert_eq!(decode_matrices(false, d, Some("off"), Some("2")).unwrap(), DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 });
         assert_eq!(decode_matrices(true, d, Some("12"), Some("5")).unwrap(), DecodeMatrices::BATCH_INVARIANT, "--batch-invariant wins");
         let e = decode_matrices(false, d, None, Some("17")).unwrap_err().to_string();
