@@ -88,9 +88,10 @@ pub const DECODE_GEMM_FROM: usize = 9;
 /// qmm decode steps of at least this many sequences (below
 /// `DECODE_GEMM_FROM`) read the dense matrices' activations in fp16 by
 /// default (`DecodeMatrices::f16_from`): 5-8 tokens then fit one 8-token
-/// n-tile instead of two hi/lo ones. Measured on the H100 (session 47):
-/// the served batch-8 step 4.145 -> 3.975 ms, 8 clients +3.4%; on the H200
-/// in docs/perf/2026-12-05-h200-s48.md.
+/// n-tile instead of two hi/lo ones. Measured on the H100 (sessions 47-48,
+/// docs/perf/2026-12-05-s48.md): the served batch-8 step 4.145 -> 3.97 ms,
+/// 8 clients' inter-token p50 4.10 -> 3.88-3.94 ms; a batch of 5 against
+/// each sequence alone 5.2e-4 mean |dlogprob| (gpu_model).
 pub const DECODE_F16_FROM: usize = 5;
 
 /// Which kernels carry the matrices of a decode step of `n` sequences.
@@ -958,7 +959,7 @@ mod tests {
     }
 
     #[test]
-    fn fp16_dense_inputs_only_where_asked_and_only_on_qmm_up_to_8_tokens() {
+    fn fp16_dense_inputs_from_f16_from_and_only_on_qmm_up_to_16_tokens() {
         use crate::qmm::XPrecision::{HiLo, F16};
         assert_eq!(DecodeMatrices::parse_f16_from("off"), Ok(usize::MAX));
         assert_eq!(DecodeMatrices::parse_f16_from(" 5 "), Ok(5));

@@ -95,9 +95,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = MixedStepsArg::Auto)]
     mixed_steps: MixedStepsArg,
     /// Decode every step batch-invariantly: a request's tokens the same
-    /// whatever other requests run beside it (CUDA; by default steps of 16
-    /// or more sequences run their dense matrices on the faster fp16 GEMM,
-    /// which moves logits by ~1e-4 and, rarely, a near-tied token).
+    /// whatever other requests run beside it (CUDA; by default steps of 5
+    /// to 8 sequences read their dense matrices' activations in fp16 and
+    /// steps of 9 or more run them on the faster fp16 GEMM, which moves
+    /// logits by ~2e-4 to 5e-4 and, rarely, a near-tied token).
     #[arg(long)]
     batch_invariant: bool,
     /// Per-request time limit in seconds (0 = none); a request past it ends
