@@ -126,7 +126,8 @@ fn run(mut sched: Scheduler, rx: Receiver<Command>, shared: Arc<Shared>, arrival
         }
         if !draining && sched.only_waiting() {
             let expected = burst.take_expected(EXPECT_WITHIN.max(arrival_wait));
-            gather_arrivals(&mut sched, &rx, &shared, arrival_wait, expected, &mut draining, intake);
+            let newcomer = sched.newcomer_waits();
+            gather_arrivals(&mut sched, &rx, &shared, arrival_wait, Expect { expected, newcomer }, &mut draining, intake);
         }
         worked = true;
         let ended_before = sched.ended();
@@ -202,6 +203,27 @@ const GATHER_QUIET: Duration = Duration::from_micros(500);
 /// How often a gathering engine looks at the arrival count while requests
 /// are being prepared (one that is refused never reaches the queue).
 const GATHER_POLL: Duration = Duration::from_micros(100);
+/// The quiet gap for a newcomer (`Expect::newcomer`) is the limit over
+/// this: 0.5 ms of the default 6 ms, about the spread of a burst of
+/// clients that start together (~0.4-0.6 ms between a Python benchmark's
+/// threads). Measured on the H100 host (session 48): with preparation at
+/// ~0.3 ms, each request was queued before the next client's came, so
+/// every 8-client phase began with one prompt alone (18.6 ms) before the
+/// other seven (50.6 ms); on the H200 host of session 44, whose
+/// preparation took 0.8-1.3 ms, the announcements had overlapped.
+const NEWCOMER_GAP_DIV: u32 = 12;
+
+/// What an idle engine's first prefill may wait for besides the requests
+/// being prepared (`gather_arrivals`).
+struct Expect {
+    /// More requests expected: the follow-ups of requests that ended
+    /// together with the last one (`Burst`).
+    expected: usize,
+    /// The oldest waiting request comes from another client than the
+    /// request that ended last (`Scheduler::newcomer_waits`): others may be
+    /// right behind it.
+    newcomer: bool,
+}
 
 /// Holds the first prefill of an engine with nothing running while a front
 /// end is preparing more requests (`Arrival`s held) or while fewer than
@@ -212,21 +234,27 @@ const GATHER_POLL: Duration = Duration::from_micros(100);
 /// has come and a quarter of it after; once they are
 /// all here and none is being prepared, or the waiting prompts fill a
 /// prefill pass (64 clients' follow-ups fill several), the wait ends at
-/// once. Returns at once when nothing is arriving or expected, so a lone
-/// request never waits. Measured without it: a burst of 8 started as one
-/// pass of 1 prompt and one of 7 (`DEFAULT_ARRIVAL_WAIT`).
+/// once. A newcomer (`Expect::newcomer`) with nothing else expected waits
+/// for a quiet gap of `limit / NEWCOMER_GAP_DIV`. Returns at once when
+/// nothing is arriving or expected and the request is its client's next,
+/// so one client's requests never wait. Measured without it: a burst of 8
+/// started as one pass of 1 prompt and one of 7 (`DEFAULT_ARRIVAL_WAIT`).
 fn gather_arrivals(
     sched: &mut Scheduler,
     rx: &Receiver<Command>,
     shared: &Shared,
     limit: Duration,
-    expected: usize,
+    expect: Expect,
     draining: &mut bool,
     intake: impl Fn(&mut Scheduler, Command, &mut bool),
 ) {
-    if limit.is_zero() || (shared.arriving.load(Ordering::SeqCst) == 0 && expected == 0) {
+    let Expect { expected, newcomer } = expect;
+    if limit.is_zero() || (shared.arriving.load(Ordering::SeqCst) == 0 && expected == 0 && !newcomer) {
         return;
     }
+    // The quiet gap once nothing is missing: a newcomer's burst spreads
+    // wider than one front end's back-to-back preparations.
+    let quiet = if newcomer && expected == 0 { limit / NEWCOMER_GAP_DIV } else { GATHER_QUIET };
     let start = Instant::now();
     let before = sched.waiting_len();
     let mut last = start;
@@ -255,7 +283,7 @@ fn gather_arrivals(
             let gap = match (missing, came > 0) {
                 (true, false) => limit,
                 (true, true) => limit / 4,
-                (false, _) => GATHER_QUIET,
+                (false, _) => quiet,
             };
             match gap.checked_sub(now - last).filter(|q| !q.is_zero()) {
                 Some(q) => q,
@@ -279,7 +307,7 @@ fn gather_arrivals(
     }
     let waited = start.elapsed();
     let gathered = sched.waiting_len().saturating_sub(before);
-    tracing::debug!(gathered, expected, waited_us = waited.as_micros() as u64, "held the first prefill for arriving requests");
+    tracing::debug!(gathered, expected, newcomer, waited_us = waited.as_micros() as u64, "held the first prefill for arriving requests");
     shared.with_stats(|s| {
         s.arrival_waits += 1;
         s.arrival_gathered += gathered as u64;

@@ -131,6 +131,8 @@ struct Active {
     /// last (which the next decode feeds).
     tokens: Vec<u32>,
     cached_tokens: usize,
+    /// `GenerateRequest::client`.
+    client: Option<u64>,
 }
 
 impl Active {
@@ -179,6 +181,8 @@ pub(crate) struct Scheduler {
     /// count of requests that end together (`engine::Burst`). The stats
     /// count the same, behind their lock; this is read twice a step.
     ended: std::cell::Cell<usize>,
+    /// The client of the request that ended last (`GenerateRequest::client`).
+    last_ended_client: std::cell::Cell<Option<u64>>,
 }
 
 /// A decode step in flight.
@@ -209,12 +213,19 @@ impl Scheduler {
             run_ahead: opts.run_ahead,
             mix: opts.mixed_steps,
             ended: std::cell::Cell::new(0),
+            last_ended_client: std::cell::Cell::new(None),
         }
     }
 
     /// Requests ended so far, finished or failed.
     pub(crate) fn ended(&self) -> usize {
         self.ended.get()
+    }
+
+    /// Whether the oldest waiting request comes from a known client other
+    /// than the one whose request ended last (`GenerateRequest::client`).
+    pub(crate) fn newcomer_waits(&self) -> bool {
+        self.waiting.front().and_then(|w| w.req.client).is_some_and(|c| Some(c) != self.last_ended_client.get())
     }
 
     pub(crate) fn enqueue(&mut self, sub: Submission) {
@@ -310,9 +321,10 @@ impl Scheduler {
 
     /// Counts `outcome` in the stats and makes the request's final event;
     /// (prompt, completion, cached) tokens go into a `Finished`.
-    fn final_event(&self, outcome: Outcome, tokens: (usize, usize, usize)) -> Event {
+    fn final_event(&self, outcome: Outcome, tokens: (usize, usize, usize), client: Option<u64>) -> Event {
         let (prompt_tokens, completion_tokens, cached_tokens) = tokens;
         self.ended.set(self.ended.get() + 1);
+        self.last_ended_client.set(client);
         match outcome {
             Outcome::Finished(reason) => {
                 self.shared.with_stats(|s| {
@@ -334,7 +346,7 @@ impl Scheduler {
         if let Outcome::Failed(e) = &outcome {
             tracing::warn!(request = a.id, error = %e, "request failed");
         }
-        let event = self.final_event(outcome, (a.prompt_len, a.generated(), a.cached_tokens));
+        let event = self.final_event(outcome, (a.prompt_len, a.generated(), a.cached_tokens), a.client);
         // The receiver may be gone (cancelled); nothing to tell then.
         let _ = a.events.send(event);
     }
@@ -342,7 +354,7 @@ impl Scheduler {
     /// Ends a waiting request that never got a sequence.
     fn end_waiting(&self, sub: Submission, outcome: Outcome) {
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
-        let event = self.final_event(outcome, (sub.req.prompt.len(), 0, 0));
+        let event = self.final_event(outcome, (sub.req.prompt.len(), 0, 0), sub.req.client);
         let _ = sub.events.send(event);
     }
 
@@ -438,7 +450,7 @@ impl Scheduler {
     fn start(&mut self, sub: Submission, seq: SeqId, cached: usize) {
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
         let Submission { id, req, events, cancel, .. } = sub;
-        let GenerateRequest { prompt, max_tokens, sampling, stop_strings, stop_token_ids, logprobs, deadline } = req;
+        let GenerateRequest { prompt, max_tokens, sampling, stop_strings, stop_token_ids, logprobs, deadline, client } = req;
         let prompt_len = prompt.len();
         let mut stop_ids = self.eos.clone();
         stop_ids.extend(stop_token_ids);
@@ -458,6 +470,7 @@ impl Scheduler {
             tokens: prompt,
             cached_tokens: cached,
             events,
+            client,
         };
         self.shared.with_stats(|s| {
             s.prompt_tokens += prompt_len as u64;

@@ -1273,6 +1273,71 @@ fn a_request_after_a_lone_request_never_waits() {
     assert_eq!(h.stats().arrival_waits, 0);
 }
 
+/// A greedy request from client `client` (`GenerateRequest::client`).
+fn from_client(client: u64, prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest { client: Some(client), ..greedy(prompt, max_tokens) }
+}
+
+/// A burst of clients starting together (a benchmark phase, agents woken
+/// at once): the first request reaches the idle engine before the others
+/// are announced, and the request that ended last was another client's.
+/// The engine waits a quiet gap (`arrival_wait / 12`) after each arrival
+/// and the four start in one prefill pass; without client ids (or without
+/// the wait) the first starts alone.
+#[test]
+fn other_clients_right_behind_a_newcomer_share_its_first_pass() {
+    let wait = Duration::from_millis(2400);
+    for (with_clients, arrival_wait) in [(true, wait), (false, wait), (true, Duration::ZERO)] {
+        let (fake, probe) = Fake::new(Mode::Count);
+        let h = start(fake.batched_prefill(), EngineOptions { arrival_wait, ..opts() });
+        // A request of client 1 runs to its end first (the calibration
+        // request before a benchmark phase).
+        assert_eq!(collect(h.submit(from_client(1, vec![A; 3], 2)).expect("submit")).finish, Some(FinishReason::Length));
+        let before = h.stats();
+        let mut streams = Vec::new();
+        for i in 0..4u32 {
+            let req = if with_clients { from_client(10 + u64::from(i), vec![A + 1 + i; 4], 2) } else { greedy(vec![A + 1 + i; 4], 2) };
+            streams.push(h.submit(req).expect("submit"));
+            // Far apart for the engine's thread, well inside the gap (200 ms).
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for s in streams {
+            assert_eq!(collect(s).finish, Some(FinishReason::Length));
+        }
+        let parts = prefill_parts(&probe.lock().expect("probe").calls);
+        let label = format!("clients {with_clients}, wait {arrival_wait:?}: {parts:?}");
+        if with_clients && !arrival_wait.is_zero() {
+            assert_eq!(parts.last(), Some(&4), "{label}");
+            assert_eq!(gathers_since(&h, &before), (1, 3), "{label}");
+        } else {
+            assert_eq!(parts[parts.len() - 4..], [1, 1, 1, 1][..].to_vec()[..], "{label}");
+            assert_eq!(gathers_since(&h, &before), (0, 0), "{label}");
+        }
+    }
+}
+
+/// One client's next request starts at once (a chat user, a one-client
+/// benchmark: its previous request was the last to end); another client's,
+/// reaching the idle engine after it, waits the quiet gap and no longer.
+#[test]
+fn one_clients_next_request_never_waits_and_another_clients_waits_the_quiet_gap() {
+    let arrival_wait = Duration::from_millis(1200);
+    let (fake, _probe) = Fake::new(Mode::Count);
+    let h = start(fake.batched_prefill(), EngineOptions { arrival_wait, ..opts() });
+    for i in 0..3 {
+        assert_eq!(collect(h.submit(from_client(7, vec![A + i; 3], 2)).expect("submit")).finish, Some(FinishReason::Length));
+    }
+    // The first request of client 7 was a newcomer (no request had ended).
+    let first = h.stats();
+    assert_eq!((first.arrival_waits, first.arrival_gathered), (1, 0));
+    assert!(first.time.arrival_wait_s >= (arrival_wait / 12).as_secs_f64(), "waited {} s", first.time.arrival_wait_s);
+    assert!(first.time.arrival_wait_s < (arrival_wait / 2).as_secs_f64(), "waited {} s", first.time.arrival_wait_s);
+    assert_eq!(collect(h.submit(from_client(8, vec![A + 5; 3], 2)).expect("submit")).finish, Some(FinishReason::Length));
+    let waited = h.stats().time.arrival_wait_s - first.time.arrival_wait_s;
+    assert_eq!(gathers_since(&h, &first), (1, 0));
+    assert!(waited >= (arrival_wait / 12).as_secs_f64() && waited < (arrival_wait / 2).as_secs_f64(), "client 8 waited {waited} s");
+}
+
 /// A fake that runs a step's decode rows inside its prefill call
 /// (`Backend::mixed_steps` says `said`), its prefill batches one call each.
 fn mixing(fake: Fake, said: MixedSteps) -> Fake {

@@ -117,12 +117,16 @@ pub fn router(app: Arc<AppState>) -> Router {
 /// delays that ACK by up to 40 ms (Linux's delayed ACK): measured with a
 /// one-client stream, the first token's chunk reached the client ~35 ms
 /// after the server wrote it. Token streams want every write on the wire.
-fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!("TCP_NODELAY on an accepted connection: {e}");
-        }
-    })
+/// (A named type, not `impl Listener`: axum's connect info for the peer
+/// address is implemented for `TapIo`.)
+fn no_delay(listener: tokio::net::TcpListener) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    listener.tap_io(set_nodelay)
+}
+
+fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::warn!("TCP_NODELAY on an accepted connection: {e}");
+    }
 }
 
 /// Serves until `shutdown` resolves, then stops taking connections and
@@ -135,7 +139,10 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Arc<AppState>, shutdo
         state.draining.store(true, Ordering::SeqCst);
         tracing::info!("shutting down: no new connections; draining requests in flight");
     };
-    let result = axum::serve(no_delay(listener), router(app.clone())).with_graceful_shutdown(signal).await;
+    // Each request knows its connection's peer (`routes::client_of`): the
+    // engine tells one client's next request from another client's.
+    let service = router(app.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let result = axum::serve(no_delay(listener), service).with_graceful_shutdown(signal).await;
     app.engine.shutdown();
     result
 }

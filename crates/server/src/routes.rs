@@ -9,15 +9,17 @@
 //! (`shapes.rs`) -> `respond`, which collects the response or streams it
 //! (`respond.rs`). The handlers differ only up to the shape.
 
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use lily_core::chat::ChatRenderRequest;
 use lily_engine::GenerateRequest;
 use serde::de::DeserializeOwned;
@@ -126,6 +128,20 @@ async fn prepare_prompt<T: Send + 'static>(inline: bool, f: impl FnOnce() -> Res
 
 /// Builds the engine request once the prompt is known and submits it with
 /// its announcement.
+/// The connection a request came on, when the server knows it, as the
+/// engine's opaque client id (`GenerateRequest::client`): requests on one
+/// kept-alive connection are one client's.
+pub(crate) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+pub(crate) fn client_of(peer: &Peer) -> Option<u64> {
+    peer.as_ref().map(|Extension(ConnectInfo(addr))| {
+        let mut h = std::hash::DefaultHasher::new();
+        addr.hash(&mut h);
+        h.finish()
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
 fn start(
     app: &AppState,
     prompt: Vec<u32>,
@@ -133,6 +149,7 @@ fn start(
     forced: Option<ForcedCall>,
     thinking: bool,
     arrival: Option<ArrivalGuard>,
+    client: Option<u64>,
 ) -> Result<Driver, ApiError> {
     let room = app.info.context_length.saturating_sub(prompt.len());
     // With no limit asked for, generate up to the context; at least 1 so an
@@ -143,12 +160,13 @@ fn start(
     req.stop_strings = gen.stop.clone();
     req.logprobs = gen.logprobs;
     req.deadline = app.config.request_timeout.map(|d| Instant::now() + d);
+    req.client = client;
     Driver::start(app.engine.clone(), app.tokenizer.clone(), req, forced, thinking, app.config.request_timeout, arrival)
 }
 
 // ---------------------------------------------------------------- chat ----
 
-pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn chat_completions(State(app): State<Arc<AppState>>, peer: Peer, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     // Held while the request is prepared and handed over with it (the
     // engine ends it once the request is queued), or dropped if it is
@@ -178,7 +196,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
         .await?
     };
     tracing::debug!(prompt_tokens = prompt.len(), since_arrival_us = arrived.elapsed().as_micros() as u64, "chat prompt rendered and tokenized");
-    let driver = start(&app, prompt, &plan.gen, forced, plan.thinking, arrival)?;
+    let driver = start(&app, prompt, &plan.gen, forced, plan.thinking, arrival, client_of(&peer))?;
     let tools = (plan.tool_mode != ToolMode::Off).then(|| plan.schemas.clone());
     let asm = ChatAssembler::new(plan.thinking, tools);
     let asm = if plan.single_call { asm.single_call() } else { asm };
@@ -189,7 +207,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Result<Byt
 
 // ---------------------------------------------------------- completions ----
 
-pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn completions(State(app): State<Arc<AppState>>, peer: Peer, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let arrival = app.engine.arrival();
     let req = read_request(&app, body, |r: &CompletionRequest| &r.model)?;
@@ -214,7 +232,7 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Result<Bytes, B
             (ids, text)
         }
     };
-    let driver = start(&app, prompt, &plan.gen, None, false, arrival)?;
+    let driver = start(&app, prompt, &plan.gen, None, false, arrival, client_of(&peer))?;
     let meta = Meta::new("cmpl-", &app.info.name, &plan.gen);
     let echo = if plan.echo { prompt_text } else { String::new() };
     let flight = InFlight::new(app.metrics.clone(), &meta.id, arrived);
@@ -283,6 +301,16 @@ mod tests {
 
     fn chat(messages: Vec<ChatMessage>) -> ChatRenderRequest {
         ChatRenderRequest { messages, ..Default::default() }
+    }
+
+    #[test]
+    fn a_connections_requests_are_one_client_and_other_connections_others() {
+        let peer = |addr: &str| -> Peer { Some(Extension(ConnectInfo(addr.parse().expect("address")))) };
+        let a = client_of(&peer("127.0.0.1:40000"));
+        assert!(a.is_some());
+        assert_eq!(a, client_of(&peer("127.0.0.1:40000")), "one connection, one client");
+        assert_ne!(a, client_of(&peer("127.0.0.1:40001")), "another connection of the same host");
+        assert_eq!(client_of(&None), None, "no peer known (a request not served over TCP)");
     }
 
     #[test]
