@@ -392,10 +392,12 @@ pub struct EngineOptions {
     /// held: being rendered and tokenized, not yet queued) and for the
     /// follow-ups of requests that ended together with the last one, so
     /// that requests which arrive together start in one prefill pass
-    /// instead of the first alone and the rest after it. It waits only
-    /// while such requests exist or are expected (a lone request after a
-    /// lone request never waits) and never while a stream is generating.
-    /// Zero disables it.
+    /// instead of the first alone and the rest after it; a request from
+    /// another client than the one whose request ended last
+    /// (`GenerateRequest::client`) waits a twelfth of it for others right
+    /// behind it. It waits only while such requests exist or are expected
+    /// (one client's next request never waits) and never while a stream
+    /// is generating. Zero disables it.
     pub arrival_wait: Duration,
     /// Whether a step whose decode batch and prompt chunks are both due
     /// runs them as one prefill call, every generating request a one-token

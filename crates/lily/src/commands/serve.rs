@@ -84,7 +84,9 @@ pub struct Args {
     /// being tokenized, or just after several requests ended together (their
     /// clients' next requests are expected too), wait up to this many
     /// milliseconds for them, so that requests sent together start in one
-    /// prefill pass (a lone request never waits). 0 disables it.
+    /// prefill pass; a request on another connection than the request that
+    /// ended last waits a twelfth of it for others right behind it (one
+    /// client's next request never waits). 0 disables it.
     #[arg(long, default_value_t = lily_engine::DEFAULT_ARRIVAL_WAIT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
     arrival_wait_ms: u64,
     /// Run a step's decode rows inside its prefill pass when prompts are
