@@ -126,8 +126,6 @@ async fn prepare_prompt<T: Send + 'static>(inline: bool, f: impl FnOnce() -> Res
     }
 }
 
-/// Builds the engine request once the prompt is known and submits it with
-/// its announcement.
 /// The connection a request came on, when the server knows it, as the
 /// engine's opaque client id (`GenerateRequest::client`): requests on one
 /// kept-alive connection are one client's.
@@ -141,6 +139,8 @@ pub(crate) fn client_of(peer: &Peer) -> Option<u64> {
     })
 }
 
+/// Builds the engine request once the prompt is known and submits it with
+/// its announcement and its client.
 #[allow(clippy::too_many_arguments)]
 fn start(
     app: &AppState,
