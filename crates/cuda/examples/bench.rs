@@ -18,6 +18,8 @@
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
+//!         [--timeline]   (each batch's steps traced by CUPTI: every kernel's start, length and gap; kernel_trace;
+//!                         the trace runs from the start, so the run's other numbers are not the contract's)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
 
@@ -64,6 +66,9 @@ struct Args {
     /// `--expert-rows BM`: the grouped expert GEMMs' tile height at every
     /// pass (Options::expert_tile_rows).
     expert_rows: Option<usize>,
+    /// `--timeline`: `TIMELINE_STEPS` steps of each `--batch` size traced
+    /// by CUPTI (lily_cuda::kernel_trace).
+    timeline: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -83,6 +88,7 @@ fn parse() -> Result<Args, String> {
         knockouts: Vec::new(),
         fused_moe: false,
         moe_trace: false,
+        timeline: false,
         f16_gemm_from: None,
         expert_rows: None,
     };
@@ -104,6 +110,7 @@ fn parse() -> Result<Args, String> {
             "--parts" => a.parts = val()?.parse().map_err(|e| format!("--parts: {e}"))?,
             "--fused-moe" => a.fused_moe = true,
             "--moe-trace" => a.moe_trace = true,
+            "--timeline" => a.timeline = true,
             "--knockout" => {
                 for name in val()?.split(',') {
                     a.knockouts.push((name.to_string(), lily_cuda::model::Knockout::parse(name)?));
@@ -169,6 +176,8 @@ fn run() -> Result<(), String> {
     // Checked with the other options when the backend is made.
     opts.expert_tile_rows = args.expert_rows;
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
+    // Before any graph exists, so that CUPTI sees every one.
+    let trace = if args.timeline { Some(lily_cuda::kernel_trace::KernelTrace::start()?) } else { None };
     let t = Instant::now();
     let mut be = if let Some(layers) = args.random_layers {
         let mut cfg = lily_core::config::production();
@@ -254,6 +263,9 @@ fn run() -> Result<(), String> {
         if args.moe_trace && args.fused_moe && b <= lily_cuda::qmm::MOE_FUSED_TOK {
             moe_trace(&gpu, &mut be, &batch)?;
         }
+        if let Some(trace) = &trace {
+            timeline(&gpu, trace, &mut be, &batch)?;
+        }
         for (name, ko) in &args.knockouts {
             let m = be.model_mut();
             m.set_knockout(*ko);
@@ -310,6 +322,78 @@ fn run() -> Result<(), String> {
     eprintln!("\n| prompt | prefill tok/s | decode tok/s |\n|---|---|---|");
     for (len, p, d) in table {
         eprintln!("| {len} | {p:.0} | {d:.1} |");
+    }
+    Ok(())
+}
+
+/// Steps of a `--timeline` trace (the middle ones are printed whole).
+const TIMELINE_STEPS: usize = 5;
+
+/// `TIMELINE_STEPS` greedy steps of `batch` traced by CUPTI: one JSON line a
+/// step (span, busy time, every kernel as [name, start, length, gap] in
+/// us; a negative gap overlaps the kernels before it), then on stderr the
+/// middle step's kernels summed by name.
+fn timeline(
+    gpu: &std::sync::Arc<Gpu>,
+    trace: &lily_cuda::kernel_trace::KernelTrace,
+    be: &mut CudaBackend,
+    batch: &[(lily_model::SeqId, u32)],
+) -> Result<(), String> {
+    use lily_cuda::kernel_trace::{chain, split_steps};
+    let m = be.model_mut();
+    m.decode_greedy_batch(batch, BATCH_WARM).map_err(|e| e.to_string())?;
+    // What ran before (loading, the timed runs) is dropped.
+    trace.take(gpu)?;
+    let t = Instant::now();
+    m.decode_greedy_batch(batch, TIMELINE_STEPS).map_err(|e| e.to_string())?;
+    let wall = t.elapsed().as_secs_f64();
+    let records = trace.take(gpu)?;
+    let b = batch.len();
+    let Some(steps) = split_steps(&records, TIMELINE_STEPS) else {
+        let names: Vec<&str> = records.iter().take(8).map(|r| r.name.as_str()).collect();
+        return Err(format!("timeline of batch {b}: {} kernels (first {names:?}), none ran once a step", records.len()));
+    };
+    for (i, step) in steps.iter().enumerate() {
+        let c = chain(step);
+        let rows: Vec<String> = c.kernels.iter().map(|k| format!("[\"{}\",{:.2},{:.2},{:.2}]", k.name, k.start_us, k.dur_us, k.gap_us)).collect();
+        println!(
+            "{{\"timeline\":{b},\"step\":{i},\"traced_ms_a_step\":{:.4},\"span_us\":{:.1},\"busy_us\":{:.1},\"kernels\":[{}]}}",
+            wall * 1e3 / TIMELINE_STEPS as f64,
+            c.span_us,
+            c.busy_us,
+            rows.join(",")
+        );
+    }
+    let mid = chain(steps[steps.len() / 2]);
+    // By name: launches, summed length, summed overlap (negative gaps) and
+    // summed idle time before them (positive gaps).
+    let mut by: Vec<(String, usize, f64, f64, f64)> = Vec::new();
+    for k in &mid.kernels {
+        let i = match by.iter().position(|e| e.0 == k.name) {
+            Some(i) => i,
+            None => {
+                by.push((k.name.clone(), 0, 0.0, 0.0, 0.0));
+                by.len() - 1
+            }
+        };
+        let e = &mut by[i];
+        e.1 += 1;
+        e.2 += k.dur_us;
+        e.3 += (-k.gap_us).max(0.0);
+        e.4 += k.gap_us.max(0.0);
+    }
+    by.sort_by(|a, b| b.2.total_cmp(&a.2));
+    eprintln!(
+        "timeline of batch {b}, step {} of {}: span {:.1} us, busy {:.1} us, {} kernels",
+        steps.len() / 2,
+        steps.len(),
+        mid.span_us,
+        mid.busy_us,
+        mid.kernels.len()
+    );
+    eprintln!("  {:<28} {:>5} {:>10} {:>10} {:>10}", "kernel", "runs", "length us", "overlap us", "idle us");
+    for (name, n, d, o, g) in &by {
+        eprintln!("  {name:<28} {n:>5} {d:>10.1} {o:>10.1} {g:>10.1}");
     }
     Ok(())
 }

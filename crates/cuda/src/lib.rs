@@ -25,6 +25,7 @@ pub mod feed;
 pub mod gdn;
 pub mod gemm;
 pub mod hgemm;
+pub mod kernel_trace;
 pub mod kernels;
 pub mod launch;
 pub mod model;
