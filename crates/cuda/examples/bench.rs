@@ -332,7 +332,8 @@ const TIMELINE_STEPS: usize = 5;
 /// `TIMELINE_STEPS` greedy steps of `batch` traced by CUPTI: one JSON line a
 /// step (span, busy time, every kernel as [name, start, length, gap] in
 /// us; a negative gap overlaps the kernels before it), then on stderr the
-/// middle step's kernels summed by name.
+/// middle step's kernels summed by name, with each name's share of the
+/// step's span (`ChainRow::extends_us`).
 fn timeline(
     gpu: &std::sync::Arc<Gpu>,
     trace: &lily_cuda::kernel_trace::KernelTrace,
@@ -365,24 +366,26 @@ fn timeline(
         );
     }
     let mid = chain(steps[steps.len() / 2]);
-    // By name: launches, summed length, summed overlap (negative gaps) and
-    // summed idle time before them (positive gaps).
-    let mut by: Vec<(String, usize, f64, f64, f64)> = Vec::new();
+    // By name: launches, summed share of the span (what each run added to
+    // the step's latest end), length, overlap (negative gaps) and idle time
+    // before them (positive gaps).
+    let mut by: Vec<(String, usize, [f64; 4])> = Vec::new();
     for k in &mid.kernels {
         let i = match by.iter().position(|e| e.0 == k.name) {
             Some(i) => i,
             None => {
-                by.push((k.name.clone(), 0, 0.0, 0.0, 0.0));
+                by.push((k.name.clone(), 0, [0.0; 4]));
                 by.len() - 1
             }
         };
         let e = &mut by[i];
         e.1 += 1;
-        e.2 += k.dur_us;
-        e.3 += (-k.gap_us).max(0.0);
-        e.4 += k.gap_us.max(0.0);
+        e.2[0] += k.extends_us;
+        e.2[1] += k.dur_us;
+        e.2[2] += (-k.gap_us).max(0.0);
+        e.2[3] += k.gap_us.max(0.0);
     }
-    by.sort_by(|a, b| b.2.total_cmp(&a.2));
+    by.sort_by(|a, b| b.2[0].total_cmp(&a.2[0]));
     eprintln!(
         "timeline of batch {b}, step {} of {}: span {:.1} us, busy {:.1} us, {} kernels",
         steps.len() / 2,
@@ -391,9 +394,9 @@ fn timeline(
         mid.busy_us,
         mid.kernels.len()
     );
-    eprintln!("  {:<28} {:>5} {:>10} {:>10} {:>10}", "kernel", "runs", "length us", "overlap us", "idle us");
-    for (name, n, d, o, g) in &by {
-        eprintln!("  {name:<28} {n:>5} {d:>10.1} {o:>10.1} {g:>10.1}");
+    eprintln!("  {:<28} {:>5} {:>10} {:>10} {:>10} {:>10}", "kernel", "runs", "span us", "length us", "overlap us", "idle us");
+    for (name, n, [x, d, o, g]) in &by {
+        eprintln!("  {name:<28} {n:>5} {x:>10.1} {d:>10.1} {o:>10.1} {g:>10.1}");
     }
     Ok(())
 }

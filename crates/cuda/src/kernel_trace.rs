@@ -156,14 +156,17 @@ pub fn split_steps(records: &[KernelRecord], steps: usize) -> Option<Vec<&[Kerne
 }
 
 /// One kernel of a step's chain: when it started after the step's first
-/// kernel, how long it ran, and its gap after the latest end among the
-/// kernels before it (negative: it overlapped them).
+/// kernel, how long it ran, its gap after the latest end among the kernels
+/// before it (negative: it overlapped them), and how far it moved that
+/// latest end (its share of the step's span: a kernel that ends under
+/// another's end adds nothing, whatever its length).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChainRow {
     pub name: String,
     pub start_us: f64,
     pub dur_us: f64,
     pub gap_us: f64,
+    pub extends_us: f64,
 }
 
 /// A step's timeline: its span (first start to last end), the time some
@@ -191,6 +194,7 @@ pub fn chain(step: &[KernelRecord]) -> StepChain {
             start_us: us(r.start_ns as i128 - t0 as i128),
             dur_us: us(r.end_ns as i128 - r.start_ns as i128),
             gap_us: us(r.start_ns as i128 - last_end as i128),
+            extends_us: us(r.end_ns.saturating_sub(last_end) as i128),
         });
         last_end = last_end.max(r.end_ns);
     }
@@ -237,5 +241,11 @@ mod tests {
         assert_eq!(c.kernels[2].dur_us, 1.0);
         assert_eq!(c.span_us, 9.0);
         assert_eq!(c.busy_us, 6.0);
+        // The span is the sum of what each kernel added to it.
+        assert_eq!(c.kernels.iter().map(|k| k.extends_us).collect::<Vec<_>>(), vec![4.0, 1.0, 4.0]);
+        assert_eq!(c.kernels.iter().map(|k| k.extends_us).sum::<f64>(), c.span_us);
+        // A kernel inside another's interval adds nothing.
+        let inner = chain(&[rec("a", 0, 10_000), rec("b", 2_000, 3_000)]);
+        assert_eq!(inner.kernels[1].extends_us, 0.0);
     }
 }
