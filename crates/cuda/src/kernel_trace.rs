@@ -7,7 +7,8 @@
 //! ends) or where the GPU idles between them; this does.
 //!
 //! CUPTI is loaded when the first trace starts (`libcupti.so`, found through
-//! `LD_LIBRARY_PATH`, e.g. the toolkit's `extras/CUPTI/lib64`); without it
+//! `LD_LIBRARY_PATH`: the toolkit's `targets/x86_64-linux/lib` on the
+//! device machine, `extras/CUPTI/lib64` in older layouts); without it
 //! `KernelTrace::start` returns an error.
 
 use std::alloc::{alloc, dealloc, Layout};
@@ -33,7 +34,7 @@ pub struct KernelRecord {
     pub dynamic_smem: i32,
 }
 
-/// Records delivered by CUPTI's buffer callbacks, until `finish` takes them.
+/// Records delivered by CUPTI's buffer callbacks, until `take` takes them.
 static RECORDS: Mutex<Vec<KernelRecord>> = Mutex::new(Vec::new());
 /// Bytes of one activity buffer (CUPTI asks for as many as it needs).
 const BUFFER_BYTES: usize = 8 << 20;
