@@ -153,6 +153,20 @@ pub struct DecodeScratch {
     pub max_splits: usize,
 }
 
+/// Most splits a decode token's context is cut into (the memory plan's
+/// cap, `state::max_splits`; `attn_combine_rows` keeps a head's weights in
+/// shared memory for as many).
+pub const ATTN_MAX_SPLITS: usize = 128;
+/// Tokens from which a decode step merges the splits with
+/// `attn_combine_rows` (a block a head and token, a thread a head dim)
+/// rather than `attn_combine` (a block a 32-dim chunk): the same sums in the
+/// same order, so the same bits. At 64 tokens of 256-key contexts
+/// `attn_combine` ran 8,192 blocks of ~5 splits, 21.7 us a layer in the
+/// graph on the H100 (session 49's timeline). 5, so that the batch of 5 in
+/// gpu_attention's alone-and-in-a-batch test runs it against the tokens
+/// alone on `attn_combine`.
+pub const COMBINE_ROWS_FROM: usize = 5;
+
 /// Splits for a context of `len` tokens: one KV block per split up to
 /// `ATTN_SPLIT_SMALL` blocks (short contexts are latency-bound), at least two
 /// blocks per split beyond (the partials stay under 1/8 of the bytes read),
@@ -217,8 +231,8 @@ pub fn decode(
     mix: MixOut,
     ntok: usize,
 ) -> CudaResult<()> {
-    if s.max_splits == 0 {
-        return Err(CudaError::shape("attn_decode", "scratch holds no splits"));
+    if s.max_splits == 0 || s.max_splits > ATTN_MAX_SPLITS {
+        return Err(CudaError::shape("attn_decode", format!("scratch holds {} splits, expected 1..={ATTN_MAX_SPLITS}", s.max_splits)));
     }
     if ntok == 0 {
         return Ok(());
@@ -261,7 +275,11 @@ pub fn decode(
         max_splits: s.max_splits as i32,
         proj_stride: proj_stride as i32,
     };
-    launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
+    if ntok >= COMBINE_ROWS_FROM {
+        launch(gpu, k, "attn_combine_rows", (dims.a_heads as u32, ntok as u32, 1), dims.a_head_dim as u32, 0, &c)
+    } else {
+        launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
+    }
 }
 
 /// One sequence's rows of a prefill pass, as `attn_prefill` reads them
@@ -297,6 +315,7 @@ unsafe impl DeviceRepr for AttnPrefillParams {}
 /// The layout sizes attention.cu checks against these mirrors.
 pub fn defines() -> Vec<String> {
     vec![
+        format!("-DATT_MAX_SPLITS={ATTN_MAX_SPLITS}"),
         format!("-DATTN_PREFILL_PARAMS_SIZE={}", std::mem::size_of::<AttnPrefillParams>()),
         format!("-DATTN_PREP_PARAMS_SIZE={}", std::mem::size_of::<AttnPrepParams>()),
         format!("-DATT_PREP_WARPS={ATTN_PREP_WARPS}"),

@@ -46,7 +46,11 @@ pub const FAMILIES: &[Family] = &[
             "gdn_gated_norm",
         ],
     },
-    Family { name: "attention", source: include_str!("kernels/attention.cu"), kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_prefill"] },
+    Family {
+        name: "attention",
+        source: include_str!("kernels/attention.cu"),
+        kernels: &["attn_prep", "attn_decode", "attn_combine", "attn_combine_rows", "attn_prefill"],
+    },
     Family { name: "gemm", source: include_str!("kernels/gemm.cu"), kernels: crate::gemm::KERNELS },
     Family { name: "hgemm", source: include_str!("kernels/hgemm.cu"), kernels: crate::hgemm::KERNELS },
     Family {

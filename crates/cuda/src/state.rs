@@ -820,7 +820,7 @@ impl Memory {
 }
 
 fn max_splits(opts: &Options) -> usize {
-    crate::attention::splits_for(opts.max_seq_len, 128).max(1)
+    crate::attention::splits_for(opts.max_seq_len, crate::attention::ATTN_MAX_SPLITS).max(1)
 }
 
 fn logit_rows(opts: &Options) -> usize {

@@ -10,6 +10,8 @@
 //                   on tensor cores, one warp per split streaming its K/V
 //                   tiles through a private cp.async pipeline.
 //   attn_combine:   merges the splits, applies sigmoid(gate).
+//   attn_combine_rows: the same sums for steps of many tokens, a block a
+//                   (head, token) (attention.rs COMBINE_ROWS_FROM).
 //   attn_prefill:   causal flash attention on wgmma (fp16 operands, fp32
 //                   accumulators and softmax); a block holds the AG = 8 query
 //                   heads of one KV head, so each staged K/V tile serves all
@@ -593,6 +595,18 @@ struct AttnCombineParams {
     int proj_stride;
 };
 
+// The max M of a head's split maxima and L = sum_s 2^(m_s - M) l_s, each
+// computed by one whole warp (lane-strided, then the warp's tree): the same
+// bits in every warp that computes them.
+__device__ __forceinline__ void combine_ml(const float* ml, int ns, int lane, float& M, float& L) {
+    float mloc = NEG_INF;
+    for (int s = lane; s < ns; s += 32) mloc = fmaxf(mloc, ml[2 * s]);
+    M = warp_max(mloc);   // finite: every split holds at least one key
+    float lloc = 0.f;
+    for (int s = lane; s < ns; s += 32) lloc += exp2f(ml[2 * s] - M) * ml[2 * s + 1];
+    L = warp_sum(lloc);
+}
+
 extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_constant__ AttnCombineParams p) {
     __shared__ float4 red[CB_SL][CB_Q];
     const int chunk = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
@@ -601,12 +615,8 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
     const int ms = p.max_splits;
     const int ns = decode_splits(p.pos[t] + 1, ms);
     const float* ml = p.part_ml + ((size_t)t * A_HEADS + h) * ms * 2;
-    float mloc = NEG_INF;
-    for (int s = lane; s < ns; s += 32) mloc = fmaxf(mloc, ml[2 * s]);
-    const float M = warp_max(mloc);   // finite: every split holds at least one key
-    float lloc = 0.f;
-    for (int s = lane; s < ns; s += 32) lloc += exp2f(ml[2 * s] - M) * ml[2 * s + 1];
-    const float L = warp_sum(lloc);
+    float M, L;
+    combine_ml(ml, ns, lane, M, L);
     const float* po = p.part_o + ((size_t)t * A_HEADS + h) * ms * HD + chunk * CB_DIMS + quad * 4;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
@@ -631,6 +641,52 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
         if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
         if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
     }
+}
+
+// attn_combine_rows: attn_combine's result, bit for bit, with a block a
+// (head, token) and a thread a head dim: grid (A_HEADS, ntok), block HD.
+// attn_combine cuts a head's dims into HD / 32 blocks of 256 threads, most
+// of which hold no split at short contexts (8,192 blocks of ~5 splits for
+// 64 tokens at 256 keys: ~8 waves of short blocks, 22 us on the H100).
+// Here warp 0 finds M and L (combine_ml) and the weights w_s = 2^(m_s - M)
+// go to shared memory once, then thread d forms attn_combine's sums in
+// attn_combine's order: lane sl's partial is the fma chain over splits sl,
+// sl + CB_SL, ... from 0, and the partials are added in lane order from 0
+// (lanes past the split count add +0, which changes no sum: one that
+// starts at +0 is never -0).
+static_assert(HD <= 1024 && HD % 32 == 0, "attn_combine_rows: a thread a head dim, whole warps (warp 0 finds M and L)");
+extern "C" __global__ void __launch_bounds__(HD) attn_combine_rows(const __grid_constant__ AttnCombineParams p) {
+    __shared__ float ws[ATT_MAX_SPLITS];
+    __shared__ float sML[2];
+    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const int ms = p.max_splits;
+    const int ns = decode_splits(p.pos[t] + 1, ms);
+    const float* ml = p.part_ml + ((size_t)t * A_HEADS + h) * ms * 2;
+    if (threadIdx.x < 32) {
+        float M, L;
+        combine_ml(ml, ns, threadIdx.x, M, L);
+        if (threadIdx.x == 0) {
+            sML[0] = M;
+            sML[1] = L;
+        }
+    }
+    __syncthreads();
+    const float M = sML[0];
+    for (int s = threadIdx.x; s < ns; s += blockDim.x) ws[s] = exp2f(ml[2 * s] - M);
+    __syncthreads();
+    const float* po = p.part_o + ((size_t)t * A_HEADS + h) * ms * HD + d;
+    float sum = 0.f;
+    for (int sl = 0; sl < min(ns, CB_SL); ++sl) {
+        float o = 0.f;
+#pragma unroll 4
+        for (int s = sl; s < ns; s += CB_SL) o = fmaf(ws[s], po[(size_t)s * HD], o);
+        sum += o;
+    }
+    const float gate = p.proj[(size_t)t * p.proj_stride + h * 2 * HD + HD + d];
+    const float y = (sum / sML[1]) * sigmoidf_(gate);
+    const size_t oi = (size_t)t * A_HEADS * HD + h * HD + d;
+    if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
+    if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
 }
 
 // ---- prefill: causal flash attention on wgmma -------------------------------
