@@ -1,5 +1,5 @@
-# Session 49's H200 call, if one comes (c7.tar.xz: main/bench = b149fab5, main/lily = 55e0124e: main 8391c4e9's code
-# for what they run): the serving targets of issue 10 on main.
+# Session 49's H200 call, if one comes (c7.tar.xz: main/bench and main/lily built from main 37bf8f84)
+# : the serving targets of issue 10 on main.
 #  1. the full-shape checkpoint written in the background; meanwhile bench --random-layers 40 --lengths 256
 #     --batch 1,8,64, two rounds (the decode at 256 is the contract's, for the one-client ratio);
 #  2. bench-serve.sh: 1 client (4 requests), 8 clients (2 requests each) twice, 64 clients once.
