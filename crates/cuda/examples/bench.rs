@@ -156,9 +156,11 @@ fn run() -> Result<(), String> {
     let max_len = args.lengths.iter().copied().max().unwrap_or(256);
     // A `--batch` sequence holds its prompt, the timed run and one more run
     // per knockout (before this, two knockouts at --steps 16 outgrew the
-    // plan: "sequence would hold 364 tokens; sized for at most 336"); a
-    // `--served` one its prompt and the warm-up and `--steps` draws.
-    let batch_seq = BATCH_PROMPT + BATCH_RUN_TOKENS * (1 + args.knockouts.len());
+    // plan: "sequence would hold 364 tokens; sized for at most 336") and
+    // the traced steps of `--timeline`; a `--served` one its prompt and the
+    // warm-up and `--steps` draws.
+    let traced = if args.timeline { BATCH_WARM + TIMELINE_STEPS } else { 0 };
+    let batch_seq = BATCH_PROMPT + BATCH_RUN_TOKENS * (1 + args.knockouts.len()) + traced;
     let mut opts = Options::for_context((max_len.max(BATCH_PROMPT) + args.steps).max(batch_seq) + 64);
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     opts.max_sequences = 4.max(max_batch + 2).max(args.parts + 2);
