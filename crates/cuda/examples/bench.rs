@@ -18,7 +18,8 @@
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
-//!         [--timeline]   (each batch's steps traced by CUPTI: every kernel's start, length and gap; kernel_trace;
+//!         [--timeline]   (each batch's steps and each length's prefill traced by CUPTI: every kernel's start, length
+//!                         and gap; kernel_trace;
 //!                         the trace runs from the start, so the run's other numbers are not the contract's)
 //!   bench --synth-layers 40 [...]     (synthetic real-shape checkpoint, /dev/shm)
 //!   bench --random-layers 40 [...]    (random real-shape weights made on the GPU)
@@ -239,6 +240,9 @@ fn run() -> Result<(), String> {
             m.mem.free(pseq);
             print_prefill_groups(&format!("prefill of {len} tokens"), &pprof);
         }
+        if let Some(trace) = &trace {
+            prefill_timeline(&gpu, trace, &mut be, &prompt)?;
+        }
         if args.parts > 1 {
             let line = parts_prefill(&mut be, len, args.parts, args.profile, vocab)?;
             println!("{line}");
@@ -358,21 +362,31 @@ fn timeline(
     };
     for (i, step) in steps.iter().enumerate() {
         let c = chain(step);
-        let rows: Vec<String> = c.kernels.iter().map(|k| format!("[\"{}\",{:.2},{:.2},{:.2}]", k.name, k.start_us, k.dur_us, k.gap_us)).collect();
         println!(
             "{{\"timeline\":{b},\"step\":{i},\"traced_ms_a_step\":{:.4},\"span_us\":{:.1},\"busy_us\":{:.1},\"kernels\":[{}]}}",
             wall * 1e3 / TIMELINE_STEPS as f64,
             c.span_us,
             c.busy_us,
-            rows.join(",")
+            kernel_rows(&c)
         );
     }
     let mid = chain(steps[steps.len() / 2]);
-    // By name: launches, summed share of the span (what each run added to
-    // the step's latest end), length, overlap (negative gaps) and idle time
-    // before them (positive gaps).
+    print_by_name(&format!("timeline of batch {b}, step {} of {}", steps.len() / 2, steps.len()), &mid);
+    Ok(())
+}
+
+/// A traced chain's kernels as JSON arrays [name, start, length, gap] (us).
+fn kernel_rows(c: &lily_cuda::kernel_trace::StepChain) -> String {
+    let rows: Vec<String> = c.kernels.iter().map(|k| format!("[\"{}\",{:.2},{:.2},{:.2}]", k.name, k.start_us, k.dur_us, k.gap_us)).collect();
+    rows.join(",")
+}
+
+/// A traced chain's kernels summed by name on stderr: launches, summed
+/// share of the span (what each run added to the latest end), length,
+/// overlap (negative gaps) and idle time before them (positive gaps).
+fn print_by_name(what: &str, c: &lily_cuda::kernel_trace::StepChain) {
     let mut by: Vec<(String, usize, [f64; 4])> = Vec::new();
-    for k in &mid.kernels {
+    for k in &c.kernels {
         let i = match by.iter().position(|e| e.0 == k.name) {
             Some(i) => i,
             None => {
@@ -388,18 +402,28 @@ fn timeline(
         e.2[3] += k.gap_us.max(0.0);
     }
     by.sort_by(|a, b| b.2[0].total_cmp(&a.2[0]));
-    eprintln!(
-        "timeline of batch {b}, step {} of {}: span {:.1} us, busy {:.1} us, {} kernels",
-        steps.len() / 2,
-        steps.len(),
-        mid.span_us,
-        mid.busy_us,
-        mid.kernels.len()
-    );
+    eprintln!("{what}: span {:.1} us, busy {:.1} us, {} kernels", c.span_us, c.busy_us, c.kernels.len());
     eprintln!("  {:<28} {:>5} {:>10} {:>10} {:>10} {:>10}", "kernel", "runs", "span us", "length us", "overlap us", "idle us");
     for (name, n, [x, d, o, g]) in &by {
         eprintln!("  {name:<28} {n:>5} {x:>10.1} {d:>10.1} {o:>10.1} {g:>10.1}");
     }
+}
+
+/// One greedy prefill of `prompt` traced by CUPTI (`--timeline` with
+/// `--lengths`): a JSON line of its kernels (as `timeline`'s steps), then
+/// on stderr its kernels by name. The prefill is not a graph: its launches
+/// on the second stream (the shared expert) show as overlaps.
+fn prefill_timeline(gpu: &std::sync::Arc<Gpu>, trace: &lily_cuda::kernel_trace::KernelTrace, be: &mut CudaBackend, prompt: &[u32]) -> Result<(), String> {
+    use lily_model::Backend;
+    let seq = be.alloc().map_err(|e| e.to_string())?;
+    trace.take(gpu)?;
+    let first = be.prefill_greedy(seq, prompt).map_err(|e| e.to_string());
+    let records = trace.take(gpu);
+    be.free(seq);
+    first?;
+    let c = lily_cuda::kernel_trace::chain(&records?);
+    println!("{{\"prefill_timeline\":{},\"span_us\":{:.1},\"busy_us\":{:.1},\"kernels\":[{}]}}", prompt.len(), c.span_us, c.busy_us, kernel_rows(&c));
+    print_by_name(&format!("prefill of {} tokens", prompt.len()), &c);
     Ok(())
 }
 
