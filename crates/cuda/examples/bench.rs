@@ -67,8 +67,8 @@ struct Args {
     /// `--expert-rows BM`: the grouped expert GEMMs' tile height at every
     /// pass (Options::expert_tile_rows).
     expert_rows: Option<usize>,
-    /// `--timeline`: `TIMELINE_STEPS` steps of each `--batch` size traced
-    /// by CUPTI (lily_cuda::kernel_trace).
+    /// `--timeline`: `TIMELINE_STEPS` steps of each `--batch` size and each
+    /// `--lengths` prefill traced by CUPTI (lily_cuda::kernel_trace).
     timeline: bool,
 }
 

@@ -28,10 +28,6 @@ pub struct KernelRecord {
     pub name: String,
     pub start_ns: u64,
     pub end_ns: u64,
-    pub grid: [i32; 3],
-    pub block: [i32; 3],
-    pub registers: u16,
-    pub dynamic_smem: i32,
 }
 
 /// Records delivered by CUPTI's buffer callbacks, until `take` takes them.
@@ -71,15 +67,7 @@ unsafe extern "C" fn buffer_completed(_ctx: CUcontext, _stream: u32, buffer: *mu
             if kind == sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || kind == sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_KERNEL {
                 let k = &*(record as *const sys::CUpti_ActivityKernel10);
                 let name = if k.name.is_null() { String::from("?") } else { CStr::from_ptr(k.name).to_string_lossy().into_owned() };
-                got.push(KernelRecord {
-                    name,
-                    start_ns: k.start,
-                    end_ns: k.end,
-                    grid: [k.gridX, k.gridY, k.gridZ],
-                    block: [k.blockX, k.blockY, k.blockZ],
-                    registers: k.registersPerThread,
-                    dynamic_smem: k.dynamicSharedMemory,
-                });
+                got.push(KernelRecord { name, start_ns: k.start, end_ns: k.end });
             }
         }
         dealloc(buffer, buffer_layout());
@@ -89,10 +77,9 @@ unsafe extern "C" fn buffer_completed(_ctx: CUcontext, _stream: u32, buffer: *mu
     }
 }
 
-/// A running trace of every kernel launched in the process (one at a time).
-pub struct KernelTrace {
-    on: bool,
-}
+/// A running trace of every kernel launched in the process (one at a time);
+/// dropping it stops the recording.
+pub struct KernelTrace(());
 
 const KIND: sys::CUpti_ActivityKind = sys::CUpti_ActivityKind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
 
@@ -110,7 +97,7 @@ impl KernelTrace {
             Err(_) => return Err("CUPTI could not be loaded (libcupti.so: add its folder to LD_LIBRARY_PATH)".into()),
         }
         RECORDS.lock().map_err(|_| "trace records lock poisoned".to_string())?.clear();
-        Ok(KernelTrace { on: true })
+        Ok(KernelTrace(()))
     }
 
     /// Waits for the GPU and returns the kernels recorded since the start
@@ -125,21 +112,11 @@ impl KernelTrace {
         r.sort_by_key(|k| (k.start_ns, k.end_ns));
         Ok(r)
     }
-
-    /// `take`, then stops recording.
-    pub fn finish(mut self, gpu: &Gpu) -> Result<Vec<KernelRecord>, String> {
-        let r = self.take(gpu)?;
-        self.on = false;
-        activity::disable(KIND).map_err(|e| format!("CUPTI disable: {e:?}"))?;
-        Ok(r)
-    }
 }
 
 impl Drop for KernelTrace {
     fn drop(&mut self) {
-        if self.on {
-            let _ = activity::disable(KIND);
-        }
+        let _ = activity::disable(KIND);
     }
 }
 
@@ -207,7 +184,7 @@ mod tests {
     use super::*;
 
     fn rec(name: &str, start_ns: u64, end_ns: u64) -> KernelRecord {
-        KernelRecord { name: name.into(), start_ns, end_ns, grid: [1, 1, 1], block: [32, 1, 1], registers: 32, dynamic_smem: 0 }
+        KernelRecord { name: name.into(), start_ns, end_ns }
     }
 
     #[test]

@@ -607,6 +607,16 @@ __device__ __forceinline__ void combine_ml(const float* ml, int ns, int lane, fl
     L = warp_sum(lloc);
 }
 
+// Dim d of head h, token t: (sum / L) * sigmoid(gate), to the f32 and/or
+// fp16 mixer row (both combine kernels, so both give the same bits).
+__device__ __forceinline__ void combine_store(const AttnCombineParams& p, int t, int h, int d, float sum, float L) {
+    const float gate = p.proj[(size_t)t * p.proj_stride + h * 2 * HD + HD + d];
+    const float y = (sum / L) * sigmoidf_(gate);
+    const size_t oi = (size_t)t * A_HEADS * HD + h * HD + d;
+    if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
+    if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+}
+
 extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_constant__ AttnCombineParams p) {
     __shared__ float4 red[CB_SL][CB_Q];
     const int chunk = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
@@ -634,12 +644,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_cons
         const float* r = reinterpret_cast<const float*>(&red[0][0]);
         float sum = 0.f;
         for (int s = 0; s < CB_SL; ++s) sum += r[s * CB_DIMS + tid];
-        const int d = chunk * CB_DIMS + tid;
-        const float gate = p.proj[(size_t)t * p.proj_stride + h * 2 * HD + HD + d];
-        const float y = (sum / L) * sigmoidf_(gate);
-        const size_t oi = (size_t)t * A_HEADS * HD + h * HD + d;
-        if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
-        if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+        combine_store(p, t, h, chunk * CB_DIMS + tid, sum, L);
     }
 }
 
@@ -682,11 +687,7 @@ extern "C" __global__ void __launch_bounds__(HD) attn_combine_rows(const __grid_
         for (int s = sl; s < ns; s += CB_SL) o = fmaf(ws[s], po[(size_t)s * HD], o);
         sum += o;
     }
-    const float gate = p.proj[(size_t)t * p.proj_stride + h * 2 * HD + HD + d];
-    const float y = (sum / sML[1]) * sigmoidf_(gate);
-    const size_t oi = (size_t)t * A_HEADS * HD + h * HD + d;
-    if (p.mix_f32 != nullptr) p.mix_f32[oi] = y;
-    if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
+    combine_store(p, t, h, d, sum, sML[1]);
 }
 
 // ---- prefill: causal flash attention on wgmma -------------------------------
