@@ -83,6 +83,9 @@ pub const GEMM_FILL_SMS: usize = 132;
 /// Floats of the split-K partial scratch (the memory plan's `gemm_partial`,
 /// 32 MiB); a launch whose partials would not fit splits less.
 pub const SPLITK_FLOATS: usize = 8 << 20;
+/// Output columns one thread of `gemm_splitk_reduce` sums (one 16-byte
+/// load a split: four times the loads in flight of a thread a column).
+pub const GEMM_REDUCE_COLS: usize = 4;
 /// Fewest k-tiles one split walks (a split of one k-tile would spend more on
 /// its prologue and partial writes than on its multiply).
 const SPLITK_MIN_KT: usize = 2;
@@ -199,6 +202,7 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_DIRECT_ROWS={GEMM_DIRECT_ROWS}"),
         format!("-DGEMM_WG_ROWS={GEMM_WG_ROWS}"),
         format!("-DRMSNORM_THREADS={RMSNORM_THREADS}"),
+        format!("-DGEMM_REDUCE_COLS={GEMM_REDUCE_COLS}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];
@@ -630,7 +634,7 @@ fn gemm_launch(
         return Ok(None);
     }
     let nout = if swiglu { w0.rows } else { ncols };
-    Ok(Some(Reduce { p, blocks: (m * nout).div_ceil(256) as u32 }))
+    Ok(Some(Reduce { p, blocks: (m * nout.div_ceil(GEMM_REDUCE_COLS)).div_ceil(256) as u32 }))
 }
 
 #[repr(C)]

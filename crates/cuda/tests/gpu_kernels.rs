@@ -191,7 +191,10 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
     let kk = 1024usize;
     // Segments as the model uses them: big + 32-row + 1-row (+ a full tile), 4-bit; a
     // 256-row + 1-row pair, 8-bit (router + shared-expert gate). Output strides wider than the rows.
-    for (bits, rows) in [(4u32, vec![300usize, 32, 1, 128]), (8, vec![256, 1])] {
+    // 300 + 32 + 128 columns: whole 16-byte partial rows, so the reduction
+    // reads a split's 4 columns at once (the others: a column at a time,
+    // and 4 columns that straddle two segments).
+    for (bits, rows) in [(4u32, vec![300usize, 32, 1, 128]), (4, vec![300, 32, 128]), (8, vec![256, 1])] {
         let ws: Vec<HostQ> = rows.iter().map(|r| HostQ::random(rng.seed(), 1, *r, kk, bits, 0.1)).collect();
         let up: Vec<_> = ws.iter().map(|w| w.upload(&gpu)).collect();
         for m in [7usize, 130] {
@@ -236,6 +239,9 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
                         assert_close(&format!("gemm {bits}-bit seg {si} ({r} rows) m {m} splits {splits} add {add}"), &body, &want, 1e-5);
                         gots.push(got);
                     }
+                    if splits > 1 {
+                        check_split_sums(&gpu, scratch_buf.ptr(), splits, m, &rows, &prevs, &gots, add);
+                    }
                     if splits == 16 {
                         // The same split twice: the same bits.
                         match &first {
@@ -276,8 +282,50 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
         let (uy, _) = gemm_refs(&u, 0, &a, kk);
         let want: Vec<f64> = (0..m).flat_map(|r| (0..inter).map(|i| silu(gy[r][i]) * uy[r][i]).collect::<Vec<_>>()).collect();
         assert_close(&format!("gemm swiglu {m}x{inter}x{kk} splits {splits:?}"), &got, &want, 1e-3);
+        if let Some(s) = splits {
+            // Rows 2 halves wider: every other row starts off an 8-byte
+            // boundary, where the reduction stores its 4 outputs one by one.
+            let ldc = inter + 2;
+            let out2 = upload(&gpu, &vec![0xffffu16; m * ldc]);
+            let seg = Seg { w: &gm, up: Some(&um), out: GemmOut::SwiGlu(out2.ptr()), ldc };
+            gemm::gemm_with(&gpu, &k, abuf.ptr(), kk, m, &[seg], None, GemmPlan { bm: gemm::plan_dense(4, m, 1, kk, 0).bm, splits: s }, Some(scratch))
+                .expect("launch");
+            let got2: Vec<u16> = download(&gpu, out2.ptr(), m * ldc);
+            let got1: Vec<u16> = download(&gpu, out.ptr(), m * inter);
+            let same = (0..m).all(|r| got1[r * inter..(r + 1) * inter] == got2[r * ldc..r * ldc + inter]);
+            check(same, format!("gemm swiglu {m} rows, {s} splits: the same bits at ldc {inter} and {ldc}"));
+        }
     }
     finish();
+}
+
+/// The split-K reduction's outputs against the partials it read, bit for
+/// bit: each output (of segment `si`, row `m`, column `c`) is
+/// ((0 + p_0) + p_1) + ... in split order, added to the previous output in
+/// the residual-add mode. `scratch` holds `splits` planes of [m][ncols].
+#[allow(clippy::too_many_arguments)]
+fn check_split_sums(gpu: &Arc<Gpu>, scratch: u64, splits: usize, m: usize, rows: &[usize], prevs: &[Vec<f32>], gots: &[Vec<f32>], add: bool) {
+    let ncols: usize = rows.iter().sum();
+    let part: Vec<f32> = download(gpu, scratch, splits * m * ncols);
+    let mut col0 = 0;
+    let mut bad = 0usize;
+    for (si, r) in rows.iter().enumerate() {
+        let ldc = r + 3;
+        for row in 0..m {
+            for c in 0..*r {
+                let mut v = 0f32;
+                for z in 0..splits {
+                    v += part[(z * m + row) * ncols + col0 + c];
+                }
+                let want = if add { prevs[si][row * ldc + c] + v } else { v };
+                if gots[si][row * ldc + c].to_bits() != want.to_bits() {
+                    bad += 1;
+                }
+            }
+        }
+        col0 += r;
+    }
+    check(bad == 0, format!("{splits} splits of {m} rows x {ncols} columns, add {add}: {bad} outputs differ from their partials summed in split order"));
 }
 
 /// `w` on the device with its scales and biases 2 bytes past a 16-byte
