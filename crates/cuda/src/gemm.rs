@@ -16,7 +16,7 @@ use cudarc::driver::DeviceRepr;
 use crate::device::Gpu;
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
-use crate::launch::launch;
+use crate::launch::{launch, launch_pdl};
 use crate::weights::QMat;
 
 /// Heights (A rows) of the GEMM tiles, ascending. gemm.cu is compiled once
@@ -464,7 +464,7 @@ struct Reduce {
 
 impl Reduce {
     fn launch(&self, gpu: &Gpu, k: &Kernels) -> CudaResult<()> {
-        launch(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
+        launch_pdl(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
     }
 }
 
@@ -629,7 +629,7 @@ fn gemm_launch(
         splits: splits as i32,
         ncols: ncols as i32,
     };
-    launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem, &p)?;
+    launch_pdl(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem, &p)?;
     if splits == 1 {
         return Ok(None);
     }
