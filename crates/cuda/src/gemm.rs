@@ -16,7 +16,7 @@ use cudarc::driver::DeviceRepr;
 use crate::device::Gpu;
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
-use crate::launch::launch;
+use crate::launch::{launch, launch_pdl};
 use crate::weights::QMat;
 
 /// Heights (A rows) of the GEMM tiles, ascending. gemm.cu is compiled once
@@ -142,6 +142,10 @@ struct GemmParams {
     kt_per_split: i32,
     splits: i32,
     ncols: i32,
+    /// 1: launched with programmatic dependent launch (`pdl_launch`): the
+    /// kernel lets its successor launch at its start.
+    pdl: i32,
+    pad_: i32,
 }
 // SAFETY: plain-old-data mirroring `GemmParams` in gemm.cu (size checked by
 // the kernel's LAYOUT_CHECK against `defines`).
@@ -456,6 +460,18 @@ fn split_kt(nk: usize, planned: usize) -> usize {
     nk.div_ceil(planned.clamp(1, nk.max(1)))
 }
 
+/// Whether a launch goes out with programmatic dependent launch: a dense
+/// 4-bit launch of one M tile on wgmma (`GEMM_WG_ROWS` rows and more), i.e.
+/// the GEMM path's decode steps of 33-128 tokens. There its weights'
+/// first lines load and its blocks start while the kernel before it ends,
+/// and its successor's do during its own tail: a 64-token step 13.27 ->
+/// 13.08 ms on the H100 (NOTES.md history 173). Every launch so was
+/// slower at 16 tokens (5.99 -> 6.29 ms) and in the 256-token prefill
+/// (-1.7% tok/s), so the others keep plain launches.
+fn pdl_launch(bits: u32, bm: usize, m_tiles: usize, grouped: bool) -> bool {
+    !grouped && bits == 4 && bm >= GEMM_WG_ROWS && m_tiles == 1
+}
+
 /// A split launch's pending reduction.
 struct Reduce {
     p: GemmParams,
@@ -464,7 +480,11 @@ struct Reduce {
 
 impl Reduce {
     fn launch(&self, gpu: &Gpu, k: &Kernels) -> CudaResult<()> {
-        launch(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
+        if self.p.pdl != 0 {
+            launch_pdl(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
+        } else {
+            launch(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
+        }
     }
 }
 
@@ -628,8 +648,15 @@ fn gemm_launch(
         kt_per_split: kt_per_split as i32,
         splits: splits as i32,
         ncols: ncols as i32,
+        pdl: pdl_launch(w0.bits, plan.bm, m_tiles, group.is_some()) as i32,
+        pad_: 0,
     };
-    launch(gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem, &p)?;
+    let grid = (n_tiles as u32, m_tiles as u32, splits as u32);
+    if p.pdl != 0 {
+        launch_pdl(gpu, k, name, grid, GEMM_THREADS as u32, smem, &p)?;
+    } else {
+        launch(gpu, k, name, grid, GEMM_THREADS as u32, smem, &p)?;
+    }
     if splits == 1 {
         return Ok(None);
     }
@@ -665,6 +692,20 @@ pub fn rmsnorm_f16(gpu: &Gpu, k: &Kernels, x: u64, gain: u64, out: u64, rows: us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_decode_steps_wgmma_tiles_launch_programmatically() {
+        // Dense 4-bit passes, as plan_dense cuts them.
+        let pdl = |m: usize| {
+            let bm = plan_dense(4, m, 97, 2048, 12352).bm;
+            pdl_launch(4, bm, m.div_ceil(bm), false)
+        };
+        assert!(pdl(64) && pdl(33) && pdl(128), "33-128 tokens: one wgmma M tile");
+        assert!(!pdl(16) && !pdl(32), "16-32 tokens: mma.sync tiles");
+        assert!(!pdl(256) && !pdl(4096), "prefill passes: several M tiles");
+        assert!(!pdl_launch(4, 64, 1, true), "grouped expert launches");
+        assert!(!pdl_launch(8, 64, 1, false), "8-bit tiles are mma.sync");
+    }
 
     #[test]
     fn the_router_leaves_its_partials_only_when_few() {

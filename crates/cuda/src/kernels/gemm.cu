@@ -163,6 +163,8 @@ struct GemmParams {
     int kt_per_split;        // k-tiles per blockIdx.z (all of K: no split)
     int splits;
     int ncols;               // columns of a partial row
+    int pdl;                 // launched with programmatic dependent launch (gemm.rs pdl_launch)
+    int pad_;
 };
 LAYOUT_CHECK(GemmParams, GEMM_PARAMS_BYTES)
 
@@ -294,6 +296,14 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned wm = warp / WN, wn = warp % WN;
 
+    // Programmatic dependent launch (p.pdl: gemm.rs pdl_launch): the next
+    // kernel may start launching now and waits for this one in its own
+    // pdl_wait. This kernel reads what the previous one wrote (A, and a
+    // grouped launch's tile list) only after its pdl_wait: at once for a
+    // grouped launch, after its first weights were requested for a dense
+    // one (below). Without it pdl_wait returns at once.
+    if (p.pdl) pdl_trigger();
+    if (p.tiles != nullptr) pdl_wait();
     int e = 0, m0, m1;
     if (p.tiles != nullptr) {
         if ((int)blockIdx.y >= *p.ntiles) return;
@@ -351,6 +361,20 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const u32* wsrc = wc + wr * wpr + (size_t)kt0 * (BK * BITS / 32) + part * LPT * 4;
     const bf16* wrow_sb = (part ? wb : ws) + wr * gpr;
     const int nkt = kt1 - kt0;
+    if (p.tiles == nullptr) {
+        // A dense launch's weights are no kernel's output: the lines of
+        // this thread's codes for the ring's first S - 1 k-tiles, and its
+        // row's scales (part 0) or biases (part 1), go to L2 while the
+        // previous kernel finishes (at 9-64 decode tokens the GEMMs are a
+        // few k-tiles a block, and their first DRAM round trip was on the
+        // step's chain).
+        if (p.pdl && wvalid) {
+            constexpr int KT_LINE = 128 / RB;     // k-tiles of a row's codes in one 128-byte line
+            for (int i = 0; i < S - 1 && i < nkt; i += KT_LINE) l2_prefetch(wsrc + (size_t)i * (BK * BITS / 32));
+            l2_prefetch(wrow_sb + kt0);
+        }
+        pdl_wait();
+    }
 
     // 32-bit shared addresses of what this thread copies (the base made
     // opaque so that the compiler keeps it rather than recomputing it).
@@ -797,6 +821,10 @@ __device__ __forceinline__ void splitk_add4(const float* pr, size_t plane, int z
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __grid_constant__ GemmParams p) {
+    // Launched as its GEMM was (p.pdl): the partials (and a residual
+    // output) are read after the GEMM's end.
+    if (p.pdl) pdl_trigger();
+    pdl_wait();
     const bool swiglu = p.mode == 2;
     const int nout = swiglu ? p.seg[0].n : p.ncols;
     const int nq = (nout + GEMM_REDUCE_COLS - 1) / GEMM_REDUCE_COLS;
