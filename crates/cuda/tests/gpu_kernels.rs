@@ -305,7 +305,8 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
 /// The split-K reduction's outputs against the partials it read, bit for
 /// bit: each output (of segment `si`, row `m`, column `c`) is
 /// ((0 + p_0) + p_1) + ... in split order, added to the previous output in
-/// the residual-add mode. `scratch` holds `splits` planes of [m][ncols].
+/// the residual-add mode. `scratch` holds `splits` planes of [m][ncols];
+/// segment `si`'s outputs are rows of `rows[si] + 3` (the test's strides).
 #[allow(clippy::too_many_arguments)]
 fn check_split_sums(gpu: &Arc<Gpu>, scratch: u64, splits: usize, m: usize, rows: &[usize], prevs: &[Vec<f32>], gots: &[Vec<f32>], add: bool) {
     let ncols: usize = rows.iter().sum();

@@ -365,9 +365,9 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
         // A dense launch's weights are no kernel's output: the lines of
         // this thread's codes for the ring's first S - 1 k-tiles, and its
         // row's scales (part 0) or biases (part 1), go to L2 while the
-        // previous kernel finishes (at 9-64 decode tokens the GEMMs are a
-        // few k-tiles a block, and their first DRAM round trip was on the
-        // step's chain).
+        // previous kernel finishes (at 33-128 decode tokens, the launches
+        // pdl_launch picks, a block walks a few k-tiles, and its first DRAM
+        // round trip was on the step's chain).
         if (p.pdl && wvalid) {
             constexpr int KT_LINE = 128 / RB;     // k-tiles of a row's codes in one 128-byte line
             for (int i = 0; i < S - 1 && i < nkt; i += KT_LINE) l2_prefetch(wsrc + (size_t)i * (BK * BITS / 32));
@@ -831,7 +831,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __gri
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)p.M * nq) return;
     const int m = (int)(idx / nq), c = GEMM_REDUCE_COLS * (int)(idx % nq);
-    const int nv = min(4, nout - c);
+    const int nv = min(GEMM_REDUCE_COLS, nout - c);
     const size_t plane = (size_t)p.M * p.ncols;
     const float* pr = p.partial + (size_t)m * p.ncols + c;
     // 16-byte loads: every row (and plane) starts on a 16-byte boundary and
