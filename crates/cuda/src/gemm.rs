@@ -16,7 +16,7 @@ use cudarc::driver::DeviceRepr;
 use crate::device::Gpu;
 use crate::error::{CudaError, CudaResult};
 use crate::kernels::Kernels;
-use crate::launch::{launch, launch_pdl};
+use crate::launch::{launch, launch_maybe_pdl};
 use crate::weights::QMat;
 
 /// Heights (A rows) of the GEMM tiles, ascending. gemm.cu is compiled once
@@ -453,7 +453,7 @@ pub fn leaves_partials(m: usize, seg: &Seg) -> bool {
 /// The K splits a launch of `nk` k-tiles runs for a plan of `planned`:
 /// normalised so that no split is empty (the kernel's blockIdx.z count),
 /// and the k-tiles of each.
-fn split_count(nk: usize, planned: usize) -> usize {
+pub fn split_count(nk: usize, planned: usize) -> usize {
     nk.div_ceil(split_kt(nk, planned))
 }
 fn split_kt(nk: usize, planned: usize) -> usize {
@@ -480,11 +480,7 @@ struct Reduce {
 
 impl Reduce {
     fn launch(&self, gpu: &Gpu, k: &Kernels) -> CudaResult<()> {
-        if self.p.pdl != 0 {
-            launch_pdl(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
-        } else {
-            launch(gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
-        }
+        launch_maybe_pdl(self.p.pdl != 0, gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
     }
 }
 
@@ -651,12 +647,7 @@ fn gemm_launch(
         pdl: pdl_launch(w0.bits, plan.bm, m_tiles, group.is_some()) as i32,
         pad_: 0,
     };
-    let grid = (n_tiles as u32, m_tiles as u32, splits as u32);
-    if p.pdl != 0 {
-        launch_pdl(gpu, k, name, grid, GEMM_THREADS as u32, smem, &p)?;
-    } else {
-        launch(gpu, k, name, grid, GEMM_THREADS as u32, smem, &p)?;
-    }
+    launch_maybe_pdl(p.pdl != 0, gpu, k, name, (n_tiles as u32, m_tiles as u32, splits as u32), GEMM_THREADS as u32, smem, &p)?;
     if splits == 1 {
         return Ok(None);
     }

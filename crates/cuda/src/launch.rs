@@ -70,6 +70,26 @@ pub fn launch_pdl<P: DeviceRepr>(
     Ok(())
 }
 
+/// `launch_pdl` when `pdl`, else `launch`: for a family whose launcher
+/// decides per launch (gemm.rs `pdl_launch`).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_maybe_pdl<P: DeviceRepr>(
+    pdl: bool,
+    gpu: &Gpu,
+    kernels: &Kernels,
+    name: &'static str,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
+    params: &P,
+) -> CudaResult<()> {
+    if pdl {
+        launch_pdl(gpu, kernels, name, grid, block, smem, params)
+    } else {
+        launch(gpu, kernels, name, grid, block, smem, params)
+    }
+}
+
 pub fn check_config(gpu: &Gpu, name: &'static str, grid: (u32, u32, u32), block: u32, smem: usize) -> CudaResult<()> {
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || grid.1 > 65535 || grid.2 > 65535 || grid.0 > i32::MAX as u32 {
         return Err(CudaError::shape(name, format!("grid {grid:?} is empty or too large")));

@@ -240,8 +240,7 @@ fn gemm_split_k_and_segments_match_reference_and_repeat_bit_for_bit() {
                         gots.push(got);
                     }
                     // The splits the launch ran: none empty (5 of 16 k-tiles run as 4 of 4).
-                    let nk = kk / gemm::GEMM_BK;
-                    let ran = nk.div_ceil(nk.div_ceil(splits));
+                    let ran = gemm::split_count(kk / gemm::GEMM_BK, splits);
                     if ran > 1 {
                         check_split_sums(&gpu, scratch_buf.ptr(), ran, m, &rows, &prevs, &gots, add);
                     }
