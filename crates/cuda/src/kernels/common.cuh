@@ -346,6 +346,20 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int byt
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// 16-byte (bypassing L1) and 8-byte global -> shared copies to a 32-bit
+// shared address, zeros instead of the source when `ok` is 0 (the
+// ignore-src predicate: no byte count to compute, nothing read; any
+// nonzero `ok` copies, so a caller may pass a masked flag word).
+__device__ __forceinline__ void cp_async16_or_zero(u32 saddr, const void* gmem, u32 ok) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %2, 0;\n\tcp.async.cg.shared.global [%0], [%1], 16, p;\n\t}" ::"r"(saddr),
+        "l"(gmem), "r"(ok));
+}
+__device__ __forceinline__ void cp_async8_or_zero(u32 saddr, const void* gmem, u32 ok) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %2, 0;\n\tcp.async.ca.shared.global [%0], [%1], 8, p;\n\t}" ::"r"(saddr),
+        "l"(gmem), "r"(ok));
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 

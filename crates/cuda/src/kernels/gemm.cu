@@ -223,13 +223,6 @@ __device__ __forceinline__ u32 dq4_bias2(float b) {
     return r;
 }
 
-// 16-byte global -> shared copy to a 32-bit shared address, zeros instead
-// of the source when !ok.
-__device__ __forceinline__ void gm_cp16(u32 saddr, const void* gmem, bool ok) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %2, 0;\n\tcp.async.cg.shared.global [%0], [%1], 16, p;\n\t}" ::"r"(saddr),
-        "l"(gmem), "r"((u32)ok));
-}
 
 
 // ---- wgmma (the 4-bit tiles of GEMM_WG_ROWS rows and more) -------------------
@@ -459,17 +452,17 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
                 {
                     const unsigned r = idx / CPR, j = idx % CPR;
                     const u32 dst = WG ? r * (BK * 2) + ((j ^ (r & 7)) << 4) : r * LD * 2 + j * 16;
-                    gm_cp16(s_ring + stage + dst, A_ITERS == 1 ? a_src : p.a + a_off[i] + it * BK, (a_ok >> i) & 1);
+                    cp_async16_or_zero(s_ring + stage + dst, A_ITERS == 1 ? a_src : p.a + a_off[i] + it * BK, (a_ok >> i) & 1u);
                 }
             }
 #pragma unroll
-            for (int i = 0; i < LPT; ++i) gm_cp16(s_wq + stage + 16 * i, wsrc + 4 * i, wvalid);
+            for (int i = 0; i < LPT; ++i) cp_async16_or_zero(s_wq + stage + 16 * i, wsrc + 4 * i, wvalid);
             wsrc += BK * BITS / 32;
             a_src += BK;
             const unsigned kt = (unsigned)(kt0 + it);
             if (sring) {
                 if (it == 0 || kt % SG == 0)
-                    gm_cp16(s_base + S_OFF + 2 * (sb_slot + (kt & SG)), wrow_sb + (kt & ~(unsigned)(SG - 1)), wvalid);
+                    cp_async16_or_zero(s_base + S_OFF + 2 * (sb_slot + (kt & SG)), wrow_sb + (kt & ~(unsigned)(SG - 1)), wvalid);
             } else {
                 sS[sb_slot + kt % SROW] = wvalid ? ld_nc_u16(wrow_sb + kt) : (bf16)0;
             }

@@ -313,10 +313,6 @@ __device__ __forceinline__ float ldg_f32(const float* p) {
     return r;
 }
 
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
-}
-
 // The weights of one task: mma rows 0-7 come from half 0, rows 8-15 from half
 // 1 (the two halves of a dense 16-row tile, or the gate and up rows of a
 // SwiGLU tile). Pointers are at the half's first row; n = valid rows (0..8).
@@ -350,22 +346,23 @@ struct KSplit {
 #define QMM_STAGE_CODES 2048
 __device__ __forceinline__ int code_off(int r, int grp) { return r * 128 + ((grp ^ (r & 3)) << 5); }
 
-// The lane's share of a task's stage copies, computed once per task: four
-// 16-byte code pieces and one 8-byte scale or bias piece, each a source at
-// the warp slice's first group (a stage adds its group offset) and a byte
-// count, 0 for a row past the matrix (the source then points at the half's
-// first row, so it stays inside the matrix; nothing is read).
+// The lane's share of a task's stage copies: four 16-byte code pieces and
+// one 8-byte scale or bias piece, each a source at the stage the warp
+// requests next (set at the warp slice's first group once per task, then
+// advanced a stage per request: qmm_produce), and whether it exists (`ok`:
+// bit i piece i, bit 4 the scale/bias row; a row past the matrix points at
+// the half's first row, so it stays inside the matrix, and copies zeros).
 struct StageSrc {
     const u32* code[4];
     const bf16* sb;
-    int code_bytes[4];    // 16 or 0
-    int sb_ok;            // 1: the scale/bias row exists
+    u32 ok;
 };
 
 // Piece i (0..3) of lane l: 16 bytes of row r = (l + 32 i) >> 3, group
 // grp = ((l + 32 i) >> 1) & 3 of the stage, half h = l & 1.
 __device__ __forceinline__ StageSrc stage_src(const QTask& tk, bool valid, const KSplit& ks, int q, int lane) {
     StageSrc src;
+    src.ok = 0;
     const int G0 = q * ks.GQ;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -376,51 +373,58 @@ __device__ __forceinline__ StageSrc stage_src(const QTask& tk, bool valid, const
         const u32* base = hr ? tk.codes[1] : tk.codes[0];
         const bool ok = valid && gr < nh;
         src.code[i] = base + (ok ? (size_t)gr * ks.wpr : 0) + (G0 + grp) * 8 + h * 4;
-        src.code_bytes[i] = ok ? 16 : 0;
+        src.ok |= (u32)ok << i;
     }
     const int kind = lane >> 4, r = lane & 15, h = r >> 3, g = r & 7;
     const bf16* base = kind ? (h ? tk.biases[1] : tk.biases[0]) : (h ? tk.scales[1] : tk.scales[0]);
-    src.sb_ok = valid && g < (h ? tk.n[1] : tk.n[0]);
-    src.sb = base + (src.sb_ok ? (size_t)g * ks.G : 0) + G0;
+    const bool sb_ok = valid && g < (h ? tk.n[1] : tk.n[0]);
+    src.sb = base + (sb_ok ? (size_t)g * ks.G : 0) + G0;
+    src.ok |= (u32)sb_ok << 4;
     return src;
 }
 
-// Issues the cp.async pieces of stage `s` (always commits one group,
-// possibly empty). Codes: 16-byte copies that bypass L1; scales and biases:
-// 8-byte copies (2-byte plain loads when a row's groups are not a multiple
-// of 4, so its scales are not 8-byte aligned). A full stage (every
-// production shape: K / 64 groups split evenly) takes the short path.
-__device__ __forceinline__ void stage_load(unsigned char* st, const StageSrc& src, const KSplit& ks, int q, int s, int lane,
+// The byte offset in a stage of lane `lane`'s code piece 0 (piece i is 512 i
+// further: its row is 4 i further, with the same swizzle, code_off).
+__device__ __forceinline__ u32 stage_piece_off(int lane) { return code_off(lane >> 3, (lane >> 1) & 3) + (lane & 1) * 16; }
+
+// Issues the cp.async pieces of stage `s` from `src` (at that stage) into
+// the stage at shared address `st` (always commits one group, possibly
+// empty). Codes: 16-byte copies that bypass L1; scales and biases: 8-byte
+// copies (2-byte plain loads when a row's groups are not a multiple of 4,
+// so its scales are not 8-byte aligned). A full stage (every production
+// shape: K / 64 groups split evenly) takes the short path: fixed offsets
+// from the stage's address and predicated copies, the sources as they are.
+// `piece_off`: stage_piece_off(lane).
+__device__ __forceinline__ void stage_load(u32 st, const StageSrc& src, const KSplit& ks, int q, int s, int lane, u32 piece_off,
                                            const void* any) {
     const int G0 = q * ks.GQ + QMM_SG * s;
     const int left = min((q + 1) * ks.GQ, ks.G) - G0;  // groups of this stage in the slice
-    unsigned char* dst = st + QMM_STAGE_CODES + (lane >> 4) * 128 + (lane & 15) * 8;
+    const u32 dst = st + QMM_STAGE_CODES + (lane >> 4) * 128 + (lane & 15) * 8;
     if (left >= QMM_SG && (ks.G & 3) == 0) {
+        const u32 d = st + piece_off;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int pc = lane + 32 * i;
-            cp_async16(st + code_off(pc >> 3, (pc >> 1) & 3) + (pc & 1) * 16, src.code[i] + QMM_SG * s * 8, src.code_bytes[i]);
-        }
-        cp_async8(dst, src.sb + QMM_SG * s, src.sb_ok ? 8 : 0);
+        for (int i = 0; i < 4; ++i) cp_async16_or_zero(d + 512 * i, src.code[i], src.ok & (1u << i));
+        cp_async8_or_zero(dst, src.sb, src.ok & 16u);
     } else if (left > 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int pc = lane + 32 * i;
             const int r = pc >> 3, grp = (pc >> 1) & 3, h = pc & 1;
-            const bool ok = src.code_bytes[i] != 0 && grp < left;
-            cp_async16(st + code_off(r, grp) + h * 16, ok ? (const void*)(src.code[i] + QMM_SG * s * 8) : any, ok ? 16 : 0);
+            const bool ok = ((src.ok >> i) & 1) && grp < left;
+            cp_async16_or_zero(st + code_off(r, grp) + h * 16, ok ? (const void*)src.code[i] : any, (u32)ok);
         }
-        const int have = src.sb_ok ? min(QMM_SG, left) : 0;
-        const bf16* sp = src.sb + QMM_SG * s;
+        const int have = ((src.ok >> 4) & 1) ? min(QMM_SG, left) : 0;
+        const bf16* sp = src.sb;
         if ((ks.G & 3) == 0) {
-            cp_async8(dst, have > 0 ? (const void*)sp : any, have * 2);
+            // have * 2 bytes of the 8 (the rest zeros).
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(have > 0 ? (const void*)sp : any), "r"(have * 2));
         } else {
             u32 v0 = 0, v1 = 0;
             if (have > 0) v0 = ld_nc_u16(sp);
             if (have > 1) v0 |= (u32)ld_nc_u16(sp + 1) << 16;
             if (have > 2) v1 = ld_nc_u16(sp + 2);
             if (have > 3) v1 |= (u32)ld_nc_u16(sp + 3) << 16;
-            *reinterpret_cast<uint2*>(dst) = make_uint2(v0, v1);
+            asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(dst), "r"(v0), "r"(v1));
         }
     }
     cp_async_commit();
@@ -610,8 +614,8 @@ struct ProdCursor {
 };
 
 template <int RING, class Job>
-__device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring, const KSplit& ks, int zmax, int tpb, int mt, int q,
-                                            int lane, int ntasks, const u16* any, ProdCursor& pc) {
+__device__ __forceinline__ void qmm_produce(const Job& job, u32 ring, const KSplit& ks, int zmax, int tpb, int mt, int q,
+                                            int lane, u32 piece_off, int ntasks, const u16* any, ProdCursor& pc) {
     if (pc.z < zmax) {
         if (pc.s == 0) {
             const int tz = ((int)blockIdx.x + pc.it * (int)gridDim.x) * tpb + mt;
@@ -622,7 +626,11 @@ __device__ __forceinline__ void qmm_produce(const Job& job, unsigned char* ring,
                 pc.src = stage_src(tk, v && tz < ntasks, ks, q, lane);
             }
         }
-        stage_load(ring + (pc.z % RING) * QMM_STAGE_BYTES, pc.src, ks, q, pc.s, lane, any);
+        stage_load(ring + (pc.z % RING) * QMM_STAGE_BYTES, pc.src, ks, q, pc.s, lane, piece_off, any);
+        // The sources of the slice's next stage.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pc.src.code[i] += QMM_SG * 8;
+        pc.src.sb += QMM_SG;
         if (++pc.s == ks.SQ) {
             pc.s = 0;
             ++pc.it;
@@ -693,6 +701,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     if (tpb == 0) __trap();
     const int mt = warp / ks.KQ, q = warp - mt * ks.KQ;
     unsigned char* ring = qsm + smem_off + warp * (RING * QMM_STAGE_BYTES);
+    const u32 ring32 = smem_u32(ring), piece_off = stage_piece_off(lane);
     float* red = reinterpret_cast<float*>(qsm + smem_off + WARPS * RING * QMM_STAGE_BYTES);  // [W][NT][32][NA]
     const int SQ = ks.SQ;
 
@@ -714,7 +723,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
     pc.z = pc.it = pc.s = 0;
     pc.ti = -1;
 #pragma unroll 1
-    for (int z = 0; z < RING - 1; ++z) qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
+    for (int z = 0; z < RING - 1; ++z) qmm_produce<RING>(job, ring32, ks, zmax, tpb, mt, q, lane, piece_off, ntasks, x, pc);
     if (PDL == QmmPdl::StagesBeforeWait) pdl_wait();
 
     float acc[NT][NA];
@@ -755,7 +764,7 @@ __device__ __forceinline__ void qmm_run(Job& job, const u16* x, const float* csu
         if (cnt > 0) stage_math<NT, CSUM_MMA, F16>(ring + (z % RING) * QMM_STAGE_BYTES, x, csum, ks, q, s, lane, cnt, xoff, csoff, csoff2, acc);
 #endif
         __syncwarp();
-        qmm_produce<RING>(job, ring, ks, zmax, tpb, mt, q, lane, ntasks, x, pc);
+        qmm_produce<RING>(job, ring32, ks, zmax, tpb, mt, q, lane, piece_off, ntasks, x, pc);
         if (s == SQ - 1) {
             // acc was summed in units of 2^20 (deq_word): back to the
             // products' own unit, exactly.
