@@ -223,8 +223,6 @@ __device__ __forceinline__ u32 dq4_bias2(float b) {
     return r;
 }
 
-
-
 // ---- wgmma (the 4-bit tiles of GEMM_WG_ROWS rows and more) -------------------
 // W is the A operand, from registers: warp wi of a warpgroup holds W rows
 // 16 wi .. 16 wi + 15 of the group's 64 in the m16n8k16 A-fragment layout
