@@ -360,6 +360,12 @@ __device__ __forceinline__ void cp_async8_or_zero(u32 saddr, const void* gmem, u
         "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %2, 0;\n\tcp.async.ca.shared.global [%0], [%1], 8, p;\n\t}" ::"r"(saddr),
         "l"(gmem), "r"(ok));
 }
+// 8-byte global -> shared copy of `bytes` (0..8) source bytes, zeros after.
+__device__ __forceinline__ void cp_async8_bytes(u32 saddr, const void* gmem, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(saddr), "l"(gmem), "r"(bytes));
+}
+// Two words to a 32-bit shared address (8-byte aligned).
+__device__ __forceinline__ void st_shared_v2(u32 saddr, u32 a, u32 b) { asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(saddr), "r"(a), "r"(b)); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 

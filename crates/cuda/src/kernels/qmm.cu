@@ -416,15 +416,14 @@ __device__ __forceinline__ void stage_load(u32 st, const StageSrc& src, const KS
         const int have = ((src.ok >> 4) & 1) ? min(QMM_SG, left) : 0;
         const bf16* sp = src.sb;
         if ((ks.G & 3) == 0) {
-            // have * 2 bytes of the 8 (the rest zeros).
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(have > 0 ? (const void*)sp : any), "r"(have * 2));
+            cp_async8_bytes(dst, have > 0 ? (const void*)sp : any, have * 2);
         } else {
             u32 v0 = 0, v1 = 0;
             if (have > 0) v0 = ld_nc_u16(sp);
             if (have > 1) v0 |= (u32)ld_nc_u16(sp + 1) << 16;
             if (have > 2) v1 = ld_nc_u16(sp + 2);
             if (have > 3) v1 |= (u32)ld_nc_u16(sp + 3) << 16;
-            asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(dst), "r"(v0), "r"(v1));
+            st_shared_v2(dst, v0, v1);
         }
     }
     cp_async_commit();
