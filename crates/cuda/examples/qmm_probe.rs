@@ -71,6 +71,13 @@ fn run() -> Result<(), String> {
         // Wide matrices in 8 slices of two stages (blocks of 8 warps), the
         // default's alternative.
         ("wide matrices in 8 slices", QmmShape { wide_kq: 8, wide_ring: 3, ..QmmShape::default() }, vec![]),
+        // The stage math's parts left out one at a time (qmm.cu's
+        // QMM_PROBE_NO_X / _NO_DEQ / _NO_FOLD; wrong values): which of them
+        // holds the time the math costs over "no math".
+        ("no x loads", QmmShape::default(), vec!["-DQMM_PROBE_NO_X".into()]),
+        ("no dequantisation", QmmShape::default(), vec!["-DQMM_PROBE_NO_DEQ".into()]),
+        ("no fold", QmmShape::default(), vec!["-DQMM_PROBE_NO_FOLD".into()]),
+        ("no x loads, no fold", QmmShape::default(), vec!["-DQMM_PROBE_NO_X".into(), "-DQMM_PROBE_NO_FOLD".into()]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
     // and variant numbers into the list above (default the first three).

@@ -91,6 +91,12 @@ static_assert(QMM_WIDE_KQ > QMM_WARPS && QMM_WIDE_KQ <= 16 && QMM_WIDE_K % (QMM_
               "qmm.rs QMM_WIDE_KQ: more slices than a block of QMM_WARPS holds, at most 16 warps, whole stages each");
 // QMM_PROBE_NO_MATH (speed probes only): the weights stream through the ring
 // but no math runs, which separates the memory side from the arithmetic.
+// Finer probes of the stage math (speed probes only, wrong values): with
+// QMM_PROBE_NO_X the x fragments are lane constants instead of loads (and
+// the group sums zeros), QMM_PROBE_NO_DEQ feeds the raw code words to the
+// mma instead of deq_word's masks, QMM_PROBE_NO_FOLD adds the mma sums
+// straight into acc instead of the affine fold; each leaves the rest of
+// the stage as it is, so the time it saves is that part's share.
 // A stage: 16 rows x QMM_SG = 4 groups of codes, then their scales and
 // biases (the fragment and swizzle math below is written for 4 groups).
 static_assert(QMM_SG == 4 && QMM_STAGE_BYTES == 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2, "qmm.rs stage constants");
@@ -287,6 +293,11 @@ extern "C" __global__ void __launch_bounds__(XN_THREADS) xnorm(const __grid_cons
 // two. p[0..1]: (n0,n4), (n2,n6) at 2^-24; p[2..3]: (n1,n5), (n3,n7) at 2^-20.
 #define QMM_SUM_SCALE 1048576.f   // 2^20: the unit of acc and of the folded sums
 __device__ __forceinline__ void deq_word(u32 w, u32 (&p)[4]) {
+#ifdef QMM_PROBE_NO_DEQ
+    p[0] = p[2] = w;
+    p[1] = p[3] = w ^ 0x11111111u;
+    return;
+#endif
     const u32 w8 = w >> 8;
     p[0] = w & 0x000F000Fu;
     p[1] = w8 & 0x000F000Fu;
@@ -466,7 +477,11 @@ __device__ __forceinline__ void stage_sums(const float* csum, const KSplit& ks, 
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int k = 0; k < QMM_SG; ++k) cs4[nt][k] = 0.f;
+#ifdef QMM_PROBE_NO_X
+        if (false) {
+#else
         if (!CSUM_MMA && csoff[nt] >= 0) {
+#endif
             const float* cp = csum + csoff[nt] + G0;
             if ((ks.G & 3) == 0 && n == QMM_SG) {
                 const uint4 v = ldg128(cp);
@@ -510,8 +525,13 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
     uint4 b01[NT], b23[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+#ifdef QMM_PROBE_NO_X
+        b01[nt] = make_uint4(lane, lane + 1, lane + 2, lane + 3);
+        b23[nt] = make_uint4(lane + 4, lane + 5, lane + 6, lane + 7);
+#else
         b01[nt] = ldg128(xs[nt]);
         b23[nt] = ldg128(xs[nt] + 8);
+#endif
     }
 #pragma unroll
     for (int grp = 0; grp < QMM_SG; ++grp) {
@@ -522,8 +542,13 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             if (more) {
+#ifdef QMM_PROBE_NO_X
+                n01[nt] = make_uint4(b01[nt].y, b01[nt].z, b01[nt].w, b01[nt].x + grp);
+                n23[nt] = make_uint4(b23[nt].y, b23[nt].z, b23[nt].w, b23[nt].x + grp);
+#else
                 n01[nt] = ldg128(xs[nt] + (grp + 1) * GROUP_SIZE);
                 n23[nt] = ldg128(xs[nt] + (grp + 1) * GROUP_SIZE + 8);
+#endif
             } else {
                 n01[nt] = b01[nt];
                 n23[nt] = b23[nt];
@@ -563,6 +588,11 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
                 acc[nt][2] = __fadd_rn(acc[nt][2], __fmaf_rn(sB, y2, __fmul_rn(bB, c0)));
                 acc[nt][3] = __fadd_rn(acc[nt][3], __fmaf_rn(sB, y3, __fmul_rn(bB, c1)));
             } else {
+#ifdef QMM_PROBE_NO_FOLD
+                acc[nt][0] += d[0] + e[1];
+                acc[nt][1] += d[2] + e[3];
+                continue;
+#endif
                 float cs;
                 if (CSUM_MMA) {
                     // 2^-20 (an fp16 subnormal): the sums come out in acc's unit.
