@@ -95,8 +95,14 @@ static_assert(QMM_WIDE_KQ > QMM_WARPS && QMM_WIDE_KQ <= 16 && QMM_WIDE_K % (QMM_
 // QMM_PROBE_NO_X the x fragments are lane constants instead of loads (and
 // the group sums zeros), QMM_PROBE_NO_DEQ feeds the raw code words to the
 // mma instead of deq_word's masks, QMM_PROBE_NO_FOLD adds the mma sums
-// straight into acc instead of the affine fold; each leaves the rest of
-// the stage as it is, so the time it saves is that part's share.
+// straight into acc instead of the affine fold (the hi/lo entries); each
+// leaves the rest of the stage as it is, so the time it saves is that
+// part's share.
+#ifdef QMM_PROBE_NO_X
+#define QMM_X_LOADS false
+#else
+#define QMM_X_LOADS true
+#endif
 // A stage: 16 rows x QMM_SG = 4 groups of codes, then their scales and
 // biases (the fragment and swizzle math below is written for 4 groups).
 static_assert(QMM_SG == 4 && QMM_STAGE_BYTES == 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2, "qmm.rs stage constants");
@@ -477,11 +483,7 @@ __device__ __forceinline__ void stage_sums(const float* csum, const KSplit& ks, 
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int k = 0; k < QMM_SG; ++k) cs4[nt][k] = 0.f;
-#ifdef QMM_PROBE_NO_X
-        if (false) {
-#else
-        if (!CSUM_MMA && csoff[nt] >= 0) {
-#endif
+        if (QMM_X_LOADS && !CSUM_MMA && csoff[nt] >= 0) {
             const float* cp = csum + csoff[nt] + G0;
             if ((ks.G & 3) == 0 && n == QMM_SG) {
                 const uint4 v = ldg128(cp);
