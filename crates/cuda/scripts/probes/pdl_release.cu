@@ -66,7 +66,7 @@ __global__ void reset(int* flag) {
     *flag = 0;
 }
 
-int main(int argc, char** argv) {
+int main() {
     const int iters = 200;
     int *ticket, *flag;
     unsigned long long *t_write, *t_seen;
