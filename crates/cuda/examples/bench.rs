@@ -428,18 +428,9 @@ fn prefill_timeline(gpu: &std::sync::Arc<Gpu>, trace: &lily_cuda::kernel_trace::
 }
 
 /// `b` new sequences, each prefilled (greedy) with its own 256-token
-/// prompt (`lily_model::contract::batch_prompt_tokens`): (sequence, first
-/// token).
+/// prompt: (sequence, first token).
 fn prefilled(be: &mut CudaBackend, b: usize, vocab: usize) -> Result<Vec<(lily_model::SeqId, u32)>, String> {
-    use lily_model::Backend;
-    (0..b)
-        .map(|i| {
-            let prompt = lily_model::contract::batch_prompt_tokens(i, BATCH_PROMPT, vocab);
-            let s = be.alloc().map_err(|e| e.to_string())?;
-            let first = be.prefill_greedy(s, &prompt).map_err(|e| e.to_string())?;
-            Ok((s, first))
-        })
-        .collect()
+    lily_cuda::bench::prefilled(be, b, BATCH_PROMPT, vocab).map_err(|e| e.to_string())
 }
 
 /// Milliseconds a decode step of `b` sequences (each after its own 256-token

@@ -121,14 +121,7 @@ fn run() -> Result<(), String> {
         gpu_b.allocated() as f64 / 1e9
     );
 
-    let mut batch: Vec<(SeqId, u32)> = (0..a.batch)
-        .map(|i| {
-            let prompt = lily_model::contract::batch_prompt_tokens(i, PROMPT, vocab);
-            let s = be_a.alloc().map_err(|e| e.to_string())?;
-            let first = be_a.prefill_greedy(s, &prompt).map_err(|e| e.to_string())?;
-            Ok((s, first))
-        })
-        .collect::<Result<_, String>>()?;
+    let mut batch = lily_cuda::bench::prefilled(&mut be_a, a.batch, PROMPT, vocab).map_err(e)?;
     let prompts: Vec<Vec<u32>> = (0..a.parts).map(|i| lily_model::contract::batch_prompt_tokens(1000 + i, a.part_tokens, vocab)).collect();
 
     // Alone: warm-up (graphs captured, kernels loaded), then timed.

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use lily_model::Backend;
+use lily_model::{Backend, SeqId};
 
 use crate::backend::CudaBackend;
 use crate::error::{CudaError, CudaResult};
@@ -56,4 +56,19 @@ pub fn timed_run(backend: &mut CudaBackend, prompt: &[u32], steps: usize) -> Cud
     let decode_s = t1.elapsed().as_secs_f64();
     backend.free(seq);
     Ok(Timed { prompt_tokens: prompt.len(), prefill_s, first_token: first, decode_s, ids: ids? })
+}
+
+/// `b` new sequences, each prefilled greedily with its own prompt of
+/// `prompt_len` tokens (`lily_model::contract::batch_prompt_tokens`, prompt
+/// i for sequence i): (sequence, first generated token). The decode batches
+/// of the speed probes (`bench --batch` and `--served`, `overlap_probe`).
+pub fn prefilled(backend: &mut CudaBackend, b: usize, prompt_len: usize, vocab: usize) -> CudaResult<Vec<(SeqId, u32)>> {
+    (0..b)
+        .map(|i| {
+            let prompt = lily_model::contract::batch_prompt_tokens(i, prompt_len, vocab);
+            let s = backend.alloc().map_err(|e| CudaError::Capacity(e.to_string()))?;
+            let first = backend.prefill_greedy(s, &prompt).map_err(|e| CudaError::Invalid(e.to_string()))?;
+            Ok((s, first))
+        })
+        .collect()
 }
