@@ -1,4 +1,4 @@
-# Session 53's branch s53-cluster-reduce (58c6944d, crates/cuda/NOTES.md history 189) against main, any card (<10 min):
+# Session 53's branch s53-cluster-reduce (2b698cbc, crates/cuda/NOTES.md history 189) against main, any card (<10 min):
 # split-K launches of 2-16 splits run as thread block clusters of their splits and reduce through distributed shared
 # memory instead of fp32 partials in global memory and a gemm_splitk_reduce launch (80 of them a 64-token decode step,
 # 160 in a 256-token prefill); the same bits by construction, so every digest must agree with main's. Carries:
