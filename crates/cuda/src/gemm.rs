@@ -91,7 +91,9 @@ pub const GEMM_REDUCE_COLS: usize = 4;
 const SPLITK_MIN_KT: usize = 2;
 
 /// Every entry point of gemm.cu: the GEMM per bit width (4, 8) and tile
-/// height (`TILE_ROWS` order), the split-K reduction, the RMSNorm.
+/// height (`TILE_ROWS` order), unsplit, then the same for split-K launches
+/// (`_split`: the epilogue that writes the partials), then the split-K
+/// reduction and the RMSNorm.
 pub const KERNELS: &[&str] = &[
     "gemm_q4_bm16",
     "gemm_q4_bm32",
@@ -102,6 +104,15 @@ pub const KERNELS: &[&str] = &[
     "gemm_q8_bm32",
     "gemm_q8_bm64",
     "gemm_q8_bm128",
+    "gemm_q4_bm16_split",
+    "gemm_q4_bm32_split",
+    "gemm_q4_bm64_split",
+    "gemm_q4_bm128_split",
+    "gemm_q4_bm144_split",
+    "gemm_q8_bm16_split",
+    "gemm_q8_bm32_split",
+    "gemm_q8_bm64_split",
+    "gemm_q8_bm128_split",
     "gemm_splitk_reduce",
     "rmsnorm_f16",
 ];
@@ -224,15 +235,19 @@ pub fn defines() -> Vec<String> {
 
 /// The entry point for `bits`-bit weights and tiles of `bm` rows, and its
 /// dynamic shared memory.
-fn kernel_for(bits: u32, bm: usize) -> CudaResult<(&'static str, usize)> {
+/// The entry point of `bits`-bit weights on tiles of `bm` rows (`split`:
+/// the split-K one, which writes the partials) and its shared memory.
+fn kernel_for(bits: u32, bm: usize, split: bool) -> CudaResult<(&'static str, usize)> {
     if bits != 4 && bits != 8 {
         return Err(CudaError::shape("gemm", format!("{bits}-bit weights")));
     }
     let t = TILE_ROWS.iter().position(|r| *r == bm).filter(|_| compiled(bits, bm));
     let t =
         t.ok_or_else(|| CudaError::shape("gemm", format!("tile height {bm} for {bits}-bit weights (compiled: {:?})", heights(bits).collect::<Vec<_>>())))?;
-    // KERNELS: the 4-bit heights, then the 8-bit ones, each ascending.
+    // KERNELS: the 4-bit heights, then the 8-bit ones, each ascending;
+    // then the split entries in the same order.
     let at = if bits == 4 { t } else { heights(4).count() + t };
+    let at = if split { at + heights(4).count() + heights(8).count() } else { at };
     Ok((KERNELS[at], smem_bytes(bits, t)))
 }
 
@@ -532,7 +547,6 @@ fn gemm_launch(
     if m.saturating_mul(lda) > i32::MAX as usize {
         return Err(CudaError::shape(NAME, format!("{m} rows of {lda} elements exceed 32-bit offsets")));
     }
-    let (name, smem) = kernel_for(w0.bits, plan.bm)?;
     let mode = first.out.mode();
     let swiglu = mode == 2;
     if swiglu && segs.len() != 1 {
@@ -614,6 +628,7 @@ fn gemm_launch(
     if m_tiles == 0 {
         return Ok(None);
     }
+    let (name, smem) = kernel_for(w0.bits, plan.bm, splits > 1)?;
     let partial = if splits > 1 {
         if group.is_some() {
             return Err(CudaError::shape(NAME, "split-K is for dense launches"));
@@ -736,18 +751,24 @@ mod tests {
 
     #[test]
     fn kernel_names_follow_the_tile_heights() {
-        let names: Vec<String> = [4u32, 8].iter().flat_map(|bits| heights(*bits).map(move |bm| format!("gemm_q{bits}_bm{bm}"))).collect();
-        assert_eq!(KERNELS[..names.len()], names, "the 4-bit heights, then the 8-bit ones");
+        let names: Vec<String> = ["", "_split"]
+            .iter()
+            .flat_map(|sfx| [4u32, 8].into_iter().flat_map(move |bits| heights(bits).map(move |bm| format!("gemm_q{bits}_bm{bm}{sfx}"))))
+            .collect();
+        assert_eq!(KERNELS[..names.len()], names, "the 4-bit heights, then the 8-bit ones; unsplit, then split");
         for bits in [4u32, 8] {
             for bm in heights(bits) {
-                assert_eq!(kernel_for(bits, bm).expect("compiled height").0, format!("gemm_q{bits}_bm{bm}"));
+                assert_eq!(kernel_for(bits, bm, false).expect("compiled height").0, format!("gemm_q{bits}_bm{bm}"));
+                assert_eq!(kernel_for(bits, bm, true).expect("compiled height").0, format!("gemm_q{bits}_bm{bm}_split"));
             }
         }
         assert_eq!(heights(4).collect::<Vec<_>>(), TILE_ROWS, "4-bit: every height");
         assert_eq!(heights(8).collect::<Vec<_>>(), [16, 32, 64, 128], "8-bit: not the wgmma-only 144");
-        assert!(kernel_for(8, 144).is_err());
-        assert!(kernel_for(4, 48).is_err());
-        assert!(kernel_for(3, 16).is_err());
+        for split in [false, true] {
+            assert!(kernel_for(8, 144, split).is_err());
+            assert!(kernel_for(4, 48, split).is_err());
+            assert!(kernel_for(3, 16, split).is_err());
+        }
         assert!(TILE_ROWS.windows(2).all(|w| w[0] < w[1]), "ascending");
     }
 
@@ -860,7 +881,8 @@ mod tests {
                 let define = format!("-DGEMM_SMEM_Q{bits}_T{i}=");
                 if compiled(bits, *bm) {
                     assert!(d.contains(&format!("{define}{smem}")), "{d:?}");
-                    assert_eq!(kernel_for(bits, *bm).expect("compiled height").1, smem);
+                    assert_eq!(kernel_for(bits, *bm, false).expect("compiled height").1, smem);
+                    assert_eq!(kernel_for(bits, *bm, true).expect("compiled height").1, smem);
                 } else {
                     assert!(!d.iter().any(|x| x.starts_with(&define)), "no {bits}-bit entry at {bm} rows: {d:?}");
                 }

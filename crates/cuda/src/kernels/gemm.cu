@@ -244,7 +244,12 @@ __device__ __forceinline__ void wgmma_tile(float* d, const u32* a, unsigned long
     else wgmma_rs_m64n144<0>(d, a, desc);
 }
 
-template <int BITS, int BM, int S, int SMEM>
+// SPLIT: the split-K entry (gemm.rs picks it for launches of 2+ K splits,
+// with p.partial set): its epilogue writes the split's raw sums to the
+// partials and compiles no output code, and the unsplit entry's no partial
+// code, so neither carries the other's branches and registers (NOTES
+// history 192).
+template <int BITS, int BM, int S, int SMEM, bool SPLIT>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS, SG = GEMM_SCHUNK;
     constexpr int WM = BM >= 32 ? 2 : 1;          // warps along M
@@ -668,8 +673,12 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     const GemmSeg& so = p.seg[gemm_seg_of_tile(p, blockIdx.x)];
     const int o0 = ((int)blockIdx.x - so.tile0) * (swiglu ? BN / 2 : BN);
     const int g = (int)(lane >> 2), c4 = (int)(lane & 3);
-    // Row m's partial sums of this split (split-K), or null.
-    auto partial_row = [&](int m) { return p.partial != nullptr ? p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols : nullptr; };
+    // Row m's partial sums of this split in the split-K entry; null in the
+    // unsplit one, where every test of it below folds away.
+    auto partial_row = [&](int m) -> float* {
+        if constexpr (SPLIT) return p.partial + ((size_t)blockIdx.z * p.M + m) * p.ncols;
+        else return nullptr;
+    };
     // Modes 0/1 (or the split's partial): column n of the segment, row m.
     auto put = [&](float* prow, int m, int n, float v) {
         if (prow != nullptr) {
@@ -749,12 +758,16 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     }
 }
 
-// One entry point per bit width and tile height; the names carry the height
-// (gemm_q4_bm16 ...), which the host's defines supply (gemm.rs TILE_ROWS),
-// with the height's ring depth and the shared memory of each bit width.
-#define GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)                                                     \
-    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB)                             \
-        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, S, SMEM>(p); }
+// Two entry points per bit width and tile height, unsplit and split-K
+// (gemm_body's SPLIT); the names carry the height (gemm_q4_bm16 and
+// gemm_q4_bm16_split ...), which the host's defines supply (gemm.rs
+// TILE_ROWS), with the height's ring depth and the shared memory of each
+// bit width.
+#define GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB)                                      \
+        gemm_q##BITS##_bm##BM(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, S, SMEM, false>(p); } \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MINB)                                      \
+        gemm_q##BITS##_bm##BM##_split(const __grid_constant__ GemmParams p) { gemm_body<BITS, BM, S, SMEM, true>(p); }
 #define GEMM_ENTRY(BITS, BM, MINB, S, SMEM) GEMM_ENTRY_(BITS, BM, MINB, S, SMEM)
 GEMM_ENTRY(4, GEMM_BM_T0, GEMM_MINB_T0, GEMM_WSTAGES_T0, GEMM_SMEM_Q4_T0)
 GEMM_ENTRY(4, GEMM_BM_T1, GEMM_MINB_T1, GEMM_WSTAGES_T1, GEMM_SMEM_Q4_T1)
