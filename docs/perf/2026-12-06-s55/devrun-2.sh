@@ -22,8 +22,9 @@ nvcc -O3 -arch=sm_90a -o /tmp/expert_stream crates/cuda/scripts/probes/expert_st
 cat $O/expert-stream.txt >> $S
 timeout 200 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy -c 400 \
   -o $O/p256 $G/bench --random-layers 4 --lengths 256 --steps 1 > $O/ncu-p256.log 2>&1; echo "ncu rc $?" | tee -a $S
-ncu --import $O/p256.ncu-rep --csv --page details > $O/p256-details.csv 2>&1; rm -f $O/p256.ncu-rep
+ncu --import $O/p256.ncu-rep --csv --page details --print-metric-name name > $O/p256-details.csv 2>&1; rm -f $O/p256.ncu-rep
 tail -3 $O/ncu-p256.log | tee -a $S
+python3 crates/cuda/scripts/ncu_summary.py $O/p256-details.csv 2>&1 | tee $O/p256-summary.txt | head -40 >> $S
 (cd $OUT && tar czf r2.tgz r2)
 if [ $H200 = 1 ]; then
   wait; tail -1 $O/synth.log | tee -a $S
