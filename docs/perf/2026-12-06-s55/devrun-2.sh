@@ -28,7 +28,7 @@ python3 crates/cuda/scripts/ncu_summary.py $O/p256-details.csv 2>&1 | tee $O/p25
 (cd $OUT && tar czf r2.tgz r2)
 if [ $H200 = 1 ]; then
   wait; tail -1 $O/synth.log | tee -a $S
-  timeout 300 $G/lily bench --model $CK --out $O/contract-main.json --markdown $O/contract-main.md > $O/contract-main.txt 2>&1; echo "lily bench rc $? at ${SECONDS}s" | tee -a $S
+  timeout $((590 - SECONDS)) $G/lily bench --model $CK --out $O/contract-main.json --markdown $O/contract-main.md > $O/contract-main.txt 2>&1; echo "lily bench rc $? at ${SECONDS}s" | tee -a $S
   cat $O/contract-main.md 2>/dev/null | tee -a $S
   (cd $OUT && tar czf r2.tgz r2)
 fi
