@@ -19,7 +19,7 @@ if [ $H200 = 1 ]; then
 fi
 nvcc -O3 -arch=sm_90a -o /tmp/expert_stream crates/cuda/scripts/probes/expert_stream.cu > $O/expert-stream.txt 2>&1 && timeout 60 /tmp/expert_stream >> $O/expert-stream.txt 2>&1; echo "expert_stream rc $?" | tee -a $S
 cat $O/expert-stream.txt >> $S
-timeout 150 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy -c 400 \
+timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy -c 400 \
   -o $O/p256 $G/bench --random-layers 4 --lengths 256 --steps 1 > $O/ncu-p256.log 2>&1; echo "ncu rc $?" | tee -a $S
 ncu --import $O/p256.ncu-rep --csv --page details --print-metric-name name > $O/p256-details.csv 2>&1; rm -f $O/p256.ncu-rep
 tail -3 $O/ncu-p256.log | tee -a $S
