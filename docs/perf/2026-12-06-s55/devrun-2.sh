@@ -13,12 +13,12 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$GPU" | tee $S
 tar xJf $R/c55a.tar.xz -C /tmp/g || { echo "tarball missing" | tee -a $S; exit 1; }
 G=/tmp/g/g55/main; CK=/tmp/lily-full; echo "main $(cut -c1-8 $G/REVISION)" | tee -a $S
 H200=0; case "$GPU" in *H200*) H200=1;; esac
+nvcc -O3 -arch=sm_90a -o /tmp/expert_stream crates/cuda/scripts/probes/expert_stream.cu > $O/expert-stream.txt 2>&1 && timeout 60 /tmp/expert_stream >> $O/expert-stream.txt 2>&1; echo "expert_stream rc $?" | tee -a $S
+cat $O/expert-stream.txt >> $S
 if [ $H200 = 1 ]; then
   timeout 100 $G/qmm_probe 1,8,64 0,2,5,11,12,13,14 > $O/qmm-probe-parts.txt 2>&1; echo "qmm_probe rc $?" | tee -a $S
   cat $O/qmm-probe-parts.txt >> $S
 fi
-nvcc -O3 -arch=sm_90a -o /tmp/expert_stream crates/cuda/scripts/probes/expert_stream.cu > $O/expert-stream.txt 2>&1 && timeout 60 /tmp/expert_stream >> $O/expert-stream.txt 2>&1; echo "expert_stream rc $?" | tee -a $S
-cat $O/expert-stream.txt >> $S
 timeout 90 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy -c 400 \
   -o $O/p256 $G/bench --random-layers 4 --lengths 256 --steps 1 > $O/ncu-p256.log 2>&1; echo "ncu rc $?" | tee -a $S
 ncu --import $O/p256.ncu-rep --csv --page details --print-metric-name name > $O/p256-details.csv 2>&1; rm -f $O/p256.ncu-rep
