@@ -166,6 +166,11 @@ pub const ATTN_MAX_SPLITS: usize = 128;
 /// gpu_attention's alone-and-in-a-batch test runs it against the tokens
 /// alone on `attn_combine`.
 pub const COMBINE_ROWS_FROM: usize = 5;
+/// Head dims an `attn_combine` block merges (grid.x = head dim / this).
+const COMBINE_DIMS: usize = 32;
+/// Threads of an `attn_combine` block: COMBINE_DIMS / 4 float4 lanes of
+/// dims times the split lanes (`CB_SL` in attention.cu).
+const COMBINE_THREADS: usize = 256;
 
 /// Splits for a context of `len` tokens: one KV block per split up to
 /// `ATTN_SPLIT_SMALL` blocks (short contexts are latency-bound), at least two
@@ -278,7 +283,7 @@ pub fn decode(
     if ntok >= COMBINE_ROWS_FROM {
         launch(gpu, k, "attn_combine_rows", (dims.a_heads as u32, ntok as u32, 1), dims.a_head_dim as u32, 0, &c)
     } else {
-        launch(gpu, k, "attn_combine", ((dims.a_head_dim / 32) as u32, dims.a_heads as u32, ntok as u32), 256, 0, &c)
+        launch(gpu, k, "attn_combine", ((dims.a_head_dim / COMBINE_DIMS) as u32, dims.a_heads as u32, ntok as u32), COMBINE_THREADS as u32, 0, &c)
     }
 }
 
@@ -319,6 +324,8 @@ pub fn defines() -> Vec<String> {
         format!("-DATTN_PREFILL_PARAMS_SIZE={}", std::mem::size_of::<AttnPrefillParams>()),
         format!("-DATTN_PREP_PARAMS_SIZE={}", std::mem::size_of::<AttnPrepParams>()),
         format!("-DATT_PREP_WARPS={ATTN_PREP_WARPS}"),
+        format!("-DATT_COMBINE_DIMS={COMBINE_DIMS}"),
+        format!("-DATT_COMBINE_THREADS={COMBINE_THREADS}"),
     ]
 }
 

@@ -32,12 +32,18 @@ struct MoeRoutePlanParams {
 // checked there against `defines`).
 unsafe impl DeviceRepr for MoeRoutePlanParams {}
 
-/// The layout sizes moe.cu checks its parameter structs against.
+/// Tokens a `moe_route_plan` block routes, a warp each (its block is
+/// ROUTE_WARPS warps; its last block scans the experts' counts with them).
+const ROUTE_WARPS: usize = 8;
+
+/// The layout sizes moe.cu checks its parameter structs against, and its
+/// block shapes.
 pub fn defines() -> Vec<String> {
     vec![
         format!("-DMOE_ROUTE_PLAN_PARAMS_SIZE={}", std::mem::size_of::<MoeRoutePlanParams>()),
         format!("-DMOE_COMBINE_PARAMS_SIZE={}", std::mem::size_of::<MoeCombineParams>()),
         format!("-DMOE_COMBINE_THREADS={MOE_COMBINE_THREADS}"),
+        format!("-DMOE_ROUTE_WARPS={ROUTE_WARPS}"),
     ]
 }
 
@@ -181,7 +187,7 @@ pub fn route(gpu: &Gpu, k: &Kernels, dims: &Dims, b: &RouteBufs, logits: KPartia
         ntok: ntok as i32,
         bm: bm as i32,
     };
-    launch_pdl(gpu, k, "moe_route_plan", (ntok.div_ceil(8) as u32, 1, 1), 256, 0, &r)?;
+    launch_pdl(gpu, k, "moe_route_plan", (ntok.div_ceil(ROUTE_WARPS) as u32, 1, 1), (32 * ROUTE_WARPS) as u32, 0, &r)?;
     let s = MoeScatterParams { topk_idx: b.topk_idx, rank: b.rank, offsets: b.offsets, perm: b.perm, inv: b.inv, ntok: ntok as i32 };
     launch_pdl(gpu, k, "moe_scatter", ((ntok * dims.topk).div_ceil(256) as u32, 1, 1), 256, 0, &s)
 }

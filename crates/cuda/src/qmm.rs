@@ -110,13 +110,17 @@ pub const PLAN_HEAD: usize = 4;
 /// Ints of the router's ticket buffer: ticket[0] for the plan, then one a
 /// token chunk (`router_tok_chunk` keeps the chunks fewer).
 pub const ROUTER_TICKETS: usize = 64;
+/// Router rows a `moe_router` block computes: one a warp (its block is
+/// ROUTER_ROWS warps, and its last block's top-k takes a token a warp).
 const ROUTER_ROWS: usize = 8;
+/// Most tokens a `moe_router` block stages and routes at once (a chunk).
 const ROUTER_TOK: usize = 8;
 /// Most tokens of a step whose MoE runs as one `qmm_moe_fused` launch (its
 /// router stages every token in one block, as moe_router's single chunk).
 pub const MOE_FUSED_TOK: usize = ROUTER_TOK;
 /// Warps of a `qmm_moe_fused` block (the router's 8 rows a block).
 const MOE_FUSED_WARPS: usize = ROUTER_ROWS;
+/// Threads of an `xnorm` block (one block a token).
 const XN_THREADS: u32 = 256;
 // `combine_norm_f16` matches rmsnorm_f16's bits only with as many threads.
 const _: () = assert!(XN_THREADS as usize == crate::gemm::RMSNORM_THREADS, "xnorm's fp16 norm must sum as rmsnorm_f16 does");
@@ -449,6 +453,9 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DXNORM_PARAMS_SIZE={}", size_of::<XnormParamsC>()),
         format!("-DROUTER_PARAMS_SIZE={}", size_of::<RouterParamsC>()),
         format!("-DROUTER_SMEM={}", router_smem(dims)),
+        format!("-DROUTER_ROWS={ROUTER_ROWS}"),
+        format!("-DROUTER_TOK={ROUTER_TOK}"),
+        format!("-DXN_THREADS={XN_THREADS}"),
         format!("-DMOE_FUSED_TOK={MOE_FUSED_TOK}"),
         format!("-DMOE_FUSED_WARPS={MOE_FUSED_WARPS}"),
         format!("-DMOE_FUSED_PLAN_BYTES={}", fused_plan_bytes(dims)),
@@ -706,7 +713,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
     let blocks = (dims.n_experts + 1).div_ceil(ROUTER_ROWS) as u32;
     let chunks = ntok.div_ceil(p.tok_chunk as usize);
     b.ticket.need(NAME, "tickets", 1 + chunks)?;
-    launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), 256, smem, &p)
+    launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), (ROUTER_ROWS * 32) as u32, smem, &p)
 }
 
 /// The router's parameters, every buffer checked.

@@ -580,9 +580,15 @@ attn_decode(const __grid_constant__ AttnDecodeParams p) {
 // wave of CTAs); one barrier, then 32 threads add the 32 split lanes in
 // order (deterministic). Every warp finds M and L itself (a few reads of the
 // L1-resident (max, sum) pairs) rather than waiting on a second barrier.
-#define CB_DIMS 32
+#if !defined(ATT_COMBINE_DIMS) || !defined(ATT_COMBINE_THREADS)
+#error "ATT_COMBINE_DIMS and ATT_COMBINE_THREADS must be defined by the host (attention.rs defines)"
+#endif
+#define CB_DIMS ATT_COMBINE_DIMS
 #define CB_Q (CB_DIMS / 4)
-#define CB_SL (256 / CB_Q)
+#define CB_SL (ATT_COMBINE_THREADS / CB_Q)
+static_assert(HD % CB_DIMS == 0 && CB_DIMS % 4 == 0 && ATT_COMBINE_THREADS % 32 == 0 && ATT_COMBINE_THREADS % CB_Q == 0 &&
+                  CB_DIMS <= ATT_COMBINE_THREADS,
+              "attention.rs COMBINE_DIMS / COMBINE_THREADS: whole float4 lanes of dims, whole warps, a thread for each dim's ordered sum");
 
 struct AttnCombineParams {
     const float* part_o;
@@ -617,7 +623,7 @@ __device__ __forceinline__ void combine_store(const AttnCombineParams& p, int t,
     if (p.mix_f16 != nullptr) p.mix_f16[oi] = f32_to_f16(y);
 }
 
-extern "C" __global__ void __launch_bounds__(256) attn_combine(const __grid_constant__ AttnCombineParams p) {
+extern "C" __global__ void __launch_bounds__(ATT_COMBINE_THREADS) attn_combine(const __grid_constant__ AttnCombineParams p) {
     __shared__ float4 red[CB_SL][CB_Q];
     const int chunk = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31;

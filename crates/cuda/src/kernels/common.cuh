@@ -617,7 +617,9 @@ __device__ __forceinline__ bool last_block_arrives(int* ticket, int of, int* res
     return last;
 }
 
-// Exclusive scan of v over the block (blockDim.x == 256); returns the total.
+// Exclusive scan of v over the block of WARPS warps (blockDim.x == 32 *
+// WARPS; tmp holds WARPS ints); returns the total.
+template <int WARPS>
 __device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int incl = v;
@@ -629,7 +631,7 @@ __device__ __forceinline__ int block_scan_excl(int v, int* tmp, int& total) {
     if (lane == 31) tmp[warp] = incl;
     __syncthreads();
     int before = 0, tot = 0;
-    for (int w = 0; w < 8; ++w) {
+    for (int w = 0; w < WARPS; ++w) {
         if (w < warp) before += tmp[w];
         tot += tmp[w];
     }

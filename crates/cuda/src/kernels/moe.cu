@@ -18,7 +18,8 @@
 #define MOE_SLOTS (TOPK + 1)
 // ---- prefill routing ----------------------------------------------------
 
-// grid (ceil(ntok / 8)), block 256: warp w handles token blockIdx.x * 8 + w.
+// grid (ceil(ntok / MOE_ROUTE_WARPS)), block 32 * MOE_ROUTE_WARPS (moe.rs
+// ROUTE_WARPS): warp w handles token blockIdx.x * MOE_ROUTE_WARPS + w.
 // The logits are the router GEMM's output or, when that GEMM was split
 // over K, its unreduced partials (one launch and a 4 MB round trip fewer
 // at 4,096 tokens). Writes topk_idx/topk_w [ntok][TOPK], counts[e] (+= via atomics) and
@@ -46,15 +47,18 @@ struct MoeRoutePlanParams {
 };
 LAYOUT_CHECK(MoeRoutePlanParams, MOE_ROUTE_PLAN_PARAMS_SIZE)
 
-extern "C" __global__ void __launch_bounds__(256)
+#ifndef MOE_ROUTE_WARPS
+#error "MOE_ROUTE_WARPS must be defined by the host (moe.rs defines)"
+#endif
+extern "C" __global__ void __launch_bounds__(32 * MOE_ROUTE_WARPS)
 moe_route_plan(const __grid_constant__ MoeRoutePlanParams p) {
-    __shared__ int s_idx[8][TOPK];
-    __shared__ float s_w[8][TOPK];
-    __shared__ int scan_tmp[8];
+    __shared__ int s_idx[MOE_ROUTE_WARPS][TOPK];
+    __shared__ float s_w[MOE_ROUTE_WARPS][TOPK];
+    __shared__ __align__(16) int scan_tmp[MOE_ROUTE_WARPS];
     pdl_trigger();
     pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * 8 + warp;
+    const int t = blockIdx.x * MOE_ROUTE_WARPS + warp;
     if (t < p.ntok) {
         // The router GEMM's split-K partials summed in split order, as
         // gemm_splitk_reduce would have (its leading 0.f + only changes
@@ -90,13 +94,13 @@ moe_route_plan(const __grid_constant__ MoeRoutePlanParams p) {
     if (!last_block_arrives(p.ticket, (int)gridDim.x)) return;
     const int bm = p.bm;
     int base = 0, tbase = 0;
-    for (int e0 = 0; e0 < N_EXPERTS; e0 += 256) {
+    for (int e0 = 0; e0 < N_EXPERTS; e0 += 32 * MOE_ROUTE_WARPS) {
         const int e = e0 + threadIdx.x;
         const int c = e < N_EXPERTS ? ldcg_i32(p.counts + e) : 0;
         const int nt = (c + bm - 1) / bm;
         int tot_rows, tot_tiles;
-        const int off = base + block_scan_excl(c, scan_tmp, tot_rows);
-        const int toff = tbase + block_scan_excl(nt, scan_tmp, tot_tiles);
+        const int off = base + block_scan_excl<MOE_ROUTE_WARPS>(c, scan_tmp, tot_rows);
+        const int toff = tbase + block_scan_excl<MOE_ROUTE_WARPS>(nt, scan_tmp, tot_tiles);
         if (e < N_EXPERTS) {
             p.offsets[e] = off;
             for (int j = 0; j < nt; ++j) {

@@ -107,8 +107,11 @@ static_assert(QMM_WIDE_KQ > QMM_WARPS && QMM_WIDE_KQ <= 16 && QMM_WIDE_K % (QMM_
 // biases (the fragment and swizzle math below is written for 4 groups).
 static_assert(QMM_SG == 4 && QMM_STAGE_BYTES == 16 * QMM_SG * 32 + 2 * 16 * QMM_SG * 2, "qmm.rs stage constants");
 #define MOE_SLOTS (TOPK + 1)
-#define ROUTER_ROWS 8
-#define ROUTER_TOK 8
+#if !defined(ROUTER_ROWS) || !defined(ROUTER_TOK) || !defined(XN_THREADS)
+#error "ROUTER_ROWS, ROUTER_TOK and XN_THREADS must be defined by the host (qmm.rs defines)"
+#endif
+static_assert(ROUTER_ROWS * 32 == 256 && ROUTER_TOK <= ROUTER_ROWS,
+              "qmm.rs ROUTER_ROWS / ROUTER_TOK: moe_router is 256 threads, a warp a row, and its last block a warp a staged token");
 #define ROUTER_ITS ((HIDDEN / 16 + 31) / 32)
 
 // ---- packed activations ------------------------------------------------------
@@ -181,7 +184,6 @@ struct XnormParams {
 };
 LAYOUT_CHECK(XnormParams, XNORM_PARAMS_SIZE)
 
-#define XN_THREADS 256
 #define XN_ITS ((XN_MAX_COLS / 8 + XN_THREADS - 1) / XN_THREADS)
 
 // grid (ntok), block XN_THREADS; thread i owns the 8-column blocks i, i+256...
@@ -1481,18 +1483,18 @@ __device__ __forceinline__ int router_plan(float* rsm, const int (&sid)[ROUTER_S
         items[3 * i + 1] = n * TOPK + i * ch;
         items[3 * i + 2] = min(ch, n - i * ch);
     }
-    __shared__ int scan_tmp[8];
+    __shared__ int scan_tmp[ROUTER_ROWS];
     int item_base = n_sh, pair_base = 0;
-    for (int e0 = 0; e0 < N_EXPERTS; e0 += 256) {
+    for (int e0 = 0; e0 < N_EXPERTS; e0 += 32 * ROUTER_ROWS) {
         const int e = e0 + threadIdx.x;
         const u32* eb = bits + min(e, N_EXPERTS - 1);
         int c = 0;
         if (e < N_EXPERTS)
             for (int wd = 0; wd < nw; ++wd) c += __popc(eb[wd * N_EXPERTS]);
         int tot_pairs, tot_items;
-        const int poff = pair_base + block_scan_excl(c, scan_tmp, tot_pairs);
+        const int poff = pair_base + block_scan_excl<ROUTER_ROWS>(c, scan_tmp, tot_pairs);
         const int ni = (c + ch - 1) / ch;
-        const int ioff = item_base + block_scan_excl(ni, scan_tmp, tot_items);
+        const int ioff = item_base + block_scan_excl<ROUTER_ROWS>(ni, scan_tmp, tot_items);
         if (c > 0) {
             int pos = poff;
             for (int wd = 0; wd < nw; ++wd) {
@@ -1582,7 +1584,7 @@ __device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns,
 // chunk, that block at once) writes the plan. Dynamic smem (router_smem):
 // max(ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)
 // floats (staging), the plan's tables and selection bitmap).
-extern "C" __global__ void __launch_bounds__(256) moe_router(const __grid_constant__ RouterParams p) {
+extern "C" __global__ void __launch_bounds__(ROUTER_ROWS * 32) moe_router(const __grid_constant__ RouterParams p) {
     extern __shared__ __align__(16) float rsm[];
     const int warp = threadIdx.x >> 5;
     RouterRow rr;
