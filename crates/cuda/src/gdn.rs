@@ -285,6 +285,8 @@ impl GdnScratch {
 const WU_THREADS: usize = 128;
 /// Threads of a `gdn_chunk_out` block.
 const OUT_THREADS: usize = 256;
+/// Heads a `gdn_gated_norm` block normalises, a warp each.
+const GATED_NORM_HEADS: usize = 8;
 
 /// Value groups of a `gdn_chunk_state` block (16 value columns each): two
 /// when the head divides, so that the real shape (128 columns) runs 4
@@ -341,6 +343,7 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DGDN_DEC_GROUPS={DECODE_GROUPS}"),
         format!("-DGDN_WU_THREADS={WU_THREADS}"),
         format!("-DGDN_OUT_THREADS={OUT_THREADS}"),
+        format!("-DGDN_NORM_HEADS={GATED_NORM_HEADS}"),
         format!("-DGDN_STATE_WARPS={}", state_warps(dims)),
         format!("-DGDN_STATE_KSPLIT={}", state_key_split(dims)),
         format!("-DGDN_WU_SMEM={}", wu_smem(dims)),
@@ -565,5 +568,5 @@ fn prefill_group(
     let out = GdnOutParams { q: s.q, k: s.k, vu: s.vu, gc: s.gc, hs: s.hs, o: s.o, tp: tp as i32 };
     launch(gpu, k, "gdn_chunk_out", (nchunks, heads, 1), OUT_THREADS as u32, out_smem(dims), &out)?;
     let gn = GdnGatedNormParams { pc, o: s.o, norm_w: w.norm, proj_stride: proj_stride as i32, eps: dims.rms_eps };
-    launch(gpu, k, "gdn_gated_norm", (max_t as u32, dims.gv_heads.div_ceil(8) as u32, n), 256, 0, &gn)
+    launch(gpu, k, "gdn_gated_norm", (max_t as u32, dims.gv_heads.div_ceil(GATED_NORM_HEADS) as u32, n), (32 * GATED_NORM_HEADS) as u32, 0, &gn)
 }

@@ -1462,7 +1462,12 @@ struct GdnGatedNormParams {
 };
 GDN_LAYOUT(GdnGatedNormParams, GDN_GATED_NORM_PARAMS_BYTES);
 
-extern "C" __global__ void __launch_bounds__(256)
+#ifndef GDN_NORM_HEADS
+#error "GDN_NORM_HEADS must be defined by the host (gdn.rs defines)"
+#endif
+// grid (tokens, ceil(GV_HEADS / GDN_NORM_HEADS), pieces), block 32 *
+// GDN_NORM_HEADS: warp w normalises head blockIdx.y * GDN_NORM_HEADS + w.
+extern "C" __global__ void __launch_bounds__(32 * GDN_NORM_HEADS)
 gdn_gated_norm(const __grid_constant__ GdnGatedNormParams p) {
     const GdnPiece& pc = p.pc[blockIdx.z];
     const float* O = p.O;
@@ -1472,7 +1477,7 @@ gdn_gated_norm(const __grid_constant__ GdnGatedNormParams p) {
     f16* mix_f16 = pc.mix_f16;
     const int proj_stride = p.proj_stride;
     const float eps = p.eps;
-    const int t = blockIdx.x, h = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int t = blockIdx.x, h = blockIdx.y * GDN_NORM_HEADS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (h >= GV_HEADS || t >= pc.T) return;
     const float* o = O + ((size_t)pc.c0 * GDN_CHUNK + t) * GDN_VAL + h * GV_DIM;
     const float* z = proj + (size_t)t * proj_stride + CONV_DIM + h * GV_DIM;
