@@ -86,6 +86,8 @@ pub const SPLITK_FLOATS: usize = 8 << 20;
 /// Output columns one thread of `gemm_splitk_reduce` sums (one 16-byte
 /// load a split: four times the loads in flight of a thread a column).
 pub const GEMM_REDUCE_COLS: usize = 4;
+/// Threads of a `gemm_splitk_reduce` block (GEMM_REDUCE_COLS columns each).
+const GEMM_REDUCE_THREADS: usize = 256;
 /// Fewest k-tiles one split walks (a split of one k-tile would spend more on
 /// its prologue and partial writes than on its multiply).
 const SPLITK_MIN_KT: usize = 2;
@@ -218,6 +220,7 @@ pub fn defines() -> Vec<String> {
         format!("-DGEMM_WG_ROWS={GEMM_WG_ROWS}"),
         format!("-DRMSNORM_THREADS={RMSNORM_THREADS}"),
         format!("-DGEMM_REDUCE_COLS={GEMM_REDUCE_COLS}"),
+        format!("-DGEMM_REDUCE_THREADS={GEMM_REDUCE_THREADS}"),
         format!("-DGEMM_SEG_BYTES={}", size_of::<GemmSegC>()),
         format!("-DGEMM_PARAMS_BYTES={}", size_of::<GemmParams>()),
     ];
@@ -495,7 +498,7 @@ struct Reduce {
 
 impl Reduce {
     fn launch(&self, gpu: &Gpu, k: &Kernels) -> CudaResult<()> {
-        launch_maybe_pdl(self.p.pdl != 0, gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), 256, 0, &self.p)
+        launch_maybe_pdl(self.p.pdl != 0, gpu, k, "gemm_splitk_reduce", (self.blocks, 1, 1), GEMM_REDUCE_THREADS as u32, 0, &self.p)
     }
 }
 
@@ -667,7 +670,7 @@ fn gemm_launch(
         return Ok(None);
     }
     let nout = if swiglu { w0.rows } else { ncols };
-    Ok(Some(Reduce { p, blocks: (m * nout.div_ceil(GEMM_REDUCE_COLS)).div_ceil(256) as u32 }))
+    Ok(Some(Reduce { p, blocks: (m * nout.div_ceil(GEMM_REDUCE_COLS)).div_ceil(GEMM_REDUCE_THREADS) as u32 }))
 }
 
 #[repr(C)]

@@ -824,7 +824,10 @@ __device__ __forceinline__ void splitk_add4(const float* pr, size_t plane, int z
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemm_splitk_reduce(const __grid_constant__ GemmParams p) {
+#ifndef GEMM_REDUCE_THREADS
+#error "GEMM_REDUCE_THREADS must be defined by the host (gemm.rs defines)"
+#endif
+extern "C" __global__ void __launch_bounds__(GEMM_REDUCE_THREADS) gemm_splitk_reduce(const __grid_constant__ GemmParams p) {
     // Launched as its GEMM was (p.pdl): the partials (and a residual
     // output) are read after the GEMM's end.
     if (p.pdl) pdl_trigger();
