@@ -236,8 +236,6 @@ pub fn defines() -> Vec<String> {
     v
 }
 
-/// The entry point for `bits`-bit weights and tiles of `bm` rows, and its
-/// dynamic shared memory.
 /// The entry point of `bits`-bit weights on tiles of `bm` rows (`split`:
 /// the split-K one, which writes the partials) and its shared memory.
 fn kernel_for(bits: u32, bm: usize, split: bool) -> CudaResult<(&'static str, usize)> {

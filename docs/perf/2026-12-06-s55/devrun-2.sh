@@ -11,7 +11,7 @@ set -u
 R=$PWD; S=$OUT/summary.txt; O=$OUT/r2; mkdir -p $O /tmp/g
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$GPU" | tee $S
 tar xJf $R/c55a.tar.xz -C /tmp/g || { echo "tarball missing" | tee -a $S; exit 1; }
-G=/tmp/g/g55/main; CK=/tmp/lily-full; echo "main $(cut -c1-8 $G/REVISION)" | tee -a $S
+G=/tmp/g/g55/main; echo "main $(cut -c1-8 $G/REVISION)" | tee -a $S
 H200=0; case "$GPU" in *H200*) H200=1;; esac
 nvcc -O3 -arch=sm_90a -o /tmp/expert_stream crates/cuda/scripts/probes/expert_stream.cu > $O/expert-stream.txt 2>&1 && timeout 60 /tmp/expert_stream >> $O/expert-stream.txt 2>&1; echo "expert_stream rc $?" | tee -a $S
 cat $O/expert-stream.txt >> $S

@@ -42,7 +42,7 @@ constexpr int WARPS = 4;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void task_src(int task, int st, const uint8_t* w, int* row0, int* col) {
+__device__ __forceinline__ void task_src(int task, int st, int* row0, int* col) {
     // task -> (expert e, 16-row tile, slice); e is the task's expert among the active ones.
     const int per_e = (ROWS / TROWS) * SLICES;
     const int e = task / per_e, r = task % per_e;
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(WARPS * 32) stream(const uint8_t* __restrict__
     auto issue = [&](int i) {   // stage i of this warp into slot i % R
         const int task = g + (i / STAGES_PER_TASK) * nw, st = i % STAGES_PER_TASK;
         int row0, col;
-        task_src(task, st, w, &row0, &col);
+        task_src(task, st, &row0, &col);
         uint8_t* dst = ring + (i % R) * STAGE;
         if (MODE == 0) {
 #pragma unroll

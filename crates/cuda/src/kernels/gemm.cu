@@ -245,10 +245,12 @@ __device__ __forceinline__ void wgmma_tile(float* d, const u32* a, unsigned long
 }
 
 // SPLIT: the split-K entry (gemm.rs picks it for launches of 2+ K splits,
-// with p.partial set): its epilogue writes the split's raw sums to the
-// partials and compiles no output code, and the unsplit entry's no partial
-// code, so neither carries the other's branches and registers (NOTES
-// history 192).
+// with p.partial set), whose epilogue writes the split's raw sums to the
+// partials. In the unsplit entry the partial row is null at compile time,
+// so its per-value tests fold away (NOTES history 192). The split entry
+// still carries the output path behind its tests of the row: ptxas does not
+// prove it dead, and writing the tests as `if constexpr (SPLIT)` instead
+// made two entries spill (session 55), so they stay as they are.
 template <int BITS, int BM, int S, int SMEM, bool SPLIT>
 __device__ __forceinline__ void gemm_body(const GemmParams& p) {
     constexpr int BN = GEMM_BN, BK = GEMM_BK, LD = GM_LD, NT = GEMM_THREADS, SG = GEMM_SCHUNK;
