@@ -14,7 +14,7 @@ tar xJf $R/c55a.tar.xz -C /tmp/g && tar xJf $R/c56a.tar.xz -C /tmp/g || { echo "
 M=/tmp/g/g55/main; B=/tmp/g/g56/s56-moe-tma
 echo "main $(cut -c1-8 $M/REVISION), branch $(cut -c1-8 $B/REVISION)" | tee -a $S
 export LILY_REQUIRE_GPU=1 RUST_BACKTRACE=1
-timeout 150 $B/gpu_qmm --test-threads=1 > $O/gpu_qmm.log 2>&1; echo "gpu_qmm rc $? at ${SECONDS}s: $(grep 'test result' $O/gpu_qmm.log | tail -1)" | tee -a $S
+timeout 200 $B/gpu_qmm --test-threads=2 > $O/gpu_qmm.log 2>&1; echo "gpu_qmm rc $? at ${SECONDS}s: $(grep 'test result' $O/gpu_qmm.log | tail -1)" | tee -a $S
 grep -E "^test |panicked|FAIL" $O/gpu_qmm.log | head -20 >> $S
 timeout 150 $B/qmm_probe 1,8,64 0,16,2,17 > $O/qmm-probe.txt 2>&1; echo "qmm_probe rc $? at ${SECONDS}s" | tee -a $S
 grep -E "copy|moe" $O/qmm-probe.txt >> $S
