@@ -15,7 +15,8 @@ from collections import defaultdict
 
 # Raw metric name -> column label, averaged over a kernel's launches.
 EXTRA = [
-    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "dram%"),
+    ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "dram%"),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "l2%"),
     ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm%"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "occ%"),
     ("launch__grid_size", "grid"),
