@@ -4,7 +4,7 @@ Usage: python3 ncu_summary.py ncu.csv [decode_steps]
 where ncu.csv is `ncu --import REP --csv --page details --print-metric-name
 name` (raw metric names). Prints, per kernel name: launches, total and mean
 microseconds, sorted by total, and where the report has them (sections
-SpeedOfLight, LaunchStats, Occupancy) each kernel's mean DRAM and SM
+SpeedOfLight, LaunchStats, Occupancy) each kernel's mean DRAM, L2 and SM
 throughput (% of peak), achieved occupancy (% of the SM's warps), grid size
 and registers a thread; with decode_steps, also the decode kernels' time per
 step.

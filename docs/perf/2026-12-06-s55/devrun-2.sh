@@ -19,7 +19,7 @@ if [ $H200 = 1 ]; then
   timeout 100 $G/qmm_probe 1,8,64 0,2,5,11,12,13,14 > $O/qmm-probe-parts.txt 2>&1; echo "qmm_probe rc $?" | tee -a $S
   cat $O/qmm-probe-parts.txt >> $S
 fi
-timeout 150 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy -c 200 \
+timeout 150 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --launch-skip 182 -c 120 \
   -o $O/p256 $G/bench --random-layers 4 --lengths 256 --steps 1 > $O/ncu-p256.log 2>&1; echo "ncu rc $?" | tee -a $S
 ncu --import $O/p256.ncu-rep --csv --page details --print-metric-name name > $O/p256-details.csv 2>&1; rm -f $O/p256.ncu-rep
 tail -3 $O/ncu-p256.log | tee -a $S

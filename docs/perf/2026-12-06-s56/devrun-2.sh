@@ -1,3 +1,5 @@
+# Not to run as it stands: history 195 was slower on the H100 and not merged; this A/B is for the patch
+# (docs/perf/2026-12-06-s56/moe-tma.patch) re-applied after devrun-3 finds what the bulk-copy kernels lose.
 # Session 56, call 2 (~6 min; an H200 for the numbers issue 10 asks for, any card for the A/B). Carries c55a.tar.xz
 # (g55/main: main's lily) and c56a.tar.xz (g56/s56-moe-tma: the branch's lily):
 #   run(command="bash docs/perf/2026-12-06-s56/devrun-2.sh", carry=["c55a.tar.xz", "c56a.tar.xz"])
