@@ -17,6 +17,7 @@
 //!         [--decode-f16 FROM|off]   (below the GEMM, qmm's dense matrices on fp16 x from FROM sequences)
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
+//!         [--moe-f16 FROM|off]   (GEMM-path decode steps of FROM+ sequences: the experts on fp16 x)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
 //!         [--timeline]   (each batch's steps and each length's prefill traced by CUPTI: every kernel's start, length
 //!                         and gap; kernel_trace;
@@ -67,6 +68,8 @@ struct Args {
     /// `--expert-rows BM`: the grouped expert GEMMs' tile height at every
     /// pass (Options::expert_tile_rows).
     expert_rows: Option<usize>,
+    /// `--moe-f16 FROM|off`: Options::moe_f16_from.
+    moe_f16_from: Option<Option<usize>>,
     /// `--timeline`: `TIMELINE_STEPS` steps of each `--batch` size and each
     /// `--lengths` prefill traced by CUPTI (lily_cuda::kernel_trace).
     timeline: bool,
@@ -92,6 +95,7 @@ fn parse() -> Result<Args, String> {
         timeline: false,
         f16_gemm_from: None,
         expert_rows: None,
+        moe_f16_from: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -125,6 +129,13 @@ fn parse() -> Result<Args, String> {
                 });
             }
             "--expert-rows" => a.expert_rows = Some(val()?.parse().map_err(|e| format!("--expert-rows: {e}"))?),
+            "--moe-f16" => {
+                let v = val()?;
+                a.moe_f16_from = Some(match v.as_str() {
+                    "off" => None,
+                    n => Some(n.parse().map_err(|e| format!("--moe-f16: {e}"))?),
+                });
+            }
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             "--decode-f16" => a.decode_f16_from = Some(lily_cuda::DecodeMatrices::parse_f16_from(&val()?)?),
             other => return Err(format!("unknown flag {other}")),
@@ -178,6 +189,9 @@ fn run() -> Result<(), String> {
     }
     // Checked with the other options when the backend is made.
     opts.expert_tile_rows = args.expert_rows;
+    if let Some(f) = args.moe_f16_from {
+        opts.moe_f16_from = f;
+    }
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     // Before any graph exists, so that CUPTI sees every one.
     let trace = if args.timeline { Some(lily_cuda::kernel_trace::KernelTrace::start()?) } else { None };

@@ -141,10 +141,10 @@ fn run() -> Result<(), String> {
                 })
                 .collect();
             write_device(&gpu, dec.h.ptr(), &h).map_err(|e| e.to_string())?;
-            let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n).map_err(|e| e.to_string());
+            let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, qmm::XPrecision::HiLo).map_err(|e| e.to_string());
             let r_us = time_us(&gpu, 50, router)?;
-            let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n).map_err(|e| e.to_string()))?;
-            let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n).map_err(|e| e.to_string()))?;
+            let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n, qmm::XPrecision::HiLo).map_err(|e| e.to_string()))?;
+            let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n, qmm::XPrecision::HiLo).map_err(|e| e.to_string()))?;
             let idx: Vec<i32> = read_device(&gpu, dec.moe.topk_idx.ptr(), n * d.topk).map_err(|e| e.to_string())?;
             let mut experts: Vec<i32> = idx.clone();
             experts.sort_unstable();

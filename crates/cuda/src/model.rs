@@ -403,16 +403,17 @@ impl Model {
             qmm::moe_fused(g, k, d, m, l.post_norm, dec.h, &bufs, n, trace)?;
             return self.mark("moe (fused)");
         }
+        let x = self.mem.opts.moe_x(n);
         if !ko.skips(Knockout::ROUTER) {
-            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n)?;
+            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n, x)?;
         }
         self.mark("moe router")?;
         if !ko.skips(Knockout::GATE_UP) {
-            qmm::experts(g, k, d, m, true, &bufs, n)?;
+            qmm::experts(g, k, d, m, true, &bufs, n, x)?;
         }
         self.mark("moe gate_up")?;
         if !ko.skips(Knockout::DOWN) {
-            qmm::experts(g, k, d, m, false, &bufs, n)?;
+            qmm::experts(g, k, d, m, false, &bufs, n, x)?;
         }
         self.mark("moe down")
     }

@@ -510,14 +510,16 @@ pub const KERNELS: &[&str] = &[
     "qmm_moe_1",
     "qmm_moe_1_occ3",
     "qmm_moe_2",
+    "qmm_moe_f16",
     "moe_router",
     "qmm_moe_fused",
 ];
 
-/// n-tiles of the MoE variant for a step of `ntok` tokens; an expert's pairs
-/// are cut into plan items of `moe_chunk(ntok)` pairs.
-fn moe_nt(shape: &QmmShape, ntok: usize) -> usize {
-    if ntok < shape.moe_pairs8_from {
+/// n-tiles of the MoE variant for a step of `ntok` tokens whose experts read
+/// x as `x` says; an expert's pairs are cut into plan items of
+/// `moe_chunk(ntok, x)` pairs. fp16 x: one n-tile of 8 tokens.
+fn moe_nt(shape: &QmmShape, ntok: usize, x: XPrecision) -> usize {
+    if x == XPrecision::F16 || ntok < shape.moe_pairs8_from {
         1
     } else {
         2
@@ -526,8 +528,11 @@ fn moe_nt(shape: &QmmShape, ntok: usize) -> usize {
 
 /// The MoE kernel of a step of `ntok` tokens (its n-tiles: `moe_nt`) and
 /// the stages of its warps' rings.
-fn moe_kernel(shape: &QmmShape, ntok: usize) -> (&'static str, usize) {
-    match moe_nt(shape, ntok) {
+fn moe_kernel(shape: &QmmShape, ntok: usize, x: XPrecision) -> (&'static str, usize) {
+    if x == XPrecision::F16 {
+        return ("qmm_moe_f16", shape.ring);
+    }
+    match moe_nt(shape, ntok, x) {
         1 if ntok <= shape.moe_occ3_upto => ("qmm_moe_1_occ3", shape.one_token_ring),
         1 => ("qmm_moe_1", shape.ring),
         _ => ("qmm_moe_2", shape.ring),
@@ -535,9 +540,10 @@ fn moe_kernel(shape: &QmmShape, ntok: usize) -> (&'static str, usize) {
 }
 
 /// Pairs per plan item for a step of `ntok` tokens with the kernels' shape
-/// (what the router's plan and the MoE launch must agree on).
-pub fn moe_chunk(shape: &QmmShape, ntok: usize) -> usize {
-    4 * moe_nt(shape, ntok)
+/// and the experts' x (what the router's plan and the MoE launch must agree
+/// on).
+pub fn moe_chunk(shape: &QmmShape, ntok: usize, x: XPrecision) -> usize {
+    x.tokens_per_tile() * moe_nt(shape, ntok, x)
 }
 
 /// Plan items a step of up to `max_batch` tokens may need: the shared
@@ -706,9 +712,9 @@ pub struct MoeBufs {
 /// `ntok` tokens whose residual stream is `h`; also packs RMSNorm(h) for the
 /// experts.
 #[allow(clippy::too_many_arguments)]
-pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
+pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize, x: XPrecision) -> CudaResult<()> {
     const NAME: &str = "moe_router";
-    let p = router_params(k, dims, m, post_norm, h, b, ntok)?;
+    let p = router_params(k, dims, m, post_norm, h, b, ntok, x)?;
     let smem = router_smem(dims);
     let blocks = (dims.n_experts + 1).div_ceil(ROUTER_ROWS) as u32;
     let chunks = ntok.div_ceil(p.tok_chunk as usize);
@@ -718,7 +724,7 @@ pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h
 
 /// The router's parameters, every buffer checked.
 #[allow(clippy::too_many_arguments)]
-fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize) -> CudaResult<RouterParamsC> {
+fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize, x: XPrecision) -> CudaResult<RouterParamsC> {
     const NAME: &str = "moe_router";
     if ntok == 0 || ntok > MAX_DECODE_BATCH {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
@@ -761,7 +767,7 @@ fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSli
         plan: b.plan.need(NAME, "plan", PLAN_HEAD + 3 * b.max_items + ntok * slots)?,
         ticket: b.ticket.need(NAME, "ticket", 1)?,
         ntok: ntok as i32,
-        chunk: moe_chunk(&k.qmm, ntok) as i32,
+        chunk: moe_chunk(&k.qmm, ntok, x) as i32,
         max_items: b.max_items as i32,
         eps: dims.rms_eps,
         tok_chunk: router_tok_chunk(ntok) as i32,
@@ -786,10 +792,13 @@ pub fn router_smem(dims: &Dims) -> usize {
 /// The experts of one step as planned by `router`: `up` = the gate/up
 /// projections with SwiGLU (packed into `px_act`), else the down projections
 /// (into `y`). The shared expert runs as one more expert taking every token.
-pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<()> {
-    let (p, nt) = moe_params(k, dims, m, up, b, ntok)?;
-    let (name, ring) = moe_kernel(&k.qmm, ntok);
-    let rings = QmmShape::rings_and_partials(k.qmm.warps, ring, nt, XPrecision::HiLo);
+/// `x`: the activations as the router planned for (`moe_chunk`): exact
+/// hi/lo halves, or the hi halves alone (`qmm_moe_f16`, items of 8 pairs).
+#[allow(clippy::too_many_arguments)]
+pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize, x: XPrecision) -> CudaResult<()> {
+    let (p, nt) = moe_params(k, dims, m, up, b, ntok, x)?;
+    let (name, ring) = moe_kernel(&k.qmm, ntok, x);
+    let rings = QmmShape::rings_and_partials(k.qmm.warps, ring, nt, x);
     let threads = (k.qmm.warps * 32) as u32;
     let smem = rings + (3 * p.smem_items as usize + p.npairs as usize) * 4;
     let g = grid(gpu, k, name, threads, smem, 0)?;
@@ -798,7 +807,7 @@ pub fn experts(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &Mo
 
 /// The parameters of one expert launch (`up`: gate/up, else down), every
 /// buffer checked, and the n-tiles of its variant.
-fn moe_params(k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize) -> CudaResult<(QmmMoeParamsC, usize)> {
+fn moe_params(k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok: usize, xprec: XPrecision) -> CudaResult<(QmmMoeParamsC, usize)> {
     const NAME: &str = "qmm_moe";
     if ntok == 0 || ntok > MAX_DECODE_BATCH {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens, expected 1..={MAX_DECODE_BATCH}")));
@@ -843,7 +852,7 @@ fn moe_params(k: &Kernels, dims: &Dims, m: &MoeDev, up: bool, b: &MoeBufs, ntok:
         npairs: pairs as i32,
         smem_items: smem_items as i32,
     };
-    Ok((p, moe_nt(&k.qmm, ntok)))
+    Ok((p, moe_nt(&k.qmm, ntok, xprec)))
 }
 
 /// The whole MoE of a step of up to `MOE_FUSED_TOK` tokens in one launch
@@ -869,9 +878,9 @@ pub fn moe_fused(
     }
     // (The fused kernel stages every token in each router block: it reads
     // ntok, not tok_chunk.)
-    let r = router_params(k, dims, m, post_norm, h, b, ntok)?;
-    let (up, nt_up) = moe_params(k, dims, m, true, b, ntok)?;
-    let (down, nt_down) = moe_params(k, dims, m, false, b, ntok)?;
+    let r = router_params(k, dims, m, post_norm, h, b, ntok, XPrecision::HiLo)?;
+    let (up, nt_up) = moe_params(k, dims, m, true, b, ntok, XPrecision::HiLo)?;
+    let (down, nt_down) = moe_params(k, dims, m, false, b, ntok, XPrecision::HiLo)?;
     if nt_up != 1 || nt_down != 1 || r.chunk != 4 {
         return Err(CudaError::shape(NAME, format!("{ntok} tokens plan items of {} pairs; the fused kernel runs items of 4", r.chunk)));
     }
@@ -1003,12 +1012,18 @@ mod tests {
     #[test]
     fn moe_kernels_follow_the_shape() {
         let s = QmmShape::default();
-        assert_eq!(moe_kernel(&s, 1), ("qmm_moe_1_occ3", s.one_token_ring));
-        assert_eq!(moe_kernel(&s, 2), ("qmm_moe_1", s.ring));
-        assert_eq!(moe_kernel(&s, s.moe_pairs8_from), ("qmm_moe_2", s.ring));
+        let hl = XPrecision::HiLo;
+        assert_eq!(moe_kernel(&s, 1, hl), ("qmm_moe_1_occ3", s.one_token_ring));
+        assert_eq!(moe_kernel(&s, 2, hl), ("qmm_moe_1", s.ring));
+        assert_eq!(moe_kernel(&s, s.moe_pairs8_from, hl), ("qmm_moe_2", s.ring));
+        assert_eq!((moe_chunk(&s, 2, hl), moe_chunk(&s, s.moe_pairs8_from, hl)), (4, 8));
         for n in 1..=MAX_DECODE_BATCH {
-            let (name, _) = moe_kernel(&s, n);
-            assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
+            for x in [hl, XPrecision::F16] {
+                let (name, _) = moe_kernel(&s, n, x);
+                assert!(KERNELS.contains(&name), "{n} tokens: {name} is not an entry point");
+            }
+            // fp16 x: one n-tile of 8 tokens, items of 8 pairs at every size.
+            assert_eq!((moe_kernel(&s, n, XPrecision::F16).0, moe_chunk(&s, n, XPrecision::F16)), ("qmm_moe_f16", 8));
         }
     }
 

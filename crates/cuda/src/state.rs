@@ -69,6 +69,12 @@ pub struct Options {
     /// every prefill pass; `None`: `moe::tile_rows` picks it from the pass
     /// length (the default). A measurement knob (bench `--expert-rows`).
     pub expert_tile_rows: Option<usize>,
+    /// Decode steps on the GEMM path (`DecodeMatrices::on_gemm`) of at least
+    /// this many sequences run their experts on fp16 activations
+    /// (`qmm_moe_f16`: 8 tokens an n-tile, plan items of 8 pairs), the GEMM
+    /// path's precision of x; `None`: the exact hi/lo activations at every
+    /// size. bench `--moe-f16 FROM|off`.
+    pub moe_f16_from: Option<usize>,
 }
 
 /// Default of `Options::f16_gemm_from`: the pass length from which the
@@ -202,6 +208,17 @@ impl DecodeMatrices {
     }
 }
 
+impl Options {
+    /// How the experts of a decode step of `n` sequences read their input.
+    pub fn moe_x(&self, n: usize) -> crate::qmm::XPrecision {
+        if self.decode_matrices.on_gemm(n) && self.moe_f16_from.is_some_and(|f| n >= f) {
+            crate::qmm::XPrecision::F16
+        } else {
+            crate::qmm::XPrecision::HiLo
+        }
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -217,6 +234,7 @@ impl Default for Options {
             f16_gemm_from: Some(F16_GEMM_FROM),
             dequant_ahead: true,
             expert_tile_rows: None,
+            moe_f16_from: None,
         }
     }
 }

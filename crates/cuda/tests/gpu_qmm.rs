@@ -423,9 +423,9 @@ fn moe_router_plan_and_experts_match_the_reference() {
         let mut h = h_first.clone();
         h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
         write_device(g, dec.h.ptr(), &h).expect("h");
-        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("router");
-        qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
-        qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO).expect("router");
+        qmm::experts(g, k, d, &l.moe, true, &bufs, n, HILO).expect("gate/up");
+        qmm::experts(g, k, d, &l.moe, false, &bufs, n, HILO).expect("down");
         // The plan: shared expert first, then experts ascending, each
         // expert's pairs in token order, every (token, slot) exactly once.
         let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items + n * slots).expect("plan");
@@ -437,7 +437,7 @@ fn moe_router_plan_and_experts_match_the_reference() {
         let mut last_expert = -1i32;
         for it in items.chunks_exact(3) {
             let (e, start, cnt) = (it[0], it[1] as usize, it[2] as usize);
-            check(cnt >= 1 && cnt <= qmm::moe_chunk(&k.qmm, n), format!("batch {n}: item of {cnt} pairs"));
+            check(cnt >= 1 && cnt <= qmm::moe_chunk(&k.qmm, n, HILO), format!("batch {n}: item of {cnt} pairs"));
             if e as usize != d.n_experts {
                 check(e >= last_expert, format!("batch {n}: experts in ascending order"));
                 last_expert = e;
@@ -477,6 +477,43 @@ fn moe_router_plan_and_experts_match_the_reference() {
             Some(f) => check(bits_equal(f, &t0), format!("MoE, batch {n}: token 0 bit-identical to batch 1")),
         }
     }
+
+    // The experts on fp16 activations (qmm_moe_f16, Options::moe_f16_from:
+    // the GEMM path's precision of x): plan items of up to 8 pairs, every
+    // probed token against the reference on the exact input within fp16's
+    // tolerance, and token 0 bit-identical at every size (a token's column
+    // never depends on the tokens beside it).
+    let f16 = qmm::XPrecision::F16;
+    let mut first_f16: Option<Vec<f32>> = None;
+    for &n in &[9usize, 33, 64, 128] {
+        let mut h = h_first.clone();
+        h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
+        write_device(g, dec.h.ptr(), &h).expect("h");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, f16).expect("router");
+        qmm::experts(g, k, d, &l.moe, true, &bufs, n, f16).expect("gate/up f16");
+        qmm::experts(g, k, d, &l.moe, false, &bufs, n, f16).expect("down f16");
+        let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items).expect("plan");
+        let items = &plan[PLAN_HEAD..PLAN_HEAD + 3 * plan[0] as usize];
+        check(items.chunks_exact(3).all(|it| it[2] >= 1 && it[2] <= 8), format!("fp16 experts, batch {n}: items of 1..=8 pairs"));
+        check(items.chunks_exact(3).any(|it| it[2] > 4) || n < 64, format!("fp16 experts, batch {n}: some item holds more than 4 pairs"));
+        qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.moe.y, dec.moe.topk_w)), None, dec.moe.px_in, n).expect("combine");
+        let h1: Vec<f32> = read_device(g, dec.h.ptr(), n * d.hidden).expect("h");
+        for t in probes(n) {
+            let xt = ops::rms_norm_vec(&h[t * d.hidden..(t + 1) * d.hidden], &lw.post_norm, d.rms_eps);
+            let want = moe::moe(&lw.moe, d.topk, &xt);
+            let got: Vec<f32> = (0..d.hidden).map(|c| h1[t * d.hidden + c] - h[t * d.hidden + c]).collect();
+            let e = rel(&got, &want);
+            check(e < 3e-3, format!("fp16 experts, batch {n}, token {t}: relative error {e:.2e} against the exact input"));
+            if t == 0 && n == 64 {
+                eprintln!("fp16 experts: relative error against the exact input {e:.2e} (batch 64, token 0)");
+            }
+        }
+        let t0: Vec<f32> = h1[..d.hidden].to_vec();
+        match &first_f16 {
+            None => first_f16 = Some(t0),
+            Some(f) => check(bits_equal(f, &t0), format!("fp16 experts, batch {n}: token 0 bit-identical to batch 9")),
+        }
+    }
     finish();
 }
 
@@ -507,9 +544,9 @@ fn moe_fused_equals_the_three_launches() {
         let l = &m.weights.layers[i % d.layers];
         let h = rng.vec(n * d.hidden, -2.0, 2.0);
         write_device(g, dec.h.ptr(), &h).expect("h");
-        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n).expect("router");
-        qmm::experts(g, k, d, &l.moe, true, &bufs, n).expect("gate/up");
-        qmm::experts(g, k, d, &l.moe, false, &bufs, n).expect("down");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO).expect("router");
+        qmm::experts(g, k, d, &l.moe, true, &bufs, n, HILO).expect("gate/up");
+        qmm::experts(g, k, d, &l.moe, false, &bufs, n, HILO).expect("down");
         let (y3, w3, idx3, px3, cs3) = read(n);
         // Poison the outputs, then the fused launch.
         write_device(g, bufs.y.ptr(), &vec![f32::NAN; n * slots * d.hidden]).expect("poison y");

@@ -457,7 +457,7 @@ __device__ __forceinline__ void stage_load(u32 st, const StageSrc& src, const KS
 // per-group compare, branch and warp re-convergence before the mma).
 //
 // F16 (the dense matrices of steps of up to 16 tokens, from
-// DecodeMatrices::f16_from):
+// DecodeMatrices::f16_from; the experts from Options::moe_f16_from):
 // the B columns are 8 tokens' hi halves only (token 8 nt + g, x's fp16
 // value), so 8 tokens share one n-tile's mma, x fragments and fold where
 // hi/lo needs two. Lane (g, c) then holds rows g and g + 8 of tokens
@@ -466,7 +466,9 @@ __device__ __forceinline__ void stage_load(u32 st, const StageSrc& src, const KS
 // two tokens' group sums. The codes are exact as on the hi/lo path; x is
 // rounded to fp16 once (the GEMM path's precision of x, which from
 // DECODE_GEMM_FROM also rounds the weights), and the bias term keeps the
-// packed sum of hi + lo, so only the scale term loses the lo half.
+// packed sum of hi + lo, so only the scale term loses the lo half. With
+// CSUM_MMA (no packer sums: the experts' down projections) the sums come
+// from an all-ones mma over the same B fragments, i.e. of the hi halves.
 //
 // A lane whose B column is no token (xoff -1) reads its fragments from x's
 // row 0 instead of zero-filling them: an mma's column n of C depends only on
@@ -509,7 +511,6 @@ template <int NT, bool CSUM_MMA, bool FULL, bool F16>
 __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const u16* x, const float* csum, const KSplit& ks, int q,
                                                   int s, int lane, int cnt, const int (&xoff)[NT], const int (&csoff)[NT],
                                                   const int (&csoff2)[NT], float (&acc)[NT][QMM_ACC(F16)], int ng) {
-    static_assert(!(F16 && CSUM_MMA), "the F16 columns need the packer's group sums");
     constexpr int TPN = F16 ? 8 : 4;   // tokens an n-tile
     const int g = lane >> 2, c = lane & 3;
     const int G0 = q * ks.GQ + QMM_SG * s;
@@ -586,7 +587,22 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
                 // y / 2^20 = 16 (low sums) + (high sums).
                 const float y0 = __fmaf_rn(d[0], 16.f, e[0]), y1 = __fmaf_rn(d[1], 16.f, e[1]);
                 const float y2 = __fmaf_rn(d[2], 16.f, e[2]), y3 = __fmaf_rn(d[3], 16.f, e[3]);
-                const float c0 = cs4[nt][grp], c1 = cs4b[nt][grp];
+                float c0, c1;
+                if constexpr (CSUM_MMA) {
+                    // The two C tokens' group sums from an all-ones A (2^-20
+                    // each, so in acc's unit): row g's columns 2c and 2c + 1.
+                    const u32 ONE2 = 0x00100010u;
+                    float f[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].x, b01[nt].y);
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b01[nt].z, b01[nt].w);
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].x, b23[nt].y);
+                    mma_f16(f, ONE2, ONE2, ONE2, ONE2, b23[nt].z, b23[nt].w);
+                    c0 = f[0];
+                    c1 = f[1];
+                } else {
+                    c0 = cs4[nt][grp];
+                    c1 = cs4b[nt][grp];
+                }
                 acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, y0, __fmul_rn(bA, c0)));
                 acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sA, y1, __fmul_rn(bA, c1)));
                 acc[nt][2] = __fadd_rn(acc[nt][2], __fmaf_rn(sB, y2, __fmul_rn(bB, c0)));
@@ -675,7 +691,7 @@ __device__ __forceinline__ void qmm_produce(const Job& job, u32 ring, const KSpl
 }
 
 
-// The finished sums of an F16 task (dense jobs only) to the job's
+// The finished sums of an F16 task (dense and MoE jobs) to the job's
 // epilogue_at, a call per C token of the lane: tokens j = 8 nt + 2c (rows
 // g, g + 8 in acc[nt][0], [2]) and 8 nt + 2c + 1 ([1], [3]). Every lane
 // calls each epilogue (they shuffle). (The hi/lo path calls epilogue(pos,
@@ -715,8 +731,9 @@ enum class QmmPdl { StagesBeforeWait, WaitThenTrigger, None };
 // with the finished sums of rows g and g + 8 for token 4 nt + c (with F16,
 // epilogue_at(pos, j, ...) for each of its tokens j: qmm_epilogues_f16), and
 // finish().
-// F16: the n-tiles' B columns are 8 tokens' fp16 x (stage_math_groups);
-// only the dense matrices take it.
+// F16: the n-tiles' B columns are 8 tokens' fp16 x (stage_math_groups):
+// the dense matrices of small steps, and the experts (qmm_moe_f16) from
+// Options::moe_f16_from.
 // PDL: where the dependency wait goes (QmmPdl).
 // WARPS: warps of the block (the fused MoE kernel runs 8); the K split
 // (KSplit) does not depend on it, so neither do the results.
@@ -1152,8 +1169,10 @@ struct MoeJob {
     __device__ int count(Pos ps) const { return items[3 * ps.item + 2]; }
     __device__ int pair(Pos ps, int j) const { return pairs[items[3 * ps.item + 1] + j]; }
     __device__ int xrow(Pos ps, int j) const { return p.up ? pair(ps, j) / MOE_SLOTS : pair(ps, j); }
-    __device__ void epilogue(Pos ps, int nt, int lane, float v0, float v1, int cnt) {
-        const int g = lane >> 2, j = nt * 4 + (lane & 3);
+    __device__ void epilogue(Pos ps, int nt, int lane, float v0, float v1, int cnt) { epilogue_at(ps, nt * 4 + (lane & 3), lane, v0, v1, cnt); }
+    // The sums of rows g and g + 8 for the task's pair j (every lane calls it).
+    __device__ void epilogue_at(Pos ps, int j, int lane, float v0, float v1, int cnt) {
+        const int g = lane >> 2;
         if (j >= cnt) return;
         const int tile = ps.tile;
         const int pr = pair(ps, j);
@@ -1180,16 +1199,19 @@ struct MoeJob {
 // stages, so a warp requests all 4 stages of its task at once (at one token
 // a warp has about one task: a 4-stage ring requested the last stage only
 // after the first was consumed, a second DRAM round trip on its timeline).
-#define QMM_MOE(NAME, NT, BOUNDS, RING)                                                             \
+#define QMM_MOE(NAME, NT, BOUNDS, RING, F16)                                                        \
     extern "C" __global__ void BOUNDS NAME(const __grid_constant__ QmmMoeParams p) {               \
         extern __shared__ __align__(16) unsigned char msm[];                                         \
-        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 64 * 4)); \
-        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger, RING>(job, p.x, p.csum, HIDDEN); \
-        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING>(job, p.x, nullptr, MOE_INTER); \
+        MoeJob job(p, reinterpret_cast<int*>(msm + QMM_WARPS * RING * QMM_STAGE_BYTES + QMM_WARPS * NT * 32 * QMM_ACC(F16) * 4)); \
+        if (p.up) qmm_run<NT, false, MoeJob, QMM_WARPS, QmmPdl::WaitThenTrigger, RING, F16>(job, p.x, p.csum, HIDDEN); \
+        else qmm_run<NT, true, MoeJob, QMM_WARPS, QmmPdl::StagesBeforeWait, RING, F16>(job, p.x, nullptr, MOE_INTER); \
     }
-QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32, 4), QMM_RING)
-QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3), QMM_ONE_TOKEN_RING)
-QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32), QMM_RING)
+QMM_MOE(qmm_moe_1, 1, __launch_bounds__(QMM_WARPS * 32, 4), QMM_RING, false)
+QMM_MOE(qmm_moe_1_occ3, 1, __launch_bounds__(QMM_WARPS * 32, 3), QMM_ONE_TOKEN_RING, false)
+QMM_MOE(qmm_moe_2, 2, __launch_bounds__(QMM_WARPS * 32), QMM_RING, false)
+// fp16 x (F16): 8 tokens an n-tile, items of up to 8 pairs, the down
+// projections' group sums from the all-ones mma (Options::moe_f16_from).
+QMM_MOE(qmm_moe_f16, 1, __launch_bounds__(QMM_WARPS * 32, 4), QMM_RING, true)
 
 // ---- router, top-k and the decode plan ------------------------------------------
 
