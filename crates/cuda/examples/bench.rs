@@ -130,11 +130,7 @@ fn parse() -> Result<Args, String> {
             }
             "--expert-rows" => a.expert_rows = Some(val()?.parse().map_err(|e| format!("--expert-rows: {e}"))?),
             "--moe-f16" => {
-                let v = val()?;
-                a.moe_f16_from = Some(match v.as_str() {
-                    "off" => None,
-                    n => Some(n.parse().map_err(|e| format!("--moe-f16: {e}"))?),
-                });
+                a.moe_f16_from = Some(lily_cuda::Options::parse_moe_f16_from(&val()?).map_err(|e| format!("--moe-f16: {e}"))?);
             }
             "--decode-gemm" => a.decode_matrices = Some(lily_cuda::DecodeMatrices::parse(&val()?)?),
             "--decode-f16" => a.decode_f16_from = Some(lily_cuda::DecodeMatrices::parse_f16_from(&val()?)?),

@@ -73,7 +73,7 @@ pub struct Options {
     /// this many sequences run their experts on fp16 activations
     /// (`qmm_moe_f16`: 8 tokens an n-tile, plan items of 8 pairs), the GEMM
     /// path's precision of x; `None`: the exact hi/lo activations at every
-    /// size. bench `--moe-f16 FROM|off`.
+    /// size. `MOE_F16_FROM` by default; `LILY_MOE_F16`, bench `--moe-f16 FROM|off`.
     pub moe_f16_from: Option<usize>,
 }
 
@@ -99,6 +99,17 @@ pub const DECODE_GEMM_FROM: usize = 9;
 /// 8 clients' inter-token p50 4.10 -> 3.88-3.94 ms; a batch of 5 against
 /// each sequence alone 5.2e-4 mean |dlogprob| (gpu_model).
 pub const DECODE_F16_FROM: usize = 5;
+
+/// GEMM-path decode steps of at least this many sequences run their experts
+/// on fp16 activations by default (`Options::moe_f16_from`). Measured on the
+/// H100 (session 58, docs/perf/2026-12-06-s58.md; crates/cuda/NOTES.md
+/// history 198), ms a step with the exact hi/lo experts -> fp16, two rounds
+/// each: 16 sequences 5.875 -> 5.882 (no gain: the step waits on other
+/// phases), 32 9.046 -> 8.990, 64 12.717 -> 12.439, 128 21.31 -> 19.35.
+/// The router keeps the exact activations, so the routing is the exact
+/// path's; only the experts' inputs are rounded to fp16 once (gpu_qmm:
+/// 3e-3 against the exact reference).
+pub const MOE_F16_FROM: usize = 32;
 
 /// Which kernels carry the matrices of a decode step of `n` sequences.
 ///
@@ -209,6 +220,20 @@ impl DecodeMatrices {
 }
 
 impl Options {
+    /// Parses `off` or `FROM` (at least 1) for `moe_f16_from`: the form of
+    /// the `LILY_MOE_F16` tuning variable and bench's `--moe-f16`.
+    pub fn parse_moe_f16_from(s: &str) -> Result<Option<usize>, String> {
+        let s = s.trim();
+        if s == "off" {
+            return Ok(None);
+        }
+        match s.parse::<usize>() {
+            Ok(0) => Err("fp16 experts threshold 0 (the smallest step has one sequence)".into()),
+            Ok(n) => Ok(Some(n)),
+            Err(e) => Err(format!("fp16 experts threshold {s:?}: {e} (want off or a number of sequences)")),
+        }
+    }
+
     /// How the experts of a decode step of `n` sequences read their input.
     pub fn moe_x(&self, n: usize) -> crate::qmm::XPrecision {
         if self.decode_matrices.on_gemm(n) && self.moe_f16_from.is_some_and(|f| n >= f) {
@@ -234,7 +259,7 @@ impl Default for Options {
             f16_gemm_from: Some(F16_GEMM_FROM),
             dequant_ahead: true,
             expert_tile_rows: None,
-            moe_f16_from: None,
+            moe_f16_from: Some(MOE_F16_FROM),
         }
     }
 }

@@ -103,6 +103,7 @@ fn open_cuda(
             std::env::var("LILY_DECODE_GEMM").ok().as_deref(),
             std::env::var("LILY_DECODE_F16").ok().as_deref(),
         )?,
+        moe_f16_from: moe_f16_from(defaults.moe_f16_from, std::env::var("LILY_MOE_F16").ok().as_deref())?,
         ..defaults
     };
     let backend = lily_cuda::CudaBackend::open(dir, opts, progress).with_context(|| format!("loading {} on the GPU", dir.display()))?;
@@ -135,9 +136,21 @@ fn decode_matrices(
     Ok(m)
 }
 
+/// The smallest GEMM-path decode step whose experts read fp16 activations:
+/// `LILY_MOE_F16` (`off`, or a number of sequences), when set, overrides the
+/// backend's default (`lily_cuda::Options::moe_f16_from`), a tuning knob like
+/// the two above (`--batch-invariant` keeps every step off the GEMM path, so
+/// off fp16 experts too).
+fn moe_f16_from(default: Option<usize>, var: Option<&str>) -> anyhow::Result<Option<usize>> {
+    match var {
+        Some(v) => lily_cuda::Options::parse_moe_f16_from(v).map_err(|e| anyhow::anyhow!("LILY_MOE_F16: {e}")),
+        None => Ok(default),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::decode_matrices;
+    use super::{decode_matrices, moe_f16_from};
     use lily_cuda::DecodeMatrices;
 
     #[test]
@@ -153,5 +166,16 @@ mod tests {
         assert!(e.contains("LILY_DECODE_F16") && e.contains("2..=16"), "{e}");
         let e = decode_matrices(false, d, Some("0"), None).unwrap_err().to_string();
         assert!(e.contains("LILY_DECODE_GEMM"), "{e}");
+    }
+
+    #[test]
+    fn the_fp16_experts_variable_overrides_the_default() {
+        assert_eq!(moe_f16_from(Some(32), None).unwrap(), Some(32));
+        assert_eq!(moe_f16_from(Some(32), Some("off")).unwrap(), None);
+        assert_eq!(moe_f16_from(None, Some(" 64 ")).unwrap(), Some(64));
+        let e = moe_f16_from(Some(32), Some("0")).unwrap_err().to_string();
+        assert!(e.contains("LILY_MOE_F16"), "{e}");
+        let e = moe_f16_from(Some(32), Some("many")).unwrap_err().to_string();
+        assert!(e.contains("LILY_MOE_F16") && e.contains("many"), "{e}");
     }
 }
