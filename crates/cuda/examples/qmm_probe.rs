@@ -141,24 +141,28 @@ fn run() -> Result<(), String> {
                 })
                 .collect();
             write_device(&gpu, dec.h.ptr(), &h).map_err(|e| e.to_string())?;
-            let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, qmm::XPrecision::HiLo).map_err(|e| e.to_string());
-            let r_us = time_us(&gpu, 50, router)?;
-            let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n, qmm::XPrecision::HiLo).map_err(|e| e.to_string()))?;
-            let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n, qmm::XPrecision::HiLo).map_err(|e| e.to_string()))?;
-            let idx: Vec<i32> = read_device(&gpu, dec.moe.topk_idx.ptr(), n * d.topk).map_err(|e| e.to_string())?;
-            let mut experts: Vec<i32> = idx.clone();
-            experts.sort_unstable();
-            experts.dedup();
-            // Bytes each expert launch streams: the active experts + the shared one.
-            let e_bytes = |w: &lily_cuda::weights::QMat| w.bytes() / w.experts;
-            let up_b = (experts.len() + 1) * (e_bytes(&l.moe.gate) + e_bytes(&l.moe.up));
-            let dn_b = (experts.len() + 1) * e_bytes(&l.moe.down);
-            println!(
-                "{label:<28} n={n:<3} moe: router {r_us:7.1} us, gate_up {up_us:7.1} us {:.2} TB/s, down {dn_us:7.1} us {:.2} TB/s ({} experts)",
-                up_b as f64 / up_us / 1e6,
-                dn_b as f64 / dn_us / 1e6,
-                experts.len()
-            );
+            // The experts on exact hi/lo x, and (GEMM-path steps, `Options::moe_f16_from`) on fp16 x:
+            // each after a router run planning for it (its plan items differ).
+            for (xp, tag) in [(qmm::XPrecision::HiLo, ""), (qmm::XPrecision::F16, " f16")] {
+                let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, xp).map_err(|e| e.to_string());
+                let r_us = time_us(&gpu, 50, router)?;
+                let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n, xp).map_err(|e| e.to_string()))?;
+                let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n, xp).map_err(|e| e.to_string()))?;
+                let idx: Vec<i32> = read_device(&gpu, dec.moe.topk_idx.ptr(), n * d.topk).map_err(|e| e.to_string())?;
+                let mut experts: Vec<i32> = idx.clone();
+                experts.sort_unstable();
+                experts.dedup();
+                // Bytes each expert launch streams: the active experts + the shared one.
+                let e_bytes = |w: &lily_cuda::weights::QMat| w.bytes() / w.experts;
+                let up_b = (experts.len() + 1) * (e_bytes(&l.moe.gate) + e_bytes(&l.moe.up));
+                let dn_b = (experts.len() + 1) * e_bytes(&l.moe.down);
+                println!(
+                    "{label:<28} n={n:<3} moe{tag}: router {r_us:7.1} us, gate_up {up_us:7.1} us {:.2} TB/s, down {dn_us:7.1} us {:.2} TB/s ({} experts)",
+                    up_b as f64 / up_us / 1e6,
+                    dn_b as f64 / dn_us / 1e6,
+                    experts.len()
+                );
+            }
         }
     }
     Ok(())
