@@ -78,6 +78,9 @@ fn run() -> Result<(), String> {
         ("no dequantisation", QmmShape::default(), vec!["-DQMM_PROBE_NO_DEQ".into()]),
         ("no fold", QmmShape::default(), vec!["-DQMM_PROBE_NO_FOLD".into()]),
         ("no x loads, no fold", QmmShape::default(), vec!["-DQMM_PROBE_NO_X".into(), "-DQMM_PROBE_NO_FOLD".into()]),
+        // One warp a task at K = 2,048 (the experts' gate/up, the
+        // in-projections): no slices' partial exchange on a named barrier.
+        ("K slices of 2048", QmmShape { slice_cols: 2048, ..QmmShape::default() }, vec![]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
     // and variant numbers into the list above (default the first three).
