@@ -167,28 +167,20 @@ impl DecodeMatrices {
     /// sequences on, `f16_from` as in `FASTEST`): the form of the
     /// `LILY_DECODE_GEMM` tuning variable and the probes' flag.
     pub fn parse(s: &str) -> Result<DecodeMatrices, String> {
-        let s = s.trim();
-        if s == "off" {
-            return Ok(DecodeMatrices::BATCH_INVARIANT);
-        }
-        match s.parse::<usize>() {
-            Ok(0) => Err("decode GEMM threshold 0 (the smallest step has one sequence)".into()),
-            Ok(gemm_from) => Ok(DecodeMatrices { gemm_from, ..DecodeMatrices::FASTEST }),
-            Err(e) => Err(format!("decode GEMM threshold {s:?}: {e} (want off or a number of sequences)")),
+        match parse_threshold(s, "decode GEMM threshold")? {
+            None => Ok(DecodeMatrices::BATCH_INVARIANT),
+            Some(0) => Err("decode GEMM threshold 0 (the smallest step has one sequence)".into()),
+            Some(gemm_from) => Ok(DecodeMatrices { gemm_from, ..DecodeMatrices::FASTEST }),
         }
     }
 
     /// Parses `off` or `FROM` (2..=`F16_MAX_TOK`) for `f16_from`: the form
     /// of the `LILY_DECODE_F16` tuning variable and the probes' flag.
     pub fn parse_f16_from(s: &str) -> Result<usize, String> {
-        let s = s.trim();
-        if s == "off" {
-            return Ok(usize::MAX);
-        }
-        match s.parse::<usize>() {
-            Ok(n) if Self::f16_from_is_valid(n) => Ok(n),
-            Ok(n) => Err(format!("fp16 decode threshold {n}: want 2..={F16_MAX_TOK} (one token gains nothing from 8-token n-tiles; past {F16_MAX_TOK} the steps are chunked) or off")),
-            Err(e) => Err(format!("fp16 decode threshold {s:?}: {e} (want off or a number of sequences)")),
+        match parse_threshold(s, "fp16 decode threshold")? {
+            None => Ok(usize::MAX),
+            Some(n) if Self::f16_from_is_valid(n) => Ok(n),
+            Some(n) => Err(format!("fp16 decode threshold {n}: want 2..={F16_MAX_TOK} (one token gains nothing from 8-token n-tiles; past {F16_MAX_TOK} the steps are chunked) or off")),
         }
     }
 
@@ -219,18 +211,25 @@ impl DecodeMatrices {
     }
 }
 
+/// The form of the decode-path tuning thresholds (`LILY_DECODE_GEMM`,
+/// `LILY_DECODE_F16`, `LILY_MOE_F16` and the probes' flags): `off` (None) or
+/// a number of sequences, surrounding blanks ignored; `what` names the
+/// threshold in the error. Each caller checks its own range.
+fn parse_threshold(s: &str, what: &str) -> Result<Option<usize>, String> {
+    let s = s.trim();
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse::<usize>().map(Some).map_err(|e| format!("{what} {s:?}: {e} (want off or a number of sequences)"))
+}
+
 impl Options {
     /// Parses `off` or `FROM` (at least 1) for `moe_f16_from`: the form of
     /// the `LILY_MOE_F16` tuning variable and bench's `--moe-f16`.
     pub fn parse_moe_f16_from(s: &str) -> Result<Option<usize>, String> {
-        let s = s.trim();
-        if s == "off" {
-            return Ok(None);
-        }
-        match s.parse::<usize>() {
-            Ok(0) => Err("fp16 experts threshold 0 (the smallest step has one sequence)".into()),
-            Ok(n) => Ok(Some(n)),
-            Err(e) => Err(format!("fp16 experts threshold {s:?}: {e} (want off or a number of sequences)")),
+        match parse_threshold(s, "fp16 experts threshold")? {
+            Some(0) => Err("fp16 experts threshold 0 (the smallest step has one sequence)".into()),
+            from => Ok(from),
         }
     }
 
