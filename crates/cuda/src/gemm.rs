@@ -88,6 +88,16 @@ pub const SPLITK_FLOATS: usize = 8 << 20;
 pub const GEMM_REDUCE_COLS: usize = 4;
 /// Threads of a `gemm_splitk_reduce` block (GEMM_REDUCE_COLS columns each).
 const GEMM_REDUCE_THREADS: usize = 256;
+/// Most K splits `plan_dense` cuts a launch into, except the 64-row wgmma
+/// tiles (`GEMM_WG_ROWS`: decode steps of 33-64 tokens). More splits fill
+/// more SMs but cost more partial planes for the reduction to read; capped
+/// at 8 (H100, session 59 call 4, ms a step / prefill tok/s against the
+/// uncapped plan): 16 tokens 5.891 -> 5.837, 32 9.016 -> 8.925 (the
+/// out-projections' 16 splits), 256-token prefill 14,810 -> 15,084 (the
+/// router's and the shared expert's 16), 128 unchanged; at 64 tokens the
+/// out-projection's 64-row tiles keep their 16 (capped: 12.445 -> 12.632).
+/// A cap of 4 lost at every size.
+pub const SPLITK_MAX: usize = 8;
 /// Fewest k-tiles one split walks (a split of one k-tile would spend more on
 /// its prologue and partial writes than on its multiply).
 const SPLITK_MIN_KT: usize = 2;
@@ -325,11 +335,12 @@ pub struct GemmPlan {
 ///   not (257-288 rows) run those two;
 /// - splits: none when the launch has a block for every SM
 ///   (`GEMM_FILL_SMS`); else as many as two blocks per SM hold (rounded down), with at
-///   least `SPLITK_MIN_KT` k-tiles per split and the partials within
-///   `SPLITK_FLOATS`, and no empty split. A block that walks K alone on its
+///   least `SPLITK_MIN_KT` k-tiles per split, at most `SPLITK_MAX` (but
+///   at the 64-row wgmma tiles), the partials within `SPLITK_FLOATS`, and
+///   no empty split. A block that walks K alone on its
 ///   SM is latency-bound (one k-tile in flight), so short prompts gain
 ///   most: at 256 rows out_proj goes from 32 blocks of 64 k-tiles to 256 of
-///   8, the router (+ shared-expert gate) from 6 blocks of 32 to 96 of 2.
+///   8, the router (+ shared-expert gate) from 6 blocks of 32 to 48 of 4 (`SPLITK_MAX`).
 pub fn plan_dense(bits: u32, m: usize, n_tiles: usize, k: usize, ncols: usize) -> GemmPlan {
     let wide = compiled(bits, GEMM_WIDE_ROWS) && m > 2 * GEMM_TALL_ROWS && m <= 2 * GEMM_WIDE_ROWS;
     let bm = if wide { GEMM_WIDE_ROWS } else { TILE_ROWS.into_iter().find(|t| *t >= m && *t <= GEMM_TALL_ROWS).unwrap_or(GEMM_TALL_ROWS) };
@@ -343,7 +354,8 @@ pub fn plan_dense(bits: u32, m: usize, n_tiles: usize, k: usize, ncols: usize) -
         let want = (2 * GEMM_FILL_SMS) / blocks;
         let by_k = nk / SPLITK_MIN_KT;
         let by_mem = SPLITK_FLOATS / (m * ncols).max(1);
-        splits = want.min(by_k).min(by_mem).max(1);
+        let by_cap = if bm == GEMM_WG_ROWS { usize::MAX } else { SPLITK_MAX };
+        splits = want.min(by_k).min(by_mem).min(by_cap).max(1);
         splits = nk.div_ceil(nk.div_ceil(splits).max(1)).max(1);
     }
     GemmPlan { bm, splits }
@@ -426,8 +438,8 @@ pub struct KPartials {
 /// Splits `gemm_unreduced` leaves to its reader; more are reduced here.
 /// Its reader loads every split of a value (4 at 4,096 tokens: the router
 /// plus its top-k 72.3 -> 54.1 us a layer, NOTES history 114); at short
-/// prompts the planner cuts K into 16 and the one reduction launch is
-/// cheaper than 16 rounds of loads in the reader.
+/// prompts the planner cuts K into 8 and the one reduction launch is
+/// cheaper than 8 rounds of loads in the reader.
 pub const MAX_UNREDUCED_SPLITS: usize = 4;
 
 /// One matrix stored as [m][rows] f32 (`seg.ldc == rows`), cut by
@@ -723,8 +735,8 @@ mod tests {
         // 4,096 rows: 64 tiles, 4 splits of 8 k-tiles, left to the top-k.
         assert_eq!(splits(4096), 4);
         assert!(leaves_partials(4096, &seg));
-        // 256 and 1,024 rows: 16 splits, reduced by the GEMM.
-        assert_eq!(splits(256), 16);
+        // 256 and 1,024 rows: SPLITK_MAX (8) splits, reduced by the GEMM.
+        assert_eq!(splits(256), SPLITK_MAX);
         assert!(!leaves_partials(256, &seg) && !leaves_partials(1024, &seg));
         // No split at all (a block for every SM) also leaves the output to the reader.
         assert_eq!(splits(16384), 1);
@@ -803,8 +815,9 @@ mod tests {
         assert_eq!(plan_dense(4, 4096, 16, 4096, 2048).splits, 1);
         // Just below: split.
         assert!(plan_dense(4, 128, 131, 2048, 131 * 128).splits > 1);
-        // The router + gate at 256 rows: 6 blocks of 32 k-tiles -> 16 splits of 2.
-        assert_eq!(plan_dense(8, 256, 3, 2048, 257), GemmPlan { bm: 128, splits: 16 });
+        // The router + gate at 256 rows: 6 blocks of 32 k-tiles -> 8 splits
+        // of 4 (16 of 2 before SPLITK_MAX).
+        assert_eq!(plan_dense(8, 256, 3, 2048, 257), GemmPlan { bm: 128, splits: SPLITK_MAX });
         // out_proj at 256 rows: 32 blocks of 64 k-tiles -> 8 splits of 8.
         assert_eq!(plan_dense(4, 256, 16, 4096, 2048), GemmPlan { bm: 128, splits: 8 });
         // No more blocks than two an SM: 98 tiles (a 64-token decode
@@ -813,6 +826,13 @@ mod tests {
         assert_eq!(plan_dense(4, 64, 72, 2048, 72 * 128), GemmPlan { bm: 64, splits: 3 });
         // K of one k-tile cannot split.
         assert_eq!(plan_dense(4, 256, 1, 64, 1).splits, 1);
+        // The out-projections of decode steps (16 W tiles, K = 4,096): at
+        // most SPLITK_MAX splits at 16, 32 and 128 tokens, but the 64-row
+        // wgmma tiles of 33-64 tokens keep 16.
+        for m in [16usize, 32, 128] {
+            assert_eq!(plan_dense(4, m, 16, 4096, 2048).splits, SPLITK_MAX, "{m} tokens");
+        }
+        assert_eq!(plan_dense(4, 64, 16, 4096, 2048), GemmPlan { bm: 64, splits: 16 });
     }
 
     #[test]
@@ -829,6 +849,7 @@ mod tests {
                     assert_eq!(nk.div_ceil(per), p.splits, "{m} {n_tiles} {k}: an empty split");
                     if p.splits > 1 {
                         assert!(p.splits * m * ncols <= SPLITK_FLOATS, "{m} {n_tiles} {k}: partials overflow");
+                        assert!(p.splits <= SPLITK_MAX || p.bm == GEMM_WG_ROWS, "{m} {n_tiles} {k}: {p:?} past the cap");
                         assert!(per >= SPLITK_MIN_KT, "{m} {n_tiles} {k}: {per} k-tiles a split");
                     }
                 }
