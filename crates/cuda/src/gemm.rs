@@ -88,8 +88,8 @@ pub const SPLITK_FLOATS: usize = 8 << 20;
 pub const GEMM_REDUCE_COLS: usize = 4;
 /// Threads of a `gemm_splitk_reduce` block (GEMM_REDUCE_COLS columns each).
 const GEMM_REDUCE_THREADS: usize = 256;
-/// Most K splits `plan_dense` cuts a launch into, except the 64-row wgmma
-/// tiles (`GEMM_WG_ROWS`: decode steps of 33-64 tokens). More splits fill
+/// Most K splits `plan_dense` cuts a launch into, except the 4-bit 64-row
+/// wgmma tiles (`GEMM_WG_ROWS`: decode steps of 33-64 tokens). More splits fill
 /// more SMs but cost more partial planes for the reduction to read; capped
 /// at 8 (H100, session 59 call 4, ms a step / prefill tok/s against the
 /// uncapped plan): 16 tokens 5.891 -> 5.837, 32 9.016 -> 8.925 (the
@@ -354,7 +354,7 @@ pub fn plan_dense(bits: u32, m: usize, n_tiles: usize, k: usize, ncols: usize) -
         let want = (2 * GEMM_FILL_SMS) / blocks;
         let by_k = nk / SPLITK_MIN_KT;
         let by_mem = SPLITK_FLOATS / (m * ncols).max(1);
-        let by_cap = if bm == GEMM_WG_ROWS { usize::MAX } else { SPLITK_MAX };
+        let by_cap = if is_wgmma(bits, bm) && bm == GEMM_WG_ROWS { usize::MAX } else { SPLITK_MAX };
         splits = want.min(by_k).min(by_mem).min(by_cap).max(1);
         splits = nk.div_ceil(nk.div_ceil(splits).max(1)).max(1);
     }
@@ -833,6 +833,9 @@ mod tests {
             assert_eq!(plan_dense(4, m, 16, 4096, 2048).splits, SPLITK_MAX, "{m} tokens");
         }
         assert_eq!(plan_dense(4, 64, 16, 4096, 2048), GemmPlan { bm: 64, splits: 16 });
+        // 8-bit 64-row tiles are mma.sync ones: capped (a 33-64-token
+        // prompt's router + gate, 3 blocks of 32 k-tiles).
+        assert_eq!(plan_dense(8, 64, 3, 2048, 257), GemmPlan { bm: 64, splits: SPLITK_MAX });
     }
 
     #[test]
@@ -849,7 +852,7 @@ mod tests {
                     assert_eq!(nk.div_ceil(per), p.splits, "{m} {n_tiles} {k}: an empty split");
                     if p.splits > 1 {
                         assert!(p.splits * m * ncols <= SPLITK_FLOATS, "{m} {n_tiles} {k}: partials overflow");
-                        assert!(p.splits <= SPLITK_MAX || p.bm == GEMM_WG_ROWS, "{m} {n_tiles} {k}: {p:?} past the cap");
+                        assert!(p.splits <= SPLITK_MAX || (bits == 4 && p.bm == GEMM_WG_ROWS), "{bits}-bit {m} {n_tiles} {k}: {p:?} past the cap");
                         assert!(per >= SPLITK_MIN_KT, "{m} {n_tiles} {k}: {per} k-tiles a split");
                     }
                 }
