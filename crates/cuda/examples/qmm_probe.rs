@@ -81,9 +81,6 @@ fn run() -> Result<(), String> {
         // One warp a task at K = 2,048 (the experts' gate/up, the
         // in-projections): no slices' partial exchange on a named barrier.
         ("K slices of 2048", QmmShape { slice_cols: 2048, ..QmmShape::default() }, vec![]),
-        // The fp16 entries' fold in two fused steps an output (qmm.cu
-        // QMM_PROBE_F16_LEAN_FOLD; the " f16" rows only, other bits).
-        ("fp16 lean fold", QmmShape::default(), vec!["-DQMM_PROBE_F16_LEAN_FOLD".into()]),
     ];
     // `qmm_probe [SIZES [VARIANTS]]`: token counts (default 1,8,16,32,64,128)
     // and variant numbers into the list above (default the first three).

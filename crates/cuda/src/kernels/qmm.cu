@@ -97,11 +97,7 @@ static_assert(QMM_WIDE_KQ > QMM_WARPS && QMM_WIDE_KQ <= 16 && QMM_WIDE_K % (QMM_
 // mma instead of deq_word's masks, QMM_PROBE_NO_FOLD adds the mma sums
 // straight into acc instead of the affine fold (the hi/lo entries); each
 // leaves the rest of the stage as it is, so the time it saves is that
-// part's share. QMM_PROBE_F16_LEAN_FOLD (speed probes only, values within
-// the fp16 path's tolerance but other bits): the fp16 entries' fold as two
-// fused steps an output, acc = fma(scale, y, fma(bias, sum, acc)), instead
-// of a product, a fused step and an add (one instruction an output less,
-// four a group).
+// part's share.
 #ifdef QMM_PROBE_NO_X
 #define QMM_X_LOADS false
 #else
@@ -607,17 +603,13 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
                     c0 = cs4[nt][grp];
                     c1 = cs4b[nt][grp];
                 }
-#ifdef QMM_PROBE_F16_LEAN_FOLD
+                // Two fused steps an output: acc + b sum, then + s y (one
+                // rounding each; a product, a fused step and an add before
+                // session 60, history 206).
                 acc[nt][0] = __fmaf_rn(sA, y0, __fmaf_rn(bA, c0, acc[nt][0]));
                 acc[nt][1] = __fmaf_rn(sA, y1, __fmaf_rn(bA, c1, acc[nt][1]));
                 acc[nt][2] = __fmaf_rn(sB, y2, __fmaf_rn(bB, c0, acc[nt][2]));
                 acc[nt][3] = __fmaf_rn(sB, y3, __fmaf_rn(bB, c1, acc[nt][3]));
-#else
-                acc[nt][0] = __fadd_rn(acc[nt][0], __fmaf_rn(sA, y0, __fmul_rn(bA, c0)));
-                acc[nt][1] = __fadd_rn(acc[nt][1], __fmaf_rn(sA, y1, __fmul_rn(bA, c1)));
-                acc[nt][2] = __fadd_rn(acc[nt][2], __fmaf_rn(sB, y2, __fmul_rn(bB, c0)));
-                acc[nt][3] = __fadd_rn(acc[nt][3], __fmaf_rn(sB, y3, __fmul_rn(bB, c1)));
-#endif
             } else {
 #ifdef QMM_PROBE_NO_FOLD
                 acc[nt][0] += d[0] + e[1];
