@@ -603,9 +603,9 @@ __device__ __forceinline__ void stage_math_groups(const unsigned char* st, const
                     c0 = cs4[nt][grp];
                     c1 = cs4b[nt][grp];
                 }
-                // Two fused steps an output: acc + b sum, then + s y (one
-                // rounding each; a product, a fused step and an add before
-                // session 60, history 206).
+                // Two fused steps an output, acc + b sum, then + s y: one
+                // instruction an output fewer than a product, a fused step
+                // and an add, and one rounding fewer (NOTES history 206).
                 acc[nt][0] = __fmaf_rn(sA, y0, __fmaf_rn(bA, c0, acc[nt][0]));
                 acc[nt][1] = __fmaf_rn(sA, y1, __fmaf_rn(bA, c1, acc[nt][1]));
                 acc[nt][2] = __fmaf_rn(sB, y2, __fmaf_rn(bB, c0, acc[nt][2]));
