@@ -18,6 +18,7 @@
 //!         [--fused-moe]   (the MoE of steps of up to 8 tokens as one launch, qmm_moe_fused)
 //!         [--expert-rows BM]   (the grouped expert GEMMs' tile height at every pass)
 //!         [--moe-f16 FROM|off]   (GEMM-path decode steps of FROM+ sequences: the experts on fp16 x)
+//!         [--router-mma FROM|off]   (GEMM-path decode steps of FROM+ sequences: the router on mma.sync)
 //!         [--knockout GROUPS,...]   (each batch's step time with kernel groups left out: model::Knockout)
 //!         [--timeline]   (each batch's steps and each length's prefill traced by CUPTI: every kernel's start, length
 //!                         and gap; kernel_trace;
@@ -68,6 +69,8 @@ struct Args {
     /// `--expert-rows BM`: the grouped expert GEMMs' tile height at every
     /// pass (Options::expert_tile_rows).
     expert_rows: Option<usize>,
+    /// `--router-mma FROM|off`: Options::router_mma_from.
+    router_mma_from: Option<Option<usize>>,
     /// `--moe-f16 FROM|off`: Options::moe_f16_from.
     moe_f16_from: Option<Option<usize>>,
     /// `--timeline`: `TIMELINE_STEPS` steps of each `--batch` size and each
@@ -96,6 +99,7 @@ fn parse() -> Result<Args, String> {
         f16_gemm_from: None,
         expert_rows: None,
         moe_f16_from: None,
+        router_mma_from: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -129,6 +133,9 @@ fn parse() -> Result<Args, String> {
                 });
             }
             "--expert-rows" => a.expert_rows = Some(val()?.parse().map_err(|e| format!("--expert-rows: {e}"))?),
+            "--router-mma" => {
+                a.router_mma_from = Some(lily_cuda::Options::parse_router_mma_from(&val()?).map_err(|e| format!("--router-mma: {e}"))?);
+            }
             "--moe-f16" => {
                 a.moe_f16_from = Some(lily_cuda::Options::parse_moe_f16_from(&val()?).map_err(|e| format!("--moe-f16: {e}"))?);
             }
@@ -187,6 +194,9 @@ fn run() -> Result<(), String> {
     opts.expert_tile_rows = args.expert_rows;
     if let Some(f) = args.moe_f16_from {
         opts.moe_f16_from = f;
+    }
+    if let Some(f) = args.router_mma_from {
+        opts.router_mma_from = f;
     }
     let gpu = Gpu::open(0).map_err(|e| e.to_string())?;
     // Before any graph exists, so that CUPTI sees every one.

@@ -147,7 +147,7 @@ fn run() -> Result<(), String> {
             // The experts on exact hi/lo x, and (GEMM-path steps, `Options::moe_f16_from`) on fp16 x:
             // each after a router run planning for it (its plan items differ).
             for (xp, tag) in [(qmm::XPrecision::HiLo, ""), (qmm::XPrecision::F16, " f16")] {
-                let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, xp).map_err(|e| e.to_string());
+                let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, xp, m.mem.opts.router_math(n)).map_err(|e| e.to_string());
                 let r_us = time_us(&gpu, 50, router)?;
                 let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n, xp).map_err(|e| e.to_string()))?;
                 let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n, xp).map_err(|e| e.to_string()))?;

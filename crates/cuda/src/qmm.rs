@@ -115,6 +115,9 @@ pub const ROUTER_TICKETS: usize = 64;
 const ROUTER_ROWS: usize = 8;
 /// Most tokens a `moe_router` block stages and routes at once (a chunk).
 const ROUTER_TOK: usize = 8;
+/// W rows a `moe_router_mma` block computes: one m16 tile of the 257 router
+/// rows (the experts' and the shared-expert gate's).
+const ROUTER_MMA_ROWS: usize = 16;
 /// Most tokens of a step whose MoE runs as one `qmm_moe_fused` launch (its
 /// router stages every token in one block, as moe_router's single chunk).
 pub const MOE_FUSED_TOK: usize = ROUTER_TOK;
@@ -453,6 +456,8 @@ pub fn defines(dims: &Dims) -> Vec<String> {
         format!("-DXNORM_PARAMS_SIZE={}", size_of::<XnormParamsC>()),
         format!("-DROUTER_PARAMS_SIZE={}", size_of::<RouterParamsC>()),
         format!("-DROUTER_SMEM={}", router_smem(dims)),
+        format!("-DROUTER_MMA_SMEM={}", router_mma_smem(dims)),
+        format!("-DROUTER_MMA_ROWS={ROUTER_MMA_ROWS}"),
         format!("-DROUTER_ROWS={ROUTER_ROWS}"),
         format!("-DROUTER_TOK={ROUTER_TOK}"),
         format!("-DXN_THREADS={XN_THREADS}"),
@@ -512,6 +517,7 @@ pub const KERNELS: &[&str] = &[
     "qmm_moe_2",
     "qmm_moe_f16",
     "moe_router",
+    "moe_router_mma",
     "qmm_moe_fused",
 ];
 
@@ -708,18 +714,50 @@ pub struct MoeBufs {
     pub max_items: usize,
 }
 
+/// How the router computes its 257 dot products a token. Both kernels
+/// stage, pack and plan with the same code (so the experts' packed input
+/// and the plan's construction are the same); the logits agree to ~1e-7.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterMath {
+    /// `moe_router`: one fp32 FMA chain a (row, token) on the CUDA cores;
+    /// a token's logits are the same bits at every batch size.
+    CudaCores,
+    /// `moe_router_mma`: mma.sync on the exact hi/lo activations, a block
+    /// of 16 rows against 8 tokens (`Options::router_mma_from`).
+    TensorCores,
+}
+
 /// Router logits, shared-expert gate, top-k and the step's expert plan for
 /// `ntok` tokens whose residual stream is `h`; also packs RMSNorm(h) for the
 /// experts.
 #[allow(clippy::too_many_arguments)]
-pub fn router(gpu: &Gpu, k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSlice<f32>, b: &MoeBufs, ntok: usize, x: XPrecision) -> CudaResult<()> {
-    const NAME: &str = "moe_router";
+pub fn router(
+    gpu: &Gpu,
+    k: &Kernels,
+    dims: &Dims,
+    m: &MoeDev,
+    post_norm: u64,
+    h: DevSlice<f32>,
+    b: &MoeBufs,
+    ntok: usize,
+    x: XPrecision,
+    math: RouterMath,
+) -> CudaResult<()> {
+    let (name, rows, smem) = match math {
+        RouterMath::CudaCores => ("moe_router", ROUTER_ROWS, router_smem(dims)),
+        RouterMath::TensorCores => ("moe_router_mma", ROUTER_MMA_ROWS, router_mma_smem(dims)),
+    };
+    if math == RouterMath::TensorCores && !router_mma_fits(dims) {
+        return Err(CudaError::shape(
+            name,
+            format!("hidden {} in groups of {}: compiled for {} columns in groups of 64", dims.hidden, dims.group_size, ROUTER_ROWS * 256),
+        ));
+    }
     let p = router_params(k, dims, m, post_norm, h, b, ntok, x)?;
-    let smem = router_smem(dims);
-    let blocks = (dims.n_experts + 1).div_ceil(ROUTER_ROWS) as u32;
+    let blocks = (dims.n_experts + 1).div_ceil(rows) as u32;
     let chunks = ntok.div_ceil(p.tok_chunk as usize);
-    b.ticket.need(NAME, "tickets", 1 + chunks)?;
-    launch_pdl(gpu, k, NAME, (blocks, chunks as u32, 1), (ROUTER_ROWS * 32) as u32, smem, &p)
+    b.ticket.need(name, "tickets", 1 + chunks)?;
+    launch_pdl(gpu, k, name, (blocks, chunks as u32, 1), (ROUTER_ROWS * 32) as u32, smem, &p)
 }
 
 /// The router's parameters, every buffer checked.
@@ -787,6 +825,27 @@ pub fn router_smem(dims: &Dims) -> usize {
     let topk = (ROUTER_ROWS * dims.n_experts + 2 * ROUTER_ROWS * dims.topk) * 4;
     let bitmap = (MAX_DECODE_BATCH * dims.topk).div_ceil(32) * dims.n_experts * 4;
     stage.max(topk + bitmap)
+}
+
+/// Whether `moe_router_mma` runs for this model: a warp of its 8 takes 256
+/// columns, 4 quantisation groups (qmm.cu `RM_FITS`); the model's width is
+/// 2,048, the tiny test models' less.
+pub fn router_mma_fits(dims: &Dims) -> bool {
+    dims.hidden == ROUTER_ROWS * 256 && dims.group_size == 64
+}
+
+/// Dynamic shared memory of `moe_router_mma` (qmm.cu): the chunk's staged
+/// hi and lo rows (`ROUTER_TOK` tokens, rows of hidden + 8 halves), their
+/// group sums, the warps' partial logits (`ROUTER_ROWS` warps x 16 rows x
+/// `ROUTER_TOK` tokens); later, as in `moe_router`, the top-k tables and
+/// the selection bitmap over the same bytes.
+pub fn router_mma_smem(dims: &Dims) -> usize {
+    let staged = 2 * ROUTER_TOK * (dims.hidden + 8) * 2;
+    let sums = ROUTER_TOK * (dims.hidden / dims.group_size) * 4;
+    let partials = ROUTER_ROWS * ROUTER_MMA_ROWS * ROUTER_TOK * 4;
+    let topk = (ROUTER_ROWS * dims.n_experts + 2 * ROUTER_ROWS * dims.topk) * 4;
+    let bitmap = (MAX_DECODE_BATCH * dims.topk).div_ceil(32) * dims.n_experts * 4;
+    (staged + sums + partials).max(topk + bitmap)
 }
 
 /// The experts of one step as planned by `router`: `up` = the gate/up

@@ -75,6 +75,12 @@ pub struct Options {
     /// path's precision of x; `None`: the exact hi/lo activations at every
     /// size. `MOE_F16_FROM` by default; `LILY_MOE_F16`, bench `--moe-f16 FROM|off`.
     pub moe_f16_from: Option<usize>,
+    /// Decode steps on the GEMM path of at least this many sequences route
+    /// with `moe_router_mma` (`qmm::RouterMath::TensorCores`: the router's
+    /// dot products on mma.sync, the same staging, packing and plan);
+    /// `None`: `moe_router` at every size. `ROUTER_MMA_FROM` by default;
+    /// `LILY_ROUTER_MMA`, bench `--router-mma FROM|off`.
+    pub router_mma_from: Option<usize>,
 }
 
 /// Default of `Options::f16_gemm_from`: the pass length from which the
@@ -110,6 +116,10 @@ pub const DECODE_F16_FROM: usize = 5;
 /// path's; only the experts' inputs are rounded to fp16 once (gpu_qmm:
 /// 3e-3 against the exact reference).
 pub const MOE_F16_FROM: usize = 32;
+
+/// GEMM-path decode steps of at least this many sequences route on the
+/// tensor cores by default (`Options::router_mma_from`).
+pub const ROUTER_MMA_FROM: usize = DECODE_GEMM_FROM;
 
 /// Which kernels carry the matrices of a decode step of `n` sequences.
 ///
@@ -233,6 +243,24 @@ impl Options {
         }
     }
 
+    /// Parses `off` or `FROM` (at least 1) for `router_mma_from`: the form
+    /// of `LILY_ROUTER_MMA` and bench's `--router-mma`.
+    pub fn parse_router_mma_from(s: &str) -> Result<Option<usize>, String> {
+        match parse_threshold(s, "tensor-core router threshold")? {
+            Some(0) => Err("tensor-core router threshold 0 (the smallest step has one sequence)".into()),
+            from => Ok(from),
+        }
+    }
+
+    /// How the router of a decode step of `n` sequences computes its logits.
+    pub fn router_math(&self, n: usize) -> crate::qmm::RouterMath {
+        if self.decode_matrices.on_gemm(n) && self.router_mma_from.is_some_and(|f| n >= f) {
+            crate::qmm::RouterMath::TensorCores
+        } else {
+            crate::qmm::RouterMath::CudaCores
+        }
+    }
+
     /// How the experts of a decode step of `n` sequences read their input.
     pub fn moe_x(&self, n: usize) -> crate::qmm::XPrecision {
         if self.decode_matrices.on_gemm(n) && self.moe_f16_from.is_some_and(|f| n >= f) {
@@ -259,6 +287,7 @@ impl Default for Options {
             dequant_ahead: true,
             expert_tile_rows: None,
             moe_f16_from: Some(MOE_F16_FROM),
+            router_mma_from: Some(ROUTER_MMA_FROM),
         }
     }
 }

@@ -865,19 +865,22 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     // leave, and the on-device greedy loop (graphs) of 4 sequences.
     // Then the GEMM path with its experts on fp16 activations too
     // (`Options::moe_f16_from`, here from 3 sequences; the router keeps the
-    // exact activations). The other paths run the default
-    // `moe_f16_from`, whose threshold (32) none of these batches reach.
+    // exact activations) and its router on the tensor cores
+    // (`Options::router_mma_from`, from 3; the full-width model fits
+    // `moe_router_mma`). The other paths run the defaults, whose
+    // thresholds (32, 9) none of these batches reach.
     let paths = [
         ("GEMM decode path", lily_cuda::DecodeMatrices { gemm_from: 3, f16_from: usize::MAX }, None),
         ("qmm on fp16 activations", lily_cuda::DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 }, None),
         ("the default decode path", lily_cuda::DecodeMatrices::FASTEST, None),
-        ("GEMM decode path, fp16 experts", lily_cuda::DecodeMatrices { gemm_from: 3, f16_from: usize::MAX }, Some(3)),
+        ("GEMM decode path, fp16 experts, tensor-core router", lily_cuda::DecodeMatrices { gemm_from: 3, f16_from: usize::MAX }, Some(3)),
     ];
-    for (label, matrices, moe_f16_from) in paths {
+    for (label, matrices, from) in paths {
         let mut opts = small_opts(4096);
         opts.decode_matrices = matrices;
-        if moe_f16_from.is_some() {
-            opts.moe_f16_from = moe_f16_from;
+        if from.is_some() {
+            opts.moe_f16_from = from;
+            opts.router_mma_from = from;
         }
         let mut bg = CudaBackend::from_weights(&gpu, &w, opts, &mut |_, _| {}).expect("backend");
         let seqs: Vec<(SeqId, SeqId)> = prompts.iter().map(|_| (bg.alloc().expect("alloc"), be.alloc().expect("alloc"))).collect();

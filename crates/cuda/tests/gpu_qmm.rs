@@ -23,6 +23,10 @@ use lily_cuda::{CudaBackend, Options};
 /// The exact packed input (both halves), what every decode step used
 /// before `DecodeMatrices::f16_from`.
 const HILO: qmm::XPrecision = qmm::XPrecision::HiLo;
+/// The two routers: `moe_router` (every size's default up to the GEMM
+/// path) and `moe_router_mma` (the GEMM path's, `Options::router_mma_from`).
+const CORES: qmm::RouterMath = qmm::RouterMath::CudaCores;
+const TENSOR: qmm::RouterMath = qmm::RouterMath::TensorCores;
 
 /// Batch sizes crossing the variants: 1-4 and 5+ tokens, token chunks of 8
 /// beyond 8 (16 chunks at 128).
@@ -405,6 +409,43 @@ fn combine_norm_f16_equals_the_combine_then_rmsnorm_f16() {
     finish();
 }
 
+/// The device plan of a routed step of `n` tokens (experts reading `x`):
+/// shared expert first, then experts ascending, each expert's pairs in
+/// token order, every (token, slot) exactly once. Returns the top-k ids.
+fn check_plan(be: &CudaBackend, n: usize, x: qmm::XPrecision, what: &str) -> Vec<i32> {
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    let dec = m.mem.decode;
+    let slots = d.topk + 1;
+    let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items + n * slots).expect("plan");
+    let idx: Vec<i32> = read_device(g, dec.moe.topk_idx.ptr(), n * d.topk).expect("topk");
+    let nitems = plan[0] as usize;
+    let items = &plan[PLAN_HEAD..PLAN_HEAD + 3 * nitems];
+    let pairs = &plan[PLAN_HEAD + 3 * dec.moe.max_items..];
+    let mut seen = vec![0u32; n * slots];
+    let mut last_expert = -1i32;
+    for it in items.chunks_exact(3) {
+        let (e, start, cnt) = (it[0], it[1] as usize, it[2] as usize);
+        check(cnt >= 1 && cnt <= qmm::moe_chunk(&k.qmm, n, x), format!("{what}batch {n}: item of {cnt} pairs"));
+        if e as usize != d.n_experts {
+            check(e >= last_expert, format!("{what}batch {n}: experts in ascending order"));
+            last_expert = e;
+        } else {
+            check(last_expert < 0, format!("{what}batch {n}: shared-expert items come first"));
+        }
+        let ps = &pairs[start..start + cnt];
+        check(ps.windows(2).all(|p| p[0] < p[1]), format!("{what}batch {n}: expert {e}'s pairs in token order"));
+        for &p in ps {
+            let (t, s) = (p as usize / slots, p as usize % slots);
+            let routed = if s == d.topk { e as usize == d.n_experts } else { idx[t * d.topk + s] == e };
+            check(routed, format!("{what}batch {n}: pair (token {t}, slot {s}) filed under expert {e}"));
+            seen[p as usize] += 1;
+        }
+    }
+    check(seen.iter().all(|&c| c == 1), format!("{what}batch {n}: every (token, slot) pair planned exactly once"));
+    idx
+}
+
 #[test]
 fn moe_router_plan_and_experts_match_the_reference() {
     let Some(_) = gpu("moe_router_plan_and_experts_match_the_reference") else { return };
@@ -415,7 +456,6 @@ fn moe_router_plan_and_experts_match_the_reference() {
     let bufs = dec.moe;
     let l = &m.weights.layers[0];
     let lw = &w.layers[0];
-    let slots = d.topk + 1;
     let mut rng = Rng::new(17);
     let mut first_token: Option<Vec<f32>> = None;
     let h_first = rng.vec(d.hidden, -2.0, 2.0);
@@ -423,37 +463,10 @@ fn moe_router_plan_and_experts_match_the_reference() {
         let mut h = h_first.clone();
         h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
         write_device(g, dec.h.ptr(), &h).expect("h");
-        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO).expect("router");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO, CORES).expect("router");
         qmm::experts(g, k, d, &l.moe, true, &bufs, n, HILO).expect("gate/up");
         qmm::experts(g, k, d, &l.moe, false, &bufs, n, HILO).expect("down");
-        // The plan: shared expert first, then experts ascending, each
-        // expert's pairs in token order, every (token, slot) exactly once.
-        let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items + n * slots).expect("plan");
-        let idx: Vec<i32> = read_device(g, dec.moe.topk_idx.ptr(), n * d.topk).expect("topk");
-        let nitems = plan[0] as usize;
-        let items = &plan[PLAN_HEAD..PLAN_HEAD + 3 * nitems];
-        let pairs = &plan[PLAN_HEAD + 3 * dec.moe.max_items..];
-        let mut seen = vec![0u32; n * slots];
-        let mut last_expert = -1i32;
-        for it in items.chunks_exact(3) {
-            let (e, start, cnt) = (it[0], it[1] as usize, it[2] as usize);
-            check(cnt >= 1 && cnt <= qmm::moe_chunk(&k.qmm, n, HILO), format!("batch {n}: item of {cnt} pairs"));
-            if e as usize != d.n_experts {
-                check(e >= last_expert, format!("batch {n}: experts in ascending order"));
-                last_expert = e;
-            } else {
-                check(last_expert < 0, format!("batch {n}: shared-expert items come first"));
-            }
-            let ps = &pairs[start..start + cnt];
-            check(ps.windows(2).all(|p| p[0] < p[1]), format!("batch {n}: expert {e}'s pairs in token order"));
-            for &p in ps {
-                let (t, s) = (p as usize / slots, p as usize % slots);
-                let routed = if s == d.topk { e as usize == d.n_experts } else { idx[t * d.topk + s] == e };
-                check(routed, format!("batch {n}: pair (token {t}, slot {s}) filed under expert {e}"));
-                seen[p as usize] += 1;
-            }
-        }
-        check(seen.iter().all(|&c| c == 1), format!("batch {n}: every (token, slot) pair planned exactly once"));
+        let idx = check_plan(&be, n, HILO, "");
 
         // Fold the outputs into h (what the next layer's packer does).
         qmm::xnorm(g, k, d, dec.h, d.hidden, Some((dec.moe.y, dec.moe.topk_w)), None, dec.moe.px_in, n).expect("combine");
@@ -489,7 +502,7 @@ fn moe_router_plan_and_experts_match_the_reference() {
         let mut h = h_first.clone();
         h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
         write_device(g, dec.h.ptr(), &h).expect("h");
-        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, f16).expect("router");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, f16, TENSOR).expect("router");
         qmm::experts(g, k, d, &l.moe, true, &bufs, n, f16).expect("gate/up f16");
         qmm::experts(g, k, d, &l.moe, false, &bufs, n, f16).expect("down f16");
         let plan: Vec<i32> = read_device(g, dec.moe.plan.ptr(), PLAN_HEAD + 3 * dec.moe.max_items).expect("plan");
@@ -514,6 +527,95 @@ fn moe_router_plan_and_experts_match_the_reference() {
             Some(f) => check(bits_equal(f, &t0), format!("fp16 experts, batch {n}: token 0 bit-identical to batch 9")),
         }
     }
+    finish();
+}
+
+/// What a router launch leaves for the experts and the plan.
+struct RouterOut {
+    logits: Vec<f32>,
+    sg: Vec<f32>,
+    px: Vec<u16>,
+    csum: Vec<f32>,
+    idx: Vec<i32>,
+    w: Vec<f32>,
+}
+
+/// `moe_router_mma` (the GEMM path's router: its dot products on mma.sync)
+/// against `moe_router` on the same tokens: the experts' packed input and
+/// group sums bit for bit (the same staging code), the logits and the
+/// shared gate to 1e-6 (another summation order of the same exact
+/// products), the logits to 1e-5 of lily-cpu's reference, the same top-k
+/// except on a near tie, a valid plan, and a token's logits bit-identical
+/// at every batch size.
+#[test]
+fn moe_router_mma_matches_the_fp32_router_and_the_reference() {
+    let Some(_) = gpu("moe_router_mma_matches_the_fp32_router_and_the_reference") else { return };
+    let (_dir, w, be) = setup();
+    let m = be.model();
+    let (g, k, d) = (&*m.gpu, &m.kernels, &m.dims);
+    check(qmm::router_mma_fits(d), "the full-width model runs moe_router_mma");
+    let dec = m.mem.decode;
+    let bufs = dec.moe;
+    let (e, slots) = (d.n_experts, d.topk + 1);
+    let mut rng = Rng::new(29);
+    let h_first = rng.vec(d.hidden, -2.0, 2.0);
+    let mut first: Option<Vec<f32>> = None;
+    let mut worst = 0f64;
+    for (i, &n) in [9usize, 16, 33, 64, 100, 128].iter().enumerate() {
+        // A different layer's router each size.
+        let (l, lw) = (&m.weights.layers[i % d.layers], &w.layers[i % d.layers]);
+        let mut h = h_first.clone();
+        h.extend(rng.vec((n - 1) * d.hidden, -2.0, 2.0));
+        write_device(g, dec.h.ptr(), &h).expect("h");
+        let read = |what: &str| RouterOut {
+            logits: read_device(g, bufs.logits.ptr(), n * e).expect(what),
+            sg: read_device(g, bufs.sg.ptr(), n).expect(what),
+            px: read_device(g, bufs.px_in.px.ptr(), n * 2 * d.hidden).expect(what),
+            csum: read_device(g, bufs.px_in.csum.ptr(), n * (d.hidden / d.group_size)).expect(what),
+            idx: read_device(g, bufs.topk_idx.ptr(), n * d.topk).expect(what),
+            w: read_device(g, bufs.topk_w.ptr(), n * slots).expect(what),
+        };
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO, CORES).expect("moe_router");
+        let RouterOut { logits: l0, sg: sg0, px: px0, csum: cs0, idx: idx0, w: w0 } = read("moe_router");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO, TENSOR).expect("moe_router_mma");
+        let idx_plan = check_plan(&be, n, HILO, "moe_router_mma, ");
+        let RouterOut { logits: l1, sg: sg1, px: px1, csum: cs1, idx: idx1, w: w1 } = read("moe_router_mma");
+        check(idx_plan == idx1, format!("batch {n}: the plan's top-k is the published one"));
+        check(px0 == px1, format!("batch {n}: packed input bit-identical to moe_router's"));
+        check(bits_equal(&cs0, &cs1), format!("batch {n}: group sums bit-identical to moe_router's"));
+        let (el, es) = (rel(&l1, &l0), rel(&sg1, &sg0));
+        worst = worst.max(el).max(es);
+        check(el < 1e-6, format!("batch {n}: logits {el:.2e} from moe_router's"));
+        check(es < 1e-6, format!("batch {n}: shared gate {es:.2e} from moe_router's"));
+        for t in 0..n {
+            let (a, b) = (&idx0[t * d.topk..(t + 1) * d.topk], &idx1[t * d.topk..(t + 1) * d.topk]);
+            if a == b {
+                let r = rel(&w1[t * slots..(t + 1) * slots], &w0[t * slots..(t + 1) * slots]);
+                check(r < 1e-5, format!("batch {n}, token {t}: routing weights {r:.2e} from moe_router's"));
+                continue;
+            }
+            // Another choice only where moe_router's 8th and 9th logits tie
+            // within the two routers' difference.
+            let mut row: Vec<f32> = l0[t * e..(t + 1) * e].to_vec();
+            row.sort_by(|x, y| y.total_cmp(x));
+            let gap = (row[d.topk - 1] - row[d.topk]).abs();
+            check(gap < 1e-4 * row[0].abs().max(1.0), format!("batch {n}, token {t}: top-k {b:?} vs moe_router's {a:?} with a gap of {gap:.2e}"));
+        }
+        for t in probes(n) {
+            let xt = ops::rms_norm_vec(&h[t * d.hidden..(t + 1) * d.hidden], &lw.post_norm, d.rms_eps);
+            let want = ops::linear(&lw.moe.router, 0, &xt);
+            let er = rel(&l1[t * e..(t + 1) * e], &want);
+            check(er < 1e-5, format!("batch {n}, token {t}: logits {er:.2e} from the reference"));
+        }
+        if i % d.layers == 0 {
+            let t0 = l1[..e].to_vec();
+            match &first {
+                None => first = Some(t0),
+                Some(f) => check(bits_equal(f, &t0), format!("batch {n}: token 0's logits bit-identical to batch 9's")),
+            }
+        }
+    }
+    eprintln!("moe_router_mma: largest relative difference from moe_router {worst:.2e}");
     finish();
 }
 
@@ -544,7 +646,7 @@ fn moe_fused_equals_the_three_launches() {
         let l = &m.weights.layers[i % d.layers];
         let h = rng.vec(n * d.hidden, -2.0, 2.0);
         write_device(g, dec.h.ptr(), &h).expect("h");
-        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO).expect("router");
+        qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO, CORES).expect("router");
         qmm::experts(g, k, d, &l.moe, true, &bufs, n, HILO).expect("gate/up");
         qmm::experts(g, k, d, &l.moe, false, &bufs, n, HILO).expect("down");
         let (y3, w3, idx3, px3, cs3) = read(n);

@@ -104,6 +104,7 @@ fn open_cuda(
             std::env::var("LILY_DECODE_F16").ok().as_deref(),
         )?,
         moe_f16_from: moe_f16_from(defaults.moe_f16_from, std::env::var("LILY_MOE_F16").ok().as_deref())?,
+        router_mma_from: router_mma_from(defaults.router_mma_from, std::env::var("LILY_ROUTER_MMA").ok().as_deref())?,
         ..defaults
     };
     let backend = lily_cuda::CudaBackend::open(dir, opts, progress).with_context(|| format!("loading {} on the GPU", dir.display()))?;
@@ -148,9 +149,19 @@ fn moe_f16_from(default: Option<usize>, var: Option<&str>) -> anyhow::Result<Opt
     }
 }
 
+/// The smallest GEMM-path decode step whose router runs on the tensor
+/// cores: `LILY_ROUTER_MMA` (`off`, or a number of sequences), when set,
+/// overrides the backend's default (`lily_cuda::Options::router_mma_from`).
+fn router_mma_from(default: Option<usize>, var: Option<&str>) -> anyhow::Result<Option<usize>> {
+    match var {
+        Some(v) => lily_cuda::Options::parse_router_mma_from(v).map_err(|e| anyhow::anyhow!("LILY_ROUTER_MMA: {e}")),
+        None => Ok(default),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{decode_matrices, moe_f16_from};
+    use super::{decode_matrices, moe_f16_from, router_mma_from};
     use lily_cuda::DecodeMatrices;
 
     #[test]
@@ -177,5 +188,14 @@ mod tests {
         assert!(e.contains("LILY_MOE_F16"), "{e}");
         let e = moe_f16_from(Some(32), Some("many")).unwrap_err().to_string();
         assert!(e.contains("LILY_MOE_F16") && e.contains("many"), "{e}");
+    }
+
+    #[test]
+    fn the_tensor_core_router_variable_overrides_the_default() {
+        assert_eq!(router_mma_from(Some(9), None).unwrap(), Some(9));
+        assert_eq!(router_mma_from(Some(9), Some("off")).unwrap(), None);
+        assert_eq!(router_mma_from(None, Some("16")).unwrap(), Some(16));
+        let e = router_mma_from(Some(9), Some("0")).unwrap_err().to_string();
+        assert!(e.contains("LILY_ROUTER_MMA"), "{e}");
     }
 }

@@ -1303,6 +1303,26 @@ __device__ __forceinline__ void router_gain_copy(const RouterParams& p, float* r
     cp_async_commit();
 }
 
+// A lane's 8 columns of a token in the router's staging (router_stage and
+// moe_router_mma: the same code, so the same sums of squares, norms and
+// packed bits): its share of the sum of squares, and the normalised values
+// x r g.
+__device__ __forceinline__ float router_ss8(float4 v, float4 u) {
+    float ss = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+    return ss;
+}
+__device__ __forceinline__ void router_norm8(float4 a, float4 bb, float r, float4 ga, float4 gb, float (&o)[8]) {
+    o[0] = a.x * r * ga.x;
+    o[1] = a.y * r * ga.y;
+    o[2] = a.z * r * ga.z;
+    o[3] = a.w * r * ga.w;
+    o[4] = bb.x * r * gb.x;
+    o[5] = bb.y * r * gb.y;
+    o[6] = bb.z * r * gb.z;
+    o[7] = bb.w * r * gb.w;
+}
+
 // The nt tokens t0.. normalised into their staging rows, with each row's
 // 16-column sums; `pack`: also written packed (and their group sums) for the
 // experts. Every warp takes the same 256-column blocks of every token
@@ -1315,7 +1335,7 @@ __device__ __forceinline__ void router_gain_copy(const RouterParams& p, float* r
 // barrier.
 __device__ __forceinline__ void router_stage(const RouterParams& p, float* rsm, int t0, int nt, bool pack) {
     constexpr int NB = (HIDDEN + 255) / 256;
-    __shared__ float seg[ROUTER_TOK][NB];
+    __shared__ __align__(16) float seg[ROUTER_TOK][NB];
     __shared__ float rinv[ROUTER_TOK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int P = PADDED_LEN(HIDDEN);
@@ -1334,8 +1354,7 @@ __device__ __forceinline__ void router_stage(const RouterParams& p, float* rsm, 
                 const float4 u = *reinterpret_cast<const float4*>(hr + c + 4);
                 *reinterpret_cast<float4*>(sx + PAD32(c)) = v;
                 *reinterpret_cast<float4*>(sx + PAD32(c) + 4) = u;
-                ss = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+                ss = router_ss8(v, u);
             }
             ss = warp_sum(ss);
             if (lane == 0) seg[k][b] = ss;
@@ -1367,14 +1386,7 @@ __device__ __forceinline__ void router_stage(const RouterParams& p, float* rsm, 
                 const float4 ga = *reinterpret_cast<const float4*>(gain + PAD32(c));
                 const float4 gb = *reinterpret_cast<const float4*>(gain + PAD32(c) + 4);
                 float o[8];
-                o[0] = a.x * r * ga.x;
-                o[1] = a.y * r * ga.y;
-                o[2] = a.z * r * ga.z;
-                o[3] = a.w * r * ga.w;
-                o[4] = bb.x * r * gb.x;
-                o[5] = bb.y * r * gb.y;
-                o[6] = bb.z * r * gb.z;
-                o[7] = bb.w * r * gb.w;
+                router_norm8(a, bb, r, ga, gb, o);
                 *reinterpret_cast<float4*>(xs) = make_float4(o[0], o[1], o[2], o[3]);
                 *reinterpret_cast<float4*>(xs + 4) = make_float4(o[4], o[5], o[6], o[7]);
                 // __fadd_rn: never fused with the products above into an
@@ -1598,31 +1610,12 @@ __device__ __forceinline__ void router_sel_from_tables(const float* rsm, int ns,
     }
 }
 
-// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / tok_chunk)), block
-// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * tok_chunk..
-// (normalised, warp k token k) in shared memory with their 16-column sums,
-// and warp w computes row x * 8 + w (N_EXPERTS = the shared expert gate)
-// for them (a warp's row against its chunk's tokens one after another, so
-// smaller chunks shorten that chain; the bits do not depend on it). The
-// last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
-// its tokens, one warp each; the last chunk to finish (ticket[0]; with one
-// chunk, that block at once) writes the plan. Dynamic smem (router_smem):
-// max(ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)
-// floats (staging), the plan's tables and selection bitmap).
-extern "C" __global__ void __launch_bounds__(ROUTER_ROWS * 32) moe_router(const __grid_constant__ RouterParams p) {
-    extern __shared__ __align__(16) float rsm[];
-    const int warp = threadIdx.x >> 5;
-    RouterRow rr;
-    router_row_load(p, blockIdx.x * ROUTER_ROWS + warp, rr);
-    router_gain_copy(p, rsm);
-    pdl_trigger();
-    pdl_wait();
-    const int t0 = blockIdx.y * p.tok_chunk;
-    const int nt = min(p.tok_chunk, p.ntok - t0);
-    // The first row block also packs the tokens for the experts.
-    router_stage(p, rsm, t0, nt, blockIdx.x == 0);
-    router_dot(p, rsm, rr, t0, nt);
-
+// The tail of a router launch, after a block's logits are written: the last
+// row block of its token chunk (ticket ticket[1 + blockIdx.y]) takes the
+// top-k of the chunk's tokens, one warp each, and the last chunk to be
+// routed (ticket[0]; with one chunk, that block at once) writes the plan.
+// Both router kernels end with it, so their plans are built alike.
+__device__ __forceinline__ void router_route_and_plan(const RouterParams& p, float* rsm, int t0, int nt) {
     // The last row block of this token chunk routes its tokens.
     if (!last_block_arrives(p.ticket + 1 + blockIdx.y, (int)gridDim.x)) return;
     router_topk(p, rsm, t0, nt, true);
@@ -1654,6 +1647,244 @@ extern "C" __global__ void __launch_bounds__(ROUTER_ROWS * 32) moe_router(const 
         *p.ticket = 0;
     }
 }
+
+// grid (ceil((N_EXPERTS + 1) / ROUTER_ROWS), ceil(ntok / tok_chunk)), block
+// 256 (ROUTER_ROWS warps): block (x, y) stages tokens y * tok_chunk..
+// (normalised, warp k token k) in shared memory with their 16-column sums,
+// and warp w computes row x * 8 + w (N_EXPERTS = the shared expert gate)
+// for them (a warp's row against its chunk's tokens one after another, so
+// smaller chunks shorten that chain; the bits do not depend on it). The
+// last row block of a token chunk (ticket ticket[1 + y]) takes the top-k of
+// its tokens, one warp each; the last chunk to finish (ticket[0]; with one
+// chunk, that block at once) writes the plan. Dynamic smem (router_smem):
+// max(ROUTER_TOK * (PADDED_LEN(HIDDEN) + HIDDEN / 16) + PADDED_LEN(HIDDEN)
+// floats (staging), the plan's tables and selection bitmap).
+extern "C" __global__ void __launch_bounds__(ROUTER_ROWS * 32) moe_router(const __grid_constant__ RouterParams p) {
+    extern __shared__ __align__(16) float rsm[];
+    const int warp = threadIdx.x >> 5;
+    RouterRow rr;
+    router_row_load(p, blockIdx.x * ROUTER_ROWS + warp, rr);
+    router_gain_copy(p, rsm);
+    pdl_trigger();
+    pdl_wait();
+    const int t0 = blockIdx.y * p.tok_chunk;
+    const int nt = min(p.tok_chunk, p.ntok - t0);
+    // The first row block also packs the tokens for the experts.
+    router_stage(p, rsm, t0, nt, blockIdx.x == 0);
+    router_dot(p, rsm, rr, t0, nt);
+
+    router_route_and_plan(p, rsm, t0, nt);
+}
+
+// ---- moe_router_mma: the router's dot products on tensor cores -------------
+//
+// What moe_router computes (logits, shared gate, top-k, plan, and block 0's
+// packed RMSNorm(h) and group sums for the experts, through the same
+// staging arithmetic and the same tail, so px, csum and the plan's
+// construction are the same code), with the 257 x HIDDEN 8-bit dot products
+// on mma.sync m16n8k16 instead of one fp32 FMA chain a (row, token): the
+// decode steps of the GEMM path (Options::router_mma_from), where moe_router
+// spent ~11 of its ~21 us at 64 tokens staging and dotting (NOTES history
+// 137: every one of its 33 row blocks normalises its 8 tokens, and each row
+// reads every token's x from shared memory once).
+//
+// grid (ROUTER_MMA_TILES = ceil((N_EXPERTS + 1) / 16), ceil(ntok / tok_chunk)),
+// block 256 (8 warps). Block (x, y): W rows 16x .. 16x + 15 (row N_EXPERTS
+// = the shared expert gate; rows past it are zeros, never stored) against
+// the chunk's up to ROUTER_TOK = 8 tokens; warp w takes the K range
+// [256 w, 256 w + 256) (4 quantisation groups), its 32 words of codes a lane
+// and its rows' scales and biases loaded before the dependency wait.
+//
+// Exactness, as qmm's matrix engine: x as fp16 hi + lo (px_split, ~22
+// significant bits), the codes as fp16 subnormals (a byte b at bits 0-7 of a
+// half is b 2^-24: w & 0x00FF00FF gives bytes 0 and 2 of a word, (w >> 8) &
+// 0x00FF00FF bytes 1 and 3, one mask a pair), every product exact in fp32;
+// per group y = sum q (hi + lo) 2^-24 and logit += (2^24 s) y + b sum(hi + lo).
+// The logits are the fp32 ones to ~1e-7 (not moe_router's bits: another
+// summation order), and a token's logits do not depend on the tokens beside
+// it (each output element of an mma is its own column's dot product).
+//
+// The B operand (x): staged rows 2t (hi) and 2t + 1 (lo) of the chunk's
+// token t, so n-tile nt holds tokens 4 nt .. 4 nt + 3 as (hi, lo) column
+// pairs (qmm's order) and an accumulator pair (c0, c1) / (c2, c3) is one
+// token's hi and lo sums. Within warp w's range, k16 step s (0..15) and
+// position p (0..15) hold column 256 w + 4 j + byte with
+//   j = 16 (s / 4) + 4 (p % 8 / 2) + s % 4,  byte = 2 (p % 2) + p / 8,
+// which puts in lane (g, c)'s A fragment the two masks of word j of its rows
+// g and g + 8 (a0 = (bytes 0, 2) at positions 2c, 2c + 1; a2 = (bytes 1, 3)
+// at 2c + 8, 2c + 9), and makes steps 4q .. 4q + 3 exactly group q; a lane's
+// 16 words of a row are 4 uint4 loads. Staged rows are HIDDEN + 8 halves,
+// so ldmatrix's 8 rows fall in different banks.
+//
+// Dynamic shared memory (ROUTER_MMA_SMEM, qmm.rs router_mma_smem): the
+// staged rows [2 ROUTER_TOK][RM_XROW] halves, the group sums of hi + lo
+// [ROUTER_TOK][HIDDEN / 64], the warps' partial logits [8][16][ROUTER_TOK];
+// later the tail's top-k tables and bitmap over the same bytes.
+#if !defined(ROUTER_MMA_SMEM) || !defined(ROUTER_MMA_ROWS)
+#error "ROUTER_MMA_SMEM and ROUTER_MMA_ROWS must be defined by the host (qmm.rs defines)"
+#endif
+#define RM_KW 256
+#define RM_XROW (HIDDEN + 8)
+#define RM_XSUM_OFF (2 * ROUTER_TOK * RM_XROW * 2)
+#define RM_RED_OFF (RM_XSUM_OFF + ROUTER_TOK * (HIDDEN / GROUP_SIZE) * 4)
+static_assert(ROUTER_MMA_ROWS == 16, "qmm.rs ROUTER_MMA_ROWS: a block's rows are one m16 tile");
+static_assert(ROUTER_TOK == 8, "moe_router_mma: a chunk is two n-tiles of 4 tokens (hi, lo)");
+// A warp a 256-column K range of 4 groups (the staging's column block): the
+// model's width, 2,048 (qmm.rs `router_mma_fits`). The tiny test models are
+// narrower; there the entry exists (every family's kernels load by name) but
+// the launcher refuses it, and it traps if launched anyway.
+#if HIDDEN == ROUTER_ROWS * RM_KW && GROUP_SIZE == 64
+#define RM_FITS 1
+#else
+#define RM_FITS 0
+#endif
+static_assert(ROUTER_MMA_SMEM >= RM_RED_OFF + ROUTER_ROWS * ROUTER_MMA_ROWS * ROUTER_TOK * 4 &&
+                  ROUTER_MMA_SMEM >= 4 * (ROUTER_PLAN_OFF + ROUTER_SEL_WORDS * N_EXPERTS),
+              "qmm.rs router_mma_smem is smaller than moe_router_mma's shared-memory layout");
+
+#if RM_FITS
+extern "C" __global__ void __launch_bounds__(ROUTER_ROWS * 32, 2) moe_router_mma(const __grid_constant__ RouterParams p) {
+    extern __shared__ __align__(16) float rsm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int row0 = blockIdx.x * ROUTER_MMA_ROWS;
+
+    // Weights before the wait: words 64 w + 16 q + 4 c .. + 3 of rows g and
+    // g + 8 (k16 steps 4 q .. 4 q + 3), scales (times 2^24, the codes' unit)
+    // and biases of groups 4 w + q.
+    uint4 wc[2][4];
+    float ws[2][4], wb[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + g + 8 * h;
+        const bool has = r <= N_EXPERTS, sgr = r == N_EXPERTS;
+        const size_t rr = has && !sgr ? (size_t)r : 0;
+        const u32* codes = sgr ? p.sg_codes : p.codes + rr * (HIDDEN / 4);
+        const bf16* sc = sgr ? p.sg_scales : p.scales + rr * (HIDDEN / GROUP_SIZE);
+        const bf16* bi = sgr ? p.sg_biases : p.biases + rr * (HIDDEN / GROUP_SIZE);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int gi = warp * (RM_KW / GROUP_SIZE) + q;
+            wc[h][q] = has ? ld_stream_u4(codes + warp * (RM_KW / 4) + 16 * q + 4 * c) : make_uint4(0, 0, 0, 0);
+            ws[h][q] = has ? bf16_to_f32(ld_nc_u16(sc + gi)) * 16777216.f : 0.f;
+            wb[h][q] = has ? bf16_to_f32(ld_nc_u16(bi + gi)) : 0.f;
+        }
+    }
+    // The lane's 8 columns of the norm gain (a weight).
+    const int col = warp * RM_KW + lane * 8;
+    const float4 ga = __ldg(reinterpret_cast<const float4*>(p.gain + col));
+    const float4 gb = __ldg(reinterpret_cast<const float4*>(p.gain + col + 4));
+    pdl_trigger();
+    pdl_wait();
+
+    const int t0 = blockIdx.y * p.tok_chunk;
+    const int nt = min(p.tok_chunk, p.ntok - t0);
+    u16* const xs = reinterpret_cast<u16*>(rsm);
+    float* const xsum = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(rsm) + RM_XSUM_OFF);
+    float* const red = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(rsm) + RM_RED_OFF);
+
+    // Staging, as router_stage: warp w's column block w of each token, the
+    // sum of squares in block order, then x = h r g.
+    __shared__ __align__(16) float seg[ROUTER_TOK][ROUTER_ROWS];
+    __shared__ float rinv[ROUTER_TOK];
+#pragma unroll
+    for (int k = 0; k < ROUTER_TOK; ++k) {
+        if (k >= nt) break;
+        const float* hr = p.h + (size_t)(t0 + k) * HIDDEN + col;
+        const float ss = warp_sum(router_ss8(*reinterpret_cast<const float4*>(hr), *reinterpret_cast<const float4*>(hr + 4)));
+        if (lane == 0) seg[k][warp] = ss;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nt) {
+        float ss = 0.f;
+        for (int b = 0; b < ROUTER_ROWS; ++b) ss += seg[threadIdx.x][b];
+        rinv[threadIdx.x] = rsqrtf(ss / (float)HIDDEN + p.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ROUTER_TOK; ++k) {
+        if (k >= nt) break;
+        const int t = t0 + k;
+        const float* hr = p.h + (size_t)t * HIDDEN + col;
+        float o[8];
+        router_norm8(*reinterpret_cast<const float4*>(hr), *reinterpret_cast<const float4*>(hr + 4), rinv[k], ga, gb, o);
+        if (blockIdx.x == 0) {
+            const float gs = group_sum8(px_store8(p.px, t, HIDDEN, col, o));
+            if ((lane & 7) == 0) p.csum[(size_t)t * (HIDDEN / GROUP_SIZE) + col / GROUP_SIZE] = gs;
+        }
+        u16 hi[8], lo[8];
+        float part = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            px_split(o[i], hi[i], lo[i]);
+            part += f16_to_f32(hi[i]) + f16_to_f32(lo[i]);
+        }
+        const float gs = group_sum8(part);
+        if ((lane & 7) == 0) xsum[k * (HIDDEN / GROUP_SIZE) + col / GROUP_SIZE] = gs;
+        // Words 2 lane and 2 lane + 1 of the warp's range (the lane's 8
+        // columns) to their step and positions.
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int j = 2 * lane + half, i0 = 4 * half;
+            const int s = 4 * (j >> 4) + (j & 3), cc = (j >> 2) & 3;
+            const int pos = warp * RM_KW + 16 * s + 2 * cc;
+            u16* const rh = xs + (2 * k) * RM_XROW + pos;
+            u16* const rl = rh + RM_XROW;
+            *reinterpret_cast<u32*>(rh) = hi[i0] | ((u32)hi[i0 + 2] << 16);
+            *reinterpret_cast<u32*>(rh + 8) = hi[i0 + 1] | ((u32)hi[i0 + 3] << 16);
+            *reinterpret_cast<u32*>(rl) = lo[i0] | ((u32)lo[i0 + 2] << 16);
+            *reinterpret_cast<u32*>(rl + 8) = lo[i0 + 1] | ((u32)lo[i0 + 3] << 16);
+        }
+    }
+    __syncthreads();
+
+    // The dots: lane (g, c) keeps rows g / g + 8 of tokens c and 4 + c.
+    // ldmatrix: lane l addresses row 8 (m / 2) + l % 8 (m = l / 8: n-tile
+    // m / 2, positions 8 (m % 2) ..) of the step.
+    const int m = lane >> 3;
+    const u16* const bp = xs + (8 * (m >> 1) + (lane & 7)) * RM_XROW + warp * RM_KW + 8 * (m & 1);
+    float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int sm = 0; sm < 4; ++sm) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4(b0, b1, b2, b3, bp + (4 * q + sm) * 16);
+            const u32 wg = sm == 0 ? wc[0][q].x : sm == 1 ? wc[0][q].y : sm == 2 ? wc[0][q].z : wc[0][q].w;
+            const u32 w8 = sm == 0 ? wc[1][q].x : sm == 1 ? wc[1][q].y : sm == 2 ? wc[1][q].z : wc[1][q].w;
+            const u32 a0 = wg & 0x00FF00FFu, a1 = w8 & 0x00FF00FFu;
+            const u32 a2 = (wg >> 8) & 0x00FF00FFu, a3 = (w8 >> 8) & 0x00FF00FFu;
+            mma_f16(d[0], a0, a1, a2, a3, b0, b1);
+            mma_f16(d[1], a0, a1, a2, a3, b2, b3);
+        }
+#pragma unroll
+        for (int n8 = 0; n8 < 2; ++n8) {
+            const float sx = xsum[(4 * n8 + c) * (HIDDEN / GROUP_SIZE) + warp * (RM_KW / GROUP_SIZE) + q];
+            acc[n8][0] = fmaf(ws[0][q], d[n8][0] + d[n8][1], fmaf(wb[0][q], sx, acc[n8][0]));
+            acc[n8][1] = fmaf(ws[1][q], d[n8][2] + d[n8][3], fmaf(wb[1][q], sx, acc[n8][1]));
+        }
+    }
+    // The warps' K ranges summed in warp order: red[w][row][token].
+#pragma unroll
+    for (int n8 = 0; n8 < 2; ++n8) {
+        red[(warp * ROUTER_MMA_ROWS + g) * ROUTER_TOK + 4 * n8 + c] = acc[n8][0];
+        red[(warp * ROUTER_MMA_ROWS + g + 8) * ROUTER_TOK + 4 * n8 + c] = acc[n8][1];
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < ROUTER_MMA_ROWS * ROUTER_TOK) {
+        const int r = row0 + (int)threadIdx.x / ROUTER_TOK, k = (int)threadIdx.x % ROUTER_TOK;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < ROUTER_ROWS; ++w) v += red[w * ROUTER_MMA_ROWS * ROUTER_TOK + threadIdx.x];
+        if (k < nt && r < N_EXPERTS) p.logits[(size_t)(t0 + k) * N_EXPERTS + r] = v;
+        else if (k < nt && r == N_EXPERTS) p.sg[t0 + k] = v;
+    }
+    router_route_and_plan(p, rsm, t0, nt);
+}
+#else
+extern "C" __global__ void moe_router_mma(const __grid_constant__ RouterParams) { __trap(); }
+#endif
 
 // ---- the fused MoE of a small decode step -------------------------------------
 //
