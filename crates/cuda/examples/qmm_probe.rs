@@ -147,8 +147,13 @@ fn run() -> Result<(), String> {
             // The experts on exact hi/lo x, and (GEMM-path steps, `Options::moe_f16_from`) on fp16 x:
             // each after a router run planning for it (its plan items differ).
             for (xp, tag) in [(qmm::XPrecision::HiLo, ""), (qmm::XPrecision::F16, " f16")] {
-                let router = || qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, xp, m.mem.opts.router_math(n)).map_err(|e| e.to_string());
-                let r_us = time_us(&gpu, 50, router)?;
+                // Both routers alone (`Options::router_mma_from` picks one a
+                // step), the default one last so that its plan feeds the experts.
+                let math = m.mem.opts.router_math(n);
+                let other = if math == qmm::RouterMath::TensorCores { qmm::RouterMath::CudaCores } else { qmm::RouterMath::TensorCores };
+                let router = |rm| qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, xp, rm).map_err(|e| e.to_string());
+                let other_us = if qmm::router_mma_fits(d) { time_us(&gpu, 50, || router(other))? } else { f64::NAN };
+                let r_us = time_us(&gpu, 50, || router(math))?;
                 let up_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, true, &dec.moe, n, xp).map_err(|e| e.to_string()))?;
                 let dn_us = time_us(&gpu, 50, || qmm::experts(&gpu, &k, d, &l.moe, false, &dec.moe, n, xp).map_err(|e| e.to_string()))?;
                 let idx: Vec<i32> = read_device(&gpu, dec.moe.topk_idx.ptr(), n * d.topk).map_err(|e| e.to_string())?;
@@ -160,7 +165,7 @@ fn run() -> Result<(), String> {
                 let up_b = (experts.len() + 1) * (e_bytes(&l.moe.gate) + e_bytes(&l.moe.up));
                 let dn_b = (experts.len() + 1) * e_bytes(&l.moe.down);
                 println!(
-                    "{label:<28} n={n:<3} moe{tag}: router {r_us:7.1} us, gate_up {up_us:7.1} us {:.2} TB/s, down {dn_us:7.1} us {:.2} TB/s ({} experts)",
+                    "{label:<28} n={n:<3} moe{tag}: router {r_us:7.1} us ({math:?}; {other:?} {other_us:.1}), gate_up {up_us:7.1} us {:.2} TB/s, down {dn_us:7.1} us {:.2} TB/s ({} experts)",
                     up_b as f64 / up_us / 1e6,
                     dn_b as f64 / dn_us / 1e6,
                     experts.len()
