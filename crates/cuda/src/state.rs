@@ -118,8 +118,14 @@ pub const DECODE_F16_FROM: usize = 5;
 pub const MOE_F16_FROM: usize = 32;
 
 /// GEMM-path decode steps of at least this many sequences route on the
-/// tensor cores by default (`Options::router_mma_from`).
-pub const ROUTER_MMA_FROM: usize = DECODE_GEMM_FROM;
+/// tensor cores by default (`Options::router_mma_from`). Measured on the
+/// H100 (session 61, docs/perf/2026-12-06-s61.md; NOTES history 210), ms a
+/// step moe_router -> moe_router_mma, two interleaved rounds each: 16
+/// sequences 5.933 / 5.939 -> 5.935 / 5.927, 24 7.753 / 7.751 -> 7.786 /
+/// 7.790, 32 9.031 / 9.020 -> 9.066 / 9.045 (slower), 40 9.963 / 9.970 ->
+/// 9.843 / 9.842, 48 -0.5%, 56 -0.7%, 64 12.594 / 12.570 -> 12.511 /
+/// 12.503, 96 -3.3%, 128 19.533 / 19.501 -> 19.075 / 19.051.
+pub const ROUTER_MMA_FROM: usize = 40;
 
 /// Which kernels carry the matrices of a decode step of `n` sequences.
 ///

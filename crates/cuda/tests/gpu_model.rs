@@ -868,7 +868,7 @@ fn full_width_four_layer_model_matches_lily_cpu() {
     // exact activations) and its router on the tensor cores
     // (`Options::router_mma_from`, from 3; the full-width model fits
     // `moe_router_mma`). The other paths run the defaults, whose
-    // thresholds (32, 9) none of these batches reach.
+    // thresholds (32, 40) none of these batches reach.
     let paths = [
         ("GEMM decode path", lily_cuda::DecodeMatrices { gemm_from: 3, f16_from: usize::MAX }, None),
         ("qmm on fp16 activations", lily_cuda::DecodeMatrices { gemm_from: usize::MAX, f16_from: 2 }, None),
