@@ -149,7 +149,7 @@ fn run() -> Result<(), String> {
             for (xp, tag) in [(qmm::XPrecision::HiLo, ""), (qmm::XPrecision::F16, " f16")] {
                 // Both routers alone (`Options::router_mma_from` picks one a
                 // step), the default one last so that its plan feeds the experts.
-                let math = m.mem.opts.router_math(n);
+                let math = m.mem.opts.router_math(n, d);
                 let other = if math == qmm::RouterMath::TensorCores { qmm::RouterMath::CudaCores } else { qmm::RouterMath::TensorCores };
                 let router = |rm| qmm::router(&gpu, &k, d, &l.moe, l.post_norm, dec.h, &dec.moe, n, xp, rm).map_err(|e| e.to_string());
                 let other_us = if qmm::router_mma_fits(d) { time_us(&gpu, 50, || router(other))? } else { f64::NAN };

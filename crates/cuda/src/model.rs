@@ -405,8 +405,7 @@ impl Model {
         }
         let x = self.mem.opts.moe_x(n);
         if !ko.skips(Knockout::ROUTER) {
-            let math = if qmm::router_mma_fits(d) { self.mem.opts.router_math(n) } else { qmm::RouterMath::CudaCores };
-            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n, x, math)?;
+            qmm::router(g, k, d, m, l.post_norm, dec.h, &bufs, n, x, self.mem.opts.router_math(n, d))?;
         }
         self.mark("moe router")?;
         if !ko.skips(Knockout::GATE_UP) {

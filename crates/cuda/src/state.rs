@@ -239,28 +239,32 @@ fn parse_threshold(s: &str, what: &str) -> Result<Option<usize>, String> {
     s.parse::<usize>().map(Some).map_err(|e| format!("{what} {s:?}: {e} (want off or a number of sequences)"))
 }
 
+/// `parse_threshold` for a number of sequences a step, which is at least 1.
+fn parse_step_threshold(s: &str, what: &str) -> Result<Option<usize>, String> {
+    match parse_threshold(s, what)? {
+        Some(0) => Err(format!("{what} 0 (the smallest step has one sequence)")),
+        from => Ok(from),
+    }
+}
+
 impl Options {
     /// Parses `off` or `FROM` (at least 1) for `moe_f16_from`: the form of
     /// the `LILY_MOE_F16` tuning variable and bench's `--moe-f16`.
     pub fn parse_moe_f16_from(s: &str) -> Result<Option<usize>, String> {
-        match parse_threshold(s, "fp16 experts threshold")? {
-            Some(0) => Err("fp16 experts threshold 0 (the smallest step has one sequence)".into()),
-            from => Ok(from),
-        }
+        parse_step_threshold(s, "fp16 experts threshold")
     }
 
     /// Parses `off` or `FROM` (at least 1) for `router_mma_from`: the form
     /// of `LILY_ROUTER_MMA` and bench's `--router-mma`.
     pub fn parse_router_mma_from(s: &str) -> Result<Option<usize>, String> {
-        match parse_threshold(s, "tensor-core router threshold")? {
-            Some(0) => Err("tensor-core router threshold 0 (the smallest step has one sequence)".into()),
-            from => Ok(from),
-        }
+        parse_step_threshold(s, "tensor-core router threshold")
     }
 
-    /// How the router of a decode step of `n` sequences computes its logits.
-    pub fn router_math(&self, n: usize) -> crate::qmm::RouterMath {
-        if self.decode_matrices.on_gemm(n) && self.router_mma_from.is_some_and(|f| n >= f) {
+    /// How the router of a decode step of `n` sequences of the model `dims`
+    /// computes its logits (`moe_router_mma` only where it is compiled for
+    /// the model's width: `qmm::router_mma_fits`).
+    pub fn router_math(&self, n: usize, dims: &crate::dims::Dims) -> crate::qmm::RouterMath {
+        if crate::qmm::router_mma_fits(dims) && self.decode_matrices.on_gemm(n) && self.router_mma_from.is_some_and(|f| n >= f) {
             crate::qmm::RouterMath::TensorCores
         } else {
             crate::qmm::RouterMath::CudaCores

@@ -143,18 +143,21 @@ fn decode_matrices(
 /// the two above (`--batch-invariant` keeps every step off the GEMM path, so
 /// off fp16 experts too).
 fn moe_f16_from(default: Option<usize>, var: Option<&str>) -> anyhow::Result<Option<usize>> {
-    match var {
-        Some(v) => lily_cuda::Options::parse_moe_f16_from(v).map_err(|e| anyhow::anyhow!("LILY_MOE_F16: {e}")),
-        None => Ok(default),
-    }
+    threshold_var(default, var, "LILY_MOE_F16", lily_cuda::Options::parse_moe_f16_from)
 }
 
 /// The smallest GEMM-path decode step whose router runs on the tensor
 /// cores: `LILY_ROUTER_MMA` (`off`, or a number of sequences), when set,
 /// overrides the backend's default (`lily_cuda::Options::router_mma_from`).
 fn router_mma_from(default: Option<usize>, var: Option<&str>) -> anyhow::Result<Option<usize>> {
+    threshold_var(default, var, "LILY_ROUTER_MMA", lily_cuda::Options::parse_router_mma_from)
+}
+
+/// A step-size threshold from the variable `name` (its value `var`, parsed
+/// by `parse`) when set, else `default`.
+fn threshold_var(default: Option<usize>, var: Option<&str>, name: &str, parse: fn(&str) -> Result<Option<usize>, String>) -> anyhow::Result<Option<usize>> {
     match var {
-        Some(v) => lily_cuda::Options::parse_router_mma_from(v).map_err(|e| anyhow::anyhow!("LILY_ROUTER_MMA: {e}")),
+        Some(v) => parse(v).map_err(|e| anyhow::anyhow!("{name}: {e}")),
         None => Ok(default),
     }
 }
