@@ -1312,6 +1312,16 @@ __device__ __forceinline__ float router_ss8(float4 v, float4 u) {
     ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
     return ss;
 }
+// Each of the nt tokens' 1 / RMS from its NB column blocks' sums of squares,
+// added in block order (thread t: token t).
+template <int NB>
+__device__ __forceinline__ void router_rinv(const float (*seg)[NB], float* rinv, int nt, float eps) {
+    if ((int)threadIdx.x < nt) {
+        float ss = 0.f;
+        for (int b = 0; b < NB; ++b) ss += seg[threadIdx.x][b];
+        rinv[threadIdx.x] = rsqrtf(ss / (float)HIDDEN + eps);
+    }
+}
 __device__ __forceinline__ void router_norm8(float4 a, float4 bb, float r, float4 ga, float4 gb, float (&o)[8]) {
     o[0] = a.x * r * ga.x;
     o[1] = a.y * r * ga.y;
@@ -1362,11 +1372,7 @@ __device__ __forceinline__ void router_stage(const RouterParams& p, float* rsm, 
     }
     cp_async_wait<0>();
     __syncthreads();  // the gain, the staged columns and the blocks' sums
-    if ((int)threadIdx.x < nt) {
-        float ss = 0.f;
-        for (int b = 0; b < NB; ++b) ss += seg[threadIdx.x][b];
-        rinv[threadIdx.x] = rsqrtf(ss / (float)HIDDEN + p.eps);
-    }
+    router_rinv<NB>(seg, rinv, nt, p.eps);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < ROUTER_TOK; ++k) {
@@ -1795,11 +1801,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_ROWS * 32, 2) moe_router_mma
         if (lane == 0) seg[k][warp] = ss;
     }
     __syncthreads();
-    if ((int)threadIdx.x < nt) {
-        float ss = 0.f;
-        for (int b = 0; b < ROUTER_ROWS; ++b) ss += seg[threadIdx.x][b];
-        rinv[threadIdx.x] = rsqrtf(ss / (float)HIDDEN + p.eps);
-    }
+    router_rinv<ROUTER_ROWS>(seg, rinv, nt, p.eps);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < ROUTER_TOK; ++k) {
