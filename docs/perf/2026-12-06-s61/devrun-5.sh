@@ -1,5 +1,5 @@
 # For the next lease, on an H200 only (~8 min; it stops at once on another card). Carries c61b.tar.xz (g61b/main:
-# lily, bench, qmm_probe, gpu_qmm of main 1102dd3c, after history 210):
+# lily, bench, qmm_probe, gpu_qmm of main 344e388f, after history 210):
 #   run(command="bash docs/perf/2026-12-06-s61/devrun-5.sh", carry=["c61b.tar.xz"], kind="nvidia-h200")
 # 1. gpu_qmm's router tests (moe_router_mma's and the MoE one); the rest only if they pass.
 # 2. bench --random-layers 40 --batch 1,8,16,32,64,128, --router-mma off against main's default (40), two rounds.
