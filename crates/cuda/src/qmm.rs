@@ -822,9 +822,7 @@ fn router_params(k: &Kernels, dims: &Dims, m: &MoeDev, post_norm: u64, h: DevSli
 pub fn router_smem(dims: &Dims) -> usize {
     let padded = dims.hidden + dims.hidden / 32 * 4;
     let stage = (ROUTER_TOK * (padded + dims.hidden / 16) + padded) * 4;
-    let topk = (ROUTER_ROWS * dims.n_experts + 2 * ROUTER_ROWS * dims.topk) * 4;
-    let bitmap = (MAX_DECODE_BATCH * dims.topk).div_ceil(32) * dims.n_experts * 4;
-    stage.max(topk + bitmap)
+    stage.max(router_tail_smem(dims))
 }
 
 /// Whether `moe_router_mma` runs for this model: a warp of its 8 takes 256
@@ -843,9 +841,17 @@ pub fn router_mma_smem(dims: &Dims) -> usize {
     let staged = 2 * ROUTER_TOK * (dims.hidden + 8) * 2;
     let sums = ROUTER_TOK * (dims.hidden / dims.group_size) * 4;
     let partials = ROUTER_ROWS * ROUTER_MMA_ROWS * ROUTER_TOK * 4;
+    (staged + sums + partials).max(router_tail_smem(dims))
+}
+
+/// Shared memory of both routers' tail (qmm.cu `router_route_and_plan`):
+/// a chunk's last block's top-k tables, then the plan's selection bitmap,
+/// one bit per (token, slot) of up to `MAX_DECODE_BATCH` tokens for every
+/// expert.
+fn router_tail_smem(dims: &Dims) -> usize {
     let topk = (ROUTER_ROWS * dims.n_experts + 2 * ROUTER_ROWS * dims.topk) * 4;
     let bitmap = (MAX_DECODE_BATCH * dims.topk).div_ceil(32) * dims.n_experts * 4;
-    (staged + sums + partials).max(topk + bitmap)
+    topk + bitmap
 }
 
 /// The experts of one step as planned by `router`: `up` = the gate/up

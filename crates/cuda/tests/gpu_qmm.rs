@@ -578,9 +578,8 @@ fn moe_router_mma_matches_the_fp32_router_and_the_reference() {
         qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO, CORES).expect("moe_router");
         let RouterOut { logits: l0, sg: sg0, px: px0, csum: cs0, idx: idx0, w: w0 } = read("moe_router");
         qmm::router(g, k, d, &l.moe, l.post_norm, dec.h, &bufs, n, HILO, TENSOR).expect("moe_router_mma");
-        let idx_plan = check_plan(&be, n, HILO, "moe_router_mma, ");
+        check_plan(&be, n, HILO, "moe_router_mma, ");
         let RouterOut { logits: l1, sg: sg1, px: px1, csum: cs1, idx: idx1, w: w1 } = read("moe_router_mma");
-        check(idx_plan == idx1, format!("batch {n}: the plan's top-k is the published one"));
         check(px0 == px1, format!("batch {n}: packed input bit-identical to moe_router's"));
         check(bits_equal(&cs0, &cs1), format!("batch {n}: group sums bit-identical to moe_router's"));
         let (el, es) = (rel(&l1, &l0), rel(&sg1, &sg0));
