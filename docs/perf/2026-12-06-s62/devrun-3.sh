@@ -1,13 +1,11 @@
-# Session 62, call 3 (any card; ~2.5 min on an H100, ~9.5 on an H200): carry c62n.tar.xz (the branch's bench) and c61c.tar.xz (main 344e388f: lily, bench, gpu_qmm).
-# 1. devrun-2.sh: Nsight Compute of the 256-token prefill's DeltaNet in-projection on the 256-row tile (branch
-#    s62-gemm256) and on main's two 128-row tiles.
-# 2. On an H200 only, session 61's waiting measurement of main (c61c: main 344e388f, history 210): gpu_qmm's router
-#    tests, bench --router-mma off against main's default at 1-128 tokens (two rounds), 1 / 8 / 64 clients served,
-#    and main's ten-length contract with the time left.
-#   run(command="bash docs/perf/2026-12-06-s62/devrun-3.sh", carry=["c62n.tar.xz", "c61c.tar.xz"], kind="nvidia-h200")
+# Session 62, call 3 (an H200 only, ~8 min; it stops at once on another card): carry c61c.tar.xz (main 344e388f:
+# lily, bench, gpu_qmm; c61b without qmm_probe). Session 61's waiting measurement of main after history 210:
+# gpu_qmm's router tests, bench --router-mma off against main's default at 1-128 tokens (two rounds), 1 / 8 / 64
+# clients served, and main's ten-length contract with the time left. (Its first version also reran call 2's Nsight
+# Compute, which has run: dropped.)
+#   run(command="bash docs/perf/2026-12-06-s62/devrun-3.sh", carry=["c61c.tar.xz"], kind="nvidia-h200")
 set -u
 R=$PWD
-bash $R/docs/perf/2026-12-06-s62/devrun-2.sh
 S=$OUT/summary3.txt; O=$OUT/r3; mkdir -p $O /tmp/y; M=/tmp/lily-full
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$GPU at ${SECONDS}s" | tee $S
 case "$GPU" in *H200*) ;; *) echo "not an H200: main's H200 measurement not run" | tee -a $S; exit 0;; esac
